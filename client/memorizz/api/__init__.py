@@ -1,0 +1,1 @@
+"""The memorizz wire contract: framing, methods, errors (stdlib + msgspec only)."""

@@ -1,0 +1,347 @@
+"""Params and Result structs for every method, and the method table.
+
+Two spelling rules:
+
+* The daemon's own structs use snake_case field names (``--json`` output equals
+  the attribute names).
+* Structs that carry MCP objects through (tools, resources, prompts, tool
+  results) keep MCP's own camelCase spelling on the wire (``inputSchema``,
+  ``isError``, ``structuredContent``), so an agent that knows MCP reads them
+  natively. Content items and resource contents are passed through verbatim.
+
+Evolution: new fields get defaults; a name never changes meaning; unknown
+fields are ignored by both sides. Anything else bumps ``PROTOCOL_VERSION``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Final, Literal
+
+import msgspec
+
+Transport = Literal["stdio", "streamable_http", "sse"]
+ServerState = Literal["connecting", "ready", "backoff", "failed", "stopped"]
+ProtocolMode = Literal["auto", "legacy", "2026-07-28"]
+
+DEFAULT_TIMEOUT_S: Final = 60.0
+DEFAULT_MAX_RESULT_BYTES: Final = 2_000_000
+
+
+class Params(msgspec.Struct, kw_only=True, frozen=True):
+    """Base of every Params struct."""
+
+
+class Result(msgspec.Struct, kw_only=True):
+    """Base of every Result struct; a result is always an object, never null."""
+
+
+class ServerParams(Params, kw_only=True, frozen=True):
+    server: str
+    """The configured server's name."""
+
+
+# --- MCP objects, spelled as MCP spells them --------------------------------
+
+
+class Tool(msgspec.Struct, kw_only=True, rename="camel", omit_defaults=True):
+    name: str
+    input_schema: dict[str, Any]
+    title: str | None = None
+    description: str | None = None
+    output_schema: dict[str, Any] | None = None
+    annotations: dict[str, Any] | None = None
+
+
+class Resource(msgspec.Struct, kw_only=True, rename="camel", omit_defaults=True):
+    uri: str
+    name: str
+    title: str | None = None
+    description: str | None = None
+    mime_type: str | None = None
+    size: int | None = None
+
+
+class ResourceTemplate(
+    msgspec.Struct, kw_only=True, rename="camel", omit_defaults=True
+):
+    uri_template: str
+    name: str
+    title: str | None = None
+    description: str | None = None
+    mime_type: str | None = None
+
+
+class PromptArgument(msgspec.Struct, kw_only=True, omit_defaults=True):
+    name: str
+    description: str | None = None
+    required: bool | None = None
+
+
+class Prompt(msgspec.Struct, kw_only=True, omit_defaults=True):
+    name: str
+    title: str | None = None
+    description: str | None = None
+    arguments: list[PromptArgument] = []
+
+
+# --- MCP pass-through methods --------------------------------------------------
+
+
+class ToolsListParams(ServerParams, kw_only=True, frozen=True):
+    refresh: bool = False
+    """Fetch from the upstream instead of the daemon's warm cache."""
+
+
+class ToolsListResult(Result, kw_only=True):
+    tools: list[Tool]
+
+
+class ToolsCallParams(ServerParams, kw_only=True, frozen=True):
+    name: str
+    arguments: dict[str, Any] = {}
+    timeout_s: float | None = None
+    """A shorter deadline for this call; capped by the server's ``timeout_s``."""
+
+
+class ToolsCallResult(Result, kw_only=True, rename="camel", omit_defaults=True):
+    content: list[dict[str, Any]] = []
+    structured_content: dict[str, Any] | None = None
+    is_error: bool = False
+
+
+class ResourcesListParams(ServerParams, kw_only=True, frozen=True):
+    pass
+
+
+class ResourcesListResult(Result, kw_only=True):
+    resources: list[Resource]
+
+
+class ResourcesTemplatesListParams(ServerParams, kw_only=True, frozen=True):
+    pass
+
+
+class ResourcesTemplatesListResult(Result, kw_only=True, rename="camel"):
+    resource_templates: list[ResourceTemplate]
+
+
+class ResourcesReadParams(ServerParams, kw_only=True, frozen=True):
+    uri: str
+    timeout_s: float | None = None
+
+
+class ResourcesReadResult(Result, kw_only=True):
+    contents: list[dict[str, Any]]
+    """MCP resource contents, verbatim: ``{uri, mimeType?, text}`` or ``{uri, mimeType?, blob}``."""
+
+
+class PromptsListParams(ServerParams, kw_only=True, frozen=True):
+    pass
+
+
+class PromptsListResult(Result, kw_only=True):
+    prompts: list[Prompt]
+
+
+class PromptsGetParams(ServerParams, kw_only=True, frozen=True):
+    name: str
+    arguments: dict[str, str] = {}
+    timeout_s: float | None = None
+
+
+class PromptsGetResult(Result, kw_only=True, omit_defaults=True):
+    messages: list[dict[str, Any]]
+    description: str | None = None
+
+
+class PingParams(Params, kw_only=True, frozen=True):
+    server: str | None = None
+    """Ping this upstream; without it, ping the daemon itself."""
+
+
+class PingResult(Result, kw_only=True):
+    latency_ms: float
+
+
+# --- the daemon's own methods -------------------------------------------------
+
+
+class DaemonHelloParams(Params, kw_only=True, frozen=True):
+    protocol_version: int
+    client: str = ""
+    """Free-form client name and version, for the log."""
+
+
+class DaemonHelloResult(Result, kw_only=True):
+    protocol_version: int
+    daemon_version: str
+
+
+class DaemonStatusParams(Params, kw_only=True, frozen=True):
+    pass
+
+
+class DaemonStatusResult(Result, kw_only=True):
+    version: str
+    protocol_version: int
+    pid: int
+    uptime_s: float
+    socket: str
+    state_dir: str
+    config_path: str | None
+    servers_total: int
+    servers_ready: int
+    connections: int
+    calls_in_flight: int
+    rss_bytes: int
+
+
+class ServerSpec(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """How to reach one upstream MCP server (config file entry and ``servers/add``)."""
+
+    name: str
+    transport: Transport
+    command: str | None = None
+    """stdio: the executable (no shell)."""
+    args: list[str] = []
+    env: dict[str, str] = {}
+    cwd: str | None = None
+    url: str | None = None
+    """streamable_http / sse: the endpoint URL."""
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    """Default and maximum deadline of one request to this server."""
+    max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
+    protocol: ProtocolMode = "auto"
+    """``auto`` probes once and remembers; ``legacy`` forces the initialize handshake."""
+
+
+class ServerInfo(msgspec.Struct, kw_only=True):
+    """A configured server as ``servers/list`` shows it (env values are never shown)."""
+
+    name: str
+    transport: Transport
+    source: Literal["config", "api"]
+    command: str | None
+    args: list[str]
+    env_keys: list[str]
+    cwd: str | None
+    url: str | None
+    timeout_s: float
+    max_result_bytes: int
+    protocol: ProtocolMode
+    state: ServerState
+
+
+class ServersListParams(Params, kw_only=True, frozen=True):
+    pass
+
+
+class ServersListResult(Result, kw_only=True):
+    servers: list[ServerInfo]
+
+
+class ServersAddParams(Params, kw_only=True, frozen=True):
+    server: ServerSpec
+
+
+class ServersAddResult(Result, kw_only=True):
+    server: ServerInfo
+
+
+class ServersRemoveParams(Params, kw_only=True, frozen=True):
+    name: str
+
+
+class ServersRemoveResult(Result, kw_only=True):
+    name: str
+
+
+class ServersStatusParams(Params, kw_only=True, frozen=True):
+    name: str | None = None
+    """One server; all when omitted."""
+
+
+class ServerStatus(msgspec.Struct, kw_only=True):
+    name: str
+    transport: Transport
+    state: ServerState
+    since: float
+    """Unix time of the last state change."""
+    last_error: str | None
+    pid: int | None
+    protocol_version: str | None
+    server_name: str | None
+    server_version: str | None
+    tool_count: int | None
+    in_flight: int
+    calls_ok: int
+    calls_failed: int
+    latency_p50_ms: float | None
+    restarts: int
+
+
+class ServersStatusResult(Result, kw_only=True):
+    servers: list[ServerStatus]
+
+
+class ServersTestParams(Params, kw_only=True, frozen=True):
+    name: str
+    timeout_s: float | None = None
+
+
+class ServersTestResult(Result, kw_only=True):
+    name: str
+    outcome: Literal["ok", "unreachable", "timeout", "upstream_error"]
+    """``ok`` only when a real ``tools/list`` round trip to the server succeeded."""
+    message: str
+    tool_count: int | None
+    latency_ms: float | None
+
+
+class MethodSpec(msgspec.Struct, frozen=True):
+    params: type[Params]
+    result: type[Result]
+    doc: str
+
+
+METHODS: Final[dict[str, MethodSpec]] = {
+    "daemon/hello": MethodSpec(
+        DaemonHelloParams, DaemonHelloResult, "Check protocol compatibility."
+    ),
+    "daemon/status": MethodSpec(
+        DaemonStatusParams, DaemonStatusResult, "Daemon version, uptime, counts."
+    ),
+    "servers/list": MethodSpec(
+        ServersListParams, ServersListResult, "Configured servers."
+    ),
+    "servers/add": MethodSpec(
+        ServersAddParams, ServersAddResult, "Add a server at run time (persisted)."
+    ),
+    "servers/remove": MethodSpec(
+        ServersRemoveParams, ServersRemoveResult, "Remove a run-time server."
+    ),
+    "servers/status": MethodSpec(
+        ServersStatusParams, ServersStatusResult, "Live state and stats per server."
+    ),
+    "servers/test": MethodSpec(
+        ServersTestParams, ServersTestResult, "A real round trip to one server."
+    ),
+    "tools/list": MethodSpec(ToolsListParams, ToolsListResult, "A server's tools."),
+    "tools/call": MethodSpec(ToolsCallParams, ToolsCallResult, "Call a tool."),
+    "resources/list": MethodSpec(
+        ResourcesListParams, ResourcesListResult, "A server's resources."
+    ),
+    "resources/templates/list": MethodSpec(
+        ResourcesTemplatesListParams,
+        ResourcesTemplatesListResult,
+        "A server's resource templates.",
+    ),
+    "resources/read": MethodSpec(
+        ResourcesReadParams, ResourcesReadResult, "Read one resource."
+    ),
+    "prompts/list": MethodSpec(
+        PromptsListParams, PromptsListResult, "A server's prompts."
+    ),
+    "prompts/get": MethodSpec(PromptsGetParams, PromptsGetResult, "Get one prompt."),
+    "ping": MethodSpec(PingParams, PingResult, "Ping the daemon or one upstream."),
+}

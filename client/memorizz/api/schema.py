@@ -1,0 +1,45 @@
+"""Generate the JSON Schema of the wire contract from the method table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from memorizz.api.methods import METHODS
+from memorizz.api.protocol import PROTOCOL_VERSION, ErrorObject
+
+SCHEMA_PATH: Final = Path(__file__).parent / "schema" / f"v{PROTOCOL_VERSION}.json"
+
+
+def generate() -> bytes:
+    """The schema document: every method's params/result plus the error object."""
+    types: list[type] = [ErrorObject]
+    for spec in METHODS.values():
+        types += [spec.params, spec.result]
+    refs, components = msgspec.json.schema_components(
+        types, ref_template="#/$defs/{name}"
+    )
+    methods = {
+        name: {
+            "description": spec.doc,
+            "params": refs[1 + 2 * i],
+            "result": refs[2 + 2 * i],
+        }
+        for i, (name, spec) in enumerate(METHODS.items())
+    }
+    document = {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"memorizz socket protocol v{PROTOCOL_VERSION}",
+        "protocol_version": PROTOCOL_VERSION,
+        "methods": methods,
+        "error": refs[0],
+        "$defs": components,
+    }
+    return msgspec.json.format(msgspec.json.encode(document), indent=2) + b"\n"
+
+
+if __name__ == "__main__":
+    SCHEMA_PATH.write_bytes(generate())
+    print(f"wrote {SCHEMA_PATH}")  # noqa: T201

@@ -1,0 +1,855 @@
+"""memorizzctl: the operator's command line for memorizzd.
+
+Every command is parse -> one ``Client`` call -> render -> exit status. The
+renderers are pure functions of the result structs; ``--json`` prints the
+result struct itself (field names equal the struct's wire names).
+
+Commands::
+
+    memorizzctl mcp list | add | remove | status | test
+    memorizzctl mcp tools | resources | templates | prompts
+    memorizzctl mcp call | read | prompt
+    memorizzctl daemon status
+    memorizzctl ping [SERVER]
+
+Global options (accepted before or after the command; the later one wins):
+``--socket PATH`` (default ``$MEMORIZZ_SOCKET``, else the per-user default) and
+``--json``.
+
+Exit status:
+
+    0    success
+    1    the daemon returned an error, a tool result has isError, or a test failed
+    2    usage error
+    69   memorizzd is unreachable (os.EX_UNAVAILABLE)
+    75   temporary failure, worth retrying: unavailable or deadline exceeded
+         (os.EX_TEMPFAIL)
+    77   permission denied (os.EX_NOPERM)
+    130  interrupted
+
+Standard library, msgspec and memorizz only: this module must start without an
+event loop and without the daemon's dependencies (a test checks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, cast, get_args
+
+import msgspec
+
+from memorizz.api import methods as m
+from memorizz.api.errors import (
+    DaemonUnreachableError,
+    ErrorCode,
+    MemorizzError,
+    RemoteError,
+)
+from memorizz.api.protocol import default_socket_path
+from memorizz.client import Client
+
+PROG: Final = "memorizzctl"
+
+EXIT_OK: Final = 0
+EXIT_ERROR: Final = 1
+EXIT_USAGE: Final = 2
+EXIT_UNAVAILABLE: Final = os.EX_UNAVAILABLE  # 69
+EXIT_TEMPFAIL: Final = os.EX_TEMPFAIL  # 75
+EXIT_NOPERM: Final = os.EX_NOPERM  # 77
+EXIT_INTERRUPTED: Final = 130
+EXIT_BROKEN_PIPE: Final = 141  # 128 + SIGPIPE, as a shell pipeline reports it
+
+EPILOG: Final = """\
+exit status:
+  0    success
+  1    the daemon returned an error, a tool result has isError, or a test failed
+  2    usage error
+  69   memorizzd is unreachable (EX_UNAVAILABLE)
+  75   temporary failure, worth retrying: unavailable or deadline exceeded (EX_TEMPFAIL)
+  77   permission denied (EX_NOPERM)
+  130  interrupted
+"""
+
+DESCRIPTION_WIDTH: Final = 60
+
+Command = Callable[[Client, argparse.Namespace], int]
+
+
+class UsageError(Exception):
+    """A command line the daemon need not see: reported with usage, exit 2."""
+
+
+# --- pure rendering helpers --------------------------------------------------
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns, two spaces apart, header in caps; ends with a newline."""
+    header = [h.upper() for h in headers]
+    widths = [len(h) for h in header]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    lines = [
+        "  ".join(
+            cell.ljust(width) for cell, width in zip(line, widths, strict=True)
+        ).rstrip()
+        for line in (header, *rows)
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def format_age(seconds: float) -> str:
+    """A short age: ``3s``, ``2m``, ``1h``, ``4d`` (rounded down; never negative)."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h"
+    return f"{s // 86400}d"
+
+
+def format_ms(ms: float) -> str:
+    """``0.42 ms``, ``3.1 ms``, ``120 ms``."""
+    if ms < 1:
+        return f"{ms:.2f} ms"
+    if ms < 10:
+        return f"{ms:.1f} ms"
+    return f"{ms:.0f} ms"
+
+
+def format_bytes(n: int) -> str:
+    """``512 B``, ``1.5 KiB``, ``12.3 MiB``."""
+    value, unit = float(n), "B"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+def one_line(text: str | None, limit: int = DESCRIPTION_WIDTH) -> str:
+    """The first line of ``text``, control characters replaced, cut to ``limit``."""
+    if not text:
+        return ""
+    first = text.strip().split("\n", 1)[0].strip()
+    clean = "".join(c if c.isprintable() else "?" for c in first)
+    if len(clean) > limit:
+        return clean[: limit - 3].rstrip() + "..."
+    return clean
+
+
+def _dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _blocks(parts: Sequence[str]) -> str:
+    """Concatenate output blocks so each ends with exactly the newline it needs."""
+    return "".join(p if p.endswith("\n") else p + "\n" for p in parts)
+
+
+def to_json(value: object) -> str:
+    return msgspec.json.format(msgspec.json.encode(value), indent=2).decode() + "\n"
+
+
+def server_target(server: m.ServerInfo) -> str:
+    if server.url:
+        return server.url
+    if server.command:
+        return shlex.join([server.command, *server.args])
+    return "-"
+
+
+def render_servers(servers: Sequence[m.ServerInfo]) -> str:
+    if not servers:
+        return "no servers configured\n"
+    rows = [
+        [s.name, s.transport, s.state, s.source, one_line(server_target(s), 200)]
+        for s in servers
+    ]
+    return format_table(["name", "transport", "state", "source", "target"], rows)
+
+
+def render_status(statuses: Sequence[m.ServerStatus], now: float) -> str:
+    if not statuses:
+        return "no servers configured\n"
+    headers = [
+        "name", "state", "since", "pid", "protocol", "tools",
+        "inflight", "ok", "failed", "p50(ms)", "last_error",
+    ]  # fmt: skip
+    rows = [
+        [
+            s.name,
+            s.state,
+            format_age(now - s.since),
+            _dash(s.pid),
+            _dash(s.protocol_version),
+            _dash(s.tool_count),
+            str(s.in_flight),
+            str(s.calls_ok),
+            str(s.calls_failed),
+            "-" if s.latency_p50_ms is None else f"{s.latency_p50_ms:.1f}",
+            one_line(s.last_error) or "-",
+        ]
+        for s in statuses
+    ]
+    return format_table(headers, rows)
+
+
+def render_test(result: m.ServersTestResult) -> str:
+    if result.outcome == "ok":
+        detail = []
+        if result.tool_count is not None:
+            noun = "tool" if result.tool_count == 1 else "tools"
+            detail.append(f"{result.tool_count} {noun}")
+        if result.latency_ms is not None:
+            detail.append(format_ms(result.latency_ms))
+        suffix = f" ({', '.join(detail)})" if detail else ""
+        return f"{result.name}: ok{suffix}\n"
+    return f"{result.name}: {result.outcome}: {one_line(result.message, 500)}\n"
+
+
+def render_tools(tools: Sequence[m.Tool]) -> str:
+    if not tools:
+        return "no tools\n"
+    rows = [[one_line(t.name, 200), one_line(t.description or t.title)] for t in tools]
+    return format_table(["name", "description"], rows)
+
+
+def render_resources(resources: Sequence[m.Resource]) -> str:
+    if not resources:
+        return "no resources\n"
+    rows = [
+        [
+            one_line(r.name, 200),
+            one_line(r.uri, 200),
+            one_line(r.mime_type) or "-",
+            one_line(r.description or r.title),
+        ]
+        for r in resources
+    ]
+    return format_table(["name", "uri", "mime_type", "description"], rows)
+
+
+def render_templates(templates: Sequence[m.ResourceTemplate]) -> str:
+    if not templates:
+        return "no resource templates\n"
+    rows = [
+        [
+            one_line(t.name, 200),
+            one_line(t.uri_template, 200),
+            one_line(t.mime_type) or "-",
+            one_line(t.description or t.title),
+        ]
+        for t in templates
+    ]
+    return format_table(["name", "uri_template", "mime_type", "description"], rows)
+
+
+def render_prompts(prompts: Sequence[m.Prompt]) -> str:
+    if not prompts:
+        return "no prompts\n"
+    rows = [
+        [
+            one_line(p.name, 200),
+            " ".join(a.name if a.required else f"[{a.name}]" for a in p.arguments)
+            or "-",
+            one_line(p.description or p.title),
+        ]
+        for p in prompts
+    ]
+    return format_table(["name", "arguments", "description"], rows)
+
+
+def _base64_size(data: object) -> int:
+    return len(data) if isinstance(data, str) else 0
+
+
+def render_content(item: Mapping[str, Any]) -> str:
+    """One MCP content item: text as is, anything else as a one-line summary."""
+    kind = item.get("type")
+    if kind == "text":
+        return str(item.get("text", ""))
+    if kind in ("image", "audio"):
+        mime = one_line(str(item.get("mimeType") or "unknown"))
+        return f"[{kind} {mime}, {_base64_size(item.get('data'))} bytes base64]"
+    if kind == "resource_link":
+        return f"[resource link {one_line(str(item.get('uri', '?')), 200)}]"
+    if kind == "resource":
+        resource = item.get("resource")
+        uri = resource.get("uri") if isinstance(resource, dict) else None
+        return f"[resource {one_line(str(uri or '?'), 200)}]"
+    return f"[{one_line(str(kind or 'unknown'))} content]"
+
+
+def render_call(result: m.ToolsCallResult) -> str:
+    """The result's content; its structuredContent only when there is no content."""
+    if result.content:
+        return _blocks([render_content(item) for item in result.content])
+    if result.structured_content is not None:
+        return to_json(result.structured_content)
+    return ""
+
+
+def render_contents(contents: Sequence[Mapping[str, Any]]) -> str:
+    parts = []
+    for c in contents:
+        if "text" in c:
+            parts.append(str(c["text"]))
+        else:
+            uri = one_line(str(c.get("uri", "?")), 200)
+            mime = one_line(str(c.get("mimeType") or "application/octet-stream"))
+            parts.append(
+                f"[blob {uri} {mime}, {_base64_size(c.get('blob'))} bytes base64]"
+            )
+    return _blocks(parts)
+
+
+def render_messages(result: m.PromptsGetResult) -> str:
+    parts = []
+    for message in result.messages:
+        role = one_line(str(message.get("role", "?")))
+        content = message.get("content")
+        items = content if isinstance(content, list) else [content]
+        text = "\n".join(
+            render_content(item) if isinstance(item, dict) else "[no content]"
+            for item in items
+        )
+        parts.append(f"{role}: {text}")
+    return _blocks(parts)
+
+
+def render_daemon_status(status: m.DaemonStatusResult) -> str:
+    pairs = [
+        ("version", status.version),
+        ("protocol", str(status.protocol_version)),
+        ("pid", str(status.pid)),
+        ("uptime", format_age(status.uptime_s)),
+        ("socket", status.socket),
+        ("state_dir", status.state_dir),
+        ("config", status.config_path or "-"),
+        ("servers", f"{status.servers_ready}/{status.servers_total} ready"),
+        ("connections", str(status.connections)),
+        ("calls_in_flight", str(status.calls_in_flight)),
+        ("rss", format_bytes(status.rss_bytes)),
+    ]
+    width = max(len(key) for key, _ in pairs) + 1
+    return "".join(f"{key + ':':<{width}} {value}\n" for key, value in pairs)
+
+
+# --- argument conversion (argparse ``type=``; errors become usage errors) ----
+
+
+def key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+_JSON_KINDS: Final[dict[type, str]] = {
+    list: "an array",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "a boolean",
+    type(None): "null",
+}
+
+
+def json_object(text: str) -> dict[str, Any]:
+    try:
+        value = msgspec.json.decode(text)
+    except msgspec.DecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        kind = _JSON_KINDS.get(type(value), type(value).__name__)
+        raise argparse.ArgumentTypeError(f"must be a JSON object, got {kind}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
+    return value
+
+
+def build_server_spec(args: argparse.Namespace) -> m.ServerSpec:
+    """The ``ServerSpec`` for ``mcp add``; raise ``UsageError`` if it cannot work."""
+    command: str | None = args.command
+    url: str | None = args.url
+    server_args: list[str] = [*args.arg, *args.trailing]
+    env: dict[str, str] = dict(args.env)
+    cwd: str | None = args.cwd
+    transport: str | None = args.transport
+    if transport is None:
+        if command is not None and url is None:
+            transport = "stdio"
+        elif url is not None and command is None:
+            transport = "streamable_http"
+        else:
+            raise UsageError("give --command (stdio) or --url (streamable_http, sse)")
+    if transport == "stdio":
+        if command is None:
+            raise UsageError("--transport stdio requires --command")
+        if url is not None:
+            raise UsageError("--url does not apply to --transport stdio")
+    else:
+        if url is None:
+            raise UsageError(f"--transport {transport} requires --url")
+        extra = [
+            flag
+            for flag, given in (
+                ("--command", command is not None),
+                ("--arg", bool(server_args)),
+                ("--env", bool(env)),
+                ("--cwd", cwd is not None),
+            )
+            if given
+        ]
+        if extra:
+            raise UsageError(
+                f"--transport {transport} does not take {', '.join(extra)}"
+            )
+    return m.ServerSpec(
+        name=args.name,
+        transport=cast(m.Transport, transport),
+        command=command,
+        args=server_args,
+        env=env,
+        cwd=os.path.abspath(cwd) if cwd is not None else None,
+        url=url,
+        timeout_s=m.DEFAULT_TIMEOUT_S if args.timeout is None else args.timeout,
+        max_result_bytes=(
+            m.DEFAULT_MAX_RESULT_BYTES
+            if args.max_result_bytes is None
+            else args.max_result_bytes
+        ),
+        protocol=cast(m.ProtocolMode, args.protocol),
+    )
+
+
+# --- commands: (client, args) -> exit status ---------------------------------
+
+
+def _show(args: argparse.Namespace, result: m.Result, text: str) -> None:
+    sys.stdout.write(to_json(result) if args.json else text)
+
+
+def cmd_mcp_list(client: Client, args: argparse.Namespace) -> int:
+    servers = client.list_servers()
+    _show(args, m.ServersListResult(servers=servers), render_servers(servers))
+    return EXIT_OK
+
+
+def cmd_mcp_add(client: Client, args: argparse.Namespace) -> int:
+    spec = build_server_spec(args)
+    info = client.add_server(spec)
+    text = f"added {info.name} ({info.transport}, {info.state})\n"
+    _show(args, m.ServersAddResult(server=info), text)
+    return EXIT_OK
+
+
+def cmd_mcp_remove(client: Client, args: argparse.Namespace) -> int:
+    client.remove_server(args.name)
+    _show(args, m.ServersRemoveResult(name=args.name), f"removed {args.name}\n")
+    return EXIT_OK
+
+
+def cmd_mcp_status(client: Client, args: argparse.Namespace) -> int:
+    statuses = client.server_status(args.name)
+    text = render_status(statuses, time.time())
+    _show(args, m.ServersStatusResult(servers=statuses), text)
+    return EXIT_OK
+
+
+def cmd_mcp_test(client: Client, args: argparse.Namespace) -> int:
+    result = client.test_server(args.name, timeout_s=args.timeout)
+    _show(args, result, render_test(result))
+    return EXIT_OK if result.outcome == "ok" else EXIT_ERROR
+
+
+def cmd_mcp_tools(client: Client, args: argparse.Namespace) -> int:
+    tools = client.list_tools(args.server, refresh=args.refresh)
+    _show(args, m.ToolsListResult(tools=tools), render_tools(tools))
+    return EXIT_OK
+
+
+def cmd_mcp_resources(client: Client, args: argparse.Namespace) -> int:
+    resources = client.list_resources(args.server)
+    _show(args, m.ResourcesListResult(resources=resources), render_resources(resources))
+    return EXIT_OK
+
+
+def cmd_mcp_templates(client: Client, args: argparse.Namespace) -> int:
+    templates = client.list_resource_templates(args.server)
+    result = m.ResourcesTemplatesListResult(resource_templates=templates)
+    _show(args, result, render_templates(templates))
+    return EXIT_OK
+
+
+def cmd_mcp_prompts(client: Client, args: argparse.Namespace) -> int:
+    prompts = client.list_prompts(args.server)
+    _show(args, m.PromptsListResult(prompts=prompts), render_prompts(prompts))
+    return EXIT_OK
+
+
+def cmd_mcp_call(client: Client, args: argparse.Namespace) -> int:
+    result = client.call_tool(
+        args.server, args.tool, args.arguments, timeout_s=args.timeout
+    )
+    if args.json:
+        sys.stdout.write(to_json(result))
+    elif result.is_error:
+        text = render_call(result) or "the tool reported an error\n"
+        sys.stderr.write("error: " + text)
+    else:
+        sys.stdout.write(render_call(result))
+    return EXIT_ERROR if result.is_error else EXIT_OK
+
+
+def cmd_mcp_read(client: Client, args: argparse.Namespace) -> int:
+    result = client.read_resource(args.server, args.uri, timeout_s=args.timeout)
+    _show(args, result, render_contents(result.contents))
+    return EXIT_OK
+
+
+def cmd_mcp_prompt(client: Client, args: argparse.Namespace) -> int:
+    result = client.get_prompt(
+        args.server, args.prompt, dict(args.arg), timeout_s=args.timeout
+    )
+    _show(args, result, render_messages(result))
+    return EXIT_OK
+
+
+def cmd_daemon_status(client: Client, args: argparse.Namespace) -> int:
+    status = client.daemon_status()
+    _show(args, status, render_daemon_status(status))
+    return EXIT_OK
+
+
+def cmd_ping(client: Client, args: argparse.Namespace) -> int:
+    result = client.ping(args.server)
+    target = args.server or "memorizzd"
+    _show(args, result, f"{target}: {format_ms(result.latency_ms)}\n")
+    return EXIT_OK
+
+
+# --- the parser --------------------------------------------------------------
+
+
+def _global_options() -> argparse.ArgumentParser:
+    # SUPPRESS defaults: a subparser sets an attribute only when the option is
+    # given there, so the option may come before or after the command and the
+    # later one wins.
+    common = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    common.add_argument(
+        "--socket",
+        metavar="PATH",
+        default=argparse.SUPPRESS,
+        help=(
+            "memorizzd's socket (default: $MEMORIZZ_SOCKET, else "
+            f"{default_socket_path().replace('%', '%%')})"
+        ),
+    )
+    common.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print the result as JSON (field names as on the wire)",
+    )
+    return common
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = _global_options()
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Operate memorizzd, the per-host MCP broker.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[common],
+        allow_abbrev=False,
+    )
+    commands = parser.add_subparsers(metavar="COMMAND", dest="command", required=True)
+
+    def group(
+        where: argparse._SubParsersAction[argparse.ArgumentParser], name: str, text: str
+    ) -> argparse._SubParsersAction[argparse.ArgumentParser]:
+        sub = where.add_parser(
+            name, help=text, description=text, parents=[common], allow_abbrev=False
+        )
+        return sub.add_subparsers(
+            metavar="COMMAND", dest=f"{name}_command", required=True
+        )
+
+    def leaf(
+        where: argparse._SubParsersAction[argparse.ArgumentParser],
+        name: str,
+        func: Command,
+        text: str,
+        **kwargs: Any,
+    ) -> argparse.ArgumentParser:
+        sub = where.add_parser(
+            name,
+            help=text,
+            description=text,
+            parents=[common],
+            allow_abbrev=False,
+            **kwargs,
+        )
+        sub.set_defaults(func=func, parser=sub)
+        return sub
+
+    mcp = group(commands, "mcp", "manage and use upstream MCP servers")
+
+    leaf(mcp, "list", cmd_mcp_list, "list configured servers")
+
+    add = leaf(
+        mcp,
+        "add",
+        cmd_mcp_add,
+        "add a server at run time (persisted by the daemon)",
+        usage=f"{PROG} mcp add NAME [options] [-- ARG...]",
+        epilog=(
+            "Arguments after -- are appended to the server's arguments; an --arg\n"
+            "value that starts with '-' must be written --arg=-x.\n\n"
+            "examples:\n"
+            f"  {PROG} mcp add fs --command npx -- -y "
+            "@modelcontextprotocol/server-filesystem /srv\n"
+            f"  {PROG} mcp add docs --transport streamable_http "
+            "--url https://example.com/mcp"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add.add_argument("name", metavar="NAME")
+    add.add_argument(
+        "--transport",
+        choices=get_args(m.Transport),
+        help="default: stdio with --command, streamable_http with --url",
+    )
+    add.add_argument(
+        "--command", metavar="CMD", help="stdio: the executable (no shell)"
+    )
+    add.add_argument(
+        "--arg",
+        metavar="A",
+        action="append",
+        default=[],
+        help="stdio: one argument (repeatable; use --arg=-x for a leading '-')",
+    )
+    add.add_argument(
+        "--env",
+        metavar="K=V",
+        action="append",
+        type=key_value,
+        default=[],
+        help="stdio: an environment variable (repeatable)",
+    )
+    add.add_argument(
+        "--cwd", metavar="DIR", help="stdio: the working directory (made absolute here)"
+    )
+    add.add_argument("--url", metavar="URL", help="streamable_http/sse: the endpoint")
+    add.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=positive_float,
+        help=f"default and maximum deadline of one request (default {m.DEFAULT_TIMEOUT_S:g})",
+    )
+    add.add_argument(
+        "--max-result-bytes",
+        metavar="N",
+        type=positive_int,
+        help=f"largest accepted result (default {m.DEFAULT_MAX_RESULT_BYTES})",
+    )
+    add.add_argument(
+        "--protocol",
+        choices=get_args(m.ProtocolMode),
+        default="auto",
+        help="MCP protocol mode (default auto)",
+    )
+    add.set_defaults(trailing=[])
+
+    remove = leaf(mcp, "remove", cmd_mcp_remove, "remove a run-time server")
+    remove.add_argument("name", metavar="NAME")
+
+    status = leaf(mcp, "status", cmd_mcp_status, "live state and stats per server")
+    status.add_argument("name", metavar="NAME", nargs="?")
+
+    test = leaf(mcp, "test", cmd_mcp_test, "a real round trip to one server")
+    test.add_argument("name", metavar="NAME")
+    test.add_argument("--timeout", metavar="SECONDS", type=positive_float)
+
+    tools = leaf(mcp, "tools", cmd_mcp_tools, "list a server's tools")
+    tools.add_argument("server", metavar="NAME")
+    tools.add_argument(
+        "--refresh", action="store_true", help="ask the upstream, not the warm cache"
+    )
+
+    for name, func, text in (
+        ("resources", cmd_mcp_resources, "list a server's resources"),
+        ("templates", cmd_mcp_templates, "list a server's resource templates"),
+        ("prompts", cmd_mcp_prompts, "list a server's prompts"),
+    ):
+        leaf(mcp, name, func, text).add_argument("server", metavar="NAME")
+
+    call = leaf(mcp, "call", cmd_mcp_call, "call a tool")
+    call.add_argument("server", metavar="NAME")
+    call.add_argument("tool", metavar="TOOL")
+    call.add_argument(
+        "--arguments",
+        metavar="JSON",
+        type=json_object,
+        default={},
+        help="the tool's arguments as a JSON object",
+    )
+    call.add_argument("--timeout", metavar="SECONDS", type=positive_float)
+
+    read = leaf(mcp, "read", cmd_mcp_read, "read one resource")
+    read.add_argument("server", metavar="NAME")
+    read.add_argument("uri", metavar="URI")
+    read.add_argument("--timeout", metavar="SECONDS", type=positive_float)
+
+    prompt = leaf(mcp, "prompt", cmd_mcp_prompt, "get one prompt")
+    prompt.add_argument("server", metavar="NAME")
+    prompt.add_argument("prompt", metavar="PROMPT")
+    prompt.add_argument(
+        "--arg",
+        metavar="K=V",
+        action="append",
+        type=key_value,
+        default=[],
+        help="a prompt argument (repeatable)",
+    )
+    prompt.add_argument("--timeout", metavar="SECONDS", type=positive_float)
+
+    daemon = group(commands, "daemon", "the daemon itself")
+    leaf(daemon, "status", cmd_daemon_status, "version, uptime and counts")
+
+    ping = leaf(
+        commands, "ping", cmd_ping, "ping the daemon, or one upstream through it"
+    )
+    ping.add_argument("server", metavar="SERVER", nargs="?")
+
+    return parser
+
+
+def split_trailing(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split ``mcp add ... -- ARG...`` at the ``--``; leave any other command alone.
+
+    argparse cannot give a ``nargs="*"`` positional the words after ``--`` once
+    another positional came first, so ``mcp add`` takes them here. Only the
+    global options can precede ``add``, and only ``--socket`` takes a value.
+    """
+    words: list[str] = []
+    i = 0
+    while i < len(argv) and len(words) < 2:
+        word = argv[i]
+        if word == "--":
+            break
+        if word == "--socket":
+            i += 2
+            continue
+        if not word.startswith("-"):
+            words.append(word)
+        i += 1
+    if words == ["mcp", "add"] and "--" in argv:
+        cut = list(argv).index("--")
+        return list(argv[:cut]), list(argv[cut + 1 :])
+    return list(argv), []
+
+
+# --- main ----------------------------------------------------------------------
+
+
+def exit_status(exc: MemorizzError) -> int:
+    if isinstance(exc, DaemonUnreachableError):
+        return EXIT_UNAVAILABLE
+    if isinstance(exc, RemoteError):
+        if exc.code == ErrorCode.PERMISSION_DENIED:
+            return EXIT_NOPERM
+        if exc.code in (ErrorCode.UNAVAILABLE, ErrorCode.DEADLINE_EXCEEDED):
+            return EXIT_TEMPFAIL  # UnavailableError, DeadlineExceededError
+    return EXIT_ERROR
+
+
+def _error(message: str) -> None:
+    print(f"{PROG}: {message}", file=sys.stderr)
+
+
+def _run(argv: list[str]) -> int:
+    head, trailing = split_trailing(argv)
+    parser = build_parser()
+    try:
+        args = parser.parse_args(head)
+    except SystemExit as exc:  # --help (0) or a usage error (2)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if trailing:
+        args.trailing = trailing
+    args.json = bool(getattr(args, "json", False))
+    socket_path: str = getattr(args, "socket", None) or default_socket_path()
+    func: Command = args.func
+    try:
+        with Client(socket_path) as client:
+            status: int = func(client, args)
+            return status
+    except UsageError as exc:
+        sub: argparse.ArgumentParser = args.parser
+        sub.print_usage(sys.stderr)
+        print(f"{sub.prog}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except RemoteError as exc:
+        _error(f"{exc.message} ({exc.reason})")
+        return exit_status(exc)
+    except MemorizzError as exc:
+        _error(str(exc))
+        return exit_status(exc)
+    except msgspec.DecodeError as exc:  # version skew: a reply we cannot read
+        _error(f"unexpected reply from memorizzd at {socket_path}: {exc}")
+        return EXIT_ERROR
+    except BrokenPipeError:
+        raise
+    except OSError as exc:  # e.g. a socket path longer than AF_UNIX allows
+        _error(f"cannot reach memorizzd at {socket_path}: {exc}")
+        return EXIT_UNAVAILABLE
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``memorizzctl`` and return its exit status (see the module docstring)."""
+    try:
+        return _run(sys.argv[1:] if argv is None else argv)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (``memorizzctl mcp list | head``): stop quietly,
+        # and keep the interpreter from complaining while flushing at exit.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return EXIT_BROKEN_PIPE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,260 @@
+"""A blocking client for the memorizzd socket: one method per RPC.
+
+It depends on the standard library and msgspec only, so it starts in
+milliseconds and can be vendored into any tool. One ``Client`` holds one
+connection and sends one request at a time (guarded by a lock, so threads may
+share it); open one client per thread for parallel calls.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import socket
+import threading
+from types import TracebackType
+from typing import Any, Final, TypeVar
+
+import msgspec
+
+from memorizz.api import methods as m
+from memorizz.api.errors import (
+    DaemonUnreachableError,
+    InvalidRequestError,
+    RemoteError,
+    from_wire,
+)
+from memorizz.api.protocol import (
+    JSONRPC,
+    PROTOCOL_VERSION,
+    Reply,
+    default_socket_path,
+)
+
+R = TypeVar("R", bound=m.Result)
+
+_encoder: Final = msgspec.json.Encoder()
+_decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
+_READ_CHUNK: Final = 1 << 16
+
+START_HINT: Final = (
+    "is memorizzd running? start it with `make run` (foreground) or "
+    "`systemctl start memorizzd`, or point --socket/MEMORIZZ_SOCKET at its socket"
+)
+
+
+def _decoder(result_type: type[R]) -> msgspec.json.Decoder[Reply[R]]:
+    decoder = _decoders.get(result_type)
+    if decoder is None:
+        decoder = _decoders[result_type] = msgspec.json.Decoder(Reply[result_type])  # type: ignore[valid-type]
+    return decoder
+
+
+class _Envelope(msgspec.Struct, kw_only=True):
+    jsonrpc: str
+    id: int
+    method: str
+    params: Any
+
+
+class Client:
+    """``with Client() as c: c.call_tool("mem0", "search_memories", {"query": "x"})``."""
+
+    def __init__(self, socket_path: str | os.PathLike[str] | None = None) -> None:
+        self.socket_path = os.fspath(socket_path or default_socket_path())
+        self._sock: socket.socket | None = None
+        self._buffer = bytearray()
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+
+    # --- plumbing -----------------------------------------------------------
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._buffer.clear()
+
+    def _connect(self) -> socket.socket:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(self.socket_path)
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
+            sock.close()
+            msg = f"cannot reach memorizzd at {self.socket_path}: {exc.strerror}; {START_HINT}"
+            raise DaemonUnreachableError(msg) from None
+        except PermissionError:
+            sock.close()
+            msg = (
+                f"permission denied on {self.socket_path}: "
+                "ask for the memorizzd operators group, or use your agent socket"
+            )
+            raise DaemonUnreachableError(msg) from None
+        return sock
+
+    def request(self, method: str, params: m.Params, result_type: type[R]) -> R:
+        """Send one request and wait for its reply; raise the wire error as an exception."""
+        with self._lock:
+            if self._sock is None:
+                self._sock = self._connect()
+            request_id = next(self._ids)
+            line = _encoder.encode(
+                _Envelope(jsonrpc=JSONRPC, id=request_id, method=method, params=params)
+            )
+            try:
+                self._sock.sendall(line + b"\n")
+                reply = _decoder(result_type).decode(self._read_line())
+            except (OSError, EOFError) as exc:
+                self.close()
+                msg = f"connection to memorizzd at {self.socket_path} broke: {exc}"
+                raise DaemonUnreachableError(msg) from None
+        if reply.error is not None:
+            raise from_wire(reply.error)
+        if reply.result is None or reply.id != request_id:
+            raise InvalidRequestError("malformed reply from the daemon")
+        return reply.result
+
+    def _read_line(self) -> bytes:
+        assert self._sock is not None
+        while True:
+            end = self._buffer.find(b"\n")
+            if end >= 0:
+                line = bytes(self._buffer[:end])
+                del self._buffer[: end + 1]
+                return line
+            chunk = self._sock.recv(_READ_CHUNK)
+            if not chunk:
+                raise EOFError("daemon closed the connection")
+            self._buffer += chunk
+
+    # --- the daemon ---------------------------------------------------------
+
+    def hello(self, client: str = "memorizz-python") -> m.DaemonHelloResult:
+        return self.request(
+            "daemon/hello",
+            m.DaemonHelloParams(protocol_version=PROTOCOL_VERSION, client=client),
+            m.DaemonHelloResult,
+        )
+
+    def daemon_status(self) -> m.DaemonStatusResult:
+        return self.request(
+            "daemon/status", m.DaemonStatusParams(), m.DaemonStatusResult
+        )
+
+    def ping(self, server: str | None = None) -> m.PingResult:
+        return self.request("ping", m.PingParams(server=server), m.PingResult)
+
+    # --- servers ------------------------------------------------------------
+
+    def list_servers(self) -> list[m.ServerInfo]:
+        return self.request(
+            "servers/list", m.ServersListParams(), m.ServersListResult
+        ).servers
+
+    def add_server(self, spec: m.ServerSpec) -> m.ServerInfo:
+        return self.request(
+            "servers/add", m.ServersAddParams(server=spec), m.ServersAddResult
+        ).server
+
+    def remove_server(self, name: str) -> None:
+        self.request(
+            "servers/remove", m.ServersRemoveParams(name=name), m.ServersRemoveResult
+        )
+
+    def server_status(self, name: str | None = None) -> list[m.ServerStatus]:
+        return self.request(
+            "servers/status", m.ServersStatusParams(name=name), m.ServersStatusResult
+        ).servers
+
+    def test_server(
+        self, name: str, timeout_s: float | None = None
+    ) -> m.ServersTestResult:
+        return self.request(
+            "servers/test",
+            m.ServersTestParams(name=name, timeout_s=timeout_s),
+            m.ServersTestResult,
+        )
+
+    # --- MCP pass-through ---------------------------------------------------
+
+    def list_tools(self, server: str, *, refresh: bool = False) -> list[m.Tool]:
+        return self.request(
+            "tools/list",
+            m.ToolsListParams(server=server, refresh=refresh),
+            m.ToolsListResult,
+        ).tools
+
+    def call_tool(
+        self,
+        server: str,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> m.ToolsCallResult:
+        """Call a tool; an ``isError`` result is returned, not raised."""
+        return self.request(
+            "tools/call",
+            m.ToolsCallParams(
+                server=server, name=name, arguments=arguments or {}, timeout_s=timeout_s
+            ),
+            m.ToolsCallResult,
+        )
+
+    def list_resources(self, server: str) -> list[m.Resource]:
+        return self.request(
+            "resources/list",
+            m.ResourcesListParams(server=server),
+            m.ResourcesListResult,
+        ).resources
+
+    def list_resource_templates(self, server: str) -> list[m.ResourceTemplate]:
+        return self.request(
+            "resources/templates/list",
+            m.ResourcesTemplatesListParams(server=server),
+            m.ResourcesTemplatesListResult,
+        ).resource_templates
+
+    def read_resource(
+        self, server: str, uri: str, *, timeout_s: float | None = None
+    ) -> m.ResourcesReadResult:
+        return self.request(
+            "resources/read",
+            m.ResourcesReadParams(server=server, uri=uri, timeout_s=timeout_s),
+            m.ResourcesReadResult,
+        )
+
+    def list_prompts(self, server: str) -> list[m.Prompt]:
+        return self.request(
+            "prompts/list", m.PromptsListParams(server=server), m.PromptsListResult
+        ).prompts
+
+    def get_prompt(
+        self,
+        server: str,
+        name: str,
+        arguments: dict[str, str] | None = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> m.PromptsGetResult:
+        return self.request(
+            "prompts/get",
+            m.PromptsGetParams(
+                server=server, name=name, arguments=arguments or {}, timeout_s=timeout_s
+            ),
+            m.PromptsGetResult,
+        )
+
+
+__all__ = ["Client", "RemoteError"]

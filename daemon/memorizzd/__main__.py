@@ -1,0 +1,72 @@
+"""memorizzd: the command line of the daemon."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import anyio
+
+from memorizzd import __version__
+from memorizzd.config import ConfigError, load
+from memorizzd.sdnotify import setup_logging
+
+EX_CONFIG = 78
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="memorizzd",
+        description="The per-host MCP connection broker daemon. Runs in the foreground.",
+    )
+    parser.add_argument(
+        "--config",
+        help="TOML config (default /etc/memorizzd/memorizzd.toml if present)",
+    )
+    parser.add_argument("--socket", help="operator socket path (config key: socket)")
+    parser.add_argument("--state-dir", help="state directory (config key: state_dir)")
+    parser.add_argument(
+        "--check-config",
+        action="store_true",
+        help="validate the configuration and exit",
+    )
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("MEMORIZZ_LOG_LEVEL", "info"),
+        choices=["debug", "info", "warning", "error"],
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"memorizzd {__version__}"
+    )
+    args = parser.parse_args(argv)
+
+    try:
+        config = load(args.config, socket=args.socket, state_dir=args.state_dir)
+    except ConfigError as exc:
+        print(f"memorizzd: invalid configuration: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    if args.check_config:
+        print(
+            f"memorizzd: configuration ok ({config.config_path or 'embedded defaults'}, "
+            f"{len(config.servers)} servers)"
+        )
+        return 0
+
+    setup_logging(args.log_level)
+    from memorizzd.app import run  # the heavy imports (mcp) only when serving
+    from memorizzd.rpc.server import SocketInUseError
+    from memorizzd.store import StoreError
+
+    try:
+        anyio.run(run, config, backend="asyncio", backend_options={"use_uvloop": True})
+    except (SocketInUseError, StoreError) as exc:
+        print(f"memorizzd: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

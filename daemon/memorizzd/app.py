@@ -1,0 +1,131 @@
+"""The daemon's task tree: store, pool of upstreams, socket server; signals; sd_notify."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+
+import anyio
+import msgspec
+
+from memorizzd import __version__
+from memorizzd.broker import Broker
+from memorizzd.config import Config
+from memorizzd.rpc.dispatch import Dispatcher
+from memorizzd.rpc.server import SocketServer
+from memorizzd.sdnotify import notify
+from memorizzd.store import Store
+from memorizzd.upstream.pool import Pool, running_pool
+
+log = logging.getLogger("memorizzd")
+
+
+class Daemon(msgspec.Struct):
+    config: Config
+    pool: Pool
+    server: SocketServer
+
+
+@asynccontextmanager
+async def running_daemon(config: Config) -> AsyncIterator[Daemon]:
+    """Everything up and serving inside the block; drained and stopped after it.
+
+    On exit: stop accepting, stop reading new requests, let in-flight calls finish
+    (bounded by ``drain_timeout_s``), then stop every upstream (no orphans).
+    """
+    store = await anyio.to_thread.run_sync(Store, config.state_dir)
+    try:
+        async with running_pool(config, store) as pool:
+            for spec in config.servers:
+                await pool.start(spec, source="config")
+            for spec in await anyio.to_thread.run_sync(store.servers):
+                if spec.name in pool:
+                    log.warning(
+                        "server %s is in both the config file and the state database;"
+                        " the config file wins",
+                        spec.name,
+                    )
+                    continue
+                await pool.start(spec, source="api")
+
+            server: SocketServer
+            broker = Broker(
+                config,
+                store,
+                pool,
+                connections=lambda: server.connections,
+                in_flight=lambda: server.in_flight,
+            )
+            server = SocketServer(
+                config.socket,
+                Dispatcher(broker.handlers()),
+                max_in_flight=config.max_in_flight_per_connection,
+            )
+            listener = await server.open()
+            try:
+                async with anyio.create_task_group() as connections:
+                    async with anyio.create_task_group() as acceptor:
+                        await acceptor.start(server.serve, listener, connections)
+                        try:
+                            yield Daemon(config, pool, server)
+                        finally:
+                            acceptor.cancel_scope.cancel()
+                    with anyio.CancelScope(shield=True):
+                        with anyio.move_on_after(config.drain_timeout_s) as drain:
+                            await server.drain()
+                        if drain.cancelled_caught:
+                            log.warning(
+                                "drain timed out with %d calls in flight; cancelling them",
+                                server.in_flight,
+                            )
+                    connections.cancel_scope.cancel()
+            finally:
+                with suppress(FileNotFoundError):
+                    os.unlink(config.socket)
+    finally:
+        await anyio.to_thread.run_sync(store.close)
+
+
+async def run(config: Config) -> None:
+    """Serve until SIGTERM or SIGINT; tell systemd what happens."""
+    with anyio.open_signal_receiver(
+        signal.SIGTERM, signal.SIGINT, signal.SIGHUP
+    ) as signals:
+        async with running_daemon(config) as daemon:
+            log.info(
+                "memorizzd %s listening on %s (state in %s, %d servers)",
+                __version__,
+                config.socket,
+                config.state_dir,
+                len(daemon.pool.all()),
+            )
+            notify("READY=1")
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(_report_status, daemon)
+                async for signum in signals:
+                    if signum == signal.SIGHUP:
+                        log.info("SIGHUP: reloading is not supported yet; ignoring")
+                        continue
+                    log.info("%s: draining and stopping", signal.Signals(signum).name)
+                    notify("STOPPING=1")
+                    tg.cancel_scope.cancel()
+                    break
+    log.info("stopped")
+
+
+async def _report_status(daemon: Daemon) -> None:
+    last = ""
+    while True:
+        upstreams = daemon.pool.all()
+        ready = sum(u.state == "ready" for u in upstreams)
+        status = (
+            f"STATUS={ready}/{len(upstreams)} servers ready, "
+            f"{daemon.server.connections} connections, {daemon.server.in_flight} in flight"
+        )
+        if status != last:
+            notify(status)
+            last = status
+        await anyio.sleep(5)

@@ -1,0 +1,129 @@
+"""Daemon configuration: embedded defaults, the TOML file, command-line overrides.
+
+The TOML file is decoded straight into msgspec structs, so a bad key or type is
+reported with its path (``$.servers[0].transport``). Servers declared in the
+file are read-only through the API; servers added with ``servers/add`` live in
+the state database.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from memorizz.api.methods import ServerSpec
+from memorizz.api.protocol import default_runtime_dir
+
+DEFAULT_CONFIG_PATH: Final = Path("/etc/memorizzd/memorizzd.toml")
+SERVER_NAME_MAX: Final = 64
+
+
+class ConfigError(Exception):
+    """The configuration is invalid; the message names the bad key."""
+
+
+class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Everything the daemon reads at start. Field names are the TOML keys."""
+
+    socket: str = ""
+    """The operator socket; default /run/memorizzd/memorizzd.sock as root, else
+    $XDG_RUNTIME_DIR/memorizzd/memorizzd.sock."""
+    state_dir: str = ""
+    """SQLite state; default /var/lib/memorizzd as root, else $XDG_STATE_HOME/memorizzd."""
+    servers: list[ServerSpec] = []
+    connect_wait_s: float = 5.0
+    """How long a call waits for a server that is (re)connecting before it fails."""
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 30.0
+    health_interval_s: float = 30.0
+    """An idle ready upstream is probed (ping / server/discover) this often."""
+    max_in_flight_per_server: int = 256
+    max_in_flight_per_connection: int = 64
+    drain_timeout_s: float = 10.0
+    """On SIGTERM, how long in-flight calls may take to finish."""
+    list_page_limit: int = 100
+    """List methods follow upstream cursors to the end, at most this many pages."""
+    config_path: str | None = None
+
+
+def default_state_dir() -> str:
+    if os.geteuid() == 0:
+        return "/var/lib/memorizzd"
+    base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return os.path.join(base, "memorizzd")
+
+
+def validate_server(spec: ServerSpec) -> None:
+    """Checks msgspec cannot express; raises ValueError with a user-facing message."""
+    if not spec.name or len(spec.name) > SERVER_NAME_MAX:
+        raise ValueError(f"server name must be 1..{SERVER_NAME_MAX} characters")
+    if not all(c.isalnum() or c in "-_." for c in spec.name):
+        raise ValueError(
+            f"server name {spec.name!r} may contain only letters, digits, '-', '_' and '.'"
+        )
+    if spec.transport == "stdio":
+        if not spec.command:
+            raise ValueError(f"server {spec.name!r}: transport stdio needs a command")
+        if spec.url:
+            raise ValueError(f"server {spec.name!r}: transport stdio takes no url")
+    else:
+        if not spec.url:
+            raise ValueError(
+                f"server {spec.name!r}: transport {spec.transport} needs a url"
+            )
+        if not spec.url.startswith(("http://", "https://")):
+            raise ValueError(f"server {spec.name!r}: url must be http:// or https://")
+        if spec.command or spec.args:
+            raise ValueError(f"server {spec.name!r}: only stdio servers take a command")
+    if not 0 < spec.timeout_s <= 3600:
+        raise ValueError(f"server {spec.name!r}: timeout_s must be in (0, 3600]")
+    if not 1024 <= spec.max_result_bytes <= 256 * 1024 * 1024:
+        raise ValueError(
+            f"server {spec.name!r}: max_result_bytes must be in [1024, 268435456]"
+        )
+
+
+def load(
+    path: str | None,
+    *,
+    socket: str | None = None,
+    state_dir: str | None = None,
+) -> Config:
+    """Read the config file (if any), apply overrides and defaults, validate."""
+    config_path: Path | None
+    if path is not None:
+        config_path = Path(path)
+        if not config_path.exists():
+            raise ConfigError(f"{config_path}: no such file")
+    else:
+        config_path = DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.exists() else None
+    config = Config()
+    if config_path is not None:
+        try:
+            raw = tomllib.loads(config_path.read_text(encoding="utf-8"))
+            config = msgspec.convert(raw, Config)
+        except OSError as exc:
+            raise ConfigError(f"{config_path}: {exc.strerror}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{config_path}: {exc}") from None
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"{config_path}: {exc}") from None
+    config.config_path = str(config_path) if config_path else None
+    config.socket = (
+        socket or config.socket or os.path.join(default_runtime_dir(), "memorizzd.sock")
+    )
+    config.state_dir = state_dir or config.state_dir or default_state_dir()
+    seen: set[str] = set()
+    for i, spec in enumerate(config.servers):
+        try:
+            validate_server(spec)
+        except ValueError as exc:
+            raise ConfigError(f"{config_path}: $.servers[{i}]: {exc}") from None
+        if spec.name in seen:
+            raise ConfigError(f"{config_path}: duplicate server name {spec.name!r}")
+        seen.add(spec.name)
+    return config

@@ -1,0 +1,1 @@
+"""The socket API: listeners, framing, peer credentials and the dispatch boundary."""

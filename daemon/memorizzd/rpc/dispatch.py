@@ -1,0 +1,139 @@
+"""The method table and THE boundary where exceptions become JSON-RPC errors.
+
+Nothing below this module knows JSON-RPC exists: handlers take a decoded
+Params struct and return a Result struct or raise a ``RemoteError``. Anything
+else that escapes a handler is a bug: it is logged with its traceback and the
+wire only ever says "internal error" (exception text may hold a secret).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
+
+import msgspec
+
+from memorizz.api.errors import (
+    InternalError,
+    InvalidParamsError,
+    InvalidRequestError,
+    MethodNotFoundError,
+    ParseError,
+    RemoteError,
+)
+from memorizz.api.methods import METHODS, Params, Result
+from memorizz.api.protocol import ErrorObject, Reply, Request, RequestId
+from memorizzd.rpc.peer import Caller
+
+log = logging.getLogger("memorizzd.rpc")
+
+Handler = Callable[[Caller, Any], Awaitable[Result]]
+
+_encoder: Final = msgspec.json.Encoder()
+_request_decoder: Final = msgspec.json.Decoder(Request)
+
+
+class _IdProbe(msgspec.Struct):
+    id: Any = None
+
+
+_id_decoder: Final = msgspec.json.Decoder(_IdProbe)
+
+
+class _Method:
+    __slots__ = ("decoder", "handler", "name")
+
+    def __init__(self, name: str, params: type[Params], handler: Handler) -> None:
+        self.name = name
+        self.decoder = msgspec.json.Decoder(params)
+        self.handler = handler
+
+
+class Dispatcher:
+    def __init__(self, handlers: Mapping[str, Handler]) -> None:
+        missing = METHODS.keys() - handlers.keys()
+        if missing:
+            raise ValueError(f"no handler for {sorted(missing)}")
+        self._methods = {
+            name: _Method(name, spec.params, handlers[name])
+            for name, spec in METHODS.items()
+        }
+
+    async def handle(self, caller: Caller, line: bytes) -> bytes | None:
+        """One request line in, one reply line out (None for a notification)."""
+        request_id: RequestId | None = None
+        try:
+            request = _decode_request(line)
+            request_id = request.id
+            method = self._methods.get(request.method)
+            if method is None:
+                raise MethodNotFoundError(f"unknown method {request.method!r}")
+            try:
+                params = method.decoder.decode(request.params)
+            except msgspec.ValidationError as exc:
+                raise InvalidParamsError(f"invalid params: {exc}") from None
+            except msgspec.DecodeError:
+                raise InvalidParamsError("params must be a JSON object") from None
+            result = await method.handler(caller, params)
+        except _WithId as exc:
+            request_id = exc.request_id
+            error = exc.to_wire()
+        except RemoteError as exc:
+            error = exc.to_wire()
+        except Exception:  # the boundary; cancellation is a BaseException and passes
+            log.exception("internal error handling a request (id %r)", request_id)
+            error = InternalError("internal error").to_wire()
+        else:
+            if request_id is None:
+                return None
+            return (
+                _encoder.encode(Reply(jsonrpc="2.0", id=request_id, result=result))
+                + b"\n"
+            )
+        if (
+            request_id is None
+            and error.data
+            and error.data.get("reason")
+            not in (
+                "parse_error",
+                "invalid_request",
+            )
+        ):
+            return None  # a notification is never answered, not even with an error
+        return encode_error(request_id, error)
+
+
+def encode_error(request_id: RequestId | None, error: ErrorObject) -> bytes:
+    return (
+        _encoder.encode(Reply[None](jsonrpc="2.0", id=request_id, error=error)) + b"\n"
+    )
+
+
+def _decode_request(line: bytes) -> Request:
+    try:
+        return _request_decoder.decode(line)
+    except msgspec.ValidationError as exc:
+        request_id = _probe_id(line)
+        error = InvalidRequestError(f"not a JSON-RPC 2.0 request: {exc}")
+        raise _WithId(error, request_id) from None
+    except (msgspec.DecodeError, RecursionError, ValueError):
+        raise ParseError("parse error: the line is not valid UTF-8 JSON") from None
+
+
+def _probe_id(line: bytes) -> RequestId | None:
+    try:
+        found = _id_decoder.decode(line).id
+    except (msgspec.DecodeError, RecursionError, ValueError):
+        return None
+    return (
+        found if isinstance(found, int | str) and not isinstance(found, bool) else None
+    )
+
+
+class _WithId(InvalidRequestError):
+    """An invalid request whose id could still be read, so the reply can name it."""
+
+    def __init__(self, error: RemoteError, request_id: RequestId | None) -> None:
+        super().__init__(error.message, reason=error.reason, data=error.data)
+        self.request_id = request_id

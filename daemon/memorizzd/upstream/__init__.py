@@ -1,0 +1,1 @@
+"""Upstream MCP servers: the SDK adapter, transports, one actor per server, the pool."""

@@ -1,0 +1,424 @@
+"""One supervised upstream per configured server.
+
+An ``Upstream`` owns its MCP session: one task (``run``) enters and exits the
+SDK client (cancel scopes must exit in the task that entered them) and keeps it
+warm; any number of caller tasks send requests over the shared session
+concurrently. When the session dies (process exit, broken pipe, transport
+fault, failed health probe) ``run`` reconnects with jittered exponential
+backoff while callers get ``server_unavailable`` at once.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import random
+import statistics
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TypeVar
+
+import anyio
+import anyio.abc
+from mcp import Client
+
+from memorizz.api import methods as m
+from memorizz.api.errors import DeadlineExceededError, RemoteError, UnavailableError
+from memorizzd.config import Config
+from memorizzd.store import Negotiated, Store
+from memorizzd.upstream import session as sdk
+from memorizzd.upstream.stdio import StdioProcess
+
+log = logging.getLogger("memorizzd.upstream")
+
+T = TypeVar("T")
+FAILED_AFTER: Final = 5
+"""Consecutive failed connects after which the state reads ``failed`` (it still retries)."""
+SAFE_READ_ATTEMPTS: Final = 3
+PROBE_TIMEOUT_S: Final = 10.0
+LATENCY_WINDOW: Final = 1024
+
+
+class Upstream:
+    def __init__(
+        self, spec: m.ServerSpec, *, source: str, config: Config, store: Store
+    ) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.source = source
+        self._config = config
+        self._store = store
+        self.state: m.ServerState = "connecting"
+        self.since = time.time()
+        self.last_error: str | None = None
+        self.restarts = 0
+        self.protocol_version: str | None = None
+        self.server_name: str | None = None
+        self.server_version: str | None = None
+        self.in_flight = 0
+        self.calls_ok = 0
+        self.calls_failed = 0
+        self._latencies: collections.deque[float] = collections.deque(
+            maxlen=LATENCY_WINDOW
+        )
+        self._client: Client | None = None
+        self._ready = anyio.Event()
+        self._dead = anyio.Event()
+        self._process: StdioProcess | None = None
+        self._tools: list[m.Tool] | None = None
+        self._tool_count: int | None = None
+        self._next_attempt = 0.0
+        self._last_ok = 0.0
+        self._scope: anyio.CancelScope | None = None
+        self._stopped = anyio.Event()
+        self._was_ready = False
+
+    # --- supervision --------------------------------------------------------
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Connect, stay warm, reconnect; until ``stop()``. Started = first attempt begun."""
+        try:
+            with anyio.CancelScope() as self._scope:
+                task_status.started()
+                failures = 0
+                while True:
+                    self._set_state("connecting")
+                    self._was_ready = False
+                    try:
+                        await self._connect_and_serve()
+                    except Exception as exc:
+                        if not self._dead.is_set():  # else _mark_dead said why
+                            self.last_error = _describe_failure(exc)
+                        log.warning(
+                            "%s: connection failed: %s", self.name, self.last_error
+                        )
+                    finally:
+                        self._publish(None)
+                    # A session that was ready starts the backoff ladder afresh.
+                    failures = 1 if self._was_ready else failures + 1
+                    self.restarts += 1
+                    delay = self._backoff(max(failures, 1))
+                    self._next_attempt = anyio.current_time() + delay
+                    self._set_state("failed" if failures >= FAILED_AFTER else "backoff")
+                    await anyio.sleep(delay)
+        finally:
+            self._publish(None)
+            self._set_state("stopped")
+            self._stopped.set()
+
+    async def stop(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+        await self._stopped.wait()
+
+    def _backoff(self, failures: int) -> float:
+        base = self._config.backoff_initial_s * 2 ** (failures - 1)
+        return min(self._config.backoff_max_s, base) * random.uniform(0.5, 1.0)  # noqa: S311
+
+    async def _connect_and_serve(self) -> None:
+        self._process = (
+            StdioProcess(self.name) if self.spec.transport == "stdio" else None
+        )
+        self._dead = anyio.Event()
+        known = await anyio.to_thread.run_sync(self._store.negotiated, self.name)
+        mode = self.spec.protocol
+        if mode == "auto" and known is not None:
+            # Never pay the slow probe twice: a known-legacy server gets the handshake.
+            mode = "legacy" if known.protocol_version != sdk.MODERN else "auto"
+        async with sdk.open_client(
+            self.spec,
+            mode=mode,
+            process=self._process,
+            message_handler=self._on_message,
+        ) as client:
+            version, self.server_name, self.server_version = sdk.describe(client)
+            self.protocol_version = version
+            if version and (known is None or known.protocol_version != version):
+                await anyio.to_thread.run_sync(
+                    self._store.set_negotiated, self.name, Negotiated(version)
+                )
+            try:
+                await self._refresh_tools(client)
+            except RemoteError as exc:
+                log.info("%s: no tool listing at connect: %s", self.name, exc.message)
+            self.last_error = None
+            self._last_ok = anyio.current_time()
+            self._publish(client)
+            self._was_ready = True
+            self._set_state("ready")
+            log.info(
+                "%s: ready (%s, protocol %s)",
+                self.name,
+                self.server_name or "unnamed server",
+                version,
+            )
+            async with anyio.create_task_group() as tg:
+                if self._process is not None:
+                    tg.start_soon(self._watch_process, self._process)
+                tg.start_soon(self._health_loop, client)
+                await self._dead.wait()
+                tg.cancel_scope.cancel()
+            self._publish(None)
+
+    async def _watch_process(self, process: StdioProcess) -> None:
+        await process.exited.wait()
+        self._mark_dead(f"process exited with code {process.returncode}")
+
+    async def _health_loop(self, client: Client) -> None:
+        interval = self._config.health_interval_s
+        while True:
+            await anyio.sleep(interval)
+            if anyio.current_time() - self._last_ok < interval:
+                continue
+            try:
+                await sdk.guarded(
+                    lambda: sdk.probe(client, timeout=PROBE_TIMEOUT_S), server=self.name
+                )
+            except (RemoteError, sdk.ConnectionLost) as exc:
+                self._mark_dead(f"health probe failed: {exc}")
+                return
+            self._last_ok = anyio.current_time()
+
+    async def _on_message(self, message: Any) -> None:
+        if sdk.is_tool_list_changed(message):
+            log.info("%s: tools/list_changed", self.name)
+            self._tools = None  # the next tools/list fetches afresh
+
+    def _mark_dead(self, reason: str) -> None:
+        if not self._dead.is_set():
+            self.last_error = reason
+            log.warning("%s: session lost: %s", self.name, reason)
+            self._publish(None)
+            self._dead.set()
+
+    def _publish(self, client: Client | None) -> None:
+        self._client = client
+        if client is not None:
+            self._ready.set()
+        elif self._ready.is_set():
+            self._ready = anyio.Event()
+
+    def _set_state(self, state: m.ServerState) -> None:
+        if state != self.state:
+            self.state = state
+            self.since = time.time()
+
+    # --- requests -----------------------------------------------------------
+
+    async def _wait_ready(self, deadline: float, *, patient: bool) -> Client:
+        if self._client is not None:
+            return self._client
+        now = anyio.current_time()
+        waiting = self.state == "connecting" or (
+            patient and self.state == "backoff" and self._next_attempt < deadline
+        )
+        if waiting:
+            with anyio.move_on_after(min(self._config.connect_wait_s, deadline - now)):
+                await self._ready.wait()
+            if self._client is not None:
+                return self._client
+        retry_after = max(0.0, self._next_attempt - anyio.current_time())
+        raise UnavailableError(
+            f"server {self.name!r} is not connected ({self.state})"
+            + (f": {self.last_error}" if self.last_error else ""),
+            data={
+                "server": self.name,
+                "state": self.state,
+                "retry_after_s": round(retry_after, 3),
+            },
+        )
+
+    def timeout_for(self, requested: float | None) -> float:
+        """The caller may ask for less than the server's timeout, never more."""
+        if requested is None or requested <= 0:
+            return self.spec.timeout_s
+        return min(requested, self.spec.timeout_s)
+
+    async def request(
+        self,
+        op: Callable[[Client, float], Awaitable[T]],
+        *,
+        timeout: float,
+        safe: bool,
+        failed: Callable[[T], bool] | None = None,
+    ) -> T:
+        """Send one request over the warm session. ``safe`` reads are retried on a
+        transport failure (bounded by the deadline); anything else never is."""
+        if self.in_flight >= self._config.max_in_flight_per_server:
+            raise UnavailableError(
+                f"server {self.name!r} has too many requests in flight",
+                reason="overloaded",
+                data={"server": self.name, "retry_after_s": 0.1},
+            )
+        deadline = anyio.current_time() + timeout
+        self.in_flight += 1
+        started = time.perf_counter()
+        ok = False
+        try:
+            attempts = SAFE_READ_ATTEMPTS if safe else 1
+            for attempt in range(attempts):
+                client = await self._wait_ready(deadline, patient=attempt > 0)
+                remaining = deadline - anyio.current_time()
+                try:
+                    with anyio.fail_after(remaining + 1.0):
+                        result = await sdk.guarded(
+                            lambda c=client, r=remaining: op(c, r), server=self.name
+                        )
+                except sdk.ConnectionLost as exc:
+                    if self._client is client:
+                        self._mark_dead(str(exc))
+                    if attempt + 1 == attempts or anyio.current_time() >= deadline:
+                        raise UnavailableError(
+                            f"server {self.name!r}: connection lost during the request",
+                            data={"server": self.name, "retry_after_s": 0.5},
+                        ) from None
+                    await anyio.sleep(
+                        min(
+                            0.05 * 2**attempt, max(0.0, deadline - anyio.current_time())
+                        )
+                    )
+                    continue
+                self._last_ok = anyio.current_time()
+                ok = failed is None or not failed(result)
+                return result
+            raise AssertionError("unreachable")
+        except TimeoutError:
+            raise DeadlineExceededError(f"{self.name}: the request timed out") from None
+        finally:
+            self.in_flight -= 1
+            self._latencies.append(time.perf_counter() - started)
+            if ok:
+                self.calls_ok += 1
+            else:
+                self.calls_failed += 1
+
+    async def _refresh_tools(self, client: Client) -> list[m.Tool]:
+        tools = await sdk.guarded(
+            lambda: sdk.list_tools(
+                client,
+                page_limit=self._config.list_page_limit,
+                timeout=self.spec.timeout_s,
+            ),
+            server=self.name,
+        )
+        self._tools = tools
+        self._tool_count = len(tools)
+        return tools
+
+    # --- the operations -----------------------------------------------------
+
+    async def list_tools(self, *, refresh: bool) -> list[m.Tool]:
+        if (
+            not refresh
+            and (tools := self._tools) is not None
+            and self._client is not None
+        ):
+            return tools
+
+        async def op(client: Client, remaining: float) -> list[m.Tool]:
+            return await self._refresh_tools(client)
+
+        return await self.request(op, timeout=self.spec.timeout_s, safe=True)
+
+    async def call_tool(
+        self, name: str, arguments: dict[str, Any], *, timeout_s: float | None
+    ) -> m.ToolsCallResult:
+        async def op(client: Client, remaining: float) -> m.ToolsCallResult:
+            return await sdk.call_tool(client, name, arguments, timeout=remaining)
+
+        return await self.request(
+            op,
+            timeout=self.timeout_for(timeout_s),
+            safe=False,
+            failed=lambda r: r.is_error,
+        )
+
+    async def list_resources(self) -> list[m.Resource]:
+        limit = self._config.list_page_limit
+        return await self.request(
+            lambda c, r: sdk.list_resources(c, page_limit=limit, timeout=r),
+            timeout=self.spec.timeout_s,
+            safe=True,
+        )
+
+    async def list_resource_templates(self) -> list[m.ResourceTemplate]:
+        limit = self._config.list_page_limit
+        return await self.request(
+            lambda c, r: sdk.list_resource_templates(c, page_limit=limit, timeout=r),
+            timeout=self.spec.timeout_s,
+            safe=True,
+        )
+
+    async def read_resource(
+        self, uri: str, *, timeout_s: float | None
+    ) -> m.ResourcesReadResult:
+        return await self.request(
+            lambda c, r: sdk.read_resource(c, uri, timeout=r),
+            timeout=self.timeout_for(timeout_s),
+            safe=True,
+        )
+
+    async def list_prompts(self) -> list[m.Prompt]:
+        limit = self._config.list_page_limit
+        return await self.request(
+            lambda c, r: sdk.list_prompts(c, page_limit=limit, timeout=r),
+            timeout=self.spec.timeout_s,
+            safe=True,
+        )
+
+    async def get_prompt(
+        self, name: str, arguments: dict[str, str], *, timeout_s: float | None
+    ) -> m.PromptsGetResult:
+        return await self.request(
+            lambda c, r: sdk.get_prompt(c, name, arguments, timeout=r),
+            timeout=self.timeout_for(timeout_s),
+            safe=True,
+        )
+
+    async def ping(self, *, timeout_s: float | None = None) -> None:
+        await self.request(
+            lambda c, r: sdk.probe(c, timeout=r),
+            timeout=self.timeout_for(timeout_s or PROBE_TIMEOUT_S),
+            safe=True,
+        )
+
+    # --- views --------------------------------------------------------------
+
+    def status(self) -> m.ServerStatus:
+        latencies = list(self._latencies)
+        return m.ServerStatus(
+            name=self.name,
+            transport=self.spec.transport,
+            state=self.state,
+            since=self.since,
+            last_error=self.last_error,
+            pid=self._process.pid if self._process and self.state == "ready" else None,
+            protocol_version=self.protocol_version,
+            server_name=self.server_name,
+            server_version=self.server_version,
+            tool_count=self._tool_count,
+            in_flight=self.in_flight,
+            calls_ok=self.calls_ok,
+            calls_failed=self.calls_failed,
+            latency_p50_ms=round(statistics.median(latencies) * 1000, 3)
+            if latencies
+            else None,
+            restarts=self.restarts,
+        )
+
+
+def _describe_failure(exc: BaseException) -> str:
+    """A short, secret-free description: the innermost exception's type and message."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    if isinstance(exc, RemoteError):
+        return exc.message
+    if isinstance(exc, FileNotFoundError):
+        return f"executable not found: {exc.filename}"
+    if isinstance(exc, PermissionError):
+        return f"permission denied: {exc.filename}"
+    text = str(exc).strip()
+    name = type(exc).__name__
+    return f"{name}: {text[:200]}" if text else name

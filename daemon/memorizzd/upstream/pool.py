@@ -1,0 +1,73 @@
+"""The pool: every configured server's ``Upstream``, supervised in one task group."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import anyio
+import anyio.abc
+
+from memorizz.api import methods as m
+from memorizz.api.errors import ConflictError, NotFoundError
+from memorizzd.config import Config
+from memorizzd.store import Store
+from memorizzd.upstream.actor import Upstream
+
+log = logging.getLogger("memorizzd.pool")
+
+
+class Pool:
+    def __init__(self, config: Config, store: Store, tg: anyio.abc.TaskGroup) -> None:
+        self._config = config
+        self._store = store
+        self._tg = tg
+        self._upstreams: dict[str, Upstream] = {}
+
+    def get(self, name: str) -> Upstream:
+        try:
+            return self._upstreams[name]
+        except KeyError:
+            raise NotFoundError(
+                f"unknown server {name!r}",
+                reason="unknown_server",
+                data={"server": name},
+            ) from None
+
+    def all(self) -> list[Upstream]:
+        return sorted(self._upstreams.values(), key=lambda u: u.name)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._upstreams
+
+    async def start(self, spec: m.ServerSpec, *, source: str) -> Upstream:
+        if spec.name in self._upstreams:
+            raise ConflictError(f"a server named {spec.name!r} already exists")
+        upstream = Upstream(spec, source=source, config=self._config, store=self._store)
+        self._upstreams[spec.name] = upstream
+        await self._tg.start(upstream.run)
+        return upstream
+
+    async def stop(self, name: str) -> None:
+        upstream = self._upstreams.pop(name, None)
+        if upstream is not None:
+            await upstream.stop()
+
+    async def stop_all(self) -> None:
+        async with anyio.create_task_group() as tg:
+            for name in list(self._upstreams):
+                tg.start_soon(self.stop, name)
+
+
+@asynccontextmanager
+async def running_pool(config: Config, store: Store) -> AsyncIterator[Pool]:
+    """A pool whose upstreams all stop (processes killed, sessions closed) on exit."""
+    async with anyio.create_task_group() as tg:
+        pool = Pool(config, store, tg)
+        try:
+            yield pool
+        finally:
+            with anyio.CancelScope(shield=True), anyio.move_on_after(15):
+                await pool.stop_all()
+            tg.cancel_scope.cancel()

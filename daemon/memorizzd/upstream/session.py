@@ -1,0 +1,319 @@
+"""The MCP SDK adapter: opening a client for a server spec, the calls, and the errors.
+
+Together with ``stdio.py`` this is the only code that imports ``mcp``. It turns
+SDK results (pydantic models) into wire structs and SDK exceptions into our
+error classes; nothing above it knows the SDK exists.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Final, TypeVar
+
+import anyio
+import httpx2
+import mcp_types as types
+import msgspec
+import pydantic
+from mcp import Client
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from memorizz.api import methods as m
+from memorizz.api.errors import (
+    DeadlineExceededError,
+    RemoteError,
+    TooLargeError,
+    UpstreamError,
+)
+from memorizzd import __version__
+from memorizzd.upstream.stdio import TOO_LARGE_MARKER, StdioProcess, stdio_transport
+
+T = TypeVar("T")
+MessageHandler = Callable[[Any], Awaitable[None]]
+
+MODERN: Final = "2026-07-28"
+_CLIENT_INFO: Final = types.Implementation(name="memorizzd", version=__version__)
+_BASE_ENV_KEYS: Final = (
+    "HOME",
+    "LOGNAME",
+    "PATH",
+    "SHELL",
+    "TERM",
+    "USER",
+    "LANG",
+    "TZ",
+)
+_SSE_TOO_LARGE: Final = "Server-sent event exceeded"
+
+
+class ConnectionLost(Exception):
+    """The transport to the upstream broke; the session must be rebuilt."""
+
+
+def child_environment(spec: m.ServerSpec) -> dict[str, str]:
+    """A minimal base environment plus the server's own variables; nothing else."""
+    base = {k: v for k in _BASE_ENV_KEYS if (v := os.environ.get(k)) is not None}
+    return base | dict(spec.env)
+
+
+def _http_client(
+    spec: m.ServerSpec, *, headers: dict[str, str] | None = None
+) -> httpx2.AsyncClient:
+    return httpx2.AsyncClient(
+        headers=headers,
+        timeout=httpx2.Timeout(30.0, read=max(300.0, spec.timeout_s + 30)),
+        follow_redirects=False,
+        trust_env=False,
+    )
+
+
+@asynccontextmanager
+async def open_client(
+    spec: m.ServerSpec,
+    *,
+    mode: str,
+    process: StdioProcess | None,
+    message_handler: MessageHandler,
+) -> AsyncIterator[Client]:
+    """Connect and negotiate; yields a ready ``Client`` owned by the calling task."""
+    client_kwargs: dict[str, Any] = {
+        "mode": mode,
+        "read_timeout_seconds": spec.timeout_s,
+        "message_handler": message_handler,
+        "client_info": _CLIENT_INFO,
+        "cache": None,  # the daemon caches lists itself
+    }
+    if spec.transport == "stdio":
+        assert spec.command is not None and process is not None
+        transport = stdio_transport(
+            [spec.command, *spec.args],
+            env=child_environment(spec),
+            cwd=spec.cwd,
+            max_message_bytes=spec.max_result_bytes + 64 * 1024,
+            process_info=process,
+        )
+        async with Client(transport, **client_kwargs) as client:
+            yield client
+    elif spec.transport == "streamable_http":
+        assert spec.url is not None
+        async with _http_client(spec) as http:
+            transport = streamable_http_client(
+                spec.url, http_client=http, max_sse_event_size=spec.max_result_bytes
+            )
+            async with Client(transport, **client_kwargs) as client:
+                yield client
+    else:
+        assert spec.url is not None
+        transport = sse_client(
+            spec.url,
+            timeout=30.0,
+            sse_read_timeout=24 * 3600.0,
+            httpx_client_factory=lambda headers=None, timeout=None, auth=None: (
+                httpx2.AsyncClient(
+                    headers=headers,
+                    timeout=timeout,
+                    auth=auth,
+                    follow_redirects=False,
+                    trust_env=False,
+                )
+            ),
+        )
+        async with Client(transport, **client_kwargs) as client:
+            yield client
+
+
+def is_modern(client: Client) -> bool:
+    return client.protocol_version == MODERN
+
+
+async def guarded(call: Callable[[], Awaitable[T]], *, server: str) -> T:
+    """Run one SDK call and translate its failures to our classes."""
+    try:
+        return await call()
+    except MCPError as exc:
+        raise translate_mcp_error(exc, server=server) from None
+    except pydantic.ValidationError:
+        raise UpstreamError(f"{server}: the server sent a malformed result") from None
+    except TimeoutError:
+        raise DeadlineExceededError(f"{server}: the request timed out") from None
+    except (
+        httpx2.TransportError,
+        anyio.ClosedResourceError,
+        anyio.BrokenResourceError,
+        anyio.EndOfStream,
+        OSError,
+    ) as exc:
+        raise ConnectionLost(f"{type(exc).__name__}") from None
+
+
+def translate_mcp_error(exc: MCPError, *, server: str) -> RemoteError | ConnectionLost:
+    if exc.code == types.CONNECTION_CLOSED and exc.error.data != TOO_LARGE_MARKER:
+        if _SSE_TOO_LARGE in exc.message:
+            return TooLargeError(f"{server}: result larger than max_result_bytes")
+        return ConnectionLost("connection closed")
+    if exc.code == types.REQUEST_TIMEOUT:
+        return DeadlineExceededError(f"{server}: the request timed out")
+    if exc.error.data == TOO_LARGE_MARKER:
+        return TooLargeError(f"{server}: {exc.message}")
+    return UpstreamError(
+        f"{server}: {exc.message}", data={"server": server, "upstream_code": exc.code}
+    )
+
+
+def _dump(model: pydantic.BaseModel) -> dict[str, Any]:
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+async def _all_pages(
+    fetch: Callable[[str | None], Awaitable[Any]],
+    attr: str,
+    page_limit: int,
+) -> list[Any]:
+    items: list[Any] = []
+    cursor: str | None = None
+    for _ in range(page_limit):
+        page = await fetch(cursor)
+        items += getattr(page, attr)
+        cursor = page.next_cursor
+        if cursor is None:
+            return items
+    raise UpstreamError(
+        f"the listing has more than {page_limit} pages; refusing to follow"
+    )
+
+
+async def list_tools(
+    client: Client, *, page_limit: int, timeout: float
+) -> list[m.Tool]:
+    session = client.session
+
+    async def fetch(cursor: str | None) -> types.ListToolsResult:
+        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+        with anyio.fail_after(timeout):
+            return await session.list_tools(params=params)
+
+    tools = await _all_pages(fetch, "tools", page_limit)
+    return [msgspec.convert(_dump(tool), m.Tool) for tool in tools]
+
+
+async def call_tool(
+    client: Client, name: str, arguments: dict[str, Any], *, timeout: float
+) -> m.ToolsCallResult:
+    """Proxy verbatim: no output-schema validation, no implicit listing."""
+    request = types.CallToolRequest(
+        params=types.CallToolRequestParams(name=name, arguments=arguments)
+    )
+    try:
+        result = await client.session.send_request(
+            request, types.CallToolResult, request_read_timeout_seconds=timeout
+        )
+    except MCPError as exc:
+        if exc.code != types.HEADER_MISMATCH or not is_modern(client):
+            raise
+        # 2026-07-28: the server wants a fresh listing of this tool first; once.
+        await client.list_tools(cache_mode="refresh")
+        result = await client.session.send_request(
+            request, types.CallToolResult, request_read_timeout_seconds=timeout
+        )
+    return m.ToolsCallResult(
+        content=[_dump(item) for item in result.content],
+        structured_content=result.structured_content,
+        is_error=bool(result.is_error),
+    )
+
+
+async def list_resources(
+    client: Client, *, page_limit: int, timeout: float
+) -> list[m.Resource]:
+    session = client.session
+
+    async def fetch(cursor: str | None) -> types.ListResourcesResult:
+        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+        with anyio.fail_after(timeout):
+            return await session.list_resources(params=params)
+
+    items = await _all_pages(fetch, "resources", page_limit)
+    return [msgspec.convert(_dump(item), m.Resource) for item in items]
+
+
+async def list_resource_templates(
+    client: Client, *, page_limit: int, timeout: float
+) -> list[m.ResourceTemplate]:
+    session = client.session
+
+    async def fetch(cursor: str | None) -> types.ListResourceTemplatesResult:
+        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+        with anyio.fail_after(timeout):
+            return await session.list_resource_templates(params=params)
+
+    items = await _all_pages(fetch, "resource_templates", page_limit)
+    return [msgspec.convert(_dump(item), m.ResourceTemplate) for item in items]
+
+
+async def read_resource(
+    client: Client, uri: str, *, timeout: float
+) -> m.ResourcesReadResult:
+    request = types.ReadResourceRequest(params=types.ReadResourceRequestParams(uri=uri))
+    result = await client.session.send_request(
+        request, types.ReadResourceResult, request_read_timeout_seconds=timeout
+    )
+    return m.ResourcesReadResult(contents=[_dump(c) for c in result.contents])
+
+
+async def list_prompts(
+    client: Client, *, page_limit: int, timeout: float
+) -> list[m.Prompt]:
+    session = client.session
+
+    async def fetch(cursor: str | None) -> types.ListPromptsResult:
+        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+        with anyio.fail_after(timeout):
+            return await session.list_prompts(params=params)
+
+    items = await _all_pages(fetch, "prompts", page_limit)
+    return [msgspec.convert(_dump(item), m.Prompt) for item in items]
+
+
+async def get_prompt(
+    client: Client, name: str, arguments: dict[str, str], *, timeout: float
+) -> m.PromptsGetResult:
+    request = types.GetPromptRequest(
+        params=types.GetPromptRequestParams(name=name, arguments=arguments)
+    )
+    result = await client.session.send_request(
+        request, types.GetPromptResult, request_read_timeout_seconds=timeout
+    )
+    return m.PromptsGetResult(
+        messages=[_dump(msg) for msg in result.messages], description=result.description
+    )
+
+
+async def probe(client: Client, *, timeout: float) -> None:
+    """A cheap liveness round trip: ``ping`` (2025-11-25) or ``server/discover`` (2026-07-28)."""
+    with anyio.fail_after(timeout):
+        if is_modern(client):
+            await client.session.send_discover(MODERN)
+        else:
+            await client.session.send_request(
+                types.PingRequest(),
+                types.EmptyResult,
+                request_read_timeout_seconds=timeout,
+            )
+
+
+def describe(client: Client) -> tuple[str | None, str | None, str | None]:
+    """(protocol version, server name, server version)."""
+    info = client.server_info
+    return (
+        client.protocol_version,
+        info.name if info else None,
+        info.version if info else None,
+    )
+
+
+def is_tool_list_changed(message: object) -> bool:
+    return isinstance(message, types.ToolListChangedNotification)

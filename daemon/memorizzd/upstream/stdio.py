@@ -1,0 +1,268 @@
+"""Our stdio transport: one MCP server subprocess, spoken to over its pipes.
+
+Why not the SDK's ``stdio_client``: it hides the pid, sends stderr to a file
+descriptor rather than a log, assembles lines quadratically with no size bound,
+and kills the process group only on escalation, so descendants of a server that
+exits by itself leak. This one
+
+* spawns the resolved argv directly (no shell), in its own session/process group,
+  with exactly the environment it is given;
+* reads stdout with a linear, bounded line splitter: a line longer than
+  ``max_message_bytes`` is discarded as it streams (never buffered) and the
+  request it answered fails with ``result_too_large``;
+* logs stderr line by line under the server's name (lines truncated, rate limited)
+  and keeps the last few lines for ``servers/status``;
+* on exit closes stdin, waits, then SIGTERMs and SIGKILLs the whole process
+  group, and always kills the group at the end, so no descendant survives.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import re
+import signal
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager, suppress
+from typing import Final
+
+import anyio
+import anyio.abc
+import mcp_types as types
+from mcp.client._transport import TransportStreams
+from mcp.shared.message import SessionMessage
+
+log = logging.getLogger("memorizzd.upstream.stdio")
+stderr_log = logging.getLogger("memorizzd.upstream.stderr")
+
+TOO_LARGE_MARKER: Final = "memorizz.result_too_large"
+"""Put in ``error.data`` of a synthesized reply to an oversize message."""
+
+STDERR_LINE_MAX: Final = 4096
+STDERR_LINES_PER_S: Final = 50
+STDERR_TAIL: Final = 20
+EXIT_GRACE_S: Final = 2.0
+TERM_GRACE_S: Final = 2.0
+_CHUNK: Final = 1 << 16
+_ID_RE: Final = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.){0,256}"|-?\d{1,20})')
+
+
+class StdioProcess:
+    """What the upstream actor may know about the running child."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.pid: int | None = None
+        self.exited = anyio.Event()
+        self.returncode: int | None = None
+        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
+
+
+def _oversize_reply(head: bytes, limit: int) -> SessionMessage | None:
+    """A JSON-RPC error answering the request whose reply was too large, if its id is visible."""
+    match = _ID_RE.search(head)
+    if match is None:
+        return None
+    raw = match.group(1)
+    request_id: int | str = (
+        int(raw) if raw[:1] != b'"' else raw[1:-1].decode(errors="replace")
+    )
+    error = types.ErrorData(
+        code=types.INTERNAL_ERROR,
+        message=f"result larger than max_result_bytes ({limit})",
+        data=TOO_LARGE_MARKER,
+    )
+    return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error))
+
+
+@asynccontextmanager
+async def stdio_transport(
+    argv: list[str],
+    *,
+    env: dict[str, str],
+    cwd: str | None,
+    max_message_bytes: int,
+    process_info: StdioProcess,
+) -> AsyncIterator[TransportStreams]:
+    process = await anyio.open_process(
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    process_info.pid = process.pid
+    name = process_info.name
+    log.info("%s: started pid %d: %s", name, process.pid, argv[0])
+
+    read_writer, read_stream = anyio.create_memory_object_stream[
+        SessionMessage | Exception
+    ](64)
+    write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](64)
+
+    async def read_stdout() -> None:
+        assert process.stdout is not None
+        buffer = bytearray()
+        discarding = False  # inside an oversize line: drop bytes up to its newline
+        async with read_writer:
+            try:
+                async for chunk in process.stdout:
+                    start = 0
+                    while True:
+                        end = chunk.find(b"\n", start)
+                        if end < 0:
+                            if not discarding:
+                                buffer += chunk[start:]
+                                if len(buffer) > max_message_bytes:
+                                    await _drop_oversize(bytes(buffer[:4096]))
+                                    buffer.clear()
+                                    discarding = True
+                            break
+                        if discarding:
+                            discarding = False
+                        else:
+                            buffer += chunk[start:end]
+                            if len(buffer) > max_message_bytes:
+                                await _drop_oversize(bytes(buffer[:4096]))
+                            elif buffer.strip():
+                                await read_writer.send(_parse(bytes(buffer)))
+                            buffer.clear()
+                        start = end + 1
+            except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+                pass
+        log.debug("%s: stdout closed", name)
+
+    async def _drop_oversize(head: bytes) -> None:
+        log.warning(
+            "%s: dropped a message larger than max_result_bytes (%d)",
+            name,
+            max_message_bytes,
+        )
+        if (reply := _oversize_reply(head, max_message_bytes)) is not None:
+            await read_writer.send(reply)
+
+    def _parse(line: bytes) -> SessionMessage | Exception:
+        try:
+            return SessionMessage(
+                types.jsonrpc_message_adapter.validate_json(line, by_name=False)
+            )
+        except ValueError as exc:
+            log.warning(
+                "%s: ignored a non-JSON-RPC line on stdout (%d bytes)", name, len(line)
+            )
+            return exc
+
+    async def read_stderr() -> None:
+        assert process.stderr is not None
+        buffer = bytearray()
+        window_start, lines_in_window, dropped = anyio.current_time(), 0, 0
+        try:
+            async for chunk in process.stderr:
+                buffer += chunk
+                while (end := buffer.find(b"\n")) >= 0 or len(buffer) > STDERR_LINE_MAX:
+                    cut = end if 0 <= end < STDERR_LINE_MAX else STDERR_LINE_MAX
+                    text = buffer[:cut].decode(errors="replace").rstrip()
+                    del buffer[: cut + 1 if cut == end else cut]
+                    now = anyio.current_time()
+                    if now - window_start >= 1.0:
+                        if dropped:
+                            stderr_log.warning(
+                                "%s: %d stderr lines not logged", name, dropped
+                            )
+                        window_start, lines_in_window, dropped = now, 0, 0
+                    process_info.stderr_tail.append(text)
+                    lines_in_window += 1
+                    if lines_in_window <= STDERR_LINES_PER_S:
+                        stderr_log.info(
+                            "%s: %s", name, text, extra={"MEMORIZZ_SERVER": name}
+                        )
+                    else:
+                        dropped += 1
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            pass
+
+    async def write_stdin() -> None:
+        assert process.stdin is not None
+        try:
+            async with write_reader:
+                async for message in write_reader:
+                    data = message.message.model_dump_json(
+                        by_alias=True, exclude_unset=True
+                    )
+                    await process.stdin.send(data.encode() + b"\n")
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            await read_writer.aclose()
+
+    async def watch_exit() -> None:
+        # Not process.wait(): on asyncio it also waits for pipe EOF, which a
+        # descendant holding the pipe can delay forever.
+        while process.returncode is None:
+            await anyio.sleep(0.2)
+        process_info.returncode = process.returncode
+        process_info.exited.set()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read_stdout)
+            tg.start_soon(read_stderr)
+            tg.start_soon(write_stdin)
+            tg.start_soon(watch_exit)
+            try:
+                yield read_stream, write_stream
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await _stop(process, name)
+                tg.cancel_scope.cancel()
+    finally:
+        for stream in (read_stream, write_stream, read_writer, write_reader):
+            stream.close()
+        process_info.returncode = process.returncode
+        process_info.exited.set()
+
+
+async def _stop(process: anyio.abc.Process, name: str) -> None:
+    """Close stdin, wait, SIGTERM, wait, SIGKILL; always kill the group last."""
+    pgid = process.pid  # start_new_session: the child leads its own group
+    if process.stdin is not None:
+        with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
+            await process.stdin.aclose()
+    if not await _wait_exit(process, EXIT_GRACE_S):
+        _killpg(pgid, signal.SIGTERM)
+        if not await _wait_exit(process, TERM_GRACE_S):
+            log.warning("%s: pid %d ignored SIGTERM; killing", name, process.pid)
+    _killpg(pgid, signal.SIGKILL)  # the leader and any descendant left in the group
+    if not await _wait_exit(process, TERM_GRACE_S):
+        log.error("%s: pid %d survived SIGKILL", name, process.pid)
+    for pipe in (process.stdout, process.stderr):
+        if pipe is not None:
+            with suppress(
+                OSError, anyio.BrokenResourceError, anyio.ClosedResourceError
+            ):
+                await pipe.aclose()
+    _close_transport(process)
+    log.info("%s: pid %d exited (%s)", name, process.pid, process.returncode)
+
+
+async def _wait_exit(process: anyio.abc.Process, timeout: float) -> bool:
+    with anyio.move_on_after(timeout):
+        while process.returncode is None:
+            await anyio.sleep(0.01)
+    return process.returncode is not None
+
+
+def _killpg(pgid: int, sig: signal.Signals) -> None:
+    with suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _close_transport(process: anyio.abc.Process) -> None:
+    """Close asyncio's subprocess transport (it warns at GC while a pipe lingers)."""
+    transport = getattr(getattr(process, "_process", None), "_transport", None)
+    close: Callable[[], None] | None = getattr(transport, "close", None)
+    if callable(close):
+        with suppress(PermissionError):
+            close()

@@ -1,0 +1,126 @@
+"""A real MCP test server (SDK 2.3 MCPServer), served over stdio, Streamable HTTP or SSE.
+
+    python tests/mcp_server.py stdio
+    python tests/mcp_server.py http PORT      # Streamable HTTP at /mcp
+    python tests/mcp_server.py sse PORT       # legacy SSE at /sse
+
+Tools cover the daemon's paths: echo/add (happy), fail (isError), slow (deadline),
+huge (size cap), crash (dies mid-call), spawn_child (leaves a grandchild).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+
+mcp = MCPServer("memorizz-test-server", version="1.2.3", log_level="WARNING")
+
+
+@mcp.tool()
+def echo(text: str) -> str:
+    """Return the text unchanged."""
+    return text
+
+
+@mcp.tool()
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@mcp.tool()
+def fail(reason: str = "boom") -> str:
+    """Always fails with isError."""
+    raise ToolError(reason)
+
+
+@mcp.tool()
+async def slow(seconds: float) -> str:
+    """Sleep, then answer."""
+    await anyio.sleep(seconds)
+    return f"slept {seconds}"
+
+
+@mcp.tool()
+def huge(n_bytes: int) -> str:
+    """Return n_bytes characters."""
+    return "x" * n_bytes
+
+
+@mcp.tool()
+def crash() -> str:
+    """Kill the server process mid-call."""
+    os._exit(3)
+
+
+@mcp.tool()
+def pid() -> int:
+    """The server's process id."""
+    return os.getpid()
+
+
+@mcp.tool()
+def spawn_child() -> int:
+    """Start a long-lived grandchild in our process group; return its pid."""
+    child = subprocess.Popen(  # noqa: S603
+        [sys.executable, "-c", "import time; time.sleep(600)"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return child.pid
+
+
+@mcp.tool()
+def env(name: str) -> str:
+    """The value of an environment variable in the server, or '<unset>'."""
+    return os.environ.get(name, "<unset>")
+
+
+@mcp.tool()
+def shout(text: str) -> str:
+    """Write a line to stderr and return."""
+    print(f"shouting: {text}", file=sys.stderr, flush=True)
+    return text.upper()
+
+
+@mcp.tool()
+async def change_tools(ctx: Context) -> str:
+    """Add a tool and announce tools/list_changed."""
+    mcp.add_tool(lambda: "new", name=f"dyn_{len(await mcp.list_tools())}")
+    if ctx.protocol_version and ctx.protocol_version >= "2026":
+        await ctx.notify_tools_changed()
+    else:
+        await ctx.session.send_tool_list_changed()
+    return "ok"
+
+
+@mcp.resource("test://static", mime_type="text/plain")
+def static_resource() -> str:
+    return "static content"
+
+
+@mcp.resource("test://items/{item_id}", mime_type="application/json")
+def item(item_id: str) -> str:
+    return f'{{"id": "{item_id}"}}'
+
+
+@mcp.prompt()
+def greet(name: str) -> str:
+    """Greet someone."""
+    return f"Say hello to {name}"
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1] if len(sys.argv) > 1 else "stdio"
+    if mode == "stdio":
+        mcp.run("stdio")
+    elif mode == "http":
+        mcp.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    elif mode == "sse":
+        mcp.run("sse", host="127.0.0.1", port=int(sys.argv[2]))

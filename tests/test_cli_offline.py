@@ -1,0 +1,586 @@
+"""memorizzctl without a daemon: import boundary, exit codes, usage errors, rendering.
+
+A few tests talk to ``FakeSocket``: a thread that answers each request line with
+a canned JSON-RPC reply, so the CLI's request building, error mapping and
+``--json`` output are checked against the real ``Client`` without memorizzd.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from memorizz import cli
+from memorizz.api import methods as m
+from memorizz.api.errors import ErrorCode
+from memorizz.client import Client
+
+DAEMON_ONLY = {"anyio", "uvloop", "mcp", "cryptography", "systemd", "memorizzd"}
+
+
+@pytest.fixture
+def socket_dir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="mz-") as d:  # AF_UNIX paths are short
+        yield Path(d)
+
+
+@pytest.fixture
+def missing_socket(socket_dir: Path) -> str:
+    return str(socket_dir / "nothing-here.sock")
+
+
+# --- a canned-reply socket ----------------------------------------------------
+
+
+class FakeSocket:
+    """Answer ``method`` with ``replies[method]`` (a ``result`` or an ``error``)."""
+
+    def __init__(self, path: Path, replies: dict[str, dict[str, Any]]) -> None:
+        self.path = path
+        self.replies = replies
+        self.requests: list[dict[str, Any]] = []
+        self._stop = threading.Event()
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(str(path))
+        self._listener.listen()
+        self._listener.settimeout(0.05)
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            with conn, conn.makefile("rb") as lines:
+                for line in lines:
+                    request = msgspec.json.decode(line)
+                    self.requests.append(request)
+                    reply = {"jsonrpc": "2.0", "id": request["id"]}
+                    reply.update(self.replies[request["method"]])
+                    conn.sendall(msgspec.json.encode(reply) + b"\n")
+
+    @contextmanager
+    def running(self) -> Iterator[FakeSocket]:
+        self._thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            self._thread.join(timeout=5)
+            self._listener.close()
+
+
+def error_reply(code: int, message: str, reason: str) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "data": {"reason": reason}}}
+
+
+def server_info(**overrides: Any) -> m.ServerInfo:
+    fields: dict[str, Any] = {
+        "name": "fs",
+        "transport": "stdio",
+        "source": "api",
+        "command": "npx",
+        "args": ["-y", "server fs"],
+        "env_keys": [],
+        "cwd": None,
+        "url": None,
+        "timeout_s": 60.0,
+        "max_result_bytes": 2_000_000,
+        "protocol": "auto",
+        "state": "ready",
+    }
+    fields.update(overrides)
+    return m.ServerInfo(**fields)
+
+
+def server_status(**overrides: Any) -> m.ServerStatus:
+    fields: dict[str, Any] = {
+        "name": "fs",
+        "transport": "stdio",
+        "state": "ready",
+        "since": 1000.0,
+        "last_error": None,
+        "pid": 4242,
+        "protocol_version": "2025-06-18",
+        "server_name": "fs",
+        "server_version": "1.0",
+        "tool_count": 3,
+        "in_flight": 0,
+        "calls_ok": 10,
+        "calls_failed": 1,
+        "latency_p50_ms": 12.345,
+        "restarts": 0,
+    }
+    fields.update(overrides)
+    return m.ServerStatus(**fields)
+
+
+def as_result(value: msgspec.Struct) -> dict[str, Any]:
+    return {"result": msgspec.to_builtins(value)}
+
+
+# --- (1) import boundary --------------------------------------------------------
+
+
+def test_importing_the_cli_loads_none_of_the_daemons_dependencies() -> None:
+    code = "import sys, memorizz.cli; print('\\n'.join(sys.modules))"
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout
+    loaded = {name.partition(".")[0] for name in out.split()}
+    assert "memorizz" in loaded
+    assert loaded.isdisjoint(DAEMON_ONLY), loaded & DAEMON_ONLY
+
+
+# --- (2) an unreachable daemon ----------------------------------------------------
+
+
+def test_unreachable_daemon_exits_69_with_a_hint_naming_memorizzd(
+    missing_socket: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["--socket", missing_socket, "mcp", "list"]) == 69
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.startswith("memorizzctl: ")
+    assert "memorizzd" in err
+    assert missing_socket in err
+    assert "Traceback" not in err
+    assert err.count("\n") == 1
+
+
+def test_global_options_after_the_command_win_over_earlier_ones(
+    socket_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first, last = str(socket_dir / "first.sock"), str(socket_dir / "last.sock")
+    assert cli.main(["--socket", first, "mcp", "status", "--socket", last]) == 69
+    err = capsys.readouterr().err
+    assert last in err
+    assert first not in err
+
+
+def test_socket_defaults_to_the_environment(
+    missing_socket: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("MEMORIZZ_SOCKET", missing_socket)
+    assert cli.main(["daemon", "status"]) == 69
+    assert missing_socket in capsys.readouterr().err
+
+
+def test_interrupt_exits_130_quietly(
+    missing_socket: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Client, "list_servers", interrupted)
+    assert cli.main(["--socket", missing_socket, "mcp", "list"]) == 130
+    assert capsys.readouterr() == ("", "")
+
+
+# --- (3) usage errors ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["mcp", "call", "fs", "t", "--arguments", "{nope"], "not valid JSON"),
+        (["mcp", "call", "fs", "t", "--arguments", "[1, 2]"], "must be a JSON object"),
+        (["mcp", "call", "fs", "t", "--arguments", "null"], "must be a JSON object"),
+        (["mcp", "call", "fs", "t", "--timeout", "0"], "positive"),
+        (["mcp", "add", "fs", "--command", "npx", "--env", "NOEQUALS"], "KEY=VALUE"),
+        (["mcp", "add", "fs", "--command", "npx", "--env", "=v"], "KEY=VALUE"),
+        (["mcp", "add", "fs", "--transport", "stdio"], "requires --command"),
+        (["mcp", "add", "fs", "--transport", "sse"], "requires --url"),
+        (
+            [
+                "mcp",
+                "add",
+                "fs",
+                "--transport",
+                "stdio",
+                "--command",
+                "x",
+                "--url",
+                "http://h",
+            ],
+            "--url",
+        ),
+        (["mcp", "add", "fs", "--url", "http://h/mcp", "--env", "A=1"], "--env"),
+        (["mcp", "add", "fs"], "--command"),
+        (
+            ["mcp", "add", "fs", "--command", "npx", "--arg", "-y"],
+            "expected one argument",
+        ),
+        (["mcp", "prompt", "fs", "p", "--arg", "novalue"], "KEY=VALUE"),
+        (["mcp", "frobnicate"], "invalid choice"),
+        (["mcp"], "required"),
+        ([], "required"),
+    ],
+)
+def test_usage_errors_exit_2_before_touching_the_socket(
+    argv: list[str],
+    message: str,
+    missing_socket: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["--socket", missing_socket, *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "usage:" in err
+    assert "cannot reach" not in err
+
+
+def test_help_exits_0_and_documents_the_exit_codes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for code in ("69", "75", "77"):
+        assert f"\n  {code} " in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "head", "tail"),
+    [
+        (["mcp", "add", "fs", "--command", "npx", "--", "-y", "--", "x"],
+         ["mcp", "add", "fs", "--command", "npx"], ["-y", "--", "x"]),
+        (["--socket", "add", "mcp", "add", "fs", "--", "-v"],
+         ["--socket", "add", "mcp", "add", "fs"], ["-v"]),
+        (["--json", "mcp", "--socket=/s", "add", "fs", "--"],
+         ["--json", "mcp", "--socket=/s", "add", "fs"], []),
+        (["mcp", "call", "fs", "--", "-tool"], ["mcp", "call", "fs", "--", "-tool"], []),
+        (["mcp", "add", "fs"], ["mcp", "add", "fs"], []),
+    ],
+)  # fmt: skip
+def test_split_trailing_only_splits_mcp_add(
+    argv: list[str], head: list[str], tail: list[str]
+) -> None:
+    assert cli.split_trailing(argv) == (head, tail)
+
+
+# --- (4) rendering ------------------------------------------------------------------
+
+
+def test_format_table_pads_columns_and_upcases_the_header() -> None:
+    table = cli.format_table(["name", "x"], [["a", "1"], ["longer", "22"]])
+    assert table == "NAME    X\na       1\nlonger  22\n"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "age"),
+    [(-5, "0s"), (0, "0s"), (3.9, "3s"), (59, "59s"), (60, "1m"), (150, "2m"),
+     (3599, "59m"), (3600, "1h"), (86399, "23h"), (86400, "1d"), (10 * 86400, "10d")],
+)  # fmt: skip
+def test_format_age(seconds: float, age: str) -> None:
+    assert cli.format_age(seconds) == age
+
+
+def test_one_line_takes_the_first_line_strips_controls_and_truncates() -> None:
+    assert cli.one_line("  first\x1b[31m line\nsecond") == "first?[31m line"
+    long = cli.one_line("x" * 100)
+    assert len(long) == cli.DESCRIPTION_WIDTH
+    assert long.endswith("...")
+    assert cli.one_line(None) == ""
+
+
+def test_render_servers_shows_url_or_quoted_command() -> None:
+    servers = [
+        server_info(),
+        server_info(
+            name="docs",
+            transport="streamable_http",
+            source="config",
+            command=None,
+            args=[],
+            url="https://example.com/mcp",
+            state="backoff",
+        ),
+    ]
+    assert cli.render_servers(servers).splitlines() == [
+        "NAME  TRANSPORT        STATE    SOURCE  TARGET",
+        "fs    stdio            ready    api     npx -y 'server fs'",
+        "docs  streamable_http  backoff  config  https://example.com/mcp",
+    ]
+    assert cli.render_servers([]) == "no servers configured\n"
+
+
+def test_render_status_shows_age_and_dashes_for_unknowns() -> None:
+    statuses = [
+        server_status(),
+        server_status(
+            name="web",
+            state="failed",
+            since=1000.0 - 7200,
+            pid=None,
+            protocol_version=None,
+            tool_count=None,
+            latency_p50_ms=None,
+            last_error="connect refused\ntraceback follows",
+        ),
+    ]
+    lines = cli.render_status(statuses, now=1003.5).splitlines()
+    assert lines[0].split() == [
+        "NAME", "STATE", "SINCE", "PID", "PROTOCOL", "TOOLS", "INFLIGHT",
+        "OK", "FAILED", "P50(MS)", "LAST_ERROR",
+    ]  # fmt: skip
+    assert lines[1].split() == [
+        "fs", "ready", "3s", "4242", "2025-06-18", "3", "0", "10", "1", "12.3", "-",
+    ]  # fmt: skip
+    assert lines[2].split() == [
+        "web", "failed", "2h", "-", "-", "-", "0", "10", "1", "-", "connect", "refused",
+    ]  # fmt: skip
+    assert cli.render_status([], now=0) == "no servers configured\n"
+
+
+def test_render_tools_uses_the_first_line_of_the_description() -> None:
+    tools = [
+        m.Tool(name="search", input_schema={}, description="Search.\nLong details."),
+        m.Tool(name="bare", input_schema={}),
+        m.Tool(name="wordy", input_schema={}, description="w" * 200),
+    ]
+    lines = cli.render_tools(tools).splitlines()
+    assert lines[0] == "NAME    DESCRIPTION"
+    assert lines[1] == "search  Search."
+    assert lines[2] == "bare"
+    assert len(lines[3]) == len("wordy   ") + cli.DESCRIPTION_WIDTH
+    assert cli.render_tools([]) == "no tools\n"
+
+
+def test_render_lists_of_resources_templates_and_prompts() -> None:
+    resources = [m.Resource(uri="file:///a", name="a", mime_type="text/plain")]
+    assert "file:///a" in cli.render_resources(resources)
+    templates = [m.ResourceTemplate(uri_template="file:///{p}", name="files")]
+    assert "file:///{p}" in cli.render_templates(templates)
+    prompts = [
+        m.Prompt(
+            name="review",
+            arguments=[
+                m.PromptArgument(name="code", required=True),
+                m.PromptArgument(name="style"),
+            ],
+        )
+    ]
+    assert cli.render_prompts(prompts).splitlines()[1].split() == [
+        "review",
+        "code",
+        "[style]",
+    ]
+    assert cli.render_resources([]) == "no resources\n"
+    assert cli.render_templates([]) == "no resource templates\n"
+    assert cli.render_prompts([]) == "no prompts\n"
+
+
+def test_render_call_prints_text_and_summarizes_other_content() -> None:
+    result = m.ToolsCallResult(
+        content=[
+            {"type": "text", "text": "hello"},
+            {"type": "image", "mimeType": "image/png", "data": "QUJD" * 10},
+            {"type": "resource", "resource": {"uri": "file:///x", "text": "..."}},
+            {"type": "resource_link", "uri": "file:///y", "name": "y"},
+            {"type": "text", "text": "ends with newline\n"},
+        ]
+    )
+    assert cli.render_call(result) == (
+        "hello\n"
+        "[image image/png, 40 bytes base64]\n"
+        "[resource file:///x]\n"
+        "[resource link file:///y]\n"
+        "ends with newline\n"
+    )
+    structured = m.ToolsCallResult(structured_content={"n": 1})
+    assert cli.render_call(structured) == '{\n  "n": 1\n}\n'
+    assert cli.render_call(m.ToolsCallResult()) == ""
+
+
+def test_render_contents_and_messages() -> None:
+    contents = [
+        {"uri": "file:///a", "text": "alpha"},
+        {"uri": "file:///b", "mimeType": "image/png", "blob": "AAAA"},
+    ]
+    assert cli.render_contents(contents) == (
+        "alpha\n[blob file:///b image/png, 4 bytes base64]\n"
+    )
+    prompt = m.PromptsGetResult(
+        messages=[
+            {"role": "user", "content": {"type": "text", "text": "Review this"}},
+            {"role": "assistant", "content": {"type": "image", "mimeType": "a/b"}},
+        ]
+    )
+    assert cli.render_messages(prompt) == (
+        "user: Review this\nassistant: [image a/b, 0 bytes base64]\n"
+    )
+
+
+def test_render_test_result() -> None:
+    ok = m.ServersTestResult(
+        name="fs", outcome="ok", message="", tool_count=3, latency_ms=12.4
+    )
+    assert cli.render_test(ok) == "fs: ok (3 tools, 12 ms)\n"
+    bad = m.ServersTestResult(
+        name="fs",
+        outcome="timeout",
+        message="no reply in 5s",
+        tool_count=None,
+        latency_ms=None,
+    )
+    assert cli.render_test(bad) == "fs: timeout: no reply in 5s\n"
+
+
+def test_render_daemon_status_is_key_value_lines() -> None:
+    status = m.DaemonStatusResult(
+        version="0.1.0",
+        protocol_version=1,
+        pid=7,
+        uptime_s=7300,
+        socket="/run/memorizzd/memorizzd.sock",
+        state_dir="/var/lib/memorizzd",
+        config_path=None,
+        servers_total=3,
+        servers_ready=2,
+        connections=1,
+        calls_in_flight=0,
+        rss_bytes=50 * 1024 * 1024,
+    )
+    lines = dict(
+        line.split(":", 1) for line in cli.render_daemon_status(status).splitlines()
+    )
+    assert {k: v.strip() for k, v in lines.items()} == {
+        "version": "0.1.0",
+        "protocol": "1",
+        "pid": "7",
+        "uptime": "2h",
+        "socket": "/run/memorizzd/memorizzd.sock",
+        "state_dir": "/var/lib/memorizzd",
+        "config": "-",
+        "servers": "2/3 ready",
+        "connections": "1",
+        "calls_in_flight": "0",
+        "rss": "50.0 MiB",
+    }
+
+
+# --- the CLI against canned replies ------------------------------------------------------
+
+
+def test_mcp_add_builds_the_spec_with_trailing_args(
+    socket_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = socket_dir / "d.sock"
+    replies = {"servers/add": as_result(m.ServersAddResult(server=server_info()))}
+    with FakeSocket(path, replies).running() as fake:
+        argv = [
+            "mcp", "add", "fs", "--command", "npx", "--arg=-y", "--env", "K=a=b",
+            "--timeout", "5", "--protocol", "legacy", "--socket", str(path),
+            "--", "pkg", "--flag",
+        ]  # fmt: skip
+        assert cli.main(argv) == 0
+    assert capsys.readouterr().out == "added fs (stdio, ready)\n"
+    (request,) = fake.requests
+    assert request["method"] == "servers/add"
+    assert request["params"]["server"] == {
+        "name": "fs",
+        "transport": "stdio",
+        "command": "npx",
+        "args": ["-y", "pkg", "--flag"],
+        "env": {"K": "a=b"},
+        "timeout_s": 5.0,
+        "protocol": "legacy",
+    }
+
+
+def test_json_output_is_the_result_struct(
+    socket_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = socket_dir / "d.sock"
+    listed = m.ServersListResult(servers=[server_info()])
+    with FakeSocket(path, {"servers/list": as_result(listed)}).running():
+        assert cli.main(["--json", "mcp", "list", "--socket", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith('{\n  "servers": [')
+    assert msgspec.json.decode(out, type=m.ServersListResult) == listed
+
+
+@pytest.mark.parametrize(
+    ("code", "reason", "status"),
+    [
+        (ErrorCode.PERMISSION_DENIED, "permission_denied", 77),
+        (ErrorCode.UNAVAILABLE, "server_unavailable", 75),
+        (ErrorCode.DEADLINE_EXCEEDED, "timeout", 75),
+        (ErrorCode.NOT_FOUND, "unknown_server", 1),
+        (ErrorCode.UPSTREAM_ERROR, "upstream_error", 1),
+        (-32099, "from_the_future", 1),
+    ],
+)
+def test_daemon_errors_map_to_exit_codes_and_one_line(
+    code: int,
+    reason: str,
+    status: int,
+    socket_dir: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = socket_dir / "d.sock"
+    replies = {"tools/list": error_reply(code, "nope", reason)}
+    with FakeSocket(path, replies).running():
+        assert cli.main(["--socket", str(path), "mcp", "tools", "fs"]) == status
+    assert capsys.readouterr() == ("", f"memorizzctl: nope ({reason})\n")
+
+
+def test_tool_call_error_result_goes_to_stderr_and_exits_1(
+    socket_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = socket_dir / "d.sock"
+    result = m.ToolsCallResult(
+        content=[{"type": "text", "text": "bad query"}], is_error=True
+    )
+    with FakeSocket(path, {"tools/call": as_result(result)}).running() as fake:
+        argv = ["--socket", str(path), "mcp", "call", "fs", "search"]
+        assert cli.main([*argv, "--arguments", '{"q": "x"}', "--timeout", "2"]) == 1
+    assert capsys.readouterr() == ("", "error: bad query\n")
+    assert fake.requests[0]["params"] == {
+        "server": "fs",
+        "name": "search",
+        "arguments": {"q": "x"},
+        "timeout_s": 2.0,
+    }
+
+
+def test_failed_server_test_exits_1(
+    socket_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = socket_dir / "d.sock"
+    result = m.ServersTestResult(
+        name="fs",
+        outcome="unreachable",
+        message="spawn failed",
+        tool_count=None,
+        latency_ms=None,
+    )
+    with FakeSocket(path, {"servers/test": as_result(result)}).running():
+        assert cli.main(["--socket", str(path), "mcp", "test", "fs"]) == 1
+    assert capsys.readouterr().out == "fs: unreachable: spawn failed\n"
+
+
+def test_a_reply_of_the_wrong_shape_is_one_line_and_exit_1(
+    socket_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = socket_dir / "d.sock"
+    with FakeSocket(path, {"ping": {"result": {"latency": "fast"}}}).running():
+        assert cli.main(["--socket", str(path), "ping"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("memorizzctl: unexpected reply from memorizzd")
+    assert err.count("\n") == 1
