@@ -67,7 +67,7 @@ def pid() -> int:
 @mcp.tool()
 def spawn_child() -> int:
     """Start a long-lived grandchild in our process group; return its pid."""
-    child = subprocess.Popen(  # noqa: S603
+    child = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(600)"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,

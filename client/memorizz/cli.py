@@ -49,6 +49,7 @@ from memorizz.api.errors import (
     ErrorCode,
     MemorizzError,
     RemoteError,
+    SocketPermissionError,
 )
 from memorizz.api.protocol import default_socket_path
 from memorizz.client import Client
@@ -783,6 +784,8 @@ def split_trailing(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
 
 def exit_status(exc: MemorizzError) -> int:
+    if isinstance(exc, SocketPermissionError):
+        return EXIT_NOPERM
     if isinstance(exc, DaemonUnreachableError):
         return EXIT_UNAVAILABLE
     if isinstance(exc, RemoteError):

@@ -13,15 +13,16 @@ import os
 import socket
 import threading
 from types import TracebackType
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Self, TypeVar
 
 import msgspec
 
 from memorizz.api import methods as m
 from memorizz.api.errors import (
     DaemonUnreachableError,
-    InvalidRequestError,
+    ProtocolError,
     RemoteError,
+    SocketPermissionError,
     from_wire,
 )
 from memorizz.api.protocol import (
@@ -69,7 +70,7 @@ class Client:
 
     # --- plumbing -----------------------------------------------------------
 
-    def __enter__(self) -> Client:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -100,6 +101,10 @@ class Client:
                 f"permission denied on {self.socket_path}: "
                 "ask for the memorizzd operators group, or use your agent socket"
             )
+            raise SocketPermissionError(msg) from None
+        except OSError as exc:
+            sock.close()
+            msg = f"cannot reach memorizzd at {self.socket_path}: {exc}"
             raise DaemonUnreachableError(msg) from None
         return sock
 
@@ -114,26 +119,29 @@ class Client:
             )
             try:
                 self._sock.sendall(line + b"\n")
-                reply = _decoder(result_type).decode(self._read_line())
+                raw = self._read_line(self._sock)
             except (OSError, EOFError) as exc:
                 self.close()
                 msg = f"connection to memorizzd at {self.socket_path} broke: {exc}"
                 raise DaemonUnreachableError(msg) from None
+        try:
+            reply = _decoder(result_type).decode(raw)
+        except msgspec.DecodeError as exc:
+            raise ProtocolError(f"malformed reply from memorizzd: {exc}") from None
         if reply.error is not None:
             raise from_wire(reply.error)
         if reply.result is None or reply.id != request_id:
-            raise InvalidRequestError("malformed reply from the daemon")
+            raise ProtocolError("malformed reply from memorizzd: no result for this id")
         return reply.result
 
-    def _read_line(self) -> bytes:
-        assert self._sock is not None
+    def _read_line(self, sock: socket.socket) -> bytes:
         while True:
             end = self._buffer.find(b"\n")
             if end >= 0:
                 line = bytes(self._buffer[:end])
                 del self._buffer[: end + 1]
                 return line
-            chunk = self._sock.recv(_READ_CHUNK)
+            chunk = sock.recv(_READ_CHUNK)
             if not chunk:
                 raise EOFError("daemon closed the connection")
             self._buffer += chunk
@@ -167,8 +175,8 @@ class Client:
             "servers/add", m.ServersAddParams(server=spec), m.ServersAddResult
         ).server
 
-    def remove_server(self, name: str) -> None:
-        self.request(
+    def remove_server(self, name: str) -> m.ServersRemoveResult:
+        return self.request(
             "servers/remove", m.ServersRemoveParams(name=name), m.ServersRemoveResult
         )
 

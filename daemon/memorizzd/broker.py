@@ -193,7 +193,7 @@ class Broker:
                 "timeout": "timeout",
                 "upstream_error": "upstream_error",
             }.get(exc.reason, "unreachable")
-            return _test_result(p.name, outcome, exc.message)  # type: ignore[arg-type]
+            return _test_result(p.name, outcome, exc.message)
         except ConnectionLost as exc:
             return _test_result(p.name, "unreachable", str(exc))
         latency = round((time.perf_counter() - started) * 1000, 3)

@@ -6,17 +6,24 @@ protocol over ``$NOTIFY_SOCKET`` itself and logs to stderr.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import socket
 import sys
+from typing import Any
 
-try:  # probe a submodule: without systemd-python, `systemd` is our unit folder
-    from systemd import daemon as _sd_daemon
-    from systemd import journal as _sd_journal
-except ImportError:  # pragma: no cover - depends on the install
-    _sd_daemon = None
-    _sd_journal = None
+
+def _optional(module: str) -> Any:
+    # Probe a submodule: without systemd-python, `systemd` is our unit folder.
+    try:
+        return importlib.import_module(module)
+    except ImportError:  # pragma: no cover - depends on the install
+        return None
+
+
+_sd_daemon = _optional("systemd.daemon")
+_sd_journal = _optional("systemd.journal")
 
 
 def notify(state: str) -> None:

@@ -19,6 +19,8 @@ The tree (one class per code; ``reason`` refines it and is what clients branch o
     |   +-- TooLargeError              -32007 result_too_large
     |   +-- ConflictError              -32008 server_exists
     +-- DaemonUnreachableError         client side only, never on the wire
+    |   +-- SocketPermissionError      the socket refused this user
+    +-- ProtocolError                  the reply could not be decoded (client side)
 
 Codes -32000..-32099 are ours: append only, never reuse a value. Upstream MCP
 errors are wrapped in ``UpstreamError`` (their band would collide with ours);
@@ -97,7 +99,7 @@ class MemorizzError(Exception):
 class RemoteError(MemorizzError):
     """An error that crosses the socket as a JSON-RPC error object."""
 
-    code: ClassVar[int] = ErrorCode.INTERNAL_ERROR
+    default_code: ClassVar[int] = ErrorCode.INTERNAL_ERROR
     default_reason: ClassVar[str] = "internal"
 
     def __init__(
@@ -112,8 +114,7 @@ class RemoteError(MemorizzError):
         self.message = message
         self.reason = reason or self.default_reason
         self.data: dict[str, object] = dict(data or {})
-        if code is not None:
-            self.code = code
+        self.code: int = code if code is not None else self.default_code
 
     def to_wire(self) -> ErrorObject:
         return ErrorObject(
@@ -127,72 +128,72 @@ class RemoteError(MemorizzError):
 
 
 class ParseError(RemoteError):
-    code = ErrorCode.PARSE_ERROR
+    default_code = ErrorCode.PARSE_ERROR
     default_reason = "parse_error"
 
 
 class InvalidRequestError(RemoteError):
-    code = ErrorCode.INVALID_REQUEST
+    default_code = ErrorCode.INVALID_REQUEST
     default_reason = "invalid_request"
 
 
 class MethodNotFoundError(RemoteError):
-    code = ErrorCode.METHOD_NOT_FOUND
+    default_code = ErrorCode.METHOD_NOT_FOUND
     default_reason = "method_not_found"
 
 
 class InvalidParamsError(RemoteError):
-    code = ErrorCode.INVALID_PARAMS
+    default_code = ErrorCode.INVALID_PARAMS
     default_reason = "invalid_params"
 
 
 class InternalError(RemoteError):
-    code = ErrorCode.INTERNAL_ERROR
+    default_code = ErrorCode.INTERNAL_ERROR
     default_reason = "internal"
 
 
 class UnsupportedProtocolError(RemoteError):
-    code = ErrorCode.UNSUPPORTED_PROTOCOL
+    default_code = ErrorCode.UNSUPPORTED_PROTOCOL
     default_reason = "unsupported_protocol"
 
 
 class PermissionDeniedError(RemoteError):
-    code = ErrorCode.PERMISSION_DENIED
+    default_code = ErrorCode.PERMISSION_DENIED
     default_reason = "permission_denied"
 
 
 class NotFoundError(RemoteError):
-    code = ErrorCode.NOT_FOUND
+    default_code = ErrorCode.NOT_FOUND
     default_reason = "not_found"
 
 
 class UnavailableError(RemoteError):
-    code = ErrorCode.UNAVAILABLE
+    default_code = ErrorCode.UNAVAILABLE
     default_reason = "server_unavailable"
 
 
 class AuthRequiredError(RemoteError):
-    code = ErrorCode.AUTH_REQUIRED
+    default_code = ErrorCode.AUTH_REQUIRED
     default_reason = "authorization_required"
 
 
 class DeadlineExceededError(RemoteError):
-    code = ErrorCode.DEADLINE_EXCEEDED
+    default_code = ErrorCode.DEADLINE_EXCEEDED
     default_reason = "timeout"
 
 
 class UpstreamError(RemoteError):
-    code = ErrorCode.UPSTREAM_ERROR
+    default_code = ErrorCode.UPSTREAM_ERROR
     default_reason = "upstream_error"
 
 
 class TooLargeError(RemoteError):
-    code = ErrorCode.TOO_LARGE
+    default_code = ErrorCode.TOO_LARGE
     default_reason = "result_too_large"
 
 
 class ConflictError(RemoteError):
-    code = ErrorCode.CONFLICT
+    default_code = ErrorCode.CONFLICT
     default_reason = "server_exists"
 
 
@@ -200,8 +201,16 @@ class DaemonUnreachableError(MemorizzError, ConnectionError):
     """The client could not reach the daemon's socket (client side only)."""
 
 
+class SocketPermissionError(DaemonUnreachableError, PermissionError):
+    """The socket exists but this user may not connect to it (client side only)."""
+
+
+class ProtocolError(MemorizzError):
+    """The daemon's reply could not be understood (client side only)."""
+
+
 _BY_CODE: Final[dict[int, type[RemoteError]]] = {
-    cls.code: cls
+    cls.default_code: cls
     for cls in (
         ParseError,
         InvalidRequestError,

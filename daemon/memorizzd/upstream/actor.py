@@ -16,6 +16,7 @@ import random
 import statistics
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any, Final, TypeVar
 
 import anyio
@@ -88,7 +89,7 @@ class Upstream:
                     self._was_ready = False
                     try:
                         await self._connect_and_serve()
-                    except Exception as exc:
+                    except Exception as exc:  # noqa: BLE001 - the supervision boundary
                         if not self._dead.is_set():  # else _mark_dead said why
                             self.last_error = _describe_failure(exc)
                         log.warning(
@@ -114,8 +115,9 @@ class Upstream:
         await self._stopped.wait()
 
     def _backoff(self, failures: int) -> float:
-        base = self._config.backoff_initial_s * 2 ** (failures - 1)
-        return min(self._config.backoff_max_s, base) * random.uniform(0.5, 1.0)  # noqa: S311
+        base = self._config.backoff_initial_s * float(2 ** (failures - 1))
+        jitter: float = random.uniform(0.5, 1.0)  # noqa: S311 - not cryptographic
+        return min(self._config.backoff_max_s, base) * jitter
 
     async def _connect_and_serve(self) -> None:
         self._process = (
@@ -173,10 +175,9 @@ class Upstream:
             if anyio.current_time() - self._last_ok < interval:
                 continue
             try:
-                await sdk.guarded(
-                    lambda: sdk.probe(client, timeout=PROBE_TIMEOUT_S), server=self.name
-                )
-            except (RemoteError, sdk.ConnectionLost) as exc:
+                with anyio.fail_after(PROBE_TIMEOUT_S):
+                    await sdk.guarded(partial(sdk.probe, client), server=self.name)
+            except (RemoteError, sdk.ConnectionLost, TimeoutError) as exc:
                 self._mark_dead(f"health probe failed: {exc}")
                 return
             self._last_ok = anyio.current_time()
@@ -192,6 +193,9 @@ class Upstream:
             log.warning("%s: session lost: %s", self.name, reason)
             self._publish(None)
             self._dead.set()
+
+    def _current(self) -> Client | None:
+        return self._client
 
     def _publish(self, client: Client | None) -> None:
         self._client = client
@@ -217,8 +221,8 @@ class Upstream:
         if waiting:
             with anyio.move_on_after(min(self._config.connect_wait_s, deadline - now)):
                 await self._ready.wait()
-            if self._client is not None:
-                return self._client
+            if (client := self._current()) is not None:
+                return client
         retry_after = max(0.0, self._next_attempt - anyio.current_time())
         raise UnavailableError(
             f"server {self.name!r} is not connected ({self.state})"
@@ -238,54 +242,55 @@ class Upstream:
 
     async def request(
         self,
-        op: Callable[[Client, float], Awaitable[T]],
+        op: Callable[[Client], Awaitable[T]],
         *,
-        timeout: float,
+        timeout_s: float,
         safe: bool,
         failed: Callable[[T], bool] | None = None,
     ) -> T:
-        """Send one request over the warm session. ``safe`` reads are retried on a
-        transport failure (bounded by the deadline); anything else never is."""
+        """Send one request over the warm session, under a deadline of ``timeout_s``.
+
+        ``safe`` reads are retried after a transport failure (bounded by the
+        deadline); anything else, ``tools/call`` above all, never is.
+        """
         if self.in_flight >= self._config.max_in_flight_per_server:
             raise UnavailableError(
                 f"server {self.name!r} has too many requests in flight",
                 reason="overloaded",
                 data={"server": self.name, "retry_after_s": 0.1},
             )
-        deadline = anyio.current_time() + timeout
+        deadline = anyio.current_time() + timeout_s
         self.in_flight += 1
         started = time.perf_counter()
         ok = False
         try:
-            attempts = SAFE_READ_ATTEMPTS if safe else 1
-            for attempt in range(attempts):
+            attempt = 0
+            while True:
                 client = await self._wait_ready(deadline, patient=attempt > 0)
-                remaining = deadline - anyio.current_time()
                 try:
-                    with anyio.fail_after(remaining + 1.0):
+                    with anyio.fail_after(deadline - anyio.current_time()):
                         result = await sdk.guarded(
-                            lambda c=client, r=remaining: op(c, r), server=self.name
+                            partial(op, client), server=self.name
                         )
                 except sdk.ConnectionLost as exc:
                     if self._client is client:
                         self._mark_dead(str(exc))
-                    if attempt + 1 == attempts or anyio.current_time() >= deadline:
+                    attempt += 1
+                    if not safe or attempt == SAFE_READ_ATTEMPTS:
                         raise UnavailableError(
                             f"server {self.name!r}: connection lost during the request",
                             data={"server": self.name, "retry_after_s": 0.5},
                         ) from None
-                    await anyio.sleep(
-                        min(
-                            0.05 * 2**attempt, max(0.0, deadline - anyio.current_time())
-                        )
-                    )
+                    await anyio.sleep(0.05 * 2**attempt)
                     continue
                 self._last_ok = anyio.current_time()
                 ok = failed is None or not failed(result)
                 return result
-            raise AssertionError("unreachable")
         except TimeoutError:
-            raise DeadlineExceededError(f"{self.name}: the request timed out") from None
+            raise DeadlineExceededError(
+                f"{self.name}: no answer within {timeout_s:g} s",
+                data={"server": self.name, "timeout_s": timeout_s},
+            ) from None
         finally:
             self.in_flight -= 1
             self._latencies.append(time.perf_counter() - started)
@@ -295,14 +300,11 @@ class Upstream:
                 self.calls_failed += 1
 
     async def _refresh_tools(self, client: Client) -> list[m.Tool]:
-        tools = await sdk.guarded(
-            lambda: sdk.list_tools(
-                client,
-                page_limit=self._config.list_page_limit,
-                timeout=self.spec.timeout_s,
-            ),
-            server=self.name,
-        )
+        limit = self._config.list_page_limit
+        with anyio.fail_after(self.spec.timeout_s):
+            tools = await sdk.guarded(
+                partial(sdk.list_tools, client, page_limit=limit), server=self.name
+            )
         self._tools = tools
         self._tool_count = len(tools)
         return tools
@@ -316,38 +318,33 @@ class Upstream:
             and self._client is not None
         ):
             return tools
-
-        async def op(client: Client, remaining: float) -> list[m.Tool]:
-            return await self._refresh_tools(client)
-
-        return await self.request(op, timeout=self.spec.timeout_s, safe=True)
+        return await self.request(
+            self._refresh_tools, timeout_s=self.spec.timeout_s, safe=True
+        )
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], *, timeout_s: float | None
     ) -> m.ToolsCallResult:
-        async def op(client: Client, remaining: float) -> m.ToolsCallResult:
-            return await sdk.call_tool(client, name, arguments, timeout=remaining)
-
         return await self.request(
-            op,
-            timeout=self.timeout_for(timeout_s),
+            lambda client: sdk.call_tool(client, name, arguments),
+            timeout_s=self.timeout_for(timeout_s),
             safe=False,
-            failed=lambda r: r.is_error,
+            failed=_is_error_result,
         )
 
     async def list_resources(self) -> list[m.Resource]:
         limit = self._config.list_page_limit
         return await self.request(
-            lambda c, r: sdk.list_resources(c, page_limit=limit, timeout=r),
-            timeout=self.spec.timeout_s,
+            lambda client: sdk.list_resources(client, page_limit=limit),
+            timeout_s=self.spec.timeout_s,
             safe=True,
         )
 
     async def list_resource_templates(self) -> list[m.ResourceTemplate]:
         limit = self._config.list_page_limit
         return await self.request(
-            lambda c, r: sdk.list_resource_templates(c, page_limit=limit, timeout=r),
-            timeout=self.spec.timeout_s,
+            lambda client: sdk.list_resource_templates(client, page_limit=limit),
+            timeout_s=self.spec.timeout_s,
             safe=True,
         )
 
@@ -355,16 +352,16 @@ class Upstream:
         self, uri: str, *, timeout_s: float | None
     ) -> m.ResourcesReadResult:
         return await self.request(
-            lambda c, r: sdk.read_resource(c, uri, timeout=r),
-            timeout=self.timeout_for(timeout_s),
+            lambda client: sdk.read_resource(client, uri),
+            timeout_s=self.timeout_for(timeout_s),
             safe=True,
         )
 
     async def list_prompts(self) -> list[m.Prompt]:
         limit = self._config.list_page_limit
         return await self.request(
-            lambda c, r: sdk.list_prompts(c, page_limit=limit, timeout=r),
-            timeout=self.spec.timeout_s,
+            lambda client: sdk.list_prompts(client, page_limit=limit),
+            timeout_s=self.spec.timeout_s,
             safe=True,
         )
 
@@ -372,16 +369,14 @@ class Upstream:
         self, name: str, arguments: dict[str, str], *, timeout_s: float | None
     ) -> m.PromptsGetResult:
         return await self.request(
-            lambda c, r: sdk.get_prompt(c, name, arguments, timeout=r),
-            timeout=self.timeout_for(timeout_s),
+            lambda client: sdk.get_prompt(client, name, arguments),
+            timeout_s=self.timeout_for(timeout_s),
             safe=True,
         )
 
-    async def ping(self, *, timeout_s: float | None = None) -> None:
+    async def ping(self) -> None:
         await self.request(
-            lambda c, r: sdk.probe(c, timeout=r),
-            timeout=self.timeout_for(timeout_s or PROBE_TIMEOUT_S),
-            safe=True,
+            sdk.probe, timeout_s=self.timeout_for(PROBE_TIMEOUT_S), safe=True
         )
 
     # --- views --------------------------------------------------------------
@@ -407,6 +402,10 @@ class Upstream:
             else None,
             restarts=self.restarts,
         )
+
+
+def _is_error_result(result: m.ToolsCallResult) -> bool:
+    return result.is_error
 
 
 def _describe_failure(exc: BaseException) -> str:

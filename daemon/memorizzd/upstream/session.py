@@ -88,7 +88,8 @@ async def open_client(
         "cache": None,  # the daemon caches lists itself
     }
     if spec.transport == "stdio":
-        assert spec.command is not None and process is not None
+        if spec.command is None or process is None:
+            raise ValueError("a stdio server needs a command")
         transport = stdio_transport(
             [spec.command, *spec.args],
             env=child_environment(spec),
@@ -99,7 +100,8 @@ async def open_client(
         async with Client(transport, **client_kwargs) as client:
             yield client
     elif spec.transport == "streamable_http":
-        assert spec.url is not None
+        if spec.url is None:
+            raise ValueError("an HTTP server needs a url")
         async with _http_client(spec) as http:
             transport = streamable_http_client(
                 spec.url, http_client=http, max_sse_event_size=spec.max_result_bytes
@@ -107,7 +109,8 @@ async def open_client(
             async with Client(transport, **client_kwargs) as client:
                 yield client
     else:
-        assert spec.url is not None
+        if spec.url is None:
+            raise ValueError("an HTTP server needs a url")
         transport = sse_client(
             spec.url,
             timeout=30.0,
@@ -186,39 +189,32 @@ async def _all_pages(
     )
 
 
-async def list_tools(
-    client: Client, *, page_limit: int, timeout: float
-) -> list[m.Tool]:
+async def list_tools(client: Client, *, page_limit: int) -> list[m.Tool]:
     session = client.session
 
     async def fetch(cursor: str | None) -> types.ListToolsResult:
         params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-        with anyio.fail_after(timeout):
-            return await session.list_tools(params=params)
+        return await session.list_tools(params=params)
 
     tools = await _all_pages(fetch, "tools", page_limit)
     return [msgspec.convert(_dump(tool), m.Tool) for tool in tools]
 
 
 async def call_tool(
-    client: Client, name: str, arguments: dict[str, Any], *, timeout: float
+    client: Client, name: str, arguments: dict[str, Any]
 ) -> m.ToolsCallResult:
     """Proxy verbatim: no output-schema validation, no implicit listing."""
     request = types.CallToolRequest(
         params=types.CallToolRequestParams(name=name, arguments=arguments)
     )
     try:
-        result = await client.session.send_request(
-            request, types.CallToolResult, request_read_timeout_seconds=timeout
-        )
+        result = await client.session.send_request(request, types.CallToolResult)
     except MCPError as exc:
         if exc.code != types.HEADER_MISMATCH or not is_modern(client):
             raise
         # 2026-07-28: the server wants a fresh listing of this tool first; once.
         await client.list_tools(cache_mode="refresh")
-        result = await client.session.send_request(
-            request, types.CallToolResult, request_read_timeout_seconds=timeout
-        )
+        result = await client.session.send_request(request, types.CallToolResult)
     return m.ToolsCallResult(
         content=[_dump(item) for item in result.content],
         structured_content=result.structured_content,
@@ -226,83 +222,65 @@ async def call_tool(
     )
 
 
-async def list_resources(
-    client: Client, *, page_limit: int, timeout: float
-) -> list[m.Resource]:
+async def list_resources(client: Client, *, page_limit: int) -> list[m.Resource]:
     session = client.session
 
     async def fetch(cursor: str | None) -> types.ListResourcesResult:
         params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-        with anyio.fail_after(timeout):
-            return await session.list_resources(params=params)
+        return await session.list_resources(params=params)
 
     items = await _all_pages(fetch, "resources", page_limit)
     return [msgspec.convert(_dump(item), m.Resource) for item in items]
 
 
 async def list_resource_templates(
-    client: Client, *, page_limit: int, timeout: float
+    client: Client, *, page_limit: int
 ) -> list[m.ResourceTemplate]:
     session = client.session
 
     async def fetch(cursor: str | None) -> types.ListResourceTemplatesResult:
         params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-        with anyio.fail_after(timeout):
-            return await session.list_resource_templates(params=params)
+        return await session.list_resource_templates(params=params)
 
     items = await _all_pages(fetch, "resource_templates", page_limit)
     return [msgspec.convert(_dump(item), m.ResourceTemplate) for item in items]
 
 
-async def read_resource(
-    client: Client, uri: str, *, timeout: float
-) -> m.ResourcesReadResult:
+async def read_resource(client: Client, uri: str) -> m.ResourcesReadResult:
     request = types.ReadResourceRequest(params=types.ReadResourceRequestParams(uri=uri))
-    result = await client.session.send_request(
-        request, types.ReadResourceResult, request_read_timeout_seconds=timeout
-    )
+    result = await client.session.send_request(request, types.ReadResourceResult)
     return m.ResourcesReadResult(contents=[_dump(c) for c in result.contents])
 
 
-async def list_prompts(
-    client: Client, *, page_limit: int, timeout: float
-) -> list[m.Prompt]:
+async def list_prompts(client: Client, *, page_limit: int) -> list[m.Prompt]:
     session = client.session
 
     async def fetch(cursor: str | None) -> types.ListPromptsResult:
         params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-        with anyio.fail_after(timeout):
-            return await session.list_prompts(params=params)
+        return await session.list_prompts(params=params)
 
     items = await _all_pages(fetch, "prompts", page_limit)
     return [msgspec.convert(_dump(item), m.Prompt) for item in items]
 
 
 async def get_prompt(
-    client: Client, name: str, arguments: dict[str, str], *, timeout: float
+    client: Client, name: str, arguments: dict[str, str]
 ) -> m.PromptsGetResult:
     request = types.GetPromptRequest(
         params=types.GetPromptRequestParams(name=name, arguments=arguments)
     )
-    result = await client.session.send_request(
-        request, types.GetPromptResult, request_read_timeout_seconds=timeout
-    )
+    result = await client.session.send_request(request, types.GetPromptResult)
     return m.PromptsGetResult(
         messages=[_dump(msg) for msg in result.messages], description=result.description
     )
 
 
-async def probe(client: Client, *, timeout: float) -> None:
+async def probe(client: Client) -> None:
     """A cheap liveness round trip: ``ping`` (2025-11-25) or ``server/discover`` (2026-07-28)."""
-    with anyio.fail_after(timeout):
-        if is_modern(client):
-            await client.session.send_discover(MODERN)
-        else:
-            await client.session.send_request(
-                types.PingRequest(),
-                types.EmptyResult,
-                request_read_timeout_seconds=timeout,
-            )
+    if is_modern(client):
+        await client.session.send_discover(MODERN)
+    else:
+        await client.session.send_request(types.PingRequest(), types.EmptyResult)
 
 
 def describe(client: Client) -> tuple[str | None, str | None, str | None]:

@@ -96,6 +96,9 @@ async def stdio_transport(
         start_new_session=True,
     )
     process_info.pid = process.pid
+    stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
+    if stdin is None or stdout is None or stderr is None:  # pragma: no cover
+        raise RuntimeError("the child was spawned without pipes")
     name = process_info.name
     log.info("%s: started pid %d: %s", name, process.pid, argv[0])
 
@@ -105,12 +108,11 @@ async def stdio_transport(
     write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](64)
 
     async def read_stdout() -> None:
-        assert process.stdout is not None
         buffer = bytearray()
         discarding = False  # inside an oversize line: drop bytes up to its newline
         async with read_writer:
             try:
-                async for chunk in process.stdout:
+                async for chunk in stdout:
                     start = 0
                     while True:
                         end = chunk.find(b"\n", start)
@@ -157,11 +159,10 @@ async def stdio_transport(
             return exc
 
     async def read_stderr() -> None:
-        assert process.stderr is not None
         buffer = bytearray()
         window_start, lines_in_window, dropped = anyio.current_time(), 0, 0
         try:
-            async for chunk in process.stderr:
+            async for chunk in stderr:
                 buffer += chunk
                 while (end := buffer.find(b"\n")) >= 0 or len(buffer) > STDERR_LINE_MAX:
                     cut = end if 0 <= end < STDERR_LINE_MAX else STDERR_LINE_MAX
@@ -186,21 +187,20 @@ async def stdio_transport(
             pass
 
     async def write_stdin() -> None:
-        assert process.stdin is not None
         try:
             async with write_reader:
                 async for message in write_reader:
                     data = message.message.model_dump_json(
                         by_alias=True, exclude_unset=True
                     )
-                    await process.stdin.send(data.encode() + b"\n")
+                    await stdin.send(data.encode() + b"\n")
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             await read_writer.aclose()
 
     async def watch_exit() -> None:
         # Not process.wait(): on asyncio it also waits for pipe EOF, which a
         # descendant holding the pipe can delay forever.
-        while process.returncode is None:
+        while process.returncode is None:  # noqa: ASYNC110 - nothing to wait on
             await anyio.sleep(0.2)
         process_info.returncode = process.returncode
         process_info.exited.set()
@@ -247,9 +247,9 @@ async def _stop(process: anyio.abc.Process, name: str) -> None:
     log.info("%s: pid %d exited (%s)", name, process.pid, process.returncode)
 
 
-async def _wait_exit(process: anyio.abc.Process, timeout: float) -> bool:
-    with anyio.move_on_after(timeout):
-        while process.returncode is None:
+async def _wait_exit(process: anyio.abc.Process, grace_s: float) -> bool:
+    with anyio.move_on_after(grace_s):
+        while process.returncode is None:  # noqa: ASYNC110 - polled, see watch_exit
             await anyio.sleep(0.01)
     return process.returncode is not None
 

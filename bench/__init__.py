@@ -1,0 +1,1 @@
+"""Benchmarks of memorizzd against the bare MCP SDK."""
