@@ -1,6 +1,6 @@
 """The benchmark's upstream: a minimal MCP server with one trivial tool, over stdio.
 
-    python bench/echo_server.py
+python bench/echo_server.py
 """
 
 from __future__ import annotations

@@ -194,6 +194,11 @@ class Upstream:
             self._publish(None)
             self._dead.set()
 
+    async def wait_ready(self) -> None:
+        """Return once the session is ready (the caller bounds the wait)."""
+        while self._current() is None:
+            await self._ready.wait()
+
     def _current(self) -> Client | None:
         return self._client
 

@@ -1,0 +1,508 @@
+"""The core benchmark: memorizzd against the bare MCP SDK, one trivial stdio tool.
+
+    .venv/bin/python -m bench.core [--n 2000] [--cold 10] [--quick]
+
+(a) the floor: ``echo`` on a warm in-process SDK session (bench/floor.py);
+(b) the same call through memorizz.Client -> Unix socket -> memorizzd -> warm session;
+(c) a cold call without the daemon: a fresh interpreter that imports mcp, spawns
+    the server, initializes, calls once and exits, timed from outside;
+(d) throughput of 32 socket connections, each with one call outstanding;
+(e) the daemon's RSS with 20 warm stdio servers (their own processes not counted).
+
+(a) and (b) run in alternating blocks (ABBA order) so that drift in a noisy
+machine hits both alike; medians and p99 are over all samples. Progress goes
+to stderr, the table to stdout. It is a benchmark, not a test: it prints
+PASS/MISS per target and exits 0 unless something crashed (130 on Ctrl-C,
+after stopping every daemon and removing the temporary directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Final
+
+import msgspec
+
+from bench import load
+from bench.harness import (
+    ECHO_SERVER,
+    ROOT,
+    TEXT,
+    DaemonProcess,
+    cpu_ns,
+    median,
+    p99,
+    rss_bytes,
+)
+from memorizz.client import Client
+
+# Targets: b/a and b-a at the median, c/b at the median, calls/s, bytes.
+MAX_RATIO_B_A: Final = 1.5
+MAX_OVERHEAD_US: Final = 300.0
+MIN_RATIO_C_B: Final = 50.0
+MIN_THROUGHPUT: Final = 2000.0
+MAX_RSS: Final = 80_000_000
+
+READY_TIMEOUT_S: Final = 120.0
+COLD_TIMEOUT_S: Final = 60.0
+
+
+class Options(msgspec.Struct, kw_only=True):
+    n: int
+    cold: int
+    blocks: int
+    calls: int
+    batches: int
+    connections: int
+    procs: int
+    rss_servers: int
+
+
+class Sequential(msgspec.Struct, kw_only=True):
+    """Latency samples (ns) and CPU spent per call (ns) by each process involved."""
+
+    samples: list[int] = []
+    client_cpu_ns: int = 0
+    daemon_cpu_ns: int | None = None
+    server_cpu_ns: int | None = None
+
+
+class Results(msgspec.Struct, kw_only=True):
+    a: Sequential
+    b: Sequential
+    cold_direct: list[int]
+    cold_via_daemon: list[int]
+    floor_rates: list[float]
+    batches: list[load.Batch]
+    rss_after_load: int
+    rss: dict[int, int]
+    exit_codes: list[int | None]
+    orphans: list[int]
+    daemon_log: list[str]
+
+
+def parse_args(argv: Sequence[str] | None) -> Options:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.core",
+        description="memorizzd core benchmark (see the module docstring)",
+    )
+    parser.add_argument("--n", type=int, help="sequential calls for (a) and (b)")
+    parser.add_argument("--cold", type=int, help="cold runs for (c)")
+    parser.add_argument("--calls", type=int, help="calls per throughput batch")
+    parser.add_argument("--batches", type=int, default=3, help="throughput batches")
+    parser.add_argument(
+        "--procs",
+        type=int,
+        default=4,
+        help="client processes sharing the 32 connections of (d)",
+    )
+    parser.add_argument("--rss-servers", type=int, help="servers for (e)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: n=200, cold=3, 1000 throughput calls, 5 RSS servers",
+    )
+    args = parser.parse_args(argv)
+    quick = args.quick
+    options = Options(
+        n=args.n or (200 if quick else 2000),
+        cold=args.cold or (3 if quick else 10),
+        blocks=4,
+        calls=args.calls or (1000 if quick else 4000),
+        batches=args.batches,
+        connections=32,
+        procs=args.procs,
+        rss_servers=args.rss_servers or (5 if quick else 20),
+    )
+    if options.n < options.blocks or options.cold < 1 or options.batches < 1:
+        parser.error("--n must be at least 4; --cold and --batches at least 1")
+    if options.connections % options.procs:
+        parser.error(f"--procs must divide {options.connections}")
+    return options
+
+
+def progress(message: str) -> None:
+    print(f"bench: {message}", file=sys.stderr, flush=True)
+
+
+# --- the measurements -----------------------------------------------------------
+
+
+def _server_pid(client: Client, name: str) -> int:
+    pid = client.server_status(name)[0].pid
+    if pid is None:
+        raise RuntimeError(f"server {name} has no pid")
+    return pid
+
+
+def _child_pid(needle: str) -> int | None:
+    """A child of this process whose command line contains ``needle``."""
+    me = str(os.getpid())
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                ppid = f.read().rsplit(b")", 1)[1].split()[1]
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+        except OSError:
+            continue
+        if ppid.decode() == me and needle.encode() in cmdline:
+            return int(entry)
+    return None
+
+
+def _socket_calls(client: Client, n: int) -> list[int]:
+    samples: list[int] = []
+    arguments = {"text": TEXT}
+    for _ in range(n):
+        started = time.perf_counter_ns()
+        result = client.call_tool("echo", "echo", arguments)
+        samples.append(time.perf_counter_ns() - started)
+        if result.is_error or result.content[0].get("text") != TEXT:
+            raise RuntimeError(f"unexpected echo result: {result!r}")
+    return samples
+
+
+def _timed_block(
+    into: Sequential,
+    run: Callable[[], list[int]],
+    *,
+    daemon_pid: int | None,
+    server_pid: int | None,
+) -> None:
+    client0 = time.process_time_ns()
+    daemon0 = cpu_ns(daemon_pid) if daemon_pid else 0
+    server0 = cpu_ns(server_pid) if server_pid else 0
+    into.samples += run()
+    into.client_cpu_ns += time.process_time_ns() - client0
+    if daemon_pid:
+        into.daemon_cpu_ns = (into.daemon_cpu_ns or 0) + cpu_ns(daemon_pid) - daemon0
+    if server_pid:
+        into.server_cpu_ns = (into.server_cpu_ns or 0) + cpu_ns(server_pid) - server0
+
+
+def sequential(
+    options: Options, daemon: DaemonProcess, client: Client
+) -> tuple[Sequential, Sequential, list[float]]:
+    """(a) and (b) in ABBA blocks; then the floor's own throughput, for context."""
+    from bench.floor import floor_session  # imports mcp: keep it out of workers
+
+    a, b = Sequential(), Sequential()
+    per_block = options.n // options.blocks
+    warmup = min(200, max(20, options.n // 10))
+    daemon_server = _server_pid(client, "echo")
+    with floor_session() as floor:
+        floor_server = _child_pid(ECHO_SERVER)
+        progress(f"(a)/(b): {warmup} warm-up calls each")
+        floor.sequential(warmup)
+        _socket_calls(client, warmup)
+        order = "ab" * options.blocks
+        order = "".join(
+            order[i : i + 2] if i % 4 == 0 else order[i : i + 2][::-1]
+            for i in range(0, len(order), 2)
+        )  # abba abba ...
+        for step, which in enumerate(order, 1):
+            if which == "a":
+                _timed_block(
+                    a,
+                    lambda: floor.sequential(per_block),
+                    daemon_pid=None,
+                    server_pid=floor_server,
+                )
+            else:
+                _timed_block(
+                    b,
+                    lambda: _socket_calls(client, per_block),
+                    daemon_pid=daemon.pid,
+                    server_pid=daemon_server,
+                )
+            progress(f"(a)/(b): block {step}/{len(order)} ({which}) done")
+        progress(f"(d) context: floor throughput, {options.batches} batches")
+        floor.throughput(min(options.calls, 500), options.connections)  # warm-up
+        rates = [
+            floor.throughput(options.calls, options.connections)
+            for _ in range(options.batches)
+        ]
+    return a, b, rates
+
+
+def cold(options: Options, socket_path: str) -> tuple[list[int], list[int]]:
+    """(c), alternating with a cold thin client that goes through the daemon."""
+    from bench.floor import COLD_DIRECT, COLD_VIA_DAEMON
+
+    direct: list[int] = []
+    via_daemon: list[int] = []
+    for i in range(options.cold):
+        for code, target, into in (
+            (COLD_DIRECT, ECHO_SERVER, direct),
+            (COLD_VIA_DAEMON, socket_path, via_daemon),
+        ):
+            started = time.perf_counter_ns()
+            subprocess.run(
+                [sys.executable, "-c", code, target, TEXT],
+                check=True,
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                timeout=COLD_TIMEOUT_S,
+            )
+            into.append(time.perf_counter_ns() - started)
+        progress(f"(c): cold run {i + 1}/{options.cold} done")
+    return direct, via_daemon
+
+
+def resident(options: Options, daemon: DaemonProcess) -> dict[int, int]:
+    """(e): a fresh daemon's RSS with 0, 1 and ``rss_servers`` warm echo servers."""
+    daemon.start()
+    rss: dict[int, int] = {}
+    names = [f"echo{i}" for i in range(options.rss_servers)]
+    with Client(daemon.socket) as client:
+        client.hello("memorizz-bench")
+        rss[0] = rss_bytes(daemon.pid)
+        added = 0
+        for count in sorted({1, options.rss_servers}):
+            daemon.add_servers(client, names[added:count], timeout_s=READY_TIMEOUT_S)
+            added = count
+            progress(f"(e): {count} server(s) ready")
+            rss[count] = rss_bytes(daemon.pid)
+    return rss
+
+
+def run(options: Options, workdir: str, stack: contextlib.ExitStack) -> Results:
+    daemon = DaemonProcess(workdir, "main")
+    stack.callback(daemon.stop)
+    progress("starting memorizzd and the echo server")
+    daemon.start()
+    client = stack.enter_context(Client(daemon.socket))
+    client.hello("memorizz-bench")
+    daemon.add_servers(client, ["echo"], timeout_s=READY_TIMEOUT_S)
+
+    a, b, floor_rates = sequential(options, daemon, client)
+    progress(
+        f"(d): {options.batches} x {options.calls} calls over "
+        f"{options.connections} connections ({options.procs} processes)"
+    )
+    batches = load.run_batches(
+        daemon.socket,
+        calls=options.calls,
+        connections=options.connections,
+        procs=options.procs,
+        batches=options.batches,
+        daemon_pid=daemon.pid,
+        server_pid=_server_pid(client, "echo"),
+    )
+    rss_after_load = rss_bytes(daemon.pid)
+    cold_direct, cold_via_daemon = cold(options, daemon.socket)
+    client.close()
+    daemon.stop()
+
+    rss_daemon = DaemonProcess(workdir, "rss")
+    stack.callback(rss_daemon.stop)
+    rss = resident(options, rss_daemon)
+    rss_daemon.stop()
+    daemons = [daemon, rss_daemon]
+    return Results(
+        a=a,
+        b=b,
+        cold_direct=cold_direct,
+        cold_via_daemon=cold_via_daemon,
+        floor_rates=floor_rates,
+        batches=batches,
+        rss_after_load=rss_after_load,
+        rss=rss,
+        exit_codes=[d.returncode for d in daemons],
+        orphans=[pid for d in daemons for pid in d.orphans()],
+        daemon_log=[line for d in daemons for line in d.log_tail(5).splitlines()],
+    )
+
+
+# --- the report -------------------------------------------------------------------
+
+
+def _us(ns: float) -> str:
+    return f"{ns / 1000:,.0f} µs"
+
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:,.1f} ms"
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def _cpu(total_ns: int | None, calls: int) -> str:
+    return "-" if total_ns is None else f"{total_ns / calls / 1000:.0f}"
+
+
+def header(options: Options) -> str:
+    versions = ", ".join(
+        f"{name} {importlib.metadata.version(name)}" for name in ("mcp", "msgspec")
+    )
+    return (
+        f"memorizzd core benchmark: nproc {os.cpu_count()}, "
+        f"Python {platform.python_version()}, {versions}\n"
+        f"N={options.n} sequential calls ({options.blocks} ABBA blocks each), "
+        f"cold runs {options.cold}, throughput {options.batches} x {options.calls} "
+        f"calls over {options.connections} connections "
+        f"({options.procs} processes x {options.connections // options.procs} threads), "
+        f"RSS with {options.rss_servers} servers"
+    )
+
+
+def _rates(rates: Sequence[float]) -> str:
+    listed = ", ".join(f"{x:,.0f}" for x in rates)
+    return f"{median(rates):,.0f} calls/s (median of {len(rates)}: {listed})"
+
+
+def _latency_rows(r: Results) -> list[str]:
+    lines = [
+        f"{'':54}{'median':>10}{'p99':>10}{'n':>6}   CPU/call µs: client daemon server"
+    ]
+    for label, seq in (
+        ("(a) floor: in-process SDK session -> stdio", r.a),
+        ("(b) memorizz.Client -> socket -> daemon -> stdio", r.b),
+    ):
+        n = len(seq.samples)
+        cpu = "".join(
+            f"{_cpu(x, n):>7}"
+            for x in (seq.client_cpu_ns, seq.daemon_cpu_ns, seq.server_cpu_ns)
+        )
+        lines.append(
+            f"{label:54}{_us(median(seq.samples)):>10}{_us(p99(seq.samples)):>10}"
+            f"{n:>6}   {cpu:>32}"
+        )
+    for label, samples in (
+        ("(c) cold: python -c, import mcp, spawn, init, 1 call", r.cold_direct),
+        ("    context: cold thin client through the daemon", r.cold_via_daemon),
+    ):
+        lines.append(
+            f"{label:54}{_ms(median(samples)):>10}{_ms(p99(samples)):>10}"
+            f"{len(samples):>6}"
+        )
+    return lines
+
+
+def _load_rows(options: Options, r: Results) -> list[str]:
+    calls = sum(batch.calls for batch in r.batches)
+
+    def per_call(total_ns: int) -> str:
+        return f"{total_ns / calls / 1000:.0f}"
+
+    cpu = ", ".join(
+        f"{who} {per_call(sum(getattr(b, f'{who}_cpu_ns') for b in r.batches))}"
+        for who in ("client", "daemon", "server")
+    )
+    rss = ", ".join(f"{k} servers {_mb(v)}" for k, v in r.rss.items())
+    return [
+        f"(d) throughput, {options.connections} socket connections: "
+        + _rates([batch.rate for batch in r.batches]),
+        f"    CPU/call µs: {cpu}",
+        f"    context: floor, one in-process SDK session, {options.connections} in "
+        + f"flight: {_rates(r.floor_rates)}",
+        f"(e) daemon RSS: {rss}",
+        f"    context: the main daemon after (d): {_mb(r.rss_after_load)}",
+    ]
+
+
+def _target_rows(options: Options, r: Results) -> list[str]:
+    a, b = median(r.a.samples), median(r.b.samples)
+    c = median(r.cold_direct)
+    rate = median([batch.rate for batch in r.batches])
+    rss = r.rss[options.rss_servers]
+    targets = [
+        (
+            "b/a at the median",
+            f"{b / a:.2f}",
+            f"<= {MAX_RATIO_B_A}",
+            b / a <= MAX_RATIO_B_A,
+        ),
+        (
+            "b - a at the median",
+            _us(b - a),
+            f"<= {MAX_OVERHEAD_US:.0f} µs",
+            (b - a) / 1000 <= MAX_OVERHEAD_US,
+        ),
+        (
+            "c/b at the median",
+            f"{c / b:,.0f}",
+            f">= {MIN_RATIO_C_B:.0f}",
+            c / b >= MIN_RATIO_C_B,
+        ),
+        (
+            "throughput (d)",
+            f"{rate:,.0f}/s",
+            f">= {MIN_THROUGHPUT:,.0f}/s",
+            rate >= MIN_THROUGHPUT,
+        ),
+        (
+            f"daemon RSS, {options.rss_servers} servers",
+            _mb(rss),
+            f"<= {_mb(MAX_RSS)}",
+            rss <= MAX_RSS,
+        ),
+    ]
+    lines = [f"{'target':34}{'value':>12}{'goal':>14}"]
+    lines += [
+        f"{name:34}{value:>12}{goal:>14}  {'PASS' if ok else 'MISS'}"
+        for name, value, goal, ok in targets
+    ]
+    return lines
+
+
+def report(options: Options, r: Results) -> str:
+    b = median(r.b.samples)
+    lines = [header(options), ""]
+    lines += _latency_rows(r)
+    lines.append("")
+    lines += _load_rows(options, r)
+    lines.append("")
+    lines += _target_rows(options, r)
+    lines.append("")
+    codes = ", ".join(str(code) for code in r.exit_codes)
+    lines.append(
+        f"context: cold thin client through the daemon / b = "
+        f"{median(r.cold_via_daemon) / b:,.0f}; daemon exit codes {codes}; "
+        f"server processes left behind: {len(r.orphans)}"
+    )
+    if r.daemon_log:
+        lines.append("daemon stderr (warning level and up), last lines:")
+        lines += [f"  {line}" for line in r.daemon_log]
+    return "\n".join(lines)
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt  # SIGTERM cleans up like Ctrl-C
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options = parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    workdir = tempfile.mkdtemp(prefix="mzb-")  # short: AF_UNIX paths are <= 107 bytes
+    try:
+        with contextlib.ExitStack() as stack:
+            results = run(options, workdir, stack)
+    except KeyboardInterrupt:
+        progress("interrupted; daemons stopped, temporary files removed")
+        return 130
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(report(options, results), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

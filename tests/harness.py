@@ -1,0 +1,241 @@
+"""Test harness: a real daemon on a real socket, real MCP servers, the real client.
+
+* ``DaemonHarness.running(config)`` runs ``running_daemon`` in-process on a
+  blocking portal (uvloop), so tests drive it from plain sync code with
+  ``memorizz.Client`` and ``memorizzctl``'s ``main(argv)``.
+* ``DaemonProcess`` runs the installed ``memorizzd`` executable as a subprocess,
+  for signals, restarts and process-tree checks.
+* ``serve_http(kind)`` serves tests/mcp_server.py over Streamable HTTP or SSE on
+  127.0.0.1 (a free port, bound first), in a thread.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+from anyio.from_thread import BlockingPortal, start_blocking_portal
+
+from memorizz import Client
+from memorizz.api.methods import ServerSpec
+from memorizz.cli import main as ctl_main
+from memorizzd.app import Daemon, running_daemon
+from memorizzd.config import Config
+
+TESTS = Path(__file__).parent
+MCP_SERVER = str(TESTS / "mcp_server.py")
+LEGACY_SERVER = str(TESTS / "legacy_server.py")
+DAEMON_EXE = str(Path(sys.executable).parent / "memorizzd")
+
+
+def stdio_spec(name: str = "t", **overrides: Any) -> ServerSpec:
+    fields: dict[str, Any] = {
+        "name": name,
+        "transport": "stdio",
+        "command": sys.executable,
+        "args": [MCP_SERVER, "stdio"],
+    }
+    fields.update(overrides)
+    return ServerSpec(**fields)
+
+
+def short_tempdir(prefix: str = "mz-") -> str:
+    """Under /tmp: AF_UNIX paths must stay under 108 bytes."""
+    return tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+
+
+def daemon_config(base: str, **overrides: Any) -> Config:
+    fields: dict[str, Any] = {
+        "socket": os.path.join(base, "d.sock"),
+        "state_dir": os.path.join(base, "state"),
+        "backoff_initial_s": 0.05,
+        "backoff_max_s": 0.5,
+        "drain_timeout_s": 5.0,
+    }
+    fields.update(overrides)
+    return Config(**fields)
+
+
+def wait_until(
+    predicate: Callable[[], bool], *, timeout: float = 20.0, what: str = ""
+) -> None:
+    """Poll a condition another process owns (bounded); prefer awaiting an event in-process."""
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or predicate}")
+        pause.wait(0.02)
+
+
+@dataclass
+class DaemonHarness:
+    config: Config
+    portal: BlockingPortal
+    daemon: Daemon
+
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls, config: Config) -> Iterator[DaemonHarness]:
+        with (
+            start_blocking_portal(
+                backend="asyncio", backend_options={"use_uvloop": True}
+            ) as portal,
+            portal.wrap_async_context_manager(running_daemon(config)) as daemon,
+        ):
+            yield cls(config, portal, daemon)
+
+    @property
+    def socket(self) -> str:
+        return self.config.socket
+
+    def client(self) -> Client:
+        return Client(self.socket)
+
+    def ctl(self, *argv: str) -> int:
+        return ctl_main(["--socket", self.socket, *argv])
+
+    def wait_ready(self, name: str, *, timeout: float = 20.0) -> None:
+        upstream = self.daemon.pool.get(name)
+
+        async def wait() -> None:
+            with anyio.fail_after(timeout):
+                await upstream.wait_ready()
+
+        self.portal.call(wait)
+
+    def add(self, spec: ServerSpec) -> None:
+        with self.client() as c:
+            c.add_server(spec)
+        self.wait_ready(spec.name)
+
+
+@dataclass
+class DaemonProcess:
+    """The real ``memorizzd`` executable in a subprocess."""
+
+    base: str
+    extra_args: list[str] = field(default_factory=list)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def socket(self) -> str:
+        return os.path.join(self.base, "d.sock")
+
+    def start(self) -> DaemonProcess:
+        log = open(os.path.join(self.base, "daemon.log"), "ab")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                DAEMON_EXE,
+                "--socket",
+                self.socket,
+                "--state-dir",
+                os.path.join(self.base, "state"),
+                "--log-level",
+                "debug",
+                *self.extra_args,
+            ],
+            stdout=log,
+            stderr=log,
+        )
+        log.close()
+
+        def answers() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(
+                    f"memorizzd exited with {self.proc.returncode}: {self.log()}"
+                )
+            try:
+                with Client(self.socket) as c:
+                    c.hello()
+            except ConnectionError:
+                return False
+            return True
+
+        wait_until(answers, what="the daemon socket")
+        return self
+
+    def client(self) -> Client:
+        return Client(self.socket)
+
+    def log(self) -> str:
+        return Path(self.base, "daemon.log").read_text(errors="replace")
+
+    def wait_ready(self, name: str, timeout: float = 20.0) -> None:
+        def ready() -> bool:
+            with self.client() as c:
+                return c.server_status(name)[0].state == "ready"
+
+        wait_until(ready, timeout=timeout, what=f"server {name} ready")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+
+@contextlib.contextmanager
+def daemon_process(base: str, *extra: str) -> Iterator[DaemonProcess]:
+    process = DaemonProcess(base, list(extra)).start()
+    try:
+        yield process
+    finally:
+        if process.proc is not None and process.proc.poll() is None:
+            process.stop()
+
+
+@contextlib.contextmanager
+def serve_http(kind: str) -> Iterator[str]:
+    """Serve the test MCP server over ``streamable_http`` or ``sse``; yields its URL."""
+    import uvicorn
+
+    from tests.mcp_server import mcp
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    app = mcp.streamable_http_app() if kind == "streamable_http" else mcp.sse_app()
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, daemon=True
+    )
+    thread.start()
+    wait_until(lambda: server.started or not thread.is_alive(), what="uvicorn")
+    if not server.started:
+        raise RuntimeError("uvicorn did not start")
+    try:
+        yield base + ("/mcp" if kind == "streamable_http" else "/sse")
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def rmtree(path: str) -> None:
+    shutil.rmtree(path, ignore_errors=True)

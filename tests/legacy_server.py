@@ -1,0 +1,60 @@
+"""A hand-written, pre-2026 MCP server over stdio (no SDK): it answers
+``server/discover`` with "method not found", speaks 2025-11-25 after
+``initialize``, and appends every method it receives to $METHOD_LOG."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import msgspec
+
+LOG = os.environ.get("METHOD_LOG")
+TOOL = {"name": "hello", "inputSchema": {"type": "object", "properties": {}}}
+
+
+def reply(message_id: object, result: object = None, error: object = None) -> None:
+    body: dict[str, object] = {"jsonrpc": "2.0", "id": message_id}
+    if error is not None:
+        body["error"] = error
+    else:
+        body["result"] = result
+    sys.stdout.write(msgspec.json.encode(body).decode() + "\n")
+    sys.stdout.flush()
+
+
+def main() -> None:
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        message = msgspec.json.decode(line)
+        method = message.get("method")
+        if LOG and method:
+            with open(LOG, "a", encoding="utf-8") as f:
+                f.write(method + "\n")
+        if "id" not in message:
+            continue
+        if method == "initialize":
+            reply(
+                message["id"],
+                {
+                    "protocolVersion": "2025-11-25",
+                    "capabilities": {"tools": {}},
+                    "serverInfo": {"name": "legacy-test-server", "version": "0.9"},
+                },
+            )
+        elif method == "tools/list":
+            reply(message["id"], {"tools": [TOOL]})
+        elif method == "tools/call":
+            reply(
+                message["id"],
+                {"content": [{"type": "text", "text": "hello from legacy"}]},
+            )
+        elif method == "ping":
+            reply(message["id"], {})
+        else:
+            reply(message["id"], error={"code": -32601, "message": "Method not found"})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""Every MCP pass-through method over every transport, against real servers."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from memorizz import Client
+from memorizz.api.errors import NotFoundError, UpstreamError
+from memorizz.api.methods import ServerSpec
+from tests.harness import DaemonHarness, serve_http, stdio_spec
+
+
+@pytest.fixture(params=["stdio", "streamable_http", "sse"])
+def server(request: pytest.FixtureRequest, daemon: DaemonHarness) -> Iterator[str]:
+    """A warm server named after its transport, in the running daemon."""
+    kind: str = request.param
+    if kind == "stdio":
+        daemon.add(stdio_spec(kind))
+        yield kind
+        return
+    with serve_http(kind) as url:
+        daemon.add(ServerSpec(name=kind, transport=kind, url=url))  # type: ignore[arg-type]
+        yield kind
+        with daemon.client() as c:  # let go before the HTTP server stops
+            c.remove_server(kind)
+
+
+def test_tools_list_and_call(daemon: DaemonHarness, server: str) -> None:
+    with daemon.client() as c:
+        tools = {t.name: t for t in c.list_tools(server)}
+        assert {"echo", "add", "fail", "slow", "huge"} <= tools.keys()
+        assert tools["add"].input_schema["type"] == "object"
+        assert c.list_tools(server, refresh=True)  # straight from the upstream too
+
+        result = c.call_tool(server, "add", {"a": 2, "b": 40})
+        assert result.is_error is False
+        assert result.structured_content == {"result": 42}
+        assert result.content == [{"type": "text", "text": "42"}]
+
+
+def test_is_error_is_a_result_and_counts_as_a_failure(
+    daemon: DaemonHarness, server: str
+) -> None:
+    with daemon.client() as c:
+        before = c.server_status(server)[0]
+        result = c.call_tool(server, "fail", {"reason": "bad input"})
+        assert result.is_error is True
+        assert "bad input" in result.content[0]["text"]
+        after = c.server_status(server)[0]
+    assert after.calls_failed == before.calls_failed + 1
+
+
+def test_resources_templates_and_read(daemon: DaemonHarness, server: str) -> None:
+    with daemon.client() as c:
+        assert [r.uri for r in c.list_resources(server)] == ["test://static"]
+        templates = c.list_resource_templates(server)
+        assert [t.uri_template for t in templates] == ["test://items/{item_id}"]
+        read = c.read_resource(server, "test://static")
+        assert read.contents == [
+            {"uri": "test://static", "mimeType": "text/plain", "text": "static content"}
+        ]
+        item = c.read_resource(server, "test://items/7")
+        assert item.contents[0]["text"] == '{"id": "7"}'
+        with pytest.raises(UpstreamError) as err:
+            c.read_resource(server, "test://nope")
+        assert err.value.reason == "upstream_error"
+
+
+def test_prompts_list_and_get(daemon: DaemonHarness, server: str) -> None:
+    with daemon.client() as c:
+        prompts = c.list_prompts(server)
+        assert [p.name for p in prompts] == ["greet"]
+        assert prompts[0].arguments[0].name == "name"
+        got = c.get_prompt(server, "greet", {"name": "Ada"})
+        assert got.messages[0]["content"]["text"] == "Say hello to Ada"
+
+
+def test_ping_status_and_test(daemon: DaemonHarness, server: str) -> None:
+    with daemon.client() as c:
+        assert c.ping(server).latency_ms > 0
+        status = c.server_status(server)[0]
+        assert status.state == "ready"
+        assert status.transport == server
+        assert status.protocol_version in ("2026-07-28", "2025-11-25")
+        assert status.server_name == "memorizz-test-server"
+        assert status.server_version == "1.2.3"
+        assert status.tool_count is not None and status.tool_count >= 10
+        assert (status.pid is not None) == (server == "stdio")
+        tested = c.test_server(server)
+        assert tested.outcome == "ok"
+        assert tested.tool_count == status.tool_count
+
+
+def test_legacy_mode_negotiates_the_handshake_era(daemon: DaemonHarness) -> None:
+    daemon.add(stdio_spec("old", protocol="legacy"))
+    with daemon.client() as c:
+        assert c.server_status("old")[0].protocol_version == "2025-11-25"
+        assert c.call_tool("old", "echo", {"text": "x"}).content[0]["text"] == "x"
+        assert c.ping("old").latency_ms > 0
+
+
+def test_unknown_server_is_not_found(daemon: DaemonHarness) -> None:
+    with Client(daemon.socket) as c:
+        with pytest.raises(NotFoundError) as err:
+            c.call_tool("nope", "echo", {})
+        assert err.value.reason == "unknown_server"
+        with pytest.raises(NotFoundError):
+            c.list_tools("nope")
