@@ -1,0 +1,216 @@
+"""The real memorizzd executable: restarts, signals, process trees, config files."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+from memorizz.api.errors import PermissionDeniedError, UnavailableError
+from memorizz.api.methods import ServerSpec
+from tests.harness import (
+    DAEMON_EXE,
+    LEGACY_SERVER,
+    MCP_SERVER,
+    DaemonHarness,
+    daemon_config,
+    daemon_process,
+    stdio_spec,
+    wait_until,
+)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_run_time_servers_survive_a_restart(base_dir: str) -> None:
+    with daemon_process(base_dir) as d:
+        with d.client() as c:
+            c.add_server(stdio_spec("kept", env={"GREETING": "hi"}))
+        d.wait_ready("kept")
+        assert d.stop() == 0
+    with daemon_process(base_dir) as d:
+        with d.client() as c:
+            servers = c.list_servers()
+            assert [(s.name, s.source, s.env_keys) for s in servers] == [
+                ("kept", "api", ["GREETING"])
+            ]
+        d.wait_ready("kept")
+        with d.client() as c:
+            assert (
+                c.call_tool("kept", "env", {"name": "GREETING"}).content[0]["text"]
+                == "hi"
+            )
+
+
+def test_sigterm_drains_in_flight_calls_and_exits_zero(base_dir: str) -> None:
+    with daemon_process(base_dir) as d:
+        with d.client() as c:
+            c.add_server(stdio_spec("t"))
+        d.wait_ready("t")
+        outcome: list[str] = []
+
+        def slow_call() -> None:
+            with d.client() as c:
+                outcome.append(
+                    c.call_tool("t", "slow", {"seconds": 1.0}).content[0]["text"]
+                )
+
+        caller = threading.Thread(target=slow_call)
+        caller.start()
+        with d.client() as c:
+            wait_until(lambda: c.server_status("t")[0].in_flight == 1)
+        assert d.stop(signal.SIGTERM) == 0
+        caller.join(10)
+        assert outcome == ["slept 1.0"]
+        assert not Path(d.socket).exists()
+
+
+def test_removing_a_server_or_stopping_the_daemon_leaves_no_process_behind(
+    base_dir: str,
+) -> None:
+    with daemon_process(base_dir) as d:
+        with d.client() as c:
+            c.add_server(stdio_spec("a"))
+            c.add_server(stdio_spec("b"))
+        d.wait_ready("a")
+        d.wait_ready("b")
+        with d.client() as c:
+            a_pid = c.server_status("a")[0].pid
+            a_child = int(c.call_tool("a", "spawn_child").content[0]["text"])
+            b_pid = c.server_status("b")[0].pid
+            b_child = int(c.call_tool("b", "spawn_child").content[0]["text"])
+            assert a_pid and b_pid and not _gone(a_child) and not _gone(b_child)
+
+            c.remove_server("a")
+            wait_until(
+                lambda: _gone(a_pid) and _gone(a_child), what="server a's tree gone"
+            )
+            assert not _gone(b_pid) and not _gone(b_child)
+        assert d.stop() == 0
+    wait_until(lambda: _gone(b_pid) and _gone(b_child), what="server b's tree gone")
+    daemon = psutil.Process(os.getpid())
+    assert not [p for p in daemon.children() if p.status() == psutil.STATUS_ZOMBIE]
+
+
+def test_a_crashed_server_leaves_no_orphan(stdio_daemon: DaemonHarness) -> None:
+    with stdio_daemon.client() as c:
+        child = int(c.call_tool("t", "spawn_child").content[0]["text"])
+        with pytest.raises(UnavailableError):
+            c.call_tool("t", "crash")
+    wait_until(lambda: _gone(child), what="the crashed server's grandchild to go")
+
+
+def test_a_known_legacy_server_never_pays_the_version_probe_again(
+    base_dir: str,
+) -> None:
+    log = Path(base_dir, "methods.log")
+    spec = ServerSpec(
+        name="old",
+        transport="stdio",
+        command=sys.executable,
+        args=[LEGACY_SERVER],
+        env={"METHOD_LOG": str(log)},
+    )
+    with daemon_process(base_dir) as d:
+        with d.client() as c:
+            c.add_server(spec)
+        d.wait_ready("old")
+        with d.client() as c:
+            assert c.server_status("old")[0].protocol_version == "2025-11-25"
+            assert c.call_tool("old", "hello").content[0]["text"] == "hello from legacy"
+    first = log.read_text().split()
+    assert first[:2] == ["server/discover", "initialize"]
+    log.write_text("")
+    with daemon_process(base_dir) as d:
+        d.wait_ready("old")
+        with d.client() as c:
+            assert c.ping("old").latency_ms > 0
+    assert "server/discover" not in log.read_text().split()
+    assert log.read_text().split()[0] == "initialize"
+
+
+def test_config_file_servers_are_served_and_read_only(base_dir: str) -> None:
+    config = Path(base_dir, "memorizzd.toml")
+    config.write_text(
+        f"""
+[[servers]]
+name = "fromfile"
+transport = "stdio"
+command = {sys.executable!r}
+args = [{MCP_SERVER!r}, "stdio"]
+timeout_s = 5
+"""
+    )
+    check = subprocess.run(
+        [DAEMON_EXE, "--config", str(config), "--check-config"],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0, check.stderr
+    assert "1 servers" in check.stdout
+    with daemon_process(base_dir, "--config", str(config)) as d:
+        d.wait_ready("fromfile")
+        with d.client() as c:
+            assert c.list_servers()[0].source == "config"
+            with pytest.raises(PermissionDeniedError) as err:
+                c.remove_server("fromfile")
+            assert err.value.reason == "read_only_server"
+            assert c.daemon_status().config_path == str(config)
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        (
+            '[[servers]]\nname = "x"\ntransport = "carrier-pigeon"\n',
+            "$.servers[0].transport",
+        ),
+        ('sockett = "/tmp/x"\n', "sockett"),
+        ("[[servers]]\nname = 'x'\ntransport = 'stdio'\n", "needs a command"),
+        ("this is = not toml =\n", "memorizzd.toml"),
+    ],
+)
+def test_bad_config_is_a_clear_error_naming_the_key(
+    base_dir: str, toml: str, message: str
+) -> None:
+    config = Path(base_dir, "memorizzd.toml")
+    config.write_text(toml)
+    check = subprocess.run(
+        [DAEMON_EXE, "--config", str(config), "--check-config"],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 78
+    assert message in check.stderr
+    assert "Traceback" not in check.stderr
+
+
+def test_a_stale_socket_is_replaced_and_a_live_one_is_not_stolen(base_dir: str) -> None:
+    config = daemon_config(base_dir)
+    os.makedirs(base_dir, exist_ok=True)
+    stale = socket.socket(socket.AF_UNIX)
+    stale.bind(config.socket)  # bound, never listening: what a crash leaves
+    stale.close()
+    with daemon_process(base_dir) as d:
+        second = subprocess.run(
+            [DAEMON_EXE, "--socket", d.socket, "--state-dir", base_dir + "/state2"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert second.returncode == 1
+        assert "already listening" in second.stderr
+        with d.client() as c:
+            assert c.hello().protocol_version == 1
