@@ -1,0 +1,101 @@
+"""memorizzctl against a real daemon: the five-minute tour, as a test."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import msgspec
+import pytest
+
+from tests.harness import MCP_SERVER, DaemonHarness
+
+
+def test_the_tour(daemon: DaemonHarness, capsys: pytest.CaptureFixture[str]) -> None:
+    add = [
+        "mcp",
+        "add",
+        "demo",
+        "--command",
+        sys.executable,
+        "--arg",
+        MCP_SERVER,
+        "--arg",
+        "stdio",
+    ]
+    assert daemon.ctl(*add) == 0
+    daemon.wait_ready("demo")
+    capsys.readouterr()
+
+    assert daemon.ctl("mcp", "list") == 0
+    out = capsys.readouterr().out
+    assert "demo" in out and "stdio" in out and "ready" in out
+
+    assert daemon.ctl("mcp", "tools", "demo") == 0
+    assert "Return the text unchanged." in capsys.readouterr().out
+
+    assert (
+        daemon.ctl("mcp", "call", "demo", "echo", "--arguments", '{"text": "hello"}')
+        == 0
+    )
+    assert capsys.readouterr().out.strip() == "hello"
+
+    assert (
+        daemon.ctl(
+            "--json", "mcp", "call", "demo", "add", "--arguments", '{"a": 1, "b": 2}'
+        )
+        == 0
+    )
+    assert msgspec.json.decode(capsys.readouterr().out)["structuredContent"] == {
+        "result": 3
+    }
+
+    assert (
+        daemon.ctl("mcp", "call", "demo", "fail", "--arguments", '{"reason": "nope"}')
+        == 1
+    )
+    assert "nope" in capsys.readouterr().err
+
+    assert daemon.ctl("mcp", "read", "demo", "test://static") == 0
+    assert capsys.readouterr().out.strip() == "static content"
+
+    assert daemon.ctl("mcp", "prompt", "demo", "greet", "--arg", "name=Ada") == 0
+    assert "Say hello to Ada" in capsys.readouterr().out
+
+    for verb in ("resources", "templates", "prompts", "status"):
+        assert daemon.ctl("mcp", verb, "demo") == 0
+    assert daemon.ctl("mcp", "test", "demo") == 0
+    assert "ok" in capsys.readouterr().out
+
+    assert daemon.ctl("--json", "mcp", "status") == 0
+    status = msgspec.json.decode(capsys.readouterr().out)
+    assert status["servers"][0]["state"] == "ready"
+
+    assert daemon.ctl("daemon", "status") == 0
+    assert "1/1 ready" in capsys.readouterr().out
+
+    assert daemon.ctl("mcp", "remove", "demo") == 0
+    assert daemon.ctl("mcp", "call", "demo", "echo") == 1
+    err = capsys.readouterr().err
+    assert err.startswith("memorizzctl: unknown server 'demo' (unknown_server)")
+
+
+def test_errors_have_documented_exit_codes(
+    daemon: DaemonHarness, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert daemon.ctl("mcp", "call", "nope", "echo") == 1
+    assert daemon.ctl("mcp", "add", "x", "--transport", "stdio") == 2
+    assert daemon.ctl("mcp", "add", "bad name", "--command", "/bin/true") == 1
+    assert "invalid_params" in capsys.readouterr().err
+
+
+def test_the_installed_entry_point_runs(daemon: DaemonHarness) -> None:
+    ctl = str(__import__("pathlib").Path(sys.executable).parent / "memorizzctl")
+    done = subprocess.run(
+        [ctl, "--socket", daemon.socket, "--json", "daemon", "status"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    assert msgspec.json.decode(done.stdout)["servers_total"] == 0
