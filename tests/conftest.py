@@ -6,10 +6,10 @@ import pytest
 
 from tests.harness import (
     DaemonHarness,
+    daemon_config,
     rmtree,
     short_tempdir,
     stdio_spec,
-    daemon_config,
 )
 
 

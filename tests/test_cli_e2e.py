@@ -29,7 +29,8 @@ def test_the_tour(daemon: DaemonHarness, capsys: pytest.CaptureFixture[str]) -> 
 
     assert daemon.ctl("mcp", "list") == 0
     out = capsys.readouterr().out
-    assert "demo" in out and "stdio" in out and "ready" in out
+    assert "demo" in out
+    assert "ready" in out
 
     assert daemon.ctl("mcp", "tools", "demo") == 0
     assert "Return the text unchanged." in capsys.readouterr().out
@@ -91,7 +92,7 @@ def test_errors_have_documented_exit_codes(
 
 def test_the_installed_entry_point_runs(daemon: DaemonHarness) -> None:
     ctl = str(__import__("pathlib").Path(sys.executable).parent / "memorizzctl")
-    done = subprocess.run(
+    done = subprocess.run(  # noqa: PLW1510 - the exit status is the assertion
         [ctl, "--socket", daemon.socket, "--json", "daemon", "status"],
         capture_output=True,
         text=True,

@@ -582,5 +582,5 @@ def test_a_reply_of_the_wrong_shape_is_one_line_and_exit_1(
     with FakeSocket(path, {"ping": {"result": {"latency": "fast"}}}).running():
         assert cli.main(["--socket", str(path), "ping"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("memorizzctl: unexpected reply from memorizzd")
+    assert err.startswith("memorizzctl: malformed reply from memorizzd")
     assert err.count("\n") == 1

@@ -91,13 +91,17 @@ def test_removing_a_server_or_stopping_the_daemon_leaves_no_process_behind(
             a_child = int(c.call_tool("a", "spawn_child").content[0]["text"])
             b_pid = c.server_status("b")[0].pid
             b_child = int(c.call_tool("b", "spawn_child").content[0]["text"])
-            assert a_pid and b_pid and not _gone(a_child) and not _gone(b_child)
+            assert a_pid
+            assert b_pid
+            assert not _gone(a_child)
+            assert not _gone(b_child)
 
             c.remove_server("a")
             wait_until(
                 lambda: _gone(a_pid) and _gone(a_child), what="server a's tree gone"
             )
-            assert not _gone(b_pid) and not _gone(b_child)
+            assert not _gone(b_pid)
+            assert not _gone(b_child)
         assert d.stop() == 0
     wait_until(lambda: _gone(b_pid) and _gone(b_child), what="server b's tree gone")
     daemon = psutil.Process(os.getpid())
@@ -153,7 +157,7 @@ args = [{MCP_SERVER!r}, "stdio"]
 timeout_s = 5
 """
     )
-    check = subprocess.run(
+    check = subprocess.run(  # noqa: PLW1510 - the exit status is the assertion
         [DAEMON_EXE, "--config", str(config), "--check-config"],
         capture_output=True,
         text=True,
@@ -187,7 +191,7 @@ def test_bad_config_is_a_clear_error_naming_the_key(
 ) -> None:
     config = Path(base_dir, "memorizzd.toml")
     config.write_text(toml)
-    check = subprocess.run(
+    check = subprocess.run(  # noqa: PLW1510 - the exit status is the assertion
         [DAEMON_EXE, "--config", str(config), "--check-config"],
         capture_output=True,
         text=True,
@@ -204,7 +208,7 @@ def test_a_stale_socket_is_replaced_and_a_live_one_is_not_stolen(base_dir: str) 
     stale.bind(config.socket)  # bound, never listening: what a crash leaves
     stale.close()
     with daemon_process(base_dir) as d:
-        second = subprocess.run(
+        second = subprocess.run(  # noqa: PLW1510 - the exit status is the assertion
             [DAEMON_EXE, "--socket", d.socket, "--state-dir", base_dir + "/state2"],
             capture_output=True,
             text=True,

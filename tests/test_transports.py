@@ -86,7 +86,8 @@ def test_ping_status_and_test(daemon: DaemonHarness, server: str) -> None:
         assert status.protocol_version in ("2026-07-28", "2025-11-25")
         assert status.server_name == "memorizz-test-server"
         assert status.server_version == "1.2.3"
-        assert status.tool_count is not None and status.tool_count >= 10
+        assert status.tool_count is not None
+        assert status.tool_count >= 10
         assert (status.pid is not None) == (server == "stdio")
         tested = c.test_server(server)
         assert tested.outcome == "ok"

@@ -827,9 +827,6 @@ def _run(argv: list[str]) -> int:
     except MemorizzError as exc:
         _error(str(exc))
         return exit_status(exc)
-    except msgspec.DecodeError as exc:  # version skew: a reply we cannot read
-        _error(f"unexpected reply from memorizzd at {socket_path}: {exc}")
-        return EXIT_ERROR
     except BrokenPipeError:
         raise
     except OSError as exc:  # e.g. a socket path longer than AF_UNIX allows
