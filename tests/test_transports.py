@@ -9,7 +9,7 @@ import pytest
 from memorizz import Client
 from memorizz.api.errors import NotFoundError, UpstreamError
 from memorizz.api.methods import ServerSpec
-from tests.harness import DaemonHarness, serve_http, stdio_spec
+from tests.harness import DaemonHarness, serve_http, stdio_spec, wait_until
 
 
 @pytest.fixture(params=["stdio", "streamable_http", "sse"])
@@ -109,3 +109,17 @@ def test_unknown_server_is_not_found(daemon: DaemonHarness) -> None:
         assert err.value.reason == "unknown_server"
         with pytest.raises(NotFoundError):
             c.list_tools("nope")
+
+
+@pytest.mark.parametrize("protocol", ["auto", "legacy"])
+def test_a_tool_list_change_reaches_the_warm_cache(
+    daemon: DaemonHarness, protocol: str
+) -> None:
+    daemon.add(stdio_spec("changing", protocol=protocol))
+    with daemon.client() as c:
+        before = {t.name for t in c.list_tools("changing")}
+        assert c.call_tool("changing", "change_tools").content[0]["text"] == "ok"
+        wait_until(
+            lambda: len(c.list_tools("changing")) == len(before) + 1,
+            what="the new tool in tools/list",
+        )

@@ -160,6 +160,7 @@ class Upstream:
                 if self._process is not None:
                     tg.start_soon(self._watch_process, self._process)
                 tg.start_soon(self._health_loop, client)
+                tg.start_soon(self._watch_tool_changes, client)
                 await self._dead.wait()
                 tg.cancel_scope.cancel()
             self._publish(None)
@@ -184,8 +185,17 @@ class Upstream:
 
     async def _on_message(self, message: Any) -> None:
         if sdk.is_tool_list_changed(message):
-            log.info("%s: tools/list_changed", self.name)
-            self._tools = None  # the next tools/list fetches afresh
+            self._tools_changed()
+
+    def _tools_changed(self) -> None:
+        log.info("%s: tools/list_changed", self.name)
+        self._tools = None  # the next tools/list fetches afresh
+
+    async def _watch_tool_changes(self, client: Client) -> None:
+        try:
+            await sdk.watch_tool_changes(client, self._tools_changed)
+        except Exception as exc:  # noqa: BLE001 - best effort; refresh=true still works
+            log.info("%s: no tools/list_changed subscription: %s", self.name, exc)
 
     def _mark_dead(self, reason: str) -> None:
         if not self._dead.is_set():

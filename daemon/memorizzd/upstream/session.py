@@ -293,5 +293,19 @@ def describe(client: Client) -> tuple[str | None, str | None, str | None]:
     )
 
 
+async def watch_tool_changes(client: Client, on_change: Callable[[], None]) -> None:
+    """2026-07-28: changes arrive only on a ``subscriptions/listen`` stream.
+
+    Returns at once when the server does not announce tool list changes; the
+    handshake era delivers them as notifications (``is_tool_list_changed``).
+    """
+    tools = client.server_capabilities.tools
+    if not is_modern(client) or tools is None or not tools.list_changed:
+        return
+    async with client.listen(tools_list_changed=True) as subscription:
+        async for _event in subscription:
+            on_change()
+
+
 def is_tool_list_changed(message: object) -> bool:
     return isinstance(message, types.ToolListChangedNotification)
