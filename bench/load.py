@@ -7,18 +7,17 @@ spreading the threads over processes still removes what is left of it, and the
 per-call CPU of the workers is measured and reported so that one can see the
 client side is not the bottleneck.
 
-Each batch: every worker passes a cross-process barrier, its threads pass a
-local one, then each thread makes ``per_thread`` calls and reports when its
-first call started and its last call ended (``perf_counter_ns`` is
-CLOCK_MONOTONIC, comparable across processes). A batch's wall time is the
-latest end minus the earliest start.
+Each batch: every worker connects and warms up, its threads wait on one
+cross-process event, the parent sets it, then each thread makes ``per_thread``
+calls and reports when its first call started and its last call ended
+(``perf_counter_ns`` is CLOCK_MONOTONIC, comparable across processes). A
+batch's wall time is the latest end minus the earliest start.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import queue
-import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -52,45 +51,61 @@ def _echo(client: Client) -> None:
 
 
 def _worker(
-    socket_path: str,
-    threads: int,
-    per_thread: int,
-    batches: int,
-    barrier: Any,
-    results: Any,
+    socket_path: str, threads: int, per_thread: int, gos: list[Any], results: Any
 ) -> None:
-    """One worker process: ``threads`` connections, ``batches`` timed batches."""
+    """One worker process: ``threads`` connections, one timed batch per ``go`` event."""
     clients = [Client(socket_path) for _ in range(threads)]
     try:
         for client in clients:
             for _ in range(_WARMUP_CALLS):
                 _echo(client)
         with ThreadPoolExecutor(threads) as pool:
-            for _ in range(batches):
-                start = threading.Barrier(threads)
-                barrier.wait(_TIMEOUT_S)
+            for go in gos:
                 cpu0 = time.process_time_ns()
                 futures = [
-                    pool.submit(_timed_calls, client, per_thread, start)
+                    pool.submit(_timed_calls, client, per_thread, go)
                     for client in clients
                 ]
+                results.put(("ready", None))
                 spans = [future.result() for future in futures]
                 results.put(("ok", (spans, time.process_time_ns() - cpu0)))
     except BaseException as exc:
         results.put(("error", repr(exc)))
-        barrier.abort()  # nobody waits for this worker any longer
         raise
     finally:
         for client in clients:
             client.close()
 
 
-def _timed_calls(client: Client, n: int, start: threading.Barrier) -> tuple[int, int]:
-    start.wait()
+def _timed_calls(client: Client, n: int, go: Any) -> tuple[int, int]:
+    if not go.wait(_TIMEOUT_S):
+        raise TimeoutError("no go from the parent")
     first = time.perf_counter_ns()
     for _ in range(n):
         _echo(client)
     return first, time.perf_counter_ns()
+
+
+def _receive(results: Any, workers: Sequence[Any], expected: str) -> Any:
+    """The next message from the workers; raise at once if one of them died."""
+    deadline = time.monotonic() + _TIMEOUT_S
+    while True:
+        try:
+            status, payload = results.get(timeout=0.2)
+        except queue.Empty:
+            for worker in workers:
+                if worker.exitcode not in (None, 0):
+                    raise RuntimeError(
+                        f"load worker {worker.name} exited with code {worker.exitcode}"
+                    ) from None
+            if time.monotonic() > deadline:
+                raise TimeoutError("the load workers stopped reporting") from None
+            continue
+        if status == "error":
+            raise RuntimeError(f"a load worker failed: {payload}")
+        if status != expected:
+            raise RuntimeError(f"load worker said {status!r}, expected {expected!r}")
+        return payload
 
 
 def run_batches(
@@ -108,35 +123,31 @@ def run_batches(
         raise ValueError("connections must be a multiple of procs")
     threads = connections // procs
     per_thread = max(1, calls // connections)
-    ctx = mp.get_context("spawn")  # never fork: the parent may have threads
-    barrier = ctx.Barrier(procs + 1)
-    results = ctx.Queue()
+    ctx = mp.get_context("spawn")  # never fork: the parent has threads
+    gos = [ctx.Event() for _ in range(batches)]
+    inboxes = [ctx.Queue() for _ in range(procs)]  # one each: messages stay in order
     workers = [
         ctx.Process(
             target=_worker,
-            args=(socket_path, threads, per_thread, batches, barrier, results),
+            args=(socket_path, threads, per_thread, gos, inbox),
             name=f"bench-load-{i}",
             daemon=True,
         )
-        for i in range(procs)
+        for i, inbox in enumerate(inboxes)
     ]
     out: list[Batch] = []
     try:
         for worker in workers:
             worker.start()
-        for _ in range(batches):
-            barrier.wait(_TIMEOUT_S)  # all workers connected and warm (or done)
+        for go in gos:
+            for inbox in inboxes:
+                _receive(inbox, workers, "ready")  # connected, warm, waiting
             daemon0, server0 = cpu_ns(daemon_pid), cpu_ns(server_pid)
+            go.set()
             spans: list[tuple[int, int]] = []
             client_cpu = 0
-            for _ in range(procs):
-                try:
-                    status, payload = results.get(timeout=_TIMEOUT_S)
-                except queue.Empty:
-                    raise TimeoutError("a load worker did not report") from None
-                if status != "ok":
-                    raise RuntimeError(f"a load worker failed: {payload}")
-                worker_spans, worker_cpu = payload
+            for inbox in inboxes:
+                worker_spans, worker_cpu = _receive(inbox, workers, "ok")
                 spans += worker_spans
                 client_cpu += worker_cpu
             out.append(
@@ -151,12 +162,15 @@ def run_batches(
         for worker in workers:
             worker.join(_TIMEOUT_S)
     finally:
-        barrier.abort()
+        for go in gos:
+            go.set()  # release any worker still waiting
         for worker in workers:
             if worker.is_alive():
                 worker.terminate()
                 worker.join(5)
-        results.close()
+        for inbox in inboxes:
+            inbox.close()
+            inbox.join_thread()
     return out
 
 

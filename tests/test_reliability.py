@@ -10,7 +10,8 @@ import pytest
 
 from memorizz import Client
 from memorizz.api.errors import DeadlineExceededError, TooLargeError, UnavailableError
-from tests.harness import DaemonHarness, stdio_spec, wait_until
+from memorizz.api.methods import ServerSpec
+from tests.harness import DaemonHarness, serve_http, stdio_spec, wait_until
 
 
 def test_200_concurrent_calls_from_20_connections_share_one_warm_session(
@@ -195,3 +196,29 @@ def _read_lines(s: socket.socket, count: int) -> list[bytes]:
             break
         buffer += chunk
     return buffer.split(b"\n")[:count]
+
+
+@pytest.mark.parametrize("transport", ["streamable_http", "sse"])
+@pytest.mark.parametrize("protocol", ["auto", "legacy"])
+def test_a_huge_http_result_is_refused_without_hurting_the_session(
+    daemon: DaemonHarness, transport: str, protocol: str
+) -> None:
+    with serve_http(transport) as url:
+        spec = ServerSpec(
+            name="h",
+            transport=transport,  # type: ignore[arg-type]
+            url=url,
+            max_result_bytes=100_000,
+            protocol=protocol,  # type: ignore[arg-type]
+        )
+        daemon.add(spec)
+        with daemon.client() as c:
+            assert (
+                len(c.call_tool("h", "huge", {"n_bytes": 20_000}).content[0]["text"])
+                == 20_000
+            )
+            with pytest.raises(TooLargeError):
+                c.call_tool("h", "huge", {"n_bytes": 3_000_000})
+            assert c.call_tool("h", "echo", {"text": "ok"}).content[0]["text"] == "ok"
+            assert c.server_status("h")[0].restarts == 0
+            c.remove_server("h")

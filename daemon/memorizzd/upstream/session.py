@@ -30,7 +30,8 @@ from memorizz.api.errors import (
     UpstreamError,
 )
 from memorizzd import __version__
-from memorizzd.upstream.stdio import TOO_LARGE_MARKER, StdioProcess, stdio_transport
+from memorizzd.upstream.limits import TOO_LARGE_MARKER, capped_http_client
+from memorizzd.upstream.stdio import StdioProcess, stdio_transport
 
 T = TypeVar("T")
 MessageHandler = Callable[[Any], Awaitable[None]]
@@ -60,15 +61,12 @@ def child_environment(spec: m.ServerSpec) -> dict[str, str]:
     return base | dict(spec.env)
 
 
-def _http_client(
-    spec: m.ServerSpec, *, headers: dict[str, str] | None = None
-) -> httpx2.AsyncClient:
-    return httpx2.AsyncClient(
-        headers=headers,
-        timeout=httpx2.Timeout(30.0, read=max(300.0, spec.timeout_s + 30)),
-        follow_redirects=False,
-        trust_env=False,
-    )
+SSE_EVENT_MAX: Final = 1 << 20
+"""The SDK's legacy SSE reader dies on a larger event; cap below it."""
+
+
+def _timeout(spec: m.ServerSpec) -> httpx2.Timeout:
+    return httpx2.Timeout(30.0, read=max(300.0, spec.timeout_s + 30))
 
 
 @asynccontextmanager
@@ -102,9 +100,12 @@ async def open_client(
     elif spec.transport == "streamable_http":
         if spec.url is None:
             raise ValueError("an HTTP server needs a url")
-        async with _http_client(spec) as http:
+        http = capped_http_client(spec.max_result_bytes, timeout=_timeout(spec))
+        async with http:
             transport = streamable_http_client(
-                spec.url, http_client=http, max_sse_event_size=spec.max_result_bytes
+                spec.url,
+                http_client=http,
+                max_sse_event_size=spec.max_result_bytes + 65536,
             )
             async with Client(transport, **client_kwargs) as client:
                 yield client
@@ -116,12 +117,11 @@ async def open_client(
             timeout=30.0,
             sse_read_timeout=24 * 3600.0,
             httpx_client_factory=lambda headers=None, timeout=None, auth=None: (
-                httpx2.AsyncClient(
+                capped_http_client(
+                    min(spec.max_result_bytes, SSE_EVENT_MAX - 65536),
+                    timeout=timeout or _timeout(spec),
                     headers=headers,
-                    timeout=timeout,
                     auth=auth,
-                    follow_redirects=False,
-                    trust_env=False,
                 )
             ),
         )

@@ -21,7 +21,6 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import re
 import signal
 import subprocess
 from collections.abc import AsyncIterator, Callable
@@ -34,11 +33,10 @@ import mcp_types as types
 from mcp.client._transport import TransportStreams
 from mcp.shared.message import SessionMessage
 
+from memorizzd.upstream.limits import request_id_in, too_large_error
+
 log = logging.getLogger("memorizzd.upstream.stdio")
 stderr_log = logging.getLogger("memorizzd.upstream.stderr")
-
-TOO_LARGE_MARKER: Final = "memorizz.result_too_large"
-"""Put in ``error.data`` of a synthesized reply to an oversize message."""
 
 STDERR_LINE_MAX: Final = 4096
 STDERR_LINES_PER_S: Final = 50
@@ -46,7 +44,6 @@ STDERR_TAIL: Final = 20
 EXIT_GRACE_S: Final = 2.0
 TERM_GRACE_S: Final = 2.0
 _CHUNK: Final = 1 << 16
-_ID_RE: Final = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.){0,256}"|-?\d{1,20})')
 
 
 class StdioProcess:
@@ -61,20 +58,14 @@ class StdioProcess:
 
 
 def _oversize_reply(head: bytes, limit: int) -> SessionMessage | None:
-    """A JSON-RPC error answering the request whose reply was too large, if its id is visible."""
-    match = _ID_RE.search(head)
-    if match is None:
+    """The error answering the request whose reply was too large, if its id is visible."""
+    if request_id_in(head) is None:
         return None
-    raw = match.group(1)
-    request_id: int | str = (
-        int(raw) if raw[:1] != b'"' else raw[1:-1].decode(errors="replace")
+    return SessionMessage(
+        types.jsonrpc_message_adapter.validate_json(
+            too_large_error(request_id_in(head), limit)
+        )
     )
-    error = types.ErrorData(
-        code=types.INTERNAL_ERROR,
-        message=f"result larger than max_result_bytes ({limit})",
-        data=TOO_LARGE_MARKER,
-    )
-    return SessionMessage(types.JSONRPCError(jsonrpc="2.0", id=request_id, error=error))
 
 
 @asynccontextmanager
