@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from memorizz.api.errors import PermissionDeniedError, UnavailableError
+from memorizz.api.errors import PermissionDeniedError, TooLargeError, UnavailableError
 from memorizz.api.methods import ServerSpec
 from tests.harness import (
     DAEMON_EXE,
@@ -218,3 +218,21 @@ def test_a_stale_socket_is_replaced_and_a_live_one_is_not_stolen(base_dir: str) 
         assert "already listening" in second.stderr
         with d.client() as c:
             assert c.hello().protocol_version == 1
+
+
+def test_a_huge_result_does_not_grow_the_daemon(base_dir: str) -> None:
+    with daemon_process(base_dir) as d:
+        with d.client() as c:
+            c.add_server(stdio_spec("t", max_result_bytes=1_000_000))
+        d.wait_ready("t")
+        daemon = psutil.Process(d.pid)
+        with d.client() as c:
+            c.call_tool("t", "huge", {"n_bytes": 500_000})  # warm every code path once
+            before = daemon.memory_info().rss
+            for _ in range(3):
+                with pytest.raises(TooLargeError):
+                    c.call_tool("t", "huge", {"n_bytes": 20_000_000})
+            after = daemon.memory_info().rss
+            assert c.call_tool("t", "echo", {"text": "ok"}).content[0]["text"] == "ok"
+    # 3 x 40 MB went through the pipe; the daemon kept at most ~1 MB of it at a time.
+    assert after - before < 16 * 1024 * 1024, (before, after)
