@@ -210,18 +210,23 @@ def daemon_process(base: str, *extra: str) -> Iterator[DaemonProcess]:
 
 
 @contextlib.contextmanager
-def serve_http(kind: str) -> Iterator[str]:
-    """Serve the test MCP server over ``streamable_http`` or ``sse``; yields its URL."""
+def serve_http(kind: str, port: int = 0) -> Iterator[str]:
+    """Serve the test MCP server over ``streamable_http`` or ``sse`` on 127.0.0.1
+    (a free port unless given); yields its URL."""
     import uvicorn
 
     from tests.mcp_server import mcp
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind(("127.0.0.1", port))
     base = f"http://127.0.0.1:{sock.getsockname()[1]}"
     app = mcp.streamable_http_app() if kind == "streamable_http" else mcp.sse_app()
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1
+        )
+    )
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, daemon=True
     )

@@ -236,3 +236,41 @@ def test_a_huge_result_does_not_grow_the_daemon(base_dir: str) -> None:
             assert c.call_tool("t", "echo", {"text": "ok"}).content[0]["text"] == "ok"
     # 3 x 40 MB went through the pipe; the daemon kept at most ~1 MB of it at a time.
     assert after - before < 16 * 1024 * 1024, (before, after)
+
+
+def test_systemd_hears_ready_status_and_stopping(base_dir: str) -> None:
+    notify_path = os.path.join(base_dir, "notify.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify:
+        notify.bind(notify_path)
+        notify.settimeout(30)
+        env = {**os.environ, "NOTIFY_SOCKET": notify_path}
+        proc = subprocess.Popen(
+            [
+                DAEMON_EXE,
+                "--socket",
+                os.path.join(base_dir, "d.sock"),
+                "--state-dir",
+                os.path.join(base_dir, "state"),
+            ],
+            env=env,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            messages = [notify.recv(4096).decode()]
+            while "READY=1" not in messages[-1]:
+                messages.append(notify.recv(4096).decode())
+            assert Path(
+                base_dir, "d.sock"
+            ).exists()  # READY=1 only once the socket accepts
+            assert any(
+                m.startswith("STATUS=0/0 servers ready")
+                for m in [*messages, notify.recv(4096).decode()]
+            )
+            proc.send_signal(signal.SIGTERM)
+            while "STOPPING=1" not in messages[-1]:
+                messages.append(notify.recv(4096).decode())
+            assert proc.wait(30) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()

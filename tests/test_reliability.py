@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import threading
 
@@ -221,4 +223,44 @@ def test_a_huge_http_result_is_refused_without_hurting_the_session(
                 c.call_tool("h", "huge", {"n_bytes": 3_000_000})
             assert c.call_tool("h", "echo", {"text": "ok"}).content[0]["text"] == "ok"
             assert c.server_status("h")[0].restarts == 0
+            c.remove_server("h")
+
+
+def test_a_frozen_server_fails_its_health_probe_and_is_replaced(base_dir: str) -> None:
+    from tests.harness import daemon_config
+
+    config = daemon_config(
+        base_dir, servers=[stdio_spec("t")], health_interval_s=0.1, health_timeout_s=0.5
+    )
+    with DaemonHarness.running(config) as harness:
+        harness.wait_ready("t")
+        with harness.client() as c:
+            frozen = c.server_status("t")[0].pid
+            assert frozen is not None
+            os.kill(frozen, signal.SIGSTOP)  # alive, but answers nothing
+            wait_until(lambda: c.server_status("t")[0].pid not in (None, frozen))
+            harness.wait_ready("t")
+            assert (
+                c.call_tool("t", "echo", {"text": "thawed"}).content[0]["text"]
+                == "thawed"
+            )
+            assert c.server_status("t")[0].restarts >= 1
+
+
+@pytest.mark.parametrize("transport", ["streamable_http", "sse"])
+def test_an_http_server_that_goes_away_is_reconnected_when_it_returns(
+    daemon: DaemonHarness, transport: str
+) -> None:
+    with serve_http(transport) as url:
+        port = int(url.split(":")[2].split("/")[0])
+        daemon.add(ServerSpec(name="h", transport=transport, url=url))  # type: ignore[arg-type]
+    # The server is gone: calls fail fast instead of hanging.
+    with daemon.client() as c:
+        with pytest.raises(UnavailableError):
+            c.call_tool("h", "echo", {"text": "x"}, timeout_s=20)
+        with serve_http(transport, port=port):
+            daemon.wait_ready("h")
+            assert (
+                c.call_tool("h", "echo", {"text": "back"}).content[0]["text"] == "back"
+            )
             c.remove_server("h")

@@ -41,6 +41,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     backoff_max_s: float = 30.0
     health_interval_s: float = 30.0
     """An idle ready upstream is probed (ping / server/discover) this often."""
+    health_timeout_s: float = 10.0
+    """A probe that takes longer marks the session dead (it reconnects)."""
     max_in_flight_per_server: int = 256
     max_in_flight_per_connection: int = 64
     drain_timeout_s: float = 10.0

@@ -176,7 +176,7 @@ class Upstream:
             if anyio.current_time() - self._last_ok < interval:
                 continue
             try:
-                with anyio.fail_after(PROBE_TIMEOUT_S):
+                with anyio.fail_after(self._config.health_timeout_s):
                     await sdk.guarded(partial(sdk.probe, client), server=self.name)
             except (RemoteError, sdk.ConnectionLost, TimeoutError) as exc:
                 self._mark_dead(f"health probe failed: {exc}")

@@ -223,6 +223,7 @@ async def _stop(process: anyio.abc.Process, name: str) -> None:
             await process.stdin.aclose()
     if not await _wait_exit(process, EXIT_GRACE_S):
         _killpg(pgid, signal.SIGTERM)
+        _killpg(pgid, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
         if not await _wait_exit(process, TERM_GRACE_S):
             log.warning("%s: pid %d ignored SIGTERM; killing", name, process.pid)
     _killpg(pgid, signal.SIGKILL)  # the leader and any descendant left in the group
