@@ -20,6 +20,10 @@ from mcp.server.mcpserver.exceptions import ToolError
 
 mcp = MCPServer("memorizz-test-server", version="1.2.3", log_level="WARNING")
 
+if start_log := os.environ.get("START_LOG"):  # one line per process start
+    with open(start_log, "a", encoding="utf-8") as f:
+        f.write(f"{os.getpid()}\n")
+
 
 @mcp.tool()
 def echo(text: str) -> str:
@@ -103,6 +107,11 @@ async def change_tools(ctx: Context) -> str:
 @mcp.resource("test://static", mime_type="text/plain")
 def static_resource() -> str:
     return "static content"
+
+
+@mcp.resource("test://crash", mime_type="text/plain")
+def crash_resource() -> str:
+    os._exit(4)
 
 
 @mcp.resource("test://items/{item_id}", mime_type="application/json")

@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import threading
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -264,3 +265,25 @@ def test_an_http_server_that_goes_away_is_reconnected_when_it_returns(
                 c.call_tool("h", "echo", {"text": "back"}).content[0]["text"] == "back"
             )
             c.remove_server("h")
+
+
+def test_safe_reads_are_retried_after_a_crash_and_tool_calls_never_are(
+    daemon: DaemonHarness, base_dir: str
+) -> None:
+    starts = Path(base_dir, "starts.log")
+    daemon.add(stdio_spec("t", env={"START_LOG": str(starts)}))
+
+    def started() -> int:
+        return len(starts.read_text().split())
+
+    with daemon.client() as c:
+        assert started() == 1
+        with pytest.raises(UnavailableError):
+            c.call_tool("t", "crash")
+        daemon.wait_ready("t")
+        assert started() == 2  # the call was not sent again
+
+        with pytest.raises(UnavailableError):
+            c.read_resource("t", "test://crash")
+        daemon.wait_ready("t")
+    assert started() == 2 + 3  # three attempts, each on a fresh session

@@ -123,3 +123,31 @@ def test_a_tool_list_change_reaches_the_warm_cache(
             lambda: len(c.list_tools("changing")) == len(before) + 1,
             what="the new tool in tools/list",
         )
+
+
+def test_a_stdio_server_gets_only_its_own_environment(
+    daemon: DaemonHarness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MEMORIZZ_MCP_ENCRYPTION_KEY", "daemon-secret")
+    daemon.add(stdio_spec("envy", env={"MINE": "yes"}))
+    with daemon.client() as c:
+
+        def env(name: str) -> str:
+            return str(c.call_tool("envy", "env", {"name": name}).content[0]["text"])
+
+        assert env("MINE") == "yes"
+        assert env("MEMORIZZ_MCP_ENCRYPTION_KEY") == "<unset>"
+        assert env("PATH") != "<unset>"
+
+
+def test_server_stderr_is_logged_line_by_line_under_its_name(
+    stdio_daemon: DaemonHarness, caplog: pytest.LogCaptureFixture
+) -> None:
+    with (
+        caplog.at_level("INFO", logger="memorizzd.upstream.stderr"),
+        stdio_daemon.client() as c,
+    ):
+        assert c.call_tool("t", "shout", {"text": "hey"}).content[0]["text"] == "HEY"
+        wait_until(
+            lambda: "t: shouting: hey" in caplog.messages, what="the stderr line"
+        )
