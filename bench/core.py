@@ -91,6 +91,8 @@ class Results(msgspec.Struct, kw_only=True):
     exit_codes: list[int | None]
     orphans: list[int]
     daemon_log: list[str]
+    load: tuple[float, float]
+    """The 1-minute load average before and after: other work on the machine skews all."""
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
@@ -105,8 +107,8 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     parser.add_argument(
         "--procs",
         type=int,
-        default=4,
-        help="client processes sharing the 32 connections of (d)",
+        default=2,
+        help="client processes sharing the 32 connections of (d) (default 2)",
     )
     parser.add_argument("--rss-servers", type=int, help="servers for (e)")
     parser.add_argument(
@@ -282,6 +284,7 @@ def resident(options: Options, daemon: DaemonProcess) -> dict[int, int]:
 
 
 def run(options: Options, workdir: str, stack: contextlib.ExitStack) -> Results:
+    load_before = os.getloadavg()[0]
     daemon = DaemonProcess(workdir, "main")
     stack.callback(daemon.stop)
     progress("starting memorizzd and the echo server")
@@ -326,6 +329,7 @@ def run(options: Options, workdir: str, stack: contextlib.ExitStack) -> Results:
         exit_codes=[d.returncode for d in daemons],
         orphans=[pid for d in daemons for pid in d.orphans()],
         daemon_log=[line for d in daemons for line in d.log_tail(5).splitlines()],
+        load=(load_before, os.getloadavg()[0]),
     )
 
 
@@ -353,7 +357,7 @@ def header(options: Options) -> str:
         f"{name} {importlib.metadata.version(name)}" for name in ("mcp", "msgspec")
     )
     return (
-        f"memorizzd core benchmark: nproc {os.cpu_count()}, "
+        f"memorizzd core benchmark: nproc {len(os.sched_getaffinity(0))}, "
         f"Python {platform.python_version()}, {versions}\n"
         f"N={options.n} sequential calls ({options.blocks} ABBA blocks each), "
         f"cold runs {options.cold}, throughput {options.batches} x {options.calls} "
@@ -370,7 +374,7 @@ def _rates(rates: Sequence[float]) -> str:
 
 def _latency_rows(r: Results) -> list[str]:
     lines = [
-        f"{'':54}{'median':>10}{'p99':>10}{'n':>6}   CPU/call µs: client daemon server"
+        f"{'':54}{'median':>11}{'p99':>11}{'n':>6}   CPU/call µs: client daemon server"
     ]
     for label, seq in (
         ("(a) floor: in-process SDK session -> stdio", r.a),
@@ -382,7 +386,7 @@ def _latency_rows(r: Results) -> list[str]:
             for x in (seq.client_cpu_ns, seq.daemon_cpu_ns, seq.server_cpu_ns)
         )
         lines.append(
-            f"{label:54}{_us(median(seq.samples)):>10}{_us(p99(seq.samples)):>10}"
+            f"{label:54}{_us(median(seq.samples)):>11}{_us(p99(seq.samples)):>11}"
             f"{n:>6}   {cpu:>32}"
         )
     for label, samples in (
@@ -390,7 +394,7 @@ def _latency_rows(r: Results) -> list[str]:
         ("    context: cold thin client through the daemon", r.cold_via_daemon),
     ):
         lines.append(
-            f"{label:54}{_ms(median(samples)):>10}{_ms(p99(samples)):>10}"
+            f"{label:54}{_ms(median(samples)):>11}{_ms(p99(samples)):>11}"
             f"{len(samples):>6}"
         )
     return lines
@@ -398,19 +402,22 @@ def _latency_rows(r: Results) -> list[str]:
 
 def _load_rows(options: Options, r: Results) -> list[str]:
     calls = sum(batch.calls for batch in r.batches)
-
-    def per_call(total_ns: int) -> str:
-        return f"{total_ns / calls / 1000:.0f}"
-
-    cpu = ", ".join(
-        f"{who} {per_call(sum(getattr(b, f'{who}_cpu_ns') for b in r.batches))}"
+    cpu = {
+        who: sum(getattr(b, f"{who}_cpu_ns") for b in r.batches) / calls
         for who in ("client", "daemon", "server")
-    )
+    }
+    cores = len(os.sched_getaffinity(0))
     rss = ", ".join(f"{k} servers {_mb(v)}" for k, v in r.rss.items())
+    ceilings = (
+        f"daemon {1e9 / cpu['daemon']:,.0f}/s (one event loop), "
+        f"echo server {1e9 / cpu['server']:,.0f}/s (one process), "
+        f"all three on {cores} cores {cores * 1e9 / sum(cpu.values()):,.0f}/s"
+    )
     return [
         f"(d) throughput, {options.connections} socket connections: "
         + _rates([batch.rate for batch in r.batches]),
-        f"    CPU/call µs: {cpu}",
+        "    CPU/call µs: " + ", ".join(f"{k} {v / 1000:.0f}" for k, v in cpu.items()),
+        f"    CPU-bound ceilings from these: {ceilings}",
         f"    context: floor, one in-process SDK session, {options.connections} in "
         + f"flight: {_rates(r.floor_rates)}",
         f"(e) daemon RSS: {rss}",
@@ -476,7 +483,8 @@ def report(options: Options, r: Results) -> str:
     lines.append(
         f"context: cold thin client through the daemon / b = "
         f"{median(r.cold_via_daemon) / b:,.0f}; daemon exit codes {codes}; "
-        f"server processes left behind: {len(r.orphans)}"
+        f"server processes left behind: {len(r.orphans)}; "
+        f"1-min load average before/after: {r.load[0]:.2f}/{r.load[1]:.2f}"
     )
     if r.daemon_log:
         lines.append("daemon stderr (warning level and up), last lines:")
