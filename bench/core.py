@@ -9,6 +9,11 @@
 (d) throughput of 32 socket connections, each with one call outstanding;
 (e) the daemon's RSS with 20 warm stdio servers (their own processes not counted).
 
+Context rows, no targets: a cold thin client that goes through the daemon
+(start, import memorizz, one call); the floor's own throughput (one SDK
+session, 32 calls in flight); the CPU per call of client, daemon and server,
+read from /proc (10 ms ticks), and the CPU-bound ceilings they imply.
+
 (a) and (b) run in alternating blocks (ABBA order) so that drift in a noisy
 machine hits both alike; medians and p99 are over all samples. Progress goes
 to stderr, the table to stdout. It is a benchmark, not a test: it prints
@@ -77,6 +82,8 @@ class Sequential(msgspec.Struct, kw_only=True):
     client_cpu_ns: int = 0
     daemon_cpu_ns: int | None = None
     server_cpu_ns: int | None = None
+    protocol: str | None = None
+    """The MCP protocol version the session negotiated."""
 
 
 class Results(msgspec.Struct, kw_only=True):
@@ -207,16 +214,14 @@ def sequential(
     per_block = options.n // options.blocks
     warmup = min(200, max(20, options.n // 10))
     daemon_server = _server_pid(client, "echo")
+    b.protocol = client.server_status("echo")[0].protocol_version
     with floor_session() as floor:
+        a.protocol = floor.protocol_version
         floor_server = _child_pid(ECHO_SERVER)
         progress(f"(a)/(b): {warmup} warm-up calls each")
         floor.sequential(warmup)
         _socket_calls(client, warmup)
-        order = "ab" * options.blocks
-        order = "".join(
-            order[i : i + 2] if i % 4 == 0 else order[i : i + 2][::-1]
-            for i in range(0, len(order), 2)
-        )  # abba abba ...
+        order = ("abba" * options.blocks)[: 2 * options.blocks]  # abbaabba...
         for step, which in enumerate(order, 1):
             if which == "a":
                 _timed_block(
@@ -254,14 +259,20 @@ def cold(options: Options, socket_path: str) -> tuple[list[int], list[int]]:
             (COLD_VIA_DAEMON, socket_path, via_daemon),
         ):
             started = time.perf_counter_ns()
-            subprocess.run(
+            done = subprocess.run(
                 [sys.executable, "-c", code, target, TEXT],
-                check=True,
                 cwd=ROOT,
                 stdin=subprocess.DEVNULL,
+                capture_output=True,
                 timeout=COLD_TIMEOUT_S,
+                check=False,
             )
             into.append(time.perf_counter_ns() - started)
+            if done.returncode != 0:
+                tail = done.stderr.decode(errors="replace").strip().splitlines()[-5:]
+                raise RuntimeError(
+                    f"a cold run failed with code {done.returncode}: " + "\n".join(tail)
+                )
         progress(f"(c): cold run {i + 1}/{options.cold} done")
     return direct, via_daemon
 
@@ -407,7 +418,9 @@ def _load_rows(options: Options, r: Results) -> list[str]:
         for who in ("client", "daemon", "server")
     }
     cores = len(os.sched_getaffinity(0))
-    rss = ", ".join(f"{k} servers {_mb(v)}" for k, v in r.rss.items())
+    rss = ", ".join(
+        f"{k} server{'s' if k != 1 else ''} {_mb(v)}" for k, v in r.rss.items()
+    )
     ceilings = (
         f"daemon {1e9 / cpu['daemon']:,.0f}/s (one event loop), "
         f"echo server {1e9 / cpu['server']:,.0f}/s (one process), "
@@ -482,7 +495,8 @@ def report(options: Options, r: Results) -> str:
     codes = ", ".join(str(code) for code in r.exit_codes)
     lines.append(
         f"context: cold thin client through the daemon / b = "
-        f"{median(r.cold_via_daemon) / b:,.0f}; daemon exit codes {codes}; "
+        f"{median(r.cold_via_daemon) / b:,.0f}; MCP protocol (a) {r.a.protocol}, "
+        f"(b) {r.b.protocol}; daemon exit codes {codes}; "
         f"server processes left behind: {len(r.orphans)}; "
         f"1-min load average before/after: {r.load[0]:.2f}/{r.load[1]:.2f}"
     )
@@ -492,18 +506,30 @@ def report(options: Options, r: Results) -> str:
     return "\n".join(lines)
 
 
+_interrupted: list[int] = []
+
+
 def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt  # SIGTERM cleans up like Ctrl-C
+    """Ctrl-C and SIGTERM: raise once; while cleaning up, further signals are ignored."""
+    if not _interrupted:
+        _interrupted.append(signum)
+        raise KeyboardInterrupt
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _interrupt)
     workdir = tempfile.mkdtemp(prefix="mzb-")  # short: AF_UNIX paths are <= 107 bytes
     try:
         with contextlib.ExitStack() as stack:
             results = run(options, workdir, stack)
-    except KeyboardInterrupt:
+    except BaseException:
+        # The interrupt may surface wrapped (an ExceptionGroup from the portal,
+        # a RuntimeError from an import it hit); the flag says what happened.
+        if not _interrupted:
+            raise
         progress("interrupted; daemons stopped, temporary files removed")
         return 130
     finally:

@@ -68,6 +68,7 @@ class Floor:
     def __init__(self, portal: anyio.from_thread.BlockingPortal, client: Client):
         self._portal = portal
         self._client = client
+        self.protocol_version = client.protocol_version
 
     def sequential(self, n: int) -> list[int]:
         """``n`` sequential calls; the latency of each in ns."""

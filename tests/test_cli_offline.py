@@ -402,9 +402,9 @@ def test_render_call_prints_text_and_summarizes_other_content() -> None:
         "[resource link file:///y]\n"
         "ends with newline\n"
     )
-    structured = m.ToolsCallResult(structured_content={"n": 1})
+    structured = m.ToolsCallResult(content=[], structured_content={"n": 1})
     assert cli.render_call(structured) == '{\n  "n": 1\n}\n'
-    assert cli.render_call(m.ToolsCallResult()) == ""
+    assert cli.render_call(m.ToolsCallResult(content=[])) == ""
 
 
 def test_render_contents_and_messages() -> None:

@@ -216,6 +216,8 @@ def test_a_stale_socket_is_replaced_and_a_live_one_is_not_stolen(base_dir: str) 
         )
         assert second.returncode == 1
         assert "already listening" in second.stderr
+        assert "Traceback" not in second.stderr
+        assert not Path(base_dir, "state2").exists()  # failed before starting anything
         with d.client() as c:
             assert c.hello().protocol_version == 1
 
@@ -274,3 +276,37 @@ def test_systemd_hears_ready_status_and_stopping(base_dir: str) -> None:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_calls_cut_off_by_the_drain_deadline_hear_why(base_dir: str) -> None:
+    config = daemon_config(base_dir, servers=[stdio_spec("t")], drain_timeout_s=0.3)
+    outcome: list[BaseException] = []
+    with DaemonHarness.running(config) as harness:
+        harness.wait_ready("t")
+
+        def slow_call() -> None:
+            with harness.client() as c:
+                try:
+                    c.call_tool("t", "slow", {"seconds": 30})
+                except UnavailableError as exc:
+                    outcome.append(exc)
+
+        caller = threading.Thread(target=slow_call)
+        caller.start()
+        with harness.client() as c:
+            wait_until(lambda: c.server_status("t")[0].in_flight == 1)
+    caller.join(10)
+    assert [getattr(e, "reason", None) for e in outcome] == ["shutting_down"]
+
+
+def test_a_bad_log_level_is_a_usage_error(base_dir: str) -> None:
+    done = subprocess.run(  # noqa: PLW1510 - the exit status is the assertion
+        [DAEMON_EXE, "--socket", base_dir + "/d.sock", "--state-dir", base_dir],
+        env={**os.environ, "MEMORIZZ_LOG_LEVEL": "chatty"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2
+    assert "invalid log level 'chatty'" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -54,7 +54,10 @@ def test_is_error_is_a_result_and_counts_as_a_failure(
 
 def test_resources_templates_and_read(daemon: DaemonHarness, server: str) -> None:
     with daemon.client() as c:
-        assert {r.uri for r in c.list_resources(server)} == {"test://static", "test://crash"}
+        assert {r.uri for r in c.list_resources(server)} == {
+            "test://static",
+            "test://crash",
+        }
         templates = c.list_resource_templates(server)
         assert [t.uri_template for t in templates] == ["test://items/{item_id}"]
         read = c.read_resource(server, "test://static")

@@ -34,12 +34,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--log-level",
         default=os.environ.get("MEMORIZZ_LOG_LEVEL", "info"),
-        choices=["debug", "info", "warning", "error"],
+        type=str.lower,
+        help="debug, info, warning or error (env: MEMORIZZ_LOG_LEVEL; default info)",
     )
     parser.add_argument(
         "--version", action="version", version=f"memorizzd {__version__}"
     )
     args = parser.parse_args(argv)
+    if args.log_level not in ("debug", "info", "warning", "error"):
+        parser.error(
+            f"invalid log level {args.log_level!r}: use debug, info, warning or error"
+        )
 
     try:
         config = load(args.config, socket=args.socket, state_dir=args.state_dir)

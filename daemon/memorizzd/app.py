@@ -15,7 +15,7 @@ from memorizzd import __version__
 from memorizzd.broker import Broker
 from memorizzd.config import Config
 from memorizzd.rpc.dispatch import Dispatcher
-from memorizzd.rpc.server import SocketServer
+from memorizzd.rpc.server import SocketServer, open_listener
 from memorizzd.sdnotify import notify
 from memorizzd.store import Store
 from memorizzd.upstream.pool import Pool, running_pool
@@ -36,7 +36,16 @@ async def running_daemon(config: Config) -> AsyncIterator[Daemon]:
     On exit: stop accepting, stop reading new requests, let in-flight calls finish
     (bounded by ``drain_timeout_s``), then stop every upstream (no orphans).
     """
-    store = await anyio.to_thread.run_sync(Store, config.state_dir)
+    # The socket first: a second daemon must fail before it starts anything.
+    # Connections queue in the kernel until the acceptor runs.
+    listener = await open_listener(config.socket)
+    try:
+        store = await anyio.to_thread.run_sync(Store, config.state_dir)
+    except BaseException:
+        await listener.aclose()
+        with suppress(FileNotFoundError):
+            os.unlink(config.socket)
+        raise
     try:
         async with running_pool(config, store) as pool:
             for spec in config.servers:
@@ -64,7 +73,6 @@ async def running_daemon(config: Config) -> AsyncIterator[Daemon]:
                 Dispatcher(broker.handlers()),
                 max_in_flight=config.max_in_flight_per_connection,
             )
-            listener = await server.open()
             try:
                 async with anyio.create_task_group() as connections:
                     async with anyio.create_task_group() as acceptor:

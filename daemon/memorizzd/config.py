@@ -26,6 +26,11 @@ class ConfigError(Exception):
     """The configuration is invalid; the message names the bad key."""
 
 
+class ConfigServer(ServerSpec, kw_only=True, frozen=True, forbid_unknown_fields=True):
+    """A ``[[servers]]`` entry: a ServerSpec whose unknown keys are errors (on the
+    wire, unknown fields are ignored so that the protocol can grow)."""
+
+
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Everything the daemon reads at start. Field names are the TOML keys."""
 
@@ -35,6 +40,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     state_dir: str = ""
     """SQLite state; default /var/lib/memorizzd as root, else $XDG_STATE_HOME/memorizzd."""
     servers: list[ServerSpec] = []
+    """Read-only through the API (``[[servers]]`` tables; keys as ``servers/add``)."""
     connect_wait_s: float = 5.0
     """How long a call waits for a server that is (re)connecting before it fails."""
     backoff_initial_s: float = 0.5
@@ -50,6 +56,19 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     list_page_limit: int = 100
     """List methods follow upstream cursors to the end, at most this many pages."""
     config_path: str | None = None
+    """Where the config was read from (set by ``load``; not a TOML key)."""
+
+
+_POSITIVE: Final = (
+    "connect_wait_s",
+    "backoff_initial_s",
+    "backoff_max_s",
+    "health_interval_s",
+    "health_timeout_s",
+    "max_in_flight_per_server",
+    "max_in_flight_per_connection",
+    "list_page_limit",
+)
 
 
 def default_state_dir() -> str:
@@ -63,7 +82,7 @@ def validate_server(spec: ServerSpec) -> None:
     """Checks msgspec cannot express; raises ValueError with a user-facing message."""
     if not spec.name or len(spec.name) > SERVER_NAME_MAX:
         raise ValueError(f"server name must be 1..{SERVER_NAME_MAX} characters")
-    if not all(c.isalnum() or c in "-_." for c in spec.name):
+    if not all((c.isascii() and c.isalnum()) or c in "-_." for c in spec.name):
         raise ValueError(
             f"server name {spec.name!r} may contain only letters, digits, '-', '_' and '.'"
         )
@@ -79,8 +98,10 @@ def validate_server(spec: ServerSpec) -> None:
             )
         if not spec.url.startswith(("http://", "https://")):
             raise ValueError(f"server {spec.name!r}: url must be http:// or https://")
-        if spec.command or spec.args:
-            raise ValueError(f"server {spec.name!r}: only stdio servers take a command")
+        if spec.command or spec.args or spec.env or spec.cwd:
+            raise ValueError(
+                f"server {spec.name!r}: command, args, env and cwd are for stdio servers"
+            )
     if not 0 < spec.timeout_s <= 3600:
         raise ValueError(f"server {spec.name!r}: timeout_s must be in (0, 3600]")
     if not 1024 <= spec.max_result_bytes <= 256 * 1024 * 1024:
@@ -107,13 +128,19 @@ def load(
     if config_path is not None:
         try:
             raw = tomllib.loads(config_path.read_text(encoding="utf-8"))
+            if "config_path" in raw:
+                raise ConfigError(f"{config_path}: unknown key config_path")
+            servers = msgspec.convert(raw.pop("servers", []), list[ConfigServer])
             config = msgspec.convert(raw, Config)
+            config.servers = [
+                msgspec.convert(msgspec.to_builtins(s), ServerSpec) for s in servers
+            ]
         except OSError as exc:
             raise ConfigError(f"{config_path}: {exc.strerror}") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{config_path}: {exc}") from None
         except msgspec.ValidationError as exc:
-            raise ConfigError(f"{config_path}: {exc}") from None
+            raise ConfigError(f"{config_path}: {_where(exc, raw)}") from None
     config.config_path = str(config_path) if config_path else None
     config.socket = (
         socket or config.socket or os.path.join(default_runtime_dir(), "memorizzd.sock")
@@ -129,3 +156,11 @@ def load(
             raise ConfigError(f"{config_path}: duplicate server name {spec.name!r}")
         seen.add(spec.name)
     return config
+
+
+def _where(exc: msgspec.ValidationError, raw: dict[str, object]) -> str:
+    """msgspec's message, with server paths relative to the whole file."""
+    text = str(exc)
+    if "servers" not in raw and "- at `$[" in text:
+        return text.replace("- at `$[", "- at `$.servers[")
+    return text

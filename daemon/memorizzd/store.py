@@ -7,6 +7,7 @@ an acknowledged ``servers/add`` survives a power cut.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sqlite3
 import threading
@@ -28,6 +29,7 @@ _MIGRATIONS: Final = (
     );
     CREATE TABLE negotiated (
         name TEXT PRIMARY KEY,
+        fingerprint TEXT NOT NULL,
         protocol_version TEXT NOT NULL,
         updated REAL NOT NULL
     );
@@ -41,6 +43,13 @@ class StoreError(Exception):
 
 class Negotiated(msgspec.Struct, frozen=True):
     protocol_version: str
+    fingerprint: str
+    """Of how the server is reached: a changed command or URL forgets the version."""
+
+
+def fingerprint(spec: ServerSpec) -> str:
+    identity = msgspec.json.encode([spec.transport, spec.command, spec.args, spec.url])
+    return hashlib.sha256(identity).hexdigest()[:32]
 
 
 class Store:
@@ -48,6 +57,10 @@ class Store:
         self.path = Path(state_dir) / "state.db"
         try:
             os.makedirs(state_dir, mode=0o700, exist_ok=True)
+            fd = os.open(
+                self.path, os.O_RDWR | os.O_CREAT, 0o600
+            )  # never world-readable
+            os.close(fd)
             self._db = sqlite3.connect(
                 self.path, check_same_thread=False, isolation_level=None
             )
@@ -101,15 +114,22 @@ class Store:
     def negotiated(self, name: str) -> Negotiated | None:
         with self._lock:
             row = self._db.execute(
-                "SELECT protocol_version FROM negotiated WHERE name = ?", (name,)
+                "SELECT protocol_version, fingerprint FROM negotiated WHERE name = ?",
+                (name,),
             ).fetchone()
-        return Negotiated(row[0]) if row else None
+        return Negotiated(row[0], row[1]) if row else None
 
     def set_negotiated(self, name: str, negotiated: Negotiated) -> None:
         with self._lock:
             self._db.execute(
-                "INSERT INTO negotiated (name, protocol_version, updated) VALUES (?, ?, ?)"
-                " ON CONFLICT(name) DO UPDATE SET protocol_version = excluded.protocol_version,"
-                " updated = excluded.updated",
-                (name, negotiated.protocol_version, time.time()),
+                "INSERT INTO negotiated (name, fingerprint, protocol_version, updated)"
+                " VALUES (?, ?, ?, ?) ON CONFLICT(name) DO UPDATE SET"
+                " fingerprint = excluded.fingerprint,"
+                " protocol_version = excluded.protocol_version, updated = excluded.updated",
+                (
+                    name,
+                    negotiated.fingerprint,
+                    negotiated.protocol_version,
+                    time.time(),
+                ),
             )

@@ -50,6 +50,9 @@ class Tool(msgspec.Struct, kw_only=True, rename="camel", omit_defaults=True):
     description: str | None = None
     output_schema: dict[str, Any] | None = None
     annotations: dict[str, Any] | None = None
+    execution: dict[str, Any] | None = None
+    icons: list[dict[str, Any]] | None = None
+    meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
 
 
 class Resource(msgspec.Struct, kw_only=True, rename="camel", omit_defaults=True):
@@ -59,6 +62,9 @@ class Resource(msgspec.Struct, kw_only=True, rename="camel", omit_defaults=True)
     description: str | None = None
     mime_type: str | None = None
     size: int | None = None
+    annotations: dict[str, Any] | None = None
+    icons: list[dict[str, Any]] | None = None
+    meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
 
 
 class ResourceTemplate(
@@ -82,6 +88,8 @@ class Prompt(msgspec.Struct, kw_only=True, omit_defaults=True):
     title: str | None = None
     description: str | None = None
     arguments: list[PromptArgument] = []
+    icons: list[dict[str, Any]] | None = None
+    meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
 
 
 # --- MCP pass-through methods --------------------------------------------------
@@ -104,9 +112,11 @@ class ToolsCallParams(ServerParams, kw_only=True, frozen=True):
 
 
 class ToolsCallResult(Result, kw_only=True, rename="camel", omit_defaults=True):
-    content: list[dict[str, Any]] = []
+    content: list[dict[str, Any]]
+    """Always present (MCP requires it), even when empty."""
     structured_content: dict[str, Any] | None = None
     is_error: bool = False
+    meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
 
 
 class ResourcesListParams(ServerParams, kw_only=True, frozen=True):

@@ -19,7 +19,7 @@ import msgspec
 
 PROTOCOL_VERSION: Final = 1
 MAX_FRAME: Final = 1 << 20
-"""Largest request line the daemon reads, newline included (1 MiB)."""
+"""Largest request line the daemon reads, not counting its newline (1 MiB)."""
 
 JSONRPC: Final = "2.0"
 

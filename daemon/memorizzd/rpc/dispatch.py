@@ -121,6 +121,11 @@ def _decode_request(line: bytes) -> Request:
         raise ParseError("parse error: the line is not valid UTF-8 JSON") from None
 
 
+def request_id_of(line: bytes) -> RequestId | None:
+    """The id of a request line, if it has a usable one (for out-of-band replies)."""
+    return _probe_id(line)
+
+
 def _probe_id(line: bytes) -> RequestId | None:
     try:
         found = _id_decoder.decode(line).id

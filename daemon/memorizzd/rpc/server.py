@@ -20,9 +20,9 @@ from typing import Final
 import anyio
 import anyio.abc
 
-from memorizz.api.errors import InvalidRequestError
+from memorizz.api.errors import InvalidRequestError, UnavailableError
 from memorizz.api.protocol import MAX_FRAME
-from memorizzd.rpc.dispatch import Dispatcher, encode_error
+from memorizzd.rpc.dispatch import Dispatcher, encode_error, request_id_of
 from memorizzd.rpc.peer import peer_of
 
 log = logging.getLogger("memorizzd.rpc")
@@ -59,6 +59,13 @@ def prepare_socket_path(path: str) -> None:
         probe.close()
 
 
+async def open_listener(path: str) -> anyio.abc.SocketListener:
+    """Bind the socket (0600; 0660 as root, for the operators' group)."""
+    prepare_socket_path(path)
+    mode = 0o660 if os.geteuid() == 0 else 0o600
+    return await anyio.create_unix_listener(path, mode=mode)
+
+
 class SocketServer:
     def __init__(
         self, path: str, dispatcher: Dispatcher, *, max_in_flight: int
@@ -72,11 +79,6 @@ class SocketServer:
         self._idle.set()
         self._readers: set[anyio.CancelScope] = set()
         self._draining = False
-
-    async def open(self) -> anyio.abc.SocketListener:
-        prepare_socket_path(self.path)
-        mode = 0o660 if os.geteuid() == 0 else 0o600
-        return await anyio.create_unix_listener(self.path, mode=mode)
 
     async def serve(
         self,
@@ -136,6 +138,14 @@ class SocketServer:
                 reply = await self._dispatcher.handle(caller, line)
                 if reply is not None:
                     await send(reply)
+            except anyio.get_cancelled_exc_class():
+                # The drain timed out: say so instead of going silent.
+                error = UnavailableError(
+                    "memorizzd is shutting down", reason="shutting_down"
+                )
+                with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                    await send(encode_error(request_id_of(line), error.to_wire()))
+                raise
             finally:
                 limiter.release_on_behalf_of(token)
                 self._track(-1)

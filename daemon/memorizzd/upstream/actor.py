@@ -26,7 +26,7 @@ from mcp import Client
 from memorizz.api import methods as m
 from memorizz.api.errors import DeadlineExceededError, RemoteError, UnavailableError
 from memorizzd.config import Config
-from memorizzd.store import Negotiated, Store
+from memorizzd.store import Negotiated, Store, fingerprint
 from memorizzd.upstream import session as sdk
 from memorizzd.upstream.stdio import StdioProcess
 
@@ -125,6 +125,8 @@ class Upstream:
         )
         self._dead = anyio.Event()
         known = await anyio.to_thread.run_sync(self._store.negotiated, self.name)
+        if known is not None and known.fingerprint != fingerprint(self.spec):
+            known = None  # reached differently now: negotiate afresh
         mode = self.spec.protocol
         if mode == "auto" and known is not None:
             # Never pay the slow probe twice: a known-legacy server gets the handshake.
@@ -138,8 +140,9 @@ class Upstream:
             version, self.server_name, self.server_version = sdk.describe(client)
             self.protocol_version = version
             if version and (known is None or known.protocol_version != version):
+                negotiated = Negotiated(version, fingerprint(self.spec))
                 await anyio.to_thread.run_sync(
-                    self._store.set_negotiated, self.name, Negotiated(version)
+                    self._store.set_negotiated, self.name, negotiated
                 )
             try:
                 await self._refresh_tools(client)
@@ -277,11 +280,13 @@ class Upstream:
         deadline = anyio.current_time() + timeout_s
         self.in_flight += 1
         started = time.perf_counter()
-        ok = False
+        sent = ok = False
         try:
             attempt = 0
             while True:
                 client = await self._wait_ready(deadline, patient=attempt > 0)
+                if not sent:
+                    sent, started = True, time.perf_counter()
                 try:
                     with anyio.fail_after(deadline - anyio.current_time()):
                         result = await sdk.guarded(
@@ -308,11 +313,12 @@ class Upstream:
             ) from None
         finally:
             self.in_flight -= 1
-            self._latencies.append(time.perf_counter() - started)
-            if ok:
-                self.calls_ok += 1
-            else:
-                self.calls_failed += 1
+            if sent:  # requests refused before reaching the server are not stats
+                self._latencies.append(time.perf_counter() - started)
+                if ok:
+                    self.calls_ok += 1
+                else:
+                    self.calls_failed += 1
 
     async def _refresh_tools(self, client: Client) -> list[m.Tool]:
         limit = self._config.list_page_limit

@@ -219,6 +219,7 @@ async def call_tool(
         content=[_dump(item) for item in result.content],
         structured_content=result.structured_content,
         is_error=bool(result.is_error),
+        meta=result.meta,
     )
 
 

@@ -10,17 +10,18 @@ exits by itself leak. This one
 * reads stdout with a linear, bounded line splitter: a line longer than
   ``max_message_bytes`` is discarded as it streams (never buffered) and the
   request it answered fails with ``result_too_large``;
-* logs stderr line by line under the server's name (lines truncated, rate limited)
-  and keeps the last few lines for ``servers/status``;
+* logs stderr line by line under the server's name (lines truncated at 4 KiB,
+  at most 50 lines a second; the rest are counted, not logged);
 * on exit closes stdin, waits, then SIGTERMs and SIGKILLs the whole process
   group, and always kills the group at the end, so no descendant survives.
 """
 
 from __future__ import annotations
 
-import collections
+import errno
 import logging
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import AsyncIterator, Callable
@@ -40,7 +41,6 @@ stderr_log = logging.getLogger("memorizzd.upstream.stderr")
 
 STDERR_LINE_MAX: Final = 4096
 STDERR_LINES_PER_S: Final = 50
-STDERR_TAIL: Final = 20
 EXIT_GRACE_S: Final = 2.0
 TERM_GRACE_S: Final = 2.0
 _CHUNK: Final = 1 << 16
@@ -54,7 +54,10 @@ class StdioProcess:
         self.pid: int | None = None
         self.exited = anyio.Event()
         self.returncode: int | None = None
-        self.stderr_tail: collections.deque[str] = collections.deque(maxlen=STDERR_TAIL)
+
+
+def _line(raw: bytes | bytearray) -> str:
+    return raw.decode(errors="replace").rstrip()
 
 
 def _oversize_reply(head: bytes, limit: int) -> SessionMessage | None:
@@ -77,8 +80,11 @@ async def stdio_transport(
     max_message_bytes: int,
     process_info: StdioProcess,
 ) -> AsyncIterator[TransportStreams]:
+    executable = shutil.which(argv[0], path=env.get("PATH"))
+    if executable is None:
+        raise FileNotFoundError(errno.ENOENT, "executable not found", argv[0])
     process = await anyio.open_process(
-        argv,
+        [executable, *argv[1:]],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -151,31 +157,43 @@ async def stdio_transport(
 
     async def read_stderr() -> None:
         buffer = bytearray()
+        skipping = False  # inside an overlong line: drop it up to its newline
         window_start, lines_in_window, dropped = anyio.current_time(), 0, 0
+
+        def emit(text: str) -> None:
+            nonlocal window_start, lines_in_window, dropped
+            now = anyio.current_time()
+            if now - window_start >= 1.0:
+                if dropped:
+                    stderr_log.warning("%s: %d stderr lines not logged", name, dropped)
+                window_start, lines_in_window, dropped = now, 0, 0
+            lines_in_window += 1
+            if lines_in_window <= STDERR_LINES_PER_S:
+                stderr_log.info("%s: %s", name, text, extra={"MEMORIZZ_SERVER": name})
+            else:
+                dropped += 1
+
         try:
             async for chunk in stderr:
                 buffer += chunk
-                while (end := buffer.find(b"\n")) >= 0 or len(buffer) > STDERR_LINE_MAX:
-                    cut = end if 0 <= end < STDERR_LINE_MAX else STDERR_LINE_MAX
-                    text = buffer[:cut].decode(errors="replace").rstrip()
-                    del buffer[: cut + 1 if cut == end else cut]
-                    now = anyio.current_time()
-                    if now - window_start >= 1.0:
-                        if dropped:
-                            stderr_log.warning(
-                                "%s: %d stderr lines not logged", name, dropped
-                            )
-                        window_start, lines_in_window, dropped = now, 0, 0
-                    process_info.stderr_tail.append(text)
-                    lines_in_window += 1
-                    if lines_in_window <= STDERR_LINES_PER_S:
-                        stderr_log.info(
-                            "%s: %s", name, text, extra={"MEMORIZZ_SERVER": name}
-                        )
-                    else:
-                        dropped += 1
+                while True:
+                    end = buffer.find(b"\n")
+                    if end < 0:
+                        if len(buffer) > STDERR_LINE_MAX:
+                            if not skipping:
+                                emit(_line(buffer[:STDERR_LINE_MAX]) + " [truncated]")
+                            skipping = True
+                            buffer.clear()
+                        break
+                    if not skipping:
+                        text = _line(buffer[: min(end, STDERR_LINE_MAX)])
+                        emit(text + (" [truncated]" if end > STDERR_LINE_MAX else ""))
+                    skipping = False
+                    del buffer[: end + 1]
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             pass
+        if dropped:
+            stderr_log.warning("%s: %d stderr lines not logged", name, dropped)
 
     async def write_stdin() -> None:
         try:
