@@ -79,6 +79,7 @@ class Sequential(msgspec.Struct, kw_only=True):
     """Latency samples (ns) and CPU spent per call (ns) by each process involved."""
 
     samples: list[int] = []
+    block_medians: list[float] = []
     client_cpu_ns: int = 0
     daemon_cpu_ns: int | None = None
     server_cpu_ns: int | None = None
@@ -196,7 +197,9 @@ def _timed_block(
     client0 = time.process_time_ns()
     daemon0 = cpu_ns(daemon_pid) if daemon_pid else 0
     server0 = cpu_ns(server_pid) if server_pid else 0
-    into.samples += run()
+    samples = run()
+    into.samples += samples
+    into.block_medians.append(median(samples))
     into.client_cpu_ns += time.process_time_ns() - client0
     if daemon_pid:
         into.daemon_cpu_ns = (into.daemon_cpu_ns or 0) + cpu_ns(daemon_pid) - daemon0
@@ -492,14 +495,26 @@ def report(options: Options, r: Results) -> str:
     lines.append("")
     lines += _target_rows(options, r)
     lines.append("")
+    pairs = ", ".join(
+        f"{(b_block - a_block) / 1000:.0f}"
+        for a_block, b_block in zip(r.a.block_medians, r.b.block_medians, strict=True)
+    )
     codes = ", ".join(str(code) for code in r.exit_codes)
-    lines.append(
+    context = (
         f"context: cold thin client through the daemon / b = "
         f"{median(r.cold_via_daemon) / b:,.0f}; MCP protocol (a) {r.a.protocol}, "
-        f"(b) {r.b.protocol}; daemon exit codes {codes}; "
-        f"server processes left behind: {len(r.orphans)}; "
-        f"1-min load average before/after: {r.load[0]:.2f}/{r.load[1]:.2f}"
+        f"(b) {r.b.protocol}; 1-min load average before/after "
+        f"{r.load[0]:.2f}/{r.load[1]:.2f}"
     )
+    cleanup = (
+        f"cleanup: daemon exit codes {codes}; "
+        f"server processes left behind: {len(r.orphans)}"
+    )
+    lines += [
+        f"b - a per block pair (block medians, µs; their spread is noise): {pairs}",
+        context,
+        cleanup,
+    ]
     if r.daemon_log:
         lines.append("daemon stderr (warning level and up), last lines:")
         lines += [f"  {line}" for line in r.daemon_log]

@@ -310,3 +310,42 @@ def test_a_bad_log_level_is_a_usage_error(base_dir: str) -> None:
     assert done.returncode == 2
     assert "invalid log level 'chatty'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("toml", "message"),
+    [
+        ("connect_wait_s = -1\n", "connect_wait_s must be greater than 0"),
+        ("list_page_limit = 0\n", "list_page_limit must be greater than 0"),
+        ("drain_timeout_s = -5\n", "drain_timeout_s must not be negative"),
+        ('config_path = "/x"\n', "unknown key config_path"),
+        (
+            '[[servers]]\nname = "x"\ntransport = "stdio"\ncommand = "y"\ntimeout = 5\n',
+            "timeout",
+        ),
+    ],
+)
+def test_config_values_are_checked(base_dir: str, toml: str, message: str) -> None:
+    config = Path(base_dir, "memorizzd.toml")
+    config.write_text(toml)
+    check = subprocess.run(  # noqa: PLW1510 - the exit status is the assertion
+        [DAEMON_EXE, "--config", str(config), "--check-config"],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 78, check.stdout
+    assert message in check.stderr
+
+
+def test_the_daemon_honours_memorizz_socket(base_dir: str) -> None:
+    path = os.path.join(base_dir, "env.sock")
+    proc = subprocess.Popen(
+        [DAEMON_EXE, "--state-dir", os.path.join(base_dir, "state")],
+        env={**os.environ, "MEMORIZZ_SOCKET": path},
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_until(lambda: Path(path).exists(), what="the socket from MEMORIZZ_SOCKET")
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0

@@ -143,8 +143,16 @@ def load(
             raise ConfigError(f"{config_path}: {_where(exc, raw)}") from None
     config.config_path = str(config_path) if config_path else None
     config.socket = (
-        socket or config.socket or os.path.join(default_runtime_dir(), "memorizzd.sock")
+        socket
+        or os.environ.get("MEMORIZZ_SOCKET")
+        or config.socket
+        or os.path.join(default_runtime_dir(), "memorizzd.sock")
     )
+    for key in _POSITIVE:
+        if not getattr(config, key) > 0:
+            raise ConfigError(f"{config_path}: {key} must be greater than 0")
+    if config.drain_timeout_s < 0:
+        raise ConfigError(f"{config_path}: drain_timeout_s must not be negative")
     config.state_dir = state_dir or config.state_dir or default_state_dir()
     seen: set[str] = set()
     for i, spec in enumerate(config.servers):

@@ -19,7 +19,7 @@ import msgspec
 
 from memorizz.api.methods import ServerSpec
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 _MIGRATIONS: Final = (
     """
     CREATE TABLE servers (
@@ -29,11 +29,12 @@ _MIGRATIONS: Final = (
     );
     CREATE TABLE negotiated (
         name TEXT PRIMARY KEY,
-        fingerprint TEXT NOT NULL,
         protocol_version TEXT NOT NULL,
         updated REAL NOT NULL
     );
     """,
+    # 2: the version is remembered per way of reaching the server
+    "ALTER TABLE negotiated ADD COLUMN fingerprint TEXT NOT NULL DEFAULT '';",
 )
 
 

@@ -75,6 +75,9 @@ class ResourceTemplate(
     title: str | None = None
     description: str | None = None
     mime_type: str | None = None
+    annotations: dict[str, Any] | None = None
+    icons: list[dict[str, Any]] | None = None
+    meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
 
 
 class PromptArgument(msgspec.Struct, kw_only=True, omit_defaults=True):

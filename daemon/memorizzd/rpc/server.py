@@ -139,12 +139,14 @@ class SocketServer:
                 if reply is not None:
                     await send(reply)
             except anyio.get_cancelled_exc_class():
-                # The drain timed out: say so instead of going silent.
-                error = UnavailableError(
-                    "memorizzd is shutting down", reason="shutting_down"
-                )
-                with anyio.CancelScope(shield=True), anyio.move_on_after(1):
-                    await send(encode_error(request_id_of(line), error.to_wire()))
+                # The drain timed out: say so instead of going silent (notifications
+                # are never answered).
+                if (request_id := request_id_of(line)) is not None:
+                    error = UnavailableError(
+                        "memorizzd is shutting down", reason="shutting_down"
+                    )
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                        await send(encode_error(request_id, error.to_wire()))
                 raise
             finally:
                 limiter.release_on_behalf_of(token)
