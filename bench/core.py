@@ -108,17 +108,29 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         prog="python -m bench.core",
         description="memorizzd core benchmark (see the module docstring)",
     )
-    parser.add_argument("--n", type=int, help="sequential calls for (a) and (b)")
-    parser.add_argument("--cold", type=int, help="cold runs for (c)")
-    parser.add_argument("--calls", type=int, help="calls per throughput batch")
-    parser.add_argument("--batches", type=int, default=3, help="throughput batches")
+    parser.add_argument(
+        "--n", type=int, help="sequential calls for (a) and for (b) (2000; --quick 200)"
+    )
+    parser.add_argument("--cold", type=int, help="cold runs for (c) (10; --quick 3)")
+    parser.add_argument(
+        "--blocks",
+        type=int,
+        default=4,
+        help="blocks each of (a) and (b), interleaved ABBA (4)",
+    )
+    parser.add_argument(
+        "--calls", type=int, help="calls per throughput batch (4000; --quick 1000)"
+    )
+    parser.add_argument("--batches", type=int, default=3, help="throughput batches (3)")
     parser.add_argument(
         "--procs",
         type=int,
         default=2,
-        help="client processes sharing the 32 connections of (d) (default 2)",
+        help="client processes sharing the 32 connections of (d) (2)",
     )
-    parser.add_argument("--rss-servers", type=int, help="servers for (e)")
+    parser.add_argument(
+        "--rss-servers", type=int, help="warm servers for (e) (20; --quick 5)"
+    )
     parser.add_argument(
         "--quick",
         action="store_true",
@@ -129,15 +141,17 @@ def parse_args(argv: Sequence[str] | None) -> Options:
     options = Options(
         n=args.n or (200 if quick else 2000),
         cold=args.cold or (3 if quick else 10),
-        blocks=4,
+        blocks=args.blocks,
         calls=args.calls or (1000 if quick else 4000),
         batches=args.batches,
         connections=32,
         procs=args.procs,
         rss_servers=args.rss_servers or (5 if quick else 20),
     )
-    if options.n < options.blocks or options.cold < 1 or options.batches < 1:
-        parser.error("--n must be at least 4; --cold and --batches at least 1")
+    if not 1 <= options.blocks <= options.n:
+        parser.error("--blocks must be between 1 and --n")
+    if options.cold < 1 or options.batches < 1:
+        parser.error("--cold and --batches must be at least 1")
     if options.connections % options.procs:
         parser.error(f"--procs must divide {options.connections}")
     return options
