@@ -15,6 +15,7 @@ import logging
 import os
 import socket
 import stat
+from contextlib import suppress
 from typing import Final
 
 import anyio
@@ -23,7 +24,7 @@ import anyio.abc
 from memorizz.api.errors import InvalidRequestError, UnavailableError
 from memorizz.api.protocol import MAX_FRAME
 from memorizzd.rpc.dispatch import Dispatcher, encode_error, request_id_of
-from memorizzd.rpc.peer import peer_of
+from memorizzd.rpc.peer import Caller, peer_of
 
 log = logging.getLogger("memorizzd.rpc")
 
@@ -116,78 +117,139 @@ class SocketServer:
 
     async def _connection(self, stream: anyio.abc.SocketStream) -> None:
         raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
-        caller = peer_of(raw, self.path)
+        connection = _Connection(self, stream, raw, peer_of(raw, self.path))
         self.connections += 1
-        send_lock = anyio.Lock()
-        limiter = anyio.CapacityLimiter(self._max_in_flight)
-
-        async def send(data: bytes) -> None:
-            async with send_lock:
-                with anyio.move_on_after(_WRITE_TIMEOUT_S):
-                    try:
-                        await stream.send(data)
-                    except (
-                        anyio.BrokenResourceError,
-                        anyio.ClosedResourceError,
-                        OSError,
-                    ):
-                        pass  # the client went away; its reply has nowhere to go
-
-        async def run_one(line: bytes, token: object) -> None:
-            try:
-                reply = await self._dispatcher.handle(caller, line)
-                if reply is not None:
-                    await send(reply)
-            except anyio.get_cancelled_exc_class():
-                # The drain timed out: say so instead of going silent (notifications
-                # are never answered).
-                if (request_id := request_id_of(line)) is not None:
-                    error = UnavailableError(
-                        "memorizzd is shutting down", reason="shutting_down"
-                    )
-                    with anyio.CancelScope(shield=True), anyio.move_on_after(1):
-                        await send(encode_error(request_id, error.to_wire()))
-                raise
-            finally:
-                limiter.release_on_behalf_of(token)
-                self._track(-1)
-
         try:
-            async with stream, anyio.create_task_group() as tg:
-                buffer = bytearray()
-                with anyio.CancelScope() as reader:
-                    self._readers.add(reader)
-                    if self._draining:
-                        reader.cancel()
-                    too_large = False
-                    while not too_large:
-                        try:
-                            chunk = await stream.receive(_READ)
-                        except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
-                            break
-                        scanned = len(buffer)
-                        buffer += chunk
-                        while (end := buffer.find(b"\n", scanned)) >= 0:
-                            line = bytes(buffer[:end])
-                            del buffer[: end + 1]
-                            scanned = 0
-                            if len(line) > MAX_FRAME:
-                                too_large = True
-                                break
-                            if line.strip():
-                                token = object()
-                                await limiter.acquire_on_behalf_of(token)
-                                self._track(+1)
-                                tg.start_soon(run_one, line, token)
-                        if too_large or len(buffer) > MAX_FRAME:
-                            too_large = True
-                            error = InvalidRequestError(
-                                f"frame larger than {MAX_FRAME} bytes; closing the connection",
-                                reason="frame_too_large",
-                            )
-                            await send(encode_error(None, error.to_wire()))
-                self._readers.discard(reader)
+            await connection.serve()
         except Exception:  # a connection must never take the server down
-            log.exception("connection from pid %d failed", caller.pid)
+            log.exception("connection from pid %d failed", connection.caller.pid)
         finally:
             self.connections -= 1
+
+
+class _Connection:
+    """One client: a reader that dispatches each line in its own task, and replies
+    written whole, one at a time. The per-request path avoids needless trips
+    through the event loop (it is the hot path of every call)."""
+
+    def __init__(
+        self,
+        server: SocketServer,
+        stream: anyio.abc.SocketStream,
+        raw: socket.socket,
+        caller: Caller,
+    ) -> None:
+        self.server = server
+        self.stream = stream
+        self.raw = raw
+        self.caller = caller
+        self.dispatcher = server._dispatcher
+        self.max_in_flight = server._max_in_flight
+        self.in_flight = 0
+        self.room = anyio.Event()
+        self.send_lock = anyio.Lock()
+        self.writing_since: float | None = None
+        self.broken = False
+
+    async def serve(self) -> None:
+        async with self.stream, anyio.create_task_group() as tg:
+            tg.start_soon(self._watch_writes)
+            async with anyio.create_task_group() as calls:
+                await self._read(calls)
+            tg.cancel_scope.cancel()
+
+    async def _read(self, calls: anyio.abc.TaskGroup) -> None:
+        server, buffer = self.server, bytearray()
+        with anyio.CancelScope() as reader:
+            server._readers.add(reader)
+            if server._draining:
+                reader.cancel()
+            try:
+                while not self.broken:
+                    try:
+                        chunk = await self.stream.receive(_READ)
+                    except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                        return
+                    scanned = len(buffer)
+                    buffer += chunk
+                    while (end := buffer.find(b"\n", scanned)) >= 0:
+                        if end > MAX_FRAME:
+                            break
+                        line = bytes(buffer[:end])
+                        del buffer[: end + 1]
+                        scanned = 0
+                        if not line.strip():
+                            continue
+                        if (
+                            self.in_flight >= self.max_in_flight
+                        ):  # push back: stop reading
+                            self.room = anyio.Event()
+                            await self.room.wait()
+                        self.in_flight += 1
+                        server._track(+1)
+                        calls.start_soon(self._run_one, line)
+                    if len(buffer) > MAX_FRAME:
+                        error = InvalidRequestError(
+                            f"frame larger than {MAX_FRAME} bytes; closing the connection",
+                            reason="frame_too_large",
+                        )
+                        await self._send(encode_error(None, error.to_wire()))
+                        return
+            finally:
+                server._readers.discard(reader)
+
+    async def _run_one(self, line: bytes) -> None:
+        try:
+            reply = await self.dispatcher.handle(self.caller, line)
+            if reply is not None:
+                await self._send(reply)
+        except anyio.get_cancelled_exc_class():
+            # The drain timed out: say so instead of going silent (notifications
+            # are never answered).
+            if (request_id := request_id_of(line)) is not None:
+                error = UnavailableError(
+                    "memorizzd is shutting down", reason="shutting_down"
+                )
+                with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                    await self._send(encode_error(request_id, error.to_wire()))
+            raise
+        finally:
+            self.in_flight -= 1
+            self.server._track(-1)
+            self.room.set()
+
+    async def _send(self, data: bytes) -> None:
+        """Write one whole reply. A client that stops reading is cut off by
+        ``_watch_writes``, never left with half a line followed by another."""
+        try:
+            self.send_lock.acquire_nowait()
+        except anyio.WouldBlock:
+            await self.send_lock.acquire()
+        try:
+            if self.broken:
+                return
+            self.writing_since = anyio.current_time()
+            await self.stream.send(data)
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+            self.broken = True  # the client went away; its replies have nowhere to go
+        finally:
+            self.writing_since = None
+            self.send_lock.release()
+
+    async def _watch_writes(self) -> None:
+        while True:
+            await anyio.sleep(_WRITE_TIMEOUT_S / 4)
+            started = self.writing_since
+            if (
+                started is not None
+                and anyio.current_time() - started > _WRITE_TIMEOUT_S
+            ):
+                log.warning(
+                    "pid %d has not read its replies for %.0f s; closing its connection",
+                    self.caller.pid,
+                    _WRITE_TIMEOUT_S,
+                )
+                self.broken = True
+                with suppress(OSError):
+                    self.raw.shutdown(socket.SHUT_RDWR)
+                return
