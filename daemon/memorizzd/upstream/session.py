@@ -18,9 +18,12 @@ import mcp_types as types
 import msgspec
 import pydantic
 from mcp import Client
+from mcp.client.session import ClientSession
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.dispatcher import CallOptions
 from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import MCP_NAME_HEADER, encode_header_value
 
 from memorizz.api import methods as m
 from memorizz.api.errors import (
@@ -139,7 +142,7 @@ async def guarded(call: Callable[[], Awaitable[T]], *, server: str) -> T:
         return await call()
     except MCPError as exc:
         raise translate_mcp_error(exc, server=server) from None
-    except pydantic.ValidationError:
+    except (pydantic.ValidationError, msgspec.ValidationError):
         raise UpstreamError(f"{server}: the server sent a malformed result") from None
     except TimeoutError:
         raise DeadlineExceededError(f"{server}: the request timed out") from None
@@ -203,24 +206,42 @@ async def list_tools(client: Client, *, page_limit: int) -> list[m.Tool]:
 async def call_tool(
     client: Client, name: str, arguments: dict[str, Any]
 ) -> m.ToolsCallResult:
-    """Proxy verbatim: no output-schema validation, no implicit listing."""
-    request = types.CallToolRequest(
-        params=types.CallToolRequestParams(name=name, arguments=arguments)
-    )
+    """Proxy verbatim: no output-schema validation, no implicit listing.
+
+    The hot path. ``ClientSession.send_request`` builds and dumps pydantic
+    models, then validates the result twice (against the negotiated revision's
+    schema and as a model) before we would dump it again; a result is passed
+    through, so we send the raw request through the session's own dispatcher,
+    stamped by the session for its era (``_meta``, HTTP headers), and decode
+    the raw result once, into the wire struct. ``_stamp`` and ``_dispatcher``
+    are private in mcp 2.3 (pinned <2.4); the transports tests cover both eras.
+    """
     try:
-        result = await client.session.send_request(request, types.CallToolResult)
+        raw = await _send_call(client.session, name, arguments)
     except MCPError as exc:
         if exc.code != types.HEADER_MISMATCH or not is_modern(client):
             raise
         # 2026-07-28: the server wants a fresh listing of this tool first; once.
         await client.list_tools(cache_mode="refresh")
-        result = await client.session.send_request(request, types.CallToolResult)
-    return m.ToolsCallResult(
-        content=[_dump(item) for item in result.content],
-        structured_content=result.structured_content,
-        is_error=bool(result.is_error),
-        meta=result.meta,
+        raw = await _send_call(client.session, name, arguments)
+    return msgspec.convert(raw, m.ToolsCallResult)
+
+
+async def _send_call(
+    session: ClientSession, name: str, arguments: dict[str, Any]
+) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "method": "tools/call",
+        "params": {"name": name, "arguments": arguments},
+    }
+    opts: CallOptions = {}
+    session._stamp(data, opts)
+    headers = opts.setdefault("headers", {})
+    headers.setdefault(MCP_NAME_HEADER, encode_header_value(name))
+    raw: dict[str, Any] = await session._dispatcher.send_raw_request(
+        "tools/call", data["params"], opts
     )
+    return raw
 
 
 async def list_resources(client: Client, *, page_limit: int) -> list[m.Resource]:
