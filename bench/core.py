@@ -7,6 +7,9 @@
 (c) a cold call without the daemon: a fresh interpreter that imports mcp, spawns
     the server, initializes, calls once and exits, timed from outside;
 (d) throughput of 32 socket connections, each with one call outstanding;
+(d') the same against a minimal non-SDK echo server (bench/tiny_echo_server.py):
+    an SDK server spends ~1 ms of CPU per call, which caps (d) near 1,000/s on
+    2 cores whatever the daemon does; (d') shows the daemon's own capacity;
 (e) the daemon's RSS with 20 warm stdio servers (their own processes not counted).
 
 Context rows, no targets: a cold thin client that goes through the daemon
@@ -50,8 +53,14 @@ from bench.harness import (
     median,
     p99,
     rss_bytes,
+    wait_until,
 )
+from memorizz.api import methods as m
 from memorizz.client import Client
+
+TINY_ECHO_SERVER: Final = os.path.join(
+    os.path.dirname(ECHO_SERVER), "tiny_echo_server.py"
+)
 
 # Targets: b/a and b-a at the median, c/b at the median, calls/s, bytes.
 MAX_RATIO_B_A: Final = 1.5
@@ -94,6 +103,8 @@ class Results(msgspec.Struct, kw_only=True):
     cold_via_daemon: list[int]
     floor_rates: list[float]
     batches: list[load.Batch]
+    tiny_batches: list[load.Batch]
+    """(d') the same load against a minimal non-SDK echo server."""
     rss_after_load: int
     rss: dict[int, int]
     exit_codes: list[int | None]
@@ -335,6 +346,31 @@ def run(options: Options, workdir: str, stack: contextlib.ExitStack) -> Results:
         daemon_pid=daemon.pid,
         server_pid=_server_pid(client, "echo"),
     )
+    progress("(d'): the same against a minimal (non-SDK) echo server")
+    client.add_server(
+        m.ServerSpec(
+            name="tiny",
+            transport="stdio",
+            command=sys.executable,
+            args=[TINY_ECHO_SERVER],
+            protocol="legacy",
+        )
+    )
+    wait_until(
+        lambda: client.server_status("tiny")[0].state == "ready",
+        timeout_s=READY_TIMEOUT_S,
+        what="the tiny echo server",
+    )
+    tiny_batches = load.run_batches(
+        daemon.socket,
+        calls=options.calls,
+        connections=options.connections,
+        procs=options.procs,
+        batches=options.batches,
+        daemon_pid=daemon.pid,
+        server_pid=_server_pid(client, "tiny"),
+        server="tiny",
+    )
     rss_after_load = rss_bytes(daemon.pid)
     cold_direct, cold_via_daemon = cold(options, daemon.socket)
     client.close()
@@ -352,6 +388,7 @@ def run(options: Options, workdir: str, stack: contextlib.ExitStack) -> Results:
         cold_via_daemon=cold_via_daemon,
         floor_rates=floor_rates,
         batches=batches,
+        tiny_batches=tiny_batches,
         rss_after_load=rss_after_load,
         rss=rss,
         exit_codes=[d.returncode for d in daemons],
@@ -428,12 +465,16 @@ def _latency_rows(r: Results) -> list[str]:
     return lines
 
 
-def _load_rows(options: Options, r: Results) -> list[str]:
-    calls = sum(batch.calls for batch in r.batches)
-    cpu = {
-        who: sum(getattr(b, f"{who}_cpu_ns") for b in r.batches) / calls
+def _cpu_per_call(batches: Sequence[load.Batch]) -> dict[str, float]:
+    calls = sum(batch.calls for batch in batches)
+    return {
+        who: sum(getattr(b, f"{who}_cpu_ns") for b in batches) / calls
         for who in ("client", "daemon", "server")
     }
+
+
+def _load_rows(options: Options, r: Results) -> list[str]:
+    cpu = _cpu_per_call(r.batches)
     cores = len(os.sched_getaffinity(0))
     rss = ", ".join(
         f"{k} server{'s' if k != 1 else ''} {_mb(v)}" for k, v in r.rss.items()
@@ -450,6 +491,13 @@ def _load_rows(options: Options, r: Results) -> list[str]:
         f"    CPU-bound ceilings from these: {ceilings}",
         f"    context: floor, one in-process SDK session, {options.connections} in "
         + f"flight: {_rates(r.floor_rates)}",
+        f"(d') throughput, {options.connections} socket connections, minimal non-SDK "
+        + "echo server: "
+        + _rates([batch.rate for batch in r.tiny_batches]),
+        "    CPU/call µs: "
+        + ", ".join(
+            f"{k} {v / 1000:.0f}" for k, v in _cpu_per_call(r.tiny_batches).items()
+        ),
         f"(e) daemon RSS: {rss}",
         f"    context: the main daemon after (d): {_mb(r.rss_after_load)}",
     ]
@@ -459,6 +507,7 @@ def _target_rows(options: Options, r: Results) -> list[str]:
     a, b = median(r.a.samples), median(r.b.samples)
     c = median(r.cold_direct)
     rate = median([batch.rate for batch in r.batches])
+    tiny_rate = median([batch.rate for batch in r.tiny_batches])
     rss = r.rss[options.rss_servers]
     targets = [
         (
@@ -484,6 +533,12 @@ def _target_rows(options: Options, r: Results) -> list[str]:
             f"{rate:,.0f}/s",
             f">= {MIN_THROUGHPUT:,.0f}/s",
             rate >= MIN_THROUGHPUT,
+        ),
+        (
+            "throughput (d'), minimal server",
+            f"{tiny_rate:,.0f}/s",
+            f">= {MIN_THROUGHPUT:,.0f}/s",
+            tiny_rate >= MIN_THROUGHPUT,
         ),
         (
             f"daemon RSS, {options.rss_servers} servers",

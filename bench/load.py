@@ -48,14 +48,19 @@ class Batch(msgspec.Struct, frozen=True):
         return self.calls / (self.wall_ns / 1e9)
 
 
-def _echo(client: Client) -> None:
-    result = client.call_tool("echo", "echo", {"text": TEXT})
+def _echo(client: Client, server: str = "echo") -> None:
+    result = client.call_tool(server, "echo", {"text": TEXT})
     if result.is_error or result.content[0].get("text") != TEXT:
         raise RuntimeError(f"unexpected echo result: {result!r}")
 
 
 def _worker(
-    socket_path: str, threads: int, per_thread: int, gos: list[Any], results: Any
+    socket_path: str,
+    server: str,
+    threads: int,
+    per_thread: int,
+    gos: list[Any],
+    results: Any,
 ) -> None:
     """One worker process: ``threads`` connections, one timed batch per ``go`` event."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent terminates us
@@ -63,12 +68,12 @@ def _worker(
     try:
         for client in clients:
             for _ in range(_WARMUP_CALLS):
-                _echo(client)
+                _echo(client, server)
         with ThreadPoolExecutor(threads) as pool:
             for go in gos:
                 cpu0 = time.process_time_ns()
                 futures = [
-                    pool.submit(_timed_calls, client, per_thread, go)
+                    pool.submit(_timed_calls, client, server, per_thread, go)
                     for client in clients
                 ]
                 results.put(("ready", None))
@@ -82,12 +87,12 @@ def _worker(
             client.close()
 
 
-def _timed_calls(client: Client, n: int, go: Any) -> tuple[int, int]:
+def _timed_calls(client: Client, server: str, n: int, go: Any) -> tuple[int, int]:
     if not go.wait(_TIMEOUT_S):
         raise TimeoutError("no go from the parent")
     first = time.perf_counter_ns()
     for _ in range(n):
-        _echo(client)
+        _echo(client, server)
     return first, time.perf_counter_ns()
 
 
@@ -122,6 +127,7 @@ def run_batches(
     batches: int,
     daemon_pid: int,
     server_pid: int,
+    server: str = "echo",
 ) -> list[Batch]:
     """``batches`` batches of ``calls`` echo calls over ``connections`` connections."""
     if connections % procs:
@@ -134,7 +140,7 @@ def run_batches(
     workers = [
         ctx.Process(
             target=_worker,
-            args=(socket_path, threads, per_thread, gos, inbox),
+            args=(socket_path, server, threads, per_thread, gos, inbox),
             name=f"bench-load-{i}",
             daemon=True,
         )
