@@ -248,6 +248,9 @@ def test_a_frozen_server_fails_its_health_probe_and_is_replaced(base_dir: str) -
             assert c.server_status("t")[0].restarts >= 1
 
 
+# mcp 2.3's sse_client leaves its two memory streams unclosed when the connect
+# itself fails (they are garbage-collected with a ResourceWarning); ours are closed.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("transport", ["streamable_http", "sse"])
 def test_an_http_server_that_goes_away_is_reconnected_when_it_returns(
     daemon: DaemonHarness, transport: str
