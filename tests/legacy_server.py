@@ -1,6 +1,7 @@
 """A hand-written, pre-2026 MCP server over stdio (no SDK): it answers
 ``server/discover`` with "method not found", speaks 2025-11-25 after
-``initialize``, and appends every method it receives to $METHOD_LOG."""
+``initialize``, appends every method it receives to $METHOD_LOG, and lists
+its tools in $PAGES pages (cursors "2", "3", ...)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,11 @@ import sys
 import msgspec
 
 LOG = os.environ.get("METHOD_LOG")
-TOOL = {"name": "hello", "inputSchema": {"type": "object", "properties": {}}}
+PAGES = int(os.environ.get("PAGES", "1"))  # tools/list answers in this many pages
+
+
+def tool(name: str) -> dict[str, object]:
+    return {"name": name, "inputSchema": {"type": "object", "properties": {}}}
 
 
 def reply(message_id: object, result: object = None, error: object = None) -> None:
@@ -44,7 +49,13 @@ def main() -> None:
                 },
             )
         elif method == "tools/list":
-            reply(message["id"], {"tools": [TOOL]})
+            page = int((message.get("params") or {}).get("cursor") or 1)
+            result: dict[str, object] = {
+                "tools": [tool("hello" if page == 1 else f"p{page}")]
+            }
+            if page < PAGES:
+                result["nextCursor"] = str(page + 1)
+            reply(message["id"], result)
         elif method == "tools/call":
             reply(
                 message["id"],

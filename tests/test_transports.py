@@ -154,3 +154,23 @@ def test_server_stderr_is_logged_line_by_line_under_its_name(
         wait_until(
             lambda: "t: shouting: hey" in caplog.messages, what="the stderr line"
         )
+
+
+def test_listings_follow_cursors_to_the_end_within_a_bound(base_dir: str) -> None:
+    from tests.harness import LEGACY_SERVER, daemon_config
+
+    def paged(name: str, pages: int) -> ServerSpec:
+        return stdio_spec(name, args=[LEGACY_SERVER], env={"PAGES": str(pages)})
+
+    config = daemon_config(
+        base_dir, servers=[paged("five", 5), paged("many", 50)], list_page_limit=10
+    )
+    with DaemonHarness.running(config) as harness:
+        harness.wait_ready("five")
+        with harness.client() as c:
+            names = [t.name for t in c.list_tools("five", refresh=True)]
+            assert names == ["hello", "p2", "p3", "p4", "p5"]
+            assert c.server_status("five")[0].tool_count == 5
+            with pytest.raises(UpstreamError) as err:
+                c.list_tools("many", refresh=True)
+            assert "more than 10 pages" in err.value.message

@@ -174,33 +174,46 @@ def _dump(model: pydantic.BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-async def _all_pages(
-    fetch: Callable[[str | None], Awaitable[Any]],
-    attr: str,
-    page_limit: int,
-) -> list[Any]:
+ItemT = TypeVar("ItemT")
+Fetch = Callable[..., Awaitable[Any]]
+
+
+async def _listing(
+    fetch: Fetch, attr: str, item_type: type[ItemT], page_limit: int
+) -> list[ItemT]:
+    """Every page of an MCP listing, followed by cursor (at most ``page_limit``)."""
     items: list[Any] = []
     cursor: str | None = None
     for _ in range(page_limit):
-        page = await fetch(cursor)
+        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+        page = await fetch(params=params)
         items += getattr(page, attr)
         cursor = page.next_cursor
         if cursor is None:
-            return items
+            return [msgspec.convert(_dump(item), item_type) for item in items]
     raise UpstreamError(
         f"the listing has more than {page_limit} pages; refusing to follow"
     )
 
 
 async def list_tools(client: Client, *, page_limit: int) -> list[m.Tool]:
-    session = client.session
+    return await _listing(client.session.list_tools, "tools", m.Tool, page_limit)
 
-    async def fetch(cursor: str | None) -> types.ListToolsResult:
-        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-        return await session.list_tools(params=params)
 
-    tools = await _all_pages(fetch, "tools", page_limit)
-    return [msgspec.convert(_dump(tool), m.Tool) for tool in tools]
+async def list_resources(client: Client, *, page_limit: int) -> list[m.Resource]:
+    fetch = client.session.list_resources
+    return await _listing(fetch, "resources", m.Resource, page_limit)
+
+
+async def list_resource_templates(
+    client: Client, *, page_limit: int
+) -> list[m.ResourceTemplate]:
+    fetch = client.session.list_resource_templates
+    return await _listing(fetch, "resource_templates", m.ResourceTemplate, page_limit)
+
+
+async def list_prompts(client: Client, *, page_limit: int) -> list[m.Prompt]:
+    return await _listing(client.session.list_prompts, "prompts", m.Prompt, page_limit)
 
 
 async def call_tool(
@@ -244,45 +257,10 @@ async def _send_call(
     return raw
 
 
-async def list_resources(client: Client, *, page_limit: int) -> list[m.Resource]:
-    session = client.session
-
-    async def fetch(cursor: str | None) -> types.ListResourcesResult:
-        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-        return await session.list_resources(params=params)
-
-    items = await _all_pages(fetch, "resources", page_limit)
-    return [msgspec.convert(_dump(item), m.Resource) for item in items]
-
-
-async def list_resource_templates(
-    client: Client, *, page_limit: int
-) -> list[m.ResourceTemplate]:
-    session = client.session
-
-    async def fetch(cursor: str | None) -> types.ListResourceTemplatesResult:
-        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-        return await session.list_resource_templates(params=params)
-
-    items = await _all_pages(fetch, "resource_templates", page_limit)
-    return [msgspec.convert(_dump(item), m.ResourceTemplate) for item in items]
-
-
 async def read_resource(client: Client, uri: str) -> m.ResourcesReadResult:
     request = types.ReadResourceRequest(params=types.ReadResourceRequestParams(uri=uri))
     result = await client.session.send_request(request, types.ReadResourceResult)
     return m.ResourcesReadResult(contents=[_dump(c) for c in result.contents])
-
-
-async def list_prompts(client: Client, *, page_limit: int) -> list[m.Prompt]:
-    session = client.session
-
-    async def fetch(cursor: str | None) -> types.ListPromptsResult:
-        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-        return await session.list_prompts(params=params)
-
-    items = await _all_pages(fetch, "prompts", page_limit)
-    return [msgspec.convert(_dump(item), m.Prompt) for item in items]
 
 
 async def get_prompt(
