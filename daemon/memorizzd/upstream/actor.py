@@ -115,7 +115,7 @@ class Upstream:
         await self._stopped.wait()
 
     def _backoff(self, failures: int) -> float:
-        base = self._config.backoff_initial_s * float(2 ** (failures - 1))
+        base = self._config.backoff_initial_s * float(2 ** min(failures - 1, 30))
         jitter: float = random.uniform(0.5, 1.0)  # noqa: S311 - not cryptographic
         return min(self._config.backoff_max_s, base) * jitter
 
@@ -148,6 +148,8 @@ class Upstream:
                 await self._refresh_tools(client)
             except RemoteError as exc:
                 log.info("%s: no tool listing at connect: %s", self.name, exc.message)
+            except TimeoutError:
+                log.info("%s: no tool listing at connect: it timed out", self.name)
             self.last_error = None
             self._last_ok = anyio.current_time()
             self._publish(client)
@@ -182,7 +184,7 @@ class Upstream:
                 with anyio.fail_after(self._config.health_timeout_s):
                     await sdk.guarded(partial(sdk.probe, client), server=self.name)
             except (RemoteError, sdk.ConnectionLost, TimeoutError) as exc:
-                self._mark_dead(f"health probe failed: {exc}")
+                self._mark_dead(f"health probe failed: {exc or 'no answer in time'}")
                 return
             self._last_ok = anyio.current_time()
 
