@@ -184,7 +184,9 @@ class Upstream:
                 with anyio.fail_after(self._config.health_timeout_s):
                     await sdk.guarded(partial(sdk.probe, client), server=self.name)
             except (RemoteError, sdk.ConnectionLost, TimeoutError) as exc:
-                self._mark_dead(f"health probe failed: {exc or 'no answer in time'}")
+                self._mark_dead(
+                    f"health probe failed: {str(exc) or 'no answer in time'}"
+                )
                 return
             self._last_ok = anyio.current_time()
 
