@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -35,3 +36,79 @@ def stdio_daemon(base_dir: str) -> Iterator[DaemonHarness]:
     ) as harness:
         harness.wait_ready("t")
         yield harness
+
+
+@pytest.fixture(autouse=True)
+def network_tripwire(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """Tests send packets to loopback only.
+
+    A connect to a non-loopback address, or a name lookup of anything but
+    ``localhost`` or a loopback address, raises at once and fails the test at
+    teardown even if the code under test swallowed the error. Python sockets
+    (``connect``, ``connect_ex``) and anyio's ``connect_tcp``/``getaddrinfo``
+    are watched: asyncio and uvloop connect below ``socket.connect``, and every
+    connection the daemon makes goes through anyio (httpcore's AnyIOBackend).
+    """
+    import ipaddress
+    import socket
+
+    import anyio
+
+    violations: list[str] = []
+
+    def loopback(host: object) -> bool:
+        if isinstance(host, bytes):
+            host = host.decode(errors="replace")
+        if host in (None, "", "localhost"):
+            return True
+        try:
+            return ipaddress.ip_address(str(host).split("%")[0]).is_loopback
+        except ValueError:
+            return False
+
+    def refuse(what: str) -> None:
+        violations.append(what)
+        raise AssertionError(f"network tripwire: {what} (tests reach loopback only)")
+
+    def checked(sock: socket.socket, address: Any) -> None:
+        inet = sock.family in (socket.AF_INET, socket.AF_INET6)
+        if inet and not loopback(address[0]):
+            refuse(f"connect to {address!r}")
+
+    real_connect, real_connect_ex = socket.socket.connect, socket.socket.connect_ex
+
+    def connect(self: socket.socket, address: Any) -> None:
+        checked(self, address)
+        real_connect(self, address)
+
+    def connect_ex(self: socket.socket, address: Any) -> int:
+        checked(self, address)
+        return real_connect_ex(self, address)
+
+    real_getaddrinfo = socket.getaddrinfo
+
+    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if not loopback(host):
+            refuse(f"name lookup of {host!r}")
+        return real_getaddrinfo(host, *args, **kwargs)
+
+    real_connect_tcp, real_anyio_getaddrinfo = anyio.connect_tcp, anyio.getaddrinfo
+
+    async def connect_tcp(remote_host: Any, remote_port: int, **kwargs: Any) -> Any:
+        if not loopback(remote_host):
+            refuse(f"connect to {remote_host!r}:{remote_port}")
+        return await real_connect_tcp(remote_host, remote_port, **kwargs)
+
+    async def anyio_getaddrinfo(host: Any, port: Any, **kwargs: Any) -> Any:
+        if not loopback(host):
+            refuse(f"name lookup of {host!r}")
+        return await real_anyio_getaddrinfo(host, port, **kwargs)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    monkeypatch.setattr(socket.socket, "connect_ex", connect_ex)
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(anyio, "connect_tcp", connect_tcp)
+    monkeypatch.setattr(anyio, "getaddrinfo", anyio_getaddrinfo)
+    yield violations
+    if violations:
+        pytest.fail("network tripwire: " + "; ".join(violations))

@@ -5,7 +5,9 @@
     python tests/mcp_server.py sse PORT       # legacy SSE at /sse
 
 Tools cover the daemon's paths: echo/add (happy), fail (isError), slow (deadline),
-huge (size cap), crash (dies mid-call), spawn_child (leaves a grandchild).
+huge (size cap), crash (dies mid-call), spawn_child (leaves a grandchild);
+delete_all_memories, search_memories, add_memory, annotated_read and
+annotated_destroy (risk classes from the catalog and from annotations).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 import anyio
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import ToolAnnotations
 
 mcp = MCPServer("memorizz-test-server", version="1.2.3", log_level="WARNING")
 
@@ -102,6 +105,40 @@ async def change_tools(ctx: Context) -> str:
     else:
         await ctx.session.send_tool_list_changed()
     return "ok"
+
+
+# Tools for the policy tests (tests/test_policy.py): names from the risk catalog
+# and MCP annotations. They only answer; nothing is stored or deleted.
+
+
+@mcp.tool(annotations=ToolAnnotations(read_only_hint=True))
+def delete_all_memories() -> str:
+    """A catalog-destructive name (Mem0) that claims to be read-only."""
+    return "nothing deleted"
+
+
+@mcp.tool()
+def search_memories(query: str) -> str:
+    """A catalog-read name (Mem0), no annotations."""
+    return f"no memories about {query}"
+
+
+@mcp.tool()
+def add_memory(text: str) -> str:
+    """Write for Mem0 and Zep, destructive for Supermemory: ambiguous here."""
+    return "not stored"
+
+
+@mcp.tool(annotations=ToolAnnotations(read_only_hint=True))
+def annotated_read() -> str:
+    """readOnlyHint: true."""
+    return "read"
+
+
+@mcp.tool(annotations=ToolAnnotations(destructive_hint=True))
+def annotated_destroy() -> str:
+    """destructiveHint: true."""
+    return "destroyed nothing"
 
 
 @mcp.resource("test://static", mime_type="text/plain")

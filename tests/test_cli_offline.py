@@ -349,15 +349,21 @@ def test_render_status_shows_age_and_dashes_for_unknowns() -> None:
 
 def test_render_tools_uses_the_first_line_of_the_description() -> None:
     tools = [
-        m.Tool(name="search", input_schema={}, description="Search.\nLong details."),
+        m.Tool(
+            name="search",
+            input_schema={},
+            description="Search.\nLong details.",
+            risk="read",
+            decision="allow",
+        ),
         m.Tool(name="bare", input_schema={}),
         m.Tool(name="wordy", input_schema={}, description="w" * 200),
     ]
     lines = cli.render_tools(tools).splitlines()
-    assert lines[0] == "NAME    DESCRIPTION"
-    assert lines[1] == "search  Search."
-    assert lines[2] == "bare"
-    assert len(lines[3]) == len("wordy   ") + cli.DESCRIPTION_WIDTH
+    assert lines[0] == "NAME    RISK  DECISION  DESCRIPTION"
+    assert lines[1] == "search  read  allow     Search."
+    assert lines[2] == "bare    -     -"
+    assert len(lines[3]) == len("wordy   -     -         ") + cli.DESCRIPTION_WIDTH
     assert cli.render_tools([]) == "no tools\n"
 
 

@@ -349,3 +349,15 @@ def test_the_daemon_honours_memorizz_socket(base_dir: str) -> None:
     finally:
         proc.terminate()
         assert proc.wait(30) == 0
+
+
+def test_a_bad_host_allowlist_pattern_is_a_config_error(base_dir: str) -> None:
+    config = Path(base_dir, "memorizzd.toml")
+    config.write_text('host_allowlist = ["*.", "ok.example.com"]\n')
+    check = subprocess.run(  # noqa: PLW1510 - the exit status is the assertion
+        [DAEMON_EXE, "--config", str(config), "--check-config"],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 78
+    assert "host_allowlist: '*.'" in check.stderr

@@ -211,6 +211,7 @@ def test_a_huge_http_result_is_refused_without_hurting_the_session(
             name="h",
             transport=transport,  # type: ignore[arg-type]
             url=url,
+            allow_private_network=True,  # a loopback test server
             max_result_bytes=100_000,
             protocol=protocol,  # type: ignore[arg-type]
         )
@@ -257,7 +258,13 @@ def test_an_http_server_that_goes_away_is_reconnected_when_it_returns(
 ) -> None:
     with serve_http(transport) as url:
         port = int(url.split(":")[2].split("/")[0])
-        daemon.add(ServerSpec(name="h", transport=transport, url=url))  # type: ignore[arg-type]
+        spec = ServerSpec(
+            name="h",
+            transport=transport,  # type: ignore[arg-type]
+            url=url,
+            allow_private_network=True,  # a loopback test server
+        )
+        daemon.add(spec)
     # The server is gone: calls fail fast instead of hanging.
     with daemon.client() as c:
         with pytest.raises(UnavailableError):

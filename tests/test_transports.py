@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -21,7 +22,13 @@ def server(request: pytest.FixtureRequest, daemon: DaemonHarness) -> Iterator[st
         yield kind
         return
     with serve_http(kind) as url:
-        daemon.add(ServerSpec(name=kind, transport=kind, url=url))  # type: ignore[arg-type]
+        spec = ServerSpec(
+            name=kind,
+            transport=kind,  # type: ignore[arg-type]
+            url=url,
+            allow_private_network=True,  # a loopback test server
+        )
+        daemon.add(spec)
         yield kind
         with daemon.client() as c:  # let go before the HTTP server stops
             c.remove_server(kind)
@@ -174,3 +181,19 @@ def test_listings_follow_cursors_to_the_end_within_a_bound(base_dir: str) -> Non
             with pytest.raises(UpstreamError) as err:
                 c.list_tools("many", refresh=True)
             assert "more than 10 pages" in err.value.message
+
+
+def test_servers_list_shows_the_policy_settings(daemon: DaemonHarness) -> None:
+    spec = stdio_spec(
+        "p", block_tools=["crash"], require_approval=True, risk={"echo": "read"}
+    )
+    with daemon.client() as c:
+        c.add_server(spec)
+        (info,) = c.list_servers()
+    assert (info.block_tools, info.require_approval, info.risk) == (
+        ["crash"],
+        True,
+        {"echo": "read"},
+    )
+    assert info.command is not None
+    assert os.path.isabs(info.command)

@@ -219,8 +219,16 @@ def render_test(result: m.ServersTestResult) -> str:
 def render_tools(tools: Sequence[m.Tool]) -> str:
     if not tools:
         return "no tools\n"
-    rows = [[one_line(t.name, 200), one_line(t.description or t.title)] for t in tools]
-    return format_table(["name", "description"], rows)
+    rows = [
+        [
+            one_line(t.name, 200),
+            _dash(t.risk),
+            _dash(t.decision),
+            one_line(t.description or t.title),
+        ]
+        for t in tools
+    ]
+    return format_table(["name", "risk", "decision", "description"], rows)
 
 
 def render_resources(resources: Sequence[m.Resource]) -> str:
@@ -549,6 +557,48 @@ def cmd_daemon_status(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def render_audit(records: Sequence[m.AuditRecord]) -> str:
+    if not records:
+        return "no audit records\n"
+    headers = [
+        "id", "time", "action", "server", "tool", "risk", "decision",
+        "outcome", "reason", "ms", "uid", "pid", "args",
+    ]  # fmt: skip
+    rows = [
+        [
+            str(r.id),
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.time)),
+            r.action,
+            _dash(r.server),
+            _dash(r.tool),
+            _dash(r.risk),
+            _dash(r.decision),
+            r.outcome,
+            _dash(r.reason),
+            f"{r.duration_ms:.1f}",
+            str(r.caller_uid),
+            str(r.caller_pid),
+            ",".join(r.argument_keys) or "-",
+        ]
+        for r in records
+    ]
+    return format_table(headers, rows)
+
+
+def cmd_audit(client: Client, args: argparse.Namespace) -> int:
+    since = None if args.since is None else time.time() - args.since
+    result = client.audit(
+        server=args.server,
+        tool=args.tool,
+        outcome=args.outcome,
+        since=since,
+        before_id=args.before,
+        limit=args.limit,
+    )
+    _show(args, result, render_audit(result.records))
+    return EXIT_OK
+
+
 def cmd_ping(client: Client, args: argparse.Namespace) -> int:
     result = client.ping(args.server)
     target = args.server or "memorizzd"
@@ -743,6 +793,33 @@ def build_parser() -> argparse.ArgumentParser:
         help="a prompt argument (repeatable)",
     )
     prompt.add_argument("--timeout", metavar="SECONDS", type=positive_float)
+
+    audit = leaf(
+        commands,
+        "audit",
+        cmd_audit,
+        "the audit trail, newest first (argument values are never stored)",
+    )
+    audit.add_argument("--server", metavar="NAME")
+    audit.add_argument("--tool", metavar="TOOL")
+    audit.add_argument(
+        "--outcome",
+        metavar="OUTCOME",
+        help="ok, tool_error, denied, approval_required, timeout, failed, result_too_large",
+    )
+    audit.add_argument(
+        "--since", metavar="SECONDS", type=positive_float, help="only the last SECONDS"
+    )
+    audit.add_argument(
+        "--before", metavar="ID", type=positive_int, help="page: records older than ID"
+    )
+    audit.add_argument(
+        "--limit",
+        metavar="N",
+        type=positive_int,
+        default=50,
+        help="at most N (default 50)",
+    )
 
     daemon = group(commands, "daemon", "the daemon itself")
     leaf(daemon, "status", cmd_daemon_status, "version, uptime and counts")

@@ -194,6 +194,30 @@ class Client:
             m.ServersTestResult,
         )
 
+    def audit(
+        self,
+        *,
+        server: str | None = None,
+        tool: str | None = None,
+        outcome: str | None = None,
+        since: float | None = None,
+        before_id: int | None = None,
+        limit: int = 100,
+    ) -> m.AuditListResult:
+        """Audit records, newest first; page with ``before_id=result.next_before_id``."""
+        return self.request(
+            "audit/list",
+            m.AuditListParams(
+                server=server,
+                tool=tool,
+                outcome=outcome,
+                since=since,
+                before_id=before_id,
+                limit=limit,
+            ),
+            m.AuditListResult,
+        )
+
     # --- MCP pass-through ---------------------------------------------------
 
     def list_tools(self, server: str, *, refresh: bool = False) -> list[m.Tool]:

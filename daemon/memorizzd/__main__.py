@@ -10,6 +10,7 @@ import anyio
 
 from memorizzd import __version__
 from memorizzd.config import ConfigError, load
+from memorizzd.execution import check_config_servers, harden_process
 from memorizzd.sdnotify import setup_logging
 
 EX_CONFIG = 78
@@ -48,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         config = load(args.config, socket=args.socket, state_dir=args.state_dir)
+        check_config_servers(config)  # stdio commands: resolvable and allowed
     except ConfigError as exc:
         print(f"memorizzd: invalid configuration: {exc}", file=sys.stderr)
         return EX_CONFIG
@@ -59,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     setup_logging(args.log_level)
+    harden_process()  # MEMORIZZ_* out of os.environ; /proc/<pid>/environ root-only
     from memorizzd.app import run  # the heavy imports (mcp) only when serving
     from memorizzd.rpc.server import SocketInUseError
     from memorizzd.store import StoreError
@@ -68,6 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     except (SocketInUseError, StoreError) as exc:
         print(f"memorizzd: {exc}", file=sys.stderr)
         return 1
+    except ConfigError as exc:
+        print(f"memorizzd: invalid configuration: {exc}", file=sys.stderr)
+        return EX_CONFIG
     except KeyboardInterrupt:
         return 0
     return 0

@@ -12,11 +12,13 @@ import anyio
 import msgspec
 
 from memorizzd import __version__
+from memorizzd.audit import Auditor, load_key
 from memorizzd.broker import Broker
 from memorizzd.config import Config
+from memorizzd.execution import admit, check_config_servers
 from memorizzd.rpc.dispatch import Dispatcher
 from memorizzd.rpc.server import SocketServer, open_listener
-from memorizzd.sdnotify import notify
+from memorizzd.sdnotify import journal_available, notify
 from memorizzd.store import Store
 from memorizzd.upstream.pool import Pool, running_pool
 
@@ -36,6 +38,8 @@ async def running_daemon(config: Config) -> AsyncIterator[Daemon]:
     On exit: stop accepting, stop reading new requests, let in-flight calls finish
     (bounded by ``drain_timeout_s``), then stop every upstream (no orphans).
     """
+    # A config server whose command the execution policy refuses: ConfigError.
+    config_servers = check_config_servers(config)
     # The socket first: a second daemon must fail before it starts anything.
     # Connections queue in the kernel until the acceptor runs.
     listener = await open_listener(config.socket)
@@ -48,8 +52,10 @@ async def running_daemon(config: Config) -> AsyncIterator[Daemon]:
         raise
     try:
         async with running_pool(config, store) as pool:
-            for spec in config.servers:
-                await pool.start(spec, source="config")
+            for admitted in config_servers:
+                await pool.start(
+                    admitted.spec, source="config", refused=admitted.problem
+                )
             for spec in await anyio.to_thread.run_sync(store.servers):
                 if spec.name in pool:
                     log.warning(
@@ -58,8 +64,15 @@ async def running_daemon(config: Config) -> AsyncIterator[Daemon]:
                         spec.name,
                     )
                     continue
-                await pool.start(spec, source="api")
+                # Checked again: the allowlist may have changed since it was added.
+                admitted = admit(spec, config)
+                await pool.start(admitted.spec, source="api", refused=admitted.problem)
 
+            auditor = Auditor(
+                store,
+                await anyio.to_thread.run_sync(load_key, config.state_dir),
+                mirror_to_journal=journal_available(),
+            )
             server: SocketServer
             broker = Broker(
                 config,
@@ -67,6 +80,7 @@ async def running_daemon(config: Config) -> AsyncIterator[Daemon]:
                 pool,
                 connections=lambda: server.connections,
                 in_flight=lambda: server.in_flight,
+                auditor=auditor,
             )
             server = SocketServer(
                 config.socket,
@@ -76,6 +90,7 @@ async def running_daemon(config: Config) -> AsyncIterator[Daemon]:
             try:
                 async with anyio.create_task_group() as connections:
                     async with anyio.create_task_group() as acceptor:
+                        acceptor.start_soon(auditor.run)
                         await acceptor.start(server.serve, listener, connections)
                         try:
                             yield Daemon(config, pool, server)
@@ -94,6 +109,7 @@ async def running_daemon(config: Config) -> AsyncIterator[Daemon]:
                 with suppress(FileNotFoundError):
                     os.unlink(config.socket)
     finally:
+        await listener.aclose()  # idempotent; serve() closes it on the normal path
         await anyio.to_thread.run_sync(store.close)
 
 

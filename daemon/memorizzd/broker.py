@@ -11,9 +11,11 @@ import logging
 import os
 import time
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import anyio
+import msgspec
 
 from memorizz.api import methods as m
 from memorizz.api.errors import (
@@ -25,7 +27,11 @@ from memorizz.api.errors import (
 )
 from memorizz.api.protocol import PROTOCOL_VERSION
 from memorizzd import __version__
+from memorizzd.audit import Auditor, outcome_for
 from memorizzd.config import Config, validate_server
+from memorizzd.egress.urls import check_server_url
+from memorizzd.execution import resolve_command
+from memorizzd.policy import refusal
 from memorizzd.rpc.dispatch import Handler
 from memorizzd.rpc.peer import Caller
 from memorizzd.store import Store
@@ -34,6 +40,7 @@ from memorizzd.upstream.pool import Pool
 from memorizzd.upstream.session import ConnectionLost
 
 log = logging.getLogger("memorizzd.broker")
+_encoder = msgspec.json.Encoder()
 
 
 class Broker:
@@ -45,10 +52,12 @@ class Broker:
         *,
         connections: Callable[[], int],
         in_flight: Callable[[], int],
+        auditor: Auditor,
     ) -> None:
         self._config = config
         self._store = store
         self._pool = pool
+        self._auditor = auditor
         self._connections = connections
         self._in_flight = in_flight
         self._started = time.monotonic()
@@ -59,20 +68,136 @@ class Broker:
             "daemon/hello": self.daemon_hello,
             "daemon/status": self.daemon_status,
             "servers/list": self.servers_list,
-            "servers/add": self.servers_add,
-            "servers/remove": self.servers_remove,
+            "servers/add": self._audited_servers_add,
+            "servers/remove": self._audited_servers_remove,
             "servers/status": self.servers_status,
             "servers/test": self.servers_test,
             "tools/list": self.tools_list,
-            "tools/call": self.tools_call,
+            "tools/call": self._audited_tools_call,
             "resources/list": self.resources_list,
             "resources/templates/list": self.resources_templates_list,
             "resources/read": self.resources_read,
             "prompts/list": self.prompts_list,
             "prompts/get": self.prompts_get,
             "ping": self.ping,
+            "audit/list": self.audit_list,
         }
         return table
+
+    # --- the audit trail ----------------------------------------------------
+
+    async def _audited_tools_call(
+        self, caller: Caller, p: m.ToolsCallParams
+    ) -> m.ToolsCallResult:
+        """Every tools/call leaves one record, written before the reply is sent."""
+        started = time.time()
+        audit = partial(
+            self._auditor.record,
+            caller,
+            action="tools/call",
+            started=started,
+            server=p.server,
+            tool=p.name,
+            arguments=p.arguments,
+        )
+        try:
+            result = await self.tools_call(caller, p)
+        except RemoteError as exc:
+            audit(
+                outcome=outcome_for(exc.reason), reason=exc.reason, **self._verdict(p)
+            )
+            raise
+        except BaseException:
+            audit(outcome="failed", reason="internal", **self._verdict(p))
+            raise
+        audit(
+            outcome="tool_error" if result.is_error else "ok",
+            result_bytes=len(_encoder.encode(result)),
+            **self._verdict(p),
+        )
+        return result
+
+    def _verdict(self, p: m.ToolsCallParams) -> dict[str, Any]:
+        """The risk and decision the policy gave this call (none if unknown)."""
+        if p.server not in self._pool:
+            return {}
+        verdict = self._pool.get(p.server).cached_verdict(p.name)
+        return (
+            {}
+            if verdict is None
+            else {"risk": verdict.risk, "decision": verdict.decision}
+        )
+
+    async def _audited_servers_add(
+        self, caller: Caller, p: m.ServersAddParams
+    ) -> m.ServersAddResult:
+        started = time.time()
+        try:
+            result = await self.servers_add(caller, p)
+        except RemoteError as exc:
+            self._auditor.record(
+                caller,
+                action="servers/add",
+                started=started,
+                server=p.server.name,
+                outcome="failed",
+                reason=exc.reason,
+            )
+            raise
+        self._auditor.record(
+            caller,
+            action="servers/add",
+            started=started,
+            server=p.server.name,
+            outcome="ok",
+        )
+        return result
+
+    async def _audited_servers_remove(
+        self, caller: Caller, p: m.ServersRemoveParams
+    ) -> m.ServersRemoveResult:
+        started = time.time()
+        try:
+            result = await self.servers_remove(caller, p)
+        except RemoteError as exc:
+            self._auditor.record(
+                caller,
+                action="servers/remove",
+                started=started,
+                server=p.name,
+                outcome="failed",
+                reason=exc.reason,
+            )
+            raise
+        self._auditor.record(
+            caller,
+            action="servers/remove",
+            started=started,
+            server=p.name,
+            outcome="ok",
+        )
+        return result
+
+    async def audit_list(
+        self, caller: Caller, p: m.AuditListParams
+    ) -> m.AuditListResult:
+        if not 1 <= p.limit <= 1000:
+            raise InvalidParamsError("limit must be in 1..1000")
+        records = await anyio.to_thread.run_sync(
+            partial(
+                self._store.list_audit,
+                server=p.server,
+                tool=p.tool,
+                outcome=p.outcome,
+                since=p.since,
+                before_id=p.before_id,
+                limit=p.limit,
+            )
+        )
+        more = len(records) == p.limit and records[-1].id > 1
+        return m.AuditListResult(
+            records=records, next_before_id=records[-1].id if more else None
+        )
 
     # --- the daemon ---------------------------------------------------------
 
@@ -131,6 +256,11 @@ class Broker:
             max_result_bytes=spec.max_result_bytes,
             protocol=spec.protocol,
             state=upstream.state,
+            allow_private_network=spec.allow_private_network,
+            allow_tools=list(spec.allow_tools),
+            block_tools=list(spec.block_tools),
+            require_approval=spec.require_approval,
+            risk=dict(spec.risk),
         )
 
     async def servers_list(
@@ -146,6 +276,12 @@ class Broker:
             validate_server(spec)
         except ValueError as exc:
             raise InvalidParamsError(str(exc)) from None
+        check_server_url(spec, allowlist=self._config.host_allowlist)
+        spec = resolve_command(  # stdio: the absolute path is what is stored and runs
+            spec,
+            allowlist=self._config.stdio_allowlist,
+            allow_inline_code=self._config.stdio_allow_inline_code,
+        )
         async with self._changing:
             if spec.name in self._pool:
                 raise ConflictError(f"a server named {spec.name!r} already exists")
@@ -217,6 +353,11 @@ class Broker:
         self, caller: Caller, p: m.ToolsCallParams
     ) -> m.ToolsCallResult:
         upstream = self._pool.get(p.server)
+        # Policy: the verdict is a value (risk, decision) the audit records;
+        # anything but allow is refused here, before the upstream sees the call.
+        verdict = await upstream.tool_verdict(p.name, timeout_s=p.timeout_s)
+        if verdict.decision != "allow":
+            raise refusal(verdict, server=p.server, tool=p.name)
         return await upstream.call_tool(p.name, p.arguments, timeout_s=p.timeout_s)
 
     async def resources_list(

@@ -15,8 +15,9 @@ from typing import Final
 
 import msgspec
 
-from memorizz.api.methods import ServerSpec
+from memorizz.api.methods import Decision, ServerSpec
 from memorizz.api.protocol import default_runtime_dir
+from memorizzd.egress.urls import normalise_pattern
 
 DEFAULT_CONFIG_PATH: Final = Path("/etc/memorizzd/memorizzd.toml")
 SERVER_NAME_MAX: Final = 64
@@ -31,6 +32,14 @@ class ConfigServer(ServerSpec, kw_only=True, frozen=True, forbid_unknown_fields=
     wire, unknown fields are ignored so that the protocol can grow)."""
 
 
+class Decisions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What a call gets, per risk class (``[decisions]`` in the config file)."""
+
+    read: Decision = "allow"
+    write: Decision = "allow"
+    destructive: Decision = "ask"
+
+
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Everything the daemon reads at start. Field names are the TOML keys."""
 
@@ -41,6 +50,15 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """SQLite state; default /var/lib/memorizzd as root, else $XDG_STATE_HOME/memorizzd."""
     servers: list[ServerSpec] = []
     """Read-only through the API (``[[servers]]`` tables; keys as ``servers/add``)."""
+    host_allowlist: list[str] = []
+    """Hosts HTTP servers may be on (``api.example.com``, ``*.example.com``); empty:
+    any public host. Env MEMORIZZ_MCP_HOST_ALLOWLIST (comma-separated) adds to it."""
+    stdio_allowlist: list[str] = []
+    """Executables stdio servers may run (names or absolute paths); empty: any.
+    Env MEMORIZZ_MCP_STDIO_ALLOWLIST (comma-separated) adds to it."""
+    stdio_allow_inline_code: bool = False
+    """Allow interpreter one-liners (``python -c``, ``node -e``, ``sh -c`` ...)."""
+    decisions: Decisions = msgspec.field(default_factory=Decisions)
     connect_wait_s: float = 5.0
     """How long a call waits for a server that is (re)connecting before it fails."""
     backoff_initial_s: float = 0.5
@@ -154,6 +172,17 @@ def load(
     if config.drain_timeout_s < 0:
         raise ConfigError(f"{config_path}: drain_timeout_s must not be negative")
     config.state_dir = state_dir or config.state_dir or default_state_dir()
+    config.host_allowlist = config.host_allowlist + _env_list(
+        "MEMORIZZ_MCP_HOST_ALLOWLIST"
+    )
+    config.stdio_allowlist = config.stdio_allowlist + _env_list(
+        "MEMORIZZ_MCP_STDIO_ALLOWLIST"
+    )
+    for pattern in config.host_allowlist:
+        if normalise_pattern(pattern) is None:
+            raise ConfigError(
+                f"{config_path}: host_allowlist: {pattern!r} is not a host name or *.domain"
+            )
     seen: set[str] = set()
     for i, spec in enumerate(config.servers):
         try:
@@ -172,3 +201,9 @@ def _where(exc: msgspec.ValidationError, raw: dict[str, object]) -> str:
     if "servers" not in raw and "- at `$[" in text:
         return text.replace("- at `$[", "- at `$.servers[")
     return text
+
+
+def _env_list(name: str) -> list[str]:
+    return [
+        item.strip() for item in os.environ.get(name, "").split(",") if item.strip()
+    ]

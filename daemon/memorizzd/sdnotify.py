@@ -43,12 +43,17 @@ def notify(state: str) -> None:
             pass
 
 
+def journal_available() -> bool:
+    """Whether logs go to journald (run by systemd with systemd-python installed)."""
+    return bool(os.environ.get("JOURNAL_STREAM")) and _sd_journal is not None
+
+
 def setup_logging(level: str) -> None:
     """journald with structured fields under systemd, stderr otherwise."""
     root = logging.getLogger()
     root.setLevel(level.upper())
     handler: logging.Handler
-    if os.environ.get("JOURNAL_STREAM") and _sd_journal is not None:
+    if journal_available():
         handler = _sd_journal.JournalHandler(SYSLOG_IDENTIFIER="memorizzd")
     else:
         handler = logging.StreamHandler(sys.stderr)

@@ -1,8 +1,16 @@
-"""The SQLite state database: run-time servers and what each server negotiated.
+"""The SQLite state database: run-time servers, negotiated versions, the audit trail.
 
 The only module that knows SQL. Calls are short and synchronous; async callers
-run them with ``anyio.to_thread.run_sync``. WAL mode; ``synchronous=FULL`` so
-an acknowledged ``servers/add`` survives a power cut.
+run them with ``anyio.to_thread.run_sync``, except ``append_audit`` (below).
+WAL mode; ``synchronous=FULL`` so an acknowledged ``servers/add`` survives a
+power cut.
+
+The audit trail is appended on every call, so it has its own connection:
+``synchronous=NORMAL`` (in WAL mode a committed record survives a crash or
+SIGKILL of the daemon, though not a power cut; an fsync per call would cost
+~250 us each on this class of disk) and no automatic checkpoints, so an append
+is a ~10 us write that can run on the event loop; ``checkpoint()`` folds the
+WAL back from a worker thread now and then.
 """
 
 from __future__ import annotations
@@ -17,9 +25,9 @@ from typing import Final
 
 import msgspec
 
-from memorizz.api.methods import ServerSpec
+from memorizz.api.methods import AuditRecord, ServerSpec
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 _MIGRATIONS: Final = (
     """
     CREATE TABLE servers (
@@ -35,6 +43,37 @@ _MIGRATIONS: Final = (
     """,
     # 2: the version is remembered per way of reaching the server
     "ALTER TABLE negotiated ADD COLUMN fingerprint TEXT NOT NULL DEFAULT '';",
+    # 3: the append-only audit trail
+    """
+    CREATE TABLE audit (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        time REAL NOT NULL,
+        action TEXT NOT NULL,
+        caller_socket TEXT NOT NULL,
+        caller_uid INTEGER NOT NULL,
+        caller_gid INTEGER NOT NULL,
+        caller_pid INTEGER NOT NULL,
+        server TEXT,
+        tool TEXT,
+        risk TEXT,
+        decision TEXT,
+        outcome TEXT NOT NULL,
+        reason TEXT,
+        duration_ms REAL NOT NULL,
+        argument_keys TEXT NOT NULL,
+        arguments_hmac TEXT,
+        result_bytes INTEGER
+    );
+    CREATE INDEX audit_server_time ON audit (server, time);
+    CREATE TRIGGER audit_no_update BEFORE UPDATE ON audit
+        BEGIN SELECT RAISE(ABORT, 'the audit trail is append-only'); END;
+    CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
+        BEGIN SELECT RAISE(ABORT, 'the audit trail is append-only'); END;
+    """,
+)
+_AUDIT_COLUMNS: Final = (
+    "time, action, caller_socket, caller_uid, caller_gid, caller_pid, server, tool, risk,"
+    " decision, outcome, reason, duration_ms, argument_keys, arguments_hmac, result_bytes"
 )
 
 
@@ -74,6 +113,15 @@ class Store:
         self._lock = threading.Lock()
         self._encoder = msgspec.json.Encoder()
         self._decoder = msgspec.json.Decoder(ServerSpec)
+        try:
+            self._audit = sqlite3.connect(
+                self.path, check_same_thread=False, isolation_level=None
+            )
+            self._audit.execute("PRAGMA synchronous=NORMAL")
+            self._audit.execute("PRAGMA wal_autocheckpoint=0")
+            self._audit.execute("PRAGMA busy_timeout=5000")
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open state database {self.path}: {exc}") from None
 
     def _migrate(self) -> None:
         (version,) = self._db.execute("PRAGMA user_version").fetchone()
@@ -87,7 +135,93 @@ class Store:
             )
 
     def close(self) -> None:
+        self._audit.close()
         self._db.close()
+
+    # --- the audit trail ----------------------------------------------------
+
+    def append_audit(self, record: AuditRecord) -> int:
+        """Append one record; returns its id. Durable when it returns (see above)."""
+        cursor = self._audit.execute(
+            f"INSERT INTO audit ({_AUDIT_COLUMNS}) VALUES"  # noqa: S608 - constant columns
+            " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                record.time,
+                record.action,
+                record.caller_socket,
+                record.caller_uid,
+                record.caller_gid,
+                record.caller_pid,
+                record.server,
+                record.tool,
+                record.risk,
+                record.decision,
+                record.outcome,
+                record.reason,
+                record.duration_ms,
+                self._encoder.encode(record.argument_keys).decode(),
+                record.arguments_hmac,
+                record.result_bytes,
+            ),
+        )
+        return cursor.lastrowid or 0
+
+    def list_audit(
+        self,
+        *,
+        server: str | None,
+        tool: str | None,
+        outcome: str | None,
+        since: float | None,
+        before_id: int | None,
+        limit: int,
+    ) -> list[AuditRecord]:
+        """Newest first, filtered; ``before_id`` pages towards older records."""
+        where: list[str] = []
+        args: list[str | float] = []
+        for column, value in (("server", server), ("tool", tool), ("outcome", outcome)):
+            if value is not None:
+                where.append(f"{column} = ?")
+                args.append(value)
+        if since is not None:
+            where.append("time >= ?")
+            args.append(since)
+        if before_id is not None:
+            where.append("id < ?")
+            args.append(before_id)
+        sql = f"SELECT id, {_AUDIT_COLUMNS} FROM audit"  # noqa: S608 - constant columns
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY id DESC LIMIT ?"
+        with self._lock:
+            rows = self._db.execute(sql, (*args, limit)).fetchall()
+        return [
+            AuditRecord(
+                id=row[0],
+                time=row[1],
+                action=row[2],
+                caller_socket=row[3],
+                caller_uid=row[4],
+                caller_gid=row[5],
+                caller_pid=row[6],
+                server=row[7],
+                tool=row[8],
+                risk=row[9],
+                decision=row[10],
+                outcome=row[11],
+                reason=row[12],
+                duration_ms=row[13],
+                argument_keys=msgspec.json.decode(row[14]),
+                arguments_hmac=row[15],
+                result_bytes=row[16],
+            )
+            for row in rows
+        ]
+
+    def checkpoint(self) -> None:
+        """Fold the WAL back into the database (PASSIVE: never blocks writers)."""
+        with self._lock:
+            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     def servers(self) -> list[ServerSpec]:
         with self._lock:

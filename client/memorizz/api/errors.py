@@ -10,7 +10,11 @@ The tree (one class per code; ``reason`` refines it and is what clients branch o
     |   +-- InvalidParamsError         -32602 invalid_params
     |   +-- InternalError              -32603 internal
     |   +-- UnsupportedProtocolError   -32000 unsupported_protocol
-    |   +-- PermissionDeniedError      -32001 permission_denied, read_only_server
+    |   +-- PermissionDeniedError      -32001 permission_denied, read_only_server,
+    |                                         scheme_not_allowed, host_not_allowed,
+    |                                         address_not_allowed, credentials_in_url,
+    |                                         redirect_blocked, command_not_allowed,
+    |                                         tool_blocked
     |   +-- NotFoundError              -32002 unknown_server, not_found
     |   +-- UnavailableError           -32003 server_unavailable, overloaded, shutting_down
     |   +-- AuthRequiredError          -32004 authorization_required
@@ -18,6 +22,7 @@ The tree (one class per code; ``reason`` refines it and is what clients branch o
     |   +-- UpstreamError              -32006 upstream_error
     |   +-- TooLargeError              -32007 result_too_large
     |   +-- ConflictError              -32008 server_exists
+    |   +-- ApprovalRequiredError      -32009 approval_required
     +-- DaemonUnreachableError         client side only, never on the wire
     |   +-- SocketPermissionError      the socket refused this user
     +-- ProtocolError                  the reply could not be decoded (client side)
@@ -64,6 +69,8 @@ class ErrorCode(IntEnum):
     """The upstream result exceeded the server's ``max_result_bytes``."""
     CONFLICT = -32008
     """The request conflicts with current state (e.g. the server name is taken)."""
+    APPROVAL_REQUIRED = -32009
+    """Policy says an operator must approve this call first."""
 
 
 # Stable reasons (data.reason). Append only.
@@ -88,6 +95,14 @@ REASONS: Final = frozenset(
         "upstream_error",
         "result_too_large",
         "server_exists",
+        "scheme_not_allowed",
+        "host_not_allowed",
+        "address_not_allowed",
+        "credentials_in_url",
+        "redirect_blocked",
+        "command_not_allowed",
+        "tool_blocked",
+        "approval_required",
     }
 )
 
@@ -197,6 +212,11 @@ class ConflictError(RemoteError):
     default_reason = "server_exists"
 
 
+class ApprovalRequiredError(RemoteError):
+    default_code = ErrorCode.APPROVAL_REQUIRED
+    default_reason = "approval_required"
+
+
 class DaemonUnreachableError(MemorizzError, ConnectionError):
     """The client could not reach the daemon's socket (client side only)."""
 
@@ -226,6 +246,7 @@ _BY_CODE: Final[dict[int, type[RemoteError]]] = {
         UpstreamError,
         TooLargeError,
         ConflictError,
+        ApprovalRequiredError,
     )
 }
 

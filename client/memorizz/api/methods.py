@@ -20,6 +20,17 @@ from typing import Any, Final, Literal
 import msgspec
 
 Transport = Literal["stdio", "streamable_http", "sse"]
+Risk = Literal["read", "write", "destructive"]
+Decision = Literal["allow", "ask", "deny"]
+AuditOutcome = Literal[
+    "ok",
+    "tool_error",
+    "denied",
+    "timeout",
+    "failed",
+    "result_too_large",
+    "approval_required",
+]
 ServerState = Literal["connecting", "ready", "backoff", "failed", "stopped"]
 ProtocolMode = Literal["auto", "legacy", "2026-07-28"]
 
@@ -53,6 +64,10 @@ class Tool(msgspec.Struct, kw_only=True, rename="camel", omit_defaults=True):
     execution: dict[str, Any] | None = None
     icons: list[dict[str, Any]] | None = None
     meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
+    risk: Risk | None = None
+    """memorizz: the tool's risk class (catalog, operator, annotations; else write)."""
+    decision: Decision | None = None
+    """memorizz: what a call gets: allow, ask (operator approval) or deny."""
 
 
 class Resource(msgspec.Struct, kw_only=True, rename="camel", omit_defaults=True):
@@ -226,6 +241,17 @@ class ServerSpec(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
     protocol: ProtocolMode = "auto"
     """``auto`` probes once and remembers; ``legacy`` forces the initialize handshake."""
+    allow_private_network: bool = False
+    """HTTP only: allow ``http://`` and private/loopback addresses for this server alone
+    (an intentional local service)."""
+    allow_tools: list[str] = []
+    """Glob patterns; when set, only matching tools exist for callers."""
+    block_tools: list[str] = []
+    """Glob patterns; matching tools are hidden and refused (``tool_blocked``)."""
+    require_approval: bool = False
+    """Make write and destructive tools ``ask``."""
+    risk: dict[str, Risk] = {}
+    """Operator overrides of tools' risk classes, by exact tool name."""
 
 
 class ServerInfo(msgspec.Struct, kw_only=True):
@@ -235,6 +261,7 @@ class ServerInfo(msgspec.Struct, kw_only=True):
     transport: Transport
     source: Literal["config", "api"]
     command: str | None
+    """stdio: the absolute path that runs (resolved when the server was added)."""
     args: list[str]
     env_keys: list[str]
     cwd: str | None
@@ -243,6 +270,11 @@ class ServerInfo(msgspec.Struct, kw_only=True):
     max_result_bytes: int
     protocol: ProtocolMode
     state: ServerState
+    allow_private_network: bool = False
+    allow_tools: list[str] = []
+    block_tools: list[str] = []
+    require_approval: bool = False
+    risk: dict[str, Risk] = {}
 
 
 class ServersListParams(Params, kw_only=True, frozen=True):
@@ -311,6 +343,52 @@ class ServersTestResult(Result, kw_only=True):
     latency_ms: float | None
 
 
+class AuditRecord(msgspec.Struct, kw_only=True):
+    """One append-only audit record: a tool call or an operator action."""
+
+    id: int
+    time: float
+    """Unix time the action started."""
+    action: str
+    """``tools/call``, ``servers/add``, ``servers/remove``, ..."""
+    caller_socket: str
+    caller_uid: int
+    caller_gid: int
+    caller_pid: int
+    server: str | None
+    tool: str | None
+    risk: Risk | None
+    decision: Decision | None
+    outcome: str
+    """tools/call: ok, tool_error, denied, approval_required, timeout, failed,
+    result_too_large; operator actions: ok or failed."""
+    reason: str | None
+    """The error's ``data.reason`` when it failed or was refused."""
+    duration_ms: float
+    argument_keys: list[str]
+    arguments_hmac: str | None
+    """HMAC-SHA-256 (hex) of the canonical JSON arguments under the audit key."""
+    result_bytes: int | None
+
+
+class AuditListParams(Params, kw_only=True, frozen=True):
+    server: str | None = None
+    tool: str | None = None
+    outcome: str | None = None
+    since: float | None = None
+    """Only records at or after this Unix time."""
+    before_id: int | None = None
+    """Paging: only records older than this id (pass the last page's ``next_before_id``)."""
+    limit: int = 100
+    """At most this many records (1..1000), newest first."""
+
+
+class AuditListResult(Result, kw_only=True):
+    records: list[AuditRecord]
+    next_before_id: int | None
+    """Pass as ``before_id`` for the next (older) page; null at the end."""
+
+
 class MethodSpec(msgspec.Struct, frozen=True):
     params: type[Params]
     result: type[Result]
@@ -357,4 +435,7 @@ METHODS: Final[dict[str, MethodSpec]] = {
     ),
     "prompts/get": MethodSpec(PromptsGetParams, PromptsGetResult, "Get one prompt."),
     "ping": MethodSpec(PingParams, PingResult, "Ping the daemon or one upstream."),
+    "audit/list": MethodSpec(
+        AuditListParams, AuditListResult, "The audit trail, newest first."
+    ),
 }

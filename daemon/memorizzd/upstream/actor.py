@@ -26,6 +26,7 @@ from mcp import Client
 from memorizz.api import methods as m
 from memorizz.api.errors import DeadlineExceededError, RemoteError, UnavailableError
 from memorizzd.config import Config
+from memorizzd.policy import ToolPolicy, ToolsView, ToolVerdict
 from memorizzd.store import Negotiated, Store, fingerprint
 from memorizzd.upstream import session as sdk
 from memorizzd.upstream.stdio import StdioProcess
@@ -66,7 +67,8 @@ class Upstream:
         self._ready = anyio.Event()
         self._dead = anyio.Event()
         self._process: StdioProcess | None = None
-        self._tools: list[m.Tool] | None = None
+        self._view: ToolsView | None = None
+        """The warm tools cache: the listing as policy shows it, verdicts precomputed."""
         self._tool_count: int | None = None
         self._next_attempt = 0.0
         self._last_ok = 0.0
@@ -109,6 +111,12 @@ class Upstream:
             self._set_state("stopped")
             self._stopped.set()
 
+    def refuse(self, reason: str) -> None:
+        """Never run (instead of ``run``): ``failed`` with ``reason`` as last_error."""
+        self._set_state("failed")
+        self.last_error = reason
+        self._stopped.set()
+
     async def stop(self) -> None:
         if self._scope is not None:
             self._scope.cancel()
@@ -136,6 +144,7 @@ class Upstream:
             mode=mode,
             process=self._process,
             message_handler=self._on_message,
+            host_allowlist=self._config.host_allowlist,
         ) as client:
             version, self.server_name, self.server_version = sdk.describe(client)
             self.protocol_version = version
@@ -196,7 +205,7 @@ class Upstream:
 
     def _tools_changed(self) -> None:
         log.info("%s: tools/list_changed", self.name)
-        self._tools = None  # the next tools/list fetches afresh
+        self._view = None  # the next tools/list fetches afresh
 
     async def _watch_tool_changes(self, client: Client) -> None:
         try:
@@ -325,27 +334,52 @@ class Upstream:
                     self.calls_failed += 1
 
     async def _refresh_tools(self, client: Client) -> list[m.Tool]:
+        return (await self._refresh_view(client)).tools
+
+    async def _refresh_view(self, client: Client) -> ToolsView:
+        """Fetch the listing and decide every tool once; calls look verdicts up."""
         limit = self._config.list_page_limit
         with anyio.fail_after(self.spec.timeout_s):
             tools = await sdk.guarded(
                 partial(sdk.list_tools, client, page_limit=limit), server=self.name
             )
-        self._tools = tools
-        self._tool_count = len(tools)
-        return tools
+        policy = ToolPolicy.for_server(
+            self.spec, self._config.decisions, server_name=self.server_name
+        )
+        self._view = view = policy.view(tools)
+        self._tool_count = len(view.tools)  # what callers see
+        return view
 
     # --- the operations -----------------------------------------------------
 
     async def list_tools(self, *, refresh: bool) -> list[m.Tool]:
+        """The visible tools, each with its risk and decision (the warm cache
+        unless ``refresh``)."""
         if (
             not refresh
-            and (tools := self._tools) is not None
+            and (view := self._view) is not None
             and self._client is not None
         ):
-            return tools
+            return view.tools
         return await self.request(
             self._refresh_tools, timeout_s=self.spec.timeout_s, safe=True
         )
+
+    async def tool_verdict(self, name: str, *, timeout_s: float | None) -> ToolVerdict:
+        """The policy's verdict on calling ``name``: a dict lookup in the warm
+        cache; with no cache, the listing is fetched first (a failure to fetch
+        it is the call's failure: no annotations, no decision)."""
+        view = self._view
+        if view is None:
+            view = await self.request(
+                self._refresh_view, timeout_s=self.timeout_for(timeout_s), safe=True
+            )
+        return view.verdict(name)
+
+    def cached_verdict(self, name: str) -> ToolVerdict | None:
+        """The verdict from the warm cache, or None when there is none (no I/O)."""
+        view = self._view
+        return None if view is None else view.verdict(name)
 
     async def call_tool(
         self, name: str, arguments: dict[str, Any], *, timeout_s: float | None

@@ -7,10 +7,12 @@ one request fails with ``result_too_large`` and the session lives on.
 
 * stdio: ``stdio.py`` uses :func:`too_large_reply` on an oversize line.
 * HTTP (Streamable HTTP and legacy SSE): :class:`CappedTransport` wraps the
-  httpx2 transport. A JSON body is buffered up to the cap and replaced when it
-  exceeds it; an event stream is filtered event by event, and an oversize event
-  is replaced by an error event. Bodies are requested with
-  ``Accept-Encoding: identity`` so that the bytes counted are the bytes decoded.
+  transport of the hardened client (``memorizzd.egress.client``). A JSON body
+  is buffered up to the cap and replaced when it exceeds it; an event stream
+  is filtered event by event, and an oversize event is replaced by an error
+  event. Bodies are requested with ``Accept-Encoding: identity`` (and the
+  hardened client refuses any other coding), so the bytes counted are the
+  bytes decoded.
 """
 
 from __future__ import annotations
@@ -162,22 +164,3 @@ def _request_id(request: httpx2.Request) -> Any:
     except (msgspec.DecodeError, httpx2.RequestNotRead):
         return None
     return body.get("id") if isinstance(body, dict) else None
-
-
-def capped_http_client(
-    limit: int,
-    *,
-    timeout: httpx2.Timeout,
-    headers: dict[str, str] | None = None,
-    auth: Any = None,
-) -> httpx2.AsyncClient:
-    """The HTTP client for one upstream: no redirects, no proxies from the
-    environment, identity encoding, response bodies capped at ``limit``."""
-    return httpx2.AsyncClient(
-        headers=headers,
-        timeout=timeout,
-        auth=auth,
-        follow_redirects=False,
-        trust_env=False,
-        transport=CappedTransport(httpx2.AsyncHTTPTransport(trust_env=False), limit),
-    )

@@ -41,11 +41,19 @@ class Pool:
     def __contains__(self, name: str) -> bool:
         return name in self._upstreams
 
-    async def start(self, spec: m.ServerSpec, *, source: str) -> Upstream:
+    async def start(
+        self, spec: m.ServerSpec, *, source: str, refused: str | None = None
+    ) -> Upstream:
+        """Start supervising ``spec``; with ``refused`` (why it must not run) it is
+        only listed, ``failed``, until removed."""
         if spec.name in self._upstreams:
             raise ConflictError(f"a server named {spec.name!r} already exists")
         upstream = Upstream(spec, source=source, config=self._config, store=self._store)
         self._upstreams[spec.name] = upstream
+        if refused is not None:
+            log.error("%s: not started: %s", spec.name, refused)
+            upstream.refuse(refused)
+            return upstream
         await self._tg.start(upstream.run)
         return upstream
 

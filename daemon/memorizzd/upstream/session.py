@@ -8,8 +8,8 @@ error classes; nothing above it knows the SDK exists.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, Final, TypeVar
 
 import anyio
@@ -33,7 +33,10 @@ from memorizz.api.errors import (
     UpstreamError,
 )
 from memorizzd import __version__
-from memorizzd.upstream.limits import TOO_LARGE_MARKER, capped_http_client
+from memorizzd.egress.client import hardened_client
+from memorizzd.egress.replies import refusal_in
+from memorizzd.egress.urls import check_url
+from memorizzd.upstream.limits import TOO_LARGE_MARKER
 from memorizzd.upstream.stdio import StdioProcess, stdio_transport
 
 T = TypeVar("T")
@@ -79,8 +82,15 @@ async def open_client(
     mode: str,
     process: StdioProcess | None,
     message_handler: MessageHandler,
+    host_allowlist: Sequence[str],
 ) -> AsyncIterator[Client]:
-    """Connect and negotiate; yields a ready ``Client`` owned by the calling task."""
+    """Connect and negotiate; yields a ready ``Client`` owned by the calling task.
+
+    HTTP servers are reached only through the hardened client (``egress``); the
+    URL is checked again here, since the allowlist may have changed since the
+    server was added, and an egress refusal while connecting is raised as such
+    (``PermissionDeniedError``), not as the SDK's "connection closed".
+    """
     client_kwargs: dict[str, Any] = {
         "mode": mode,
         "read_timeout_seconds": spec.timeout_s,
@@ -101,35 +111,78 @@ async def open_client(
         async with Client(transport, **client_kwargs) as client:
             yield client
     elif spec.transport == "streamable_http":
-        if spec.url is None:
-            raise ValueError("an HTTP server needs a url")
-        http = capped_http_client(spec.max_result_bytes, timeout=_timeout(spec))
+        url = _checked_url(spec, host_allowlist)
+        http = hardened_client(
+            limit=spec.max_result_bytes,
+            timeout=_timeout(spec),
+            allowlist=host_allowlist,
+            allow_private_network=spec.allow_private_network,
+        )
         async with http:
             transport = streamable_http_client(
-                spec.url,
+                url,
                 http_client=http,
                 max_sse_event_size=spec.max_result_bytes + 65536,
             )
-            async with Client(transport, **client_kwargs) as client:
+            async with _refusals_raised(Client(transport, **client_kwargs)) as client:
                 yield client
     else:
-        if spec.url is None:
-            raise ValueError("an HTTP server needs a url")
+        url = _checked_url(spec, host_allowlist)
         transport = sse_client(
-            spec.url,
+            url,
             timeout=30.0,
             sse_read_timeout=24 * 3600.0,
             httpx_client_factory=lambda headers=None, timeout=None, auth=None: (
-                capped_http_client(
-                    min(spec.max_result_bytes, SSE_EVENT_MAX - 65536),
+                hardened_client(
+                    limit=min(spec.max_result_bytes, SSE_EVENT_MAX - 65536),
                     timeout=timeout or _timeout(spec),
+                    allowlist=host_allowlist,
+                    allow_private_network=spec.allow_private_network,
                     headers=headers,
                     auth=auth,
                 )
             ),
         )
-        async with Client(transport, **client_kwargs) as client:
+        async with _refusals_raised(Client(transport, **client_kwargs)) as client:
             yield client
+
+
+def _checked_url(spec: m.ServerSpec, host_allowlist: Sequence[str]) -> str:
+    if spec.url is None:
+        raise ValueError("an HTTP server needs a url")
+    check_url(
+        spec.url,
+        allowlist=host_allowlist,
+        allow_private_network=spec.allow_private_network,
+    )
+    return spec.url
+
+
+@asynccontextmanager
+async def _refusals_raised(client: Client) -> AsyncIterator[Client]:
+    """Enter ``client``; when connecting failed because egress refused, raise
+    the refusal itself (the SDK reports it as a failed handshake)."""
+    async with AsyncExitStack() as stack:
+        try:
+            entered = await stack.enter_async_context(client)
+        except Exception as exc:
+            refusal = _refusal_of(exc)
+            if refusal is None:
+                raise
+            raise refusal from None
+        yield entered
+
+
+def _refusal_of(exc: BaseException) -> RemoteError | None:
+    if isinstance(exc, RemoteError):
+        return exc
+    if isinstance(exc, MCPError):
+        return refusal_in(exc.error.data)
+    if isinstance(exc, BaseExceptionGroup):
+        for inner in exc.exceptions:
+            if (refusal := _refusal_of(inner)) is not None:
+                return refusal
+    return None
 
 
 def is_modern(client: Client) -> bool:
@@ -157,6 +210,8 @@ async def guarded(call: Callable[[], Awaitable[T]], *, server: str) -> T:
 
 
 def translate_mcp_error(exc: MCPError, *, server: str) -> RemoteError | ConnectionLost:
+    if (refusal := refusal_in(exc.error.data)) is not None:
+        return refusal  # the hardened client refused this request (egress)
     if exc.code == types.CONNECTION_CLOSED and exc.error.data != TOO_LARGE_MARKER:
         if _SSE_TOO_LARGE in exc.message:
             return TooLargeError(f"{server}: result larger than max_result_bytes")

@@ -1,0 +1,166 @@
+"""The audit trail: one append-only record per tool call and per operator action.
+
+A record holds who (socket, uid, gid, pid), what (server, tool, risk,
+decision), how it ended (outcome, reason, duration, result size) and which
+argument keys were passed, with an HMAC-SHA-256 of the canonical JSON of the
+arguments under a dedicated audit key, never their values: equal arguments
+give equal digests (so calls can be correlated) but a low-entropy value cannot
+be recovered by hashing guesses without the key.
+
+Records are written to the state database before the reply is sent, and
+mirrored to the journal with structured fields when running under systemd.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import secrets
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any, Final
+
+import anyio
+import msgspec
+
+from memorizz.api import methods as m
+from memorizzd.rpc.peer import Caller
+from memorizzd.store import Store
+
+log = logging.getLogger("memorizzd.audit")
+
+KEY_FILE: Final = "audit.key"
+KEY_BYTES: Final = 32
+CHECKPOINT_INTERVAL_S: Final = 30.0
+
+_canonical: Final = msgspec.json.Encoder(order="sorted")
+
+_OUTCOME_BY_REASON: Final = {
+    "tool_blocked": "denied",
+    "approval_required": "approval_required",
+    "timeout": "timeout",
+    "result_too_large": "result_too_large",
+}
+
+
+def outcome_for(reason: str) -> str:
+    """The audit outcome of a call that raised an error with ``reason``."""
+    return _OUTCOME_BY_REASON.get(reason, "failed")
+
+
+def load_key(state_dir: str) -> bytes:
+    """The audit key: 32 random bytes in ``<state_dir>/audit.key`` (0600), made once."""
+    path = Path(state_dir) / KEY_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        key = path.read_bytes()
+        if len(key) != KEY_BYTES:
+            raise ValueError(
+                f"{path} is damaged ({len(key)} bytes, expected {KEY_BYTES})"
+            ) from None
+        return key
+    key = secrets.token_bytes(KEY_BYTES)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key)
+        f.flush()
+        os.fsync(f.fileno())
+    log.warning(
+        "created a new audit key at %s; back it up with the state database", path
+    )
+    return key
+
+
+class Auditor:
+    def __init__(self, store: Store, key: bytes, *, mirror_to_journal: bool) -> None:
+        self._store = store
+        self._key = key
+        self._mirror = mirror_to_journal
+
+    def digest(self, arguments: dict[str, Any]) -> str:
+        """HMAC-SHA-256 (hex) of the canonical JSON (sorted keys) of the arguments."""
+        return hmac.new(
+            self._key, _canonical.encode(arguments), hashlib.sha256
+        ).hexdigest()
+
+    def record(
+        self,
+        caller: Caller,
+        *,
+        action: str,
+        started: float,
+        outcome: str,
+        reason: str | None = None,
+        server: str | None = None,
+        tool: str | None = None,
+        risk: m.Risk | None = None,
+        decision: m.Decision | None = None,
+        arguments: dict[str, Any] | None = None,
+        result_bytes: int | None = None,
+    ) -> None:
+        """Write one record now. ``started`` is the ``time.time()`` the action began.
+
+        A record that cannot be written (a full disk) is logged as an error and
+        the daemon keeps serving: the action it describes has already happened.
+        """
+        now = time.time()
+        record = m.AuditRecord(
+            id=0,
+            time=started,
+            action=action,
+            caller_socket=caller.socket,
+            caller_uid=caller.uid,
+            caller_gid=caller.gid,
+            caller_pid=caller.pid,
+            server=server,
+            tool=tool,
+            risk=risk,
+            decision=decision,
+            outcome=outcome,
+            reason=reason,
+            duration_ms=round((now - started) * 1000, 3),
+            argument_keys=sorted(arguments) if arguments else [],
+            arguments_hmac=self.digest(arguments) if arguments is not None else None,
+            result_bytes=result_bytes,
+        )
+        try:
+            record.id = self._store.append_audit(record)
+        except sqlite3.Error as exc:
+            log.error("could not write an audit record (%s): %s", exc, _summary(record))
+            return
+        if self._mirror:
+            log.info(
+                "audit: %s",
+                _summary(record),
+                extra={
+                    "MEMORIZZ_AUDIT_ID": record.id,
+                    "MEMORIZZ_ACTION": action,
+                    "MEMORIZZ_SERVER": server or "",
+                    "MEMORIZZ_TOOL": tool or "",
+                    "MEMORIZZ_OUTCOME": outcome,
+                    "MEMORIZZ_REASON": reason or "",
+                    "MEMORIZZ_CALLER_UID": caller.uid,
+                    "MEMORIZZ_CALLER_PID": caller.pid,
+                },
+            )
+
+    async def run(self) -> None:
+        """Fold the audit WAL back into the database now and then, off the loop."""
+        while True:
+            await anyio.sleep(CHECKPOINT_INTERVAL_S)
+            try:
+                await anyio.to_thread.run_sync(self._store.checkpoint)
+            except sqlite3.Error as exc:
+                log.warning("audit checkpoint failed: %s", exc)
+
+
+def _summary(record: m.AuditRecord) -> str:
+    target = f"{record.server}/{record.tool}" if record.tool else (record.server or "-")
+    return (
+        f"#{record.id} {record.action} {target} {record.outcome}"
+        + (f" ({record.reason})" if record.reason else "")
+        + f" uid={record.caller_uid} pid={record.caller_pid} {record.duration_ms:g} ms"
+    )

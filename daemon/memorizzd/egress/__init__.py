@@ -1,0 +1,8 @@
+"""Egress: the only way the daemon reaches the network (besides the SDK adapter
+handing our client to the MCP SDK).
+
+``urls`` (the static URL and host policy), ``addresses`` (the deny table),
+``backend`` (resolve, check every address, dial the checked one),
+``transport`` (per-request policy and the pinned pool), ``replies`` (a refusal
+fails one MCP request), ``client`` (the factory that puts them together).
+"""

@@ -1,0 +1,67 @@
+"""The one hardened HTTP client factory: every request the daemon sends goes
+through a client made here (MCP Streamable HTTP and SSE; later OAuth).
+
+The layers, outermost first:
+
+1. ``httpx2.AsyncClient``: no redirects followed, no proxy or TLS settings
+   from the environment (``trust_env=False``).
+2. ``CappedTransport`` (``upstream/limits.py``): response bodies counted raw
+   against the server's ``max_result_bytes``.
+3. ``RefusalReplies``: a refused MCP request fails alone, with its reason.
+4. ``GuardTransport``: the URL policy per request; no 3xx, no content coding.
+5. ``PinnedTransport`` + ``PinnedBackend``: resolve, check every address,
+   connect to the checked address; TLS verifies the URL's host name.
+"""
+
+from __future__ import annotations
+
+import functools
+import ssl
+from collections.abc import Sequence
+
+import httpx2
+
+from memorizzd.egress.backend import Network, PinnedBackend
+from memorizzd.egress.replies import RefusalReplies
+from memorizzd.egress.transport import GuardTransport, PinnedTransport
+from memorizzd.upstream.limits import CappedTransport
+
+DEFAULT_NETWORK = Network()
+"""The system's resolver, sockets and CA store (tests substitute their own)."""
+
+
+def hardened_client(
+    *,
+    limit: int,
+    timeout: httpx2.Timeout,
+    allowlist: Sequence[str],
+    allow_private_network: bool,
+    headers: dict[str, str] | None = None,
+    auth: httpx2.Auth | None = None,
+    network: Network | None = None,
+) -> httpx2.AsyncClient:
+    """An HTTP client for one upstream, under the egress policy."""
+    network = network or DEFAULT_NETWORK
+    backend = PinnedBackend(
+        network, allowlist=allowlist, allow_private_network=allow_private_network
+    )
+    pinned = PinnedTransport(backend, network.ssl_context or system_ssl_context())
+    guarded = GuardTransport(
+        pinned, allowlist=allowlist, allow_private_network=allow_private_network
+    )
+    return httpx2.AsyncClient(
+        headers=headers,
+        auth=auth,
+        timeout=timeout,
+        follow_redirects=False,
+        max_redirects=0,
+        trust_env=False,
+        transport=CappedTransport(RefusalReplies(guarded), limit),
+    )
+
+
+@functools.cache
+def system_ssl_context() -> ssl.SSLContext:
+    """The system's trust anchors, never ``SSL_CERT_FILE``/``SSL_CERT_DIR``;
+    built once (loading the CA store is slow), shared by every client."""
+    return httpx2.create_ssl_context(verify=True, trust_env=False)

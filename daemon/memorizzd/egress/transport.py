@@ -1,0 +1,101 @@
+"""The httpx transports of the hardened client: the policy per request and the pin.
+
+* ``GuardTransport`` checks every request's URL (``check_url``: the SDK may
+  build URLs of its own, from an SSE ``endpoint`` event or, later, OAuth
+  metadata), asks for ``Accept-Encoding: identity`` and refuses what comes
+  back as a redirect (any 3xx: ``redirect_blocked``) or with a content coding
+  (a compressed body is never inflated: a gzip bomb stays a few kilobytes on
+  the wire and is dropped). It raises ``RemoteError`` subclasses;
+  ``replies.py`` turns them into answers for the one MCP request.
+* ``PinnedTransport`` is httpx's own transport over an httpcore connection
+  pool whose ``network_backend`` is the ``PinnedBackend``.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Sequence
+
+import httpcore2
+import httpx2
+
+from memorizz.api.errors import PermissionDeniedError, UpstreamError
+from memorizzd.egress.backend import PinnedBackend
+from memorizzd.egress.urls import check_url
+
+_IDENTITY = ("", "identity")
+
+
+class GuardTransport(httpx2.AsyncBaseTransport):
+    def __init__(
+        self,
+        inner: httpx2.AsyncBaseTransport,
+        *,
+        allowlist: Sequence[str],
+        allow_private_network: bool,
+    ) -> None:
+        self._inner = inner
+        self._allowlist = tuple(allowlist)
+        self._private = allow_private_network
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        checked = check_url(
+            str(request.url),
+            allowlist=self._allowlist,
+            allow_private_network=self._private,
+        )
+        request.headers["Accept-Encoding"] = "identity"
+        response = await self._inner.handle_async_request(request)
+        status = response.status_code
+        if 300 <= status < 400:
+            location = _location(request, response.headers.get("location"))
+            await response.aclose()
+            raise PermissionDeniedError(
+                f"redirect_blocked: {checked.host} answered {status}{location}; "
+                "redirects are never followed (use the final URL as the server's url)",
+                reason="redirect_blocked",
+                data={"status": status},
+            )
+        coding = response.headers.get("content-encoding", "").strip().lower()
+        if coding not in _IDENTITY:
+            await response.aclose()
+            raise UpstreamError(
+                f"{checked.host} sent a compressed body (Content-Encoding: "
+                f"{coding[:40]}) although identity was asked for; refused unread"
+            )
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class PinnedTransport(httpx2.AsyncHTTPTransport):
+    """``AsyncHTTPTransport`` with the pool rebuilt around ``backend``.
+
+    httpx does not expose ``network_backend``; its transport's request and
+    exception mapping is what we want, so only the pool is replaced (the
+    end-to-end tests prove the dial goes through the backend).
+    """
+
+    def __init__(self, backend: PinnedBackend, ssl_context: ssl.SSLContext) -> None:
+        super().__init__(verify=ssl_context, trust_env=False)
+        limits = httpx2.Limits(max_connections=100, max_keepalive_connections=20)
+        self._pool = httpcore2.AsyncConnectionPool(
+            ssl_context=ssl_context,
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            network_backend=backend,
+        )
+
+
+def _location(request: httpx2.Request, location: str | None) -> str:
+    """`` (to <where>)`` without userinfo, query or fragment, or nothing."""
+    if not location:
+        return ""
+    try:
+        target = request.url.join(location)
+        shown = target.copy_with(userinfo=b"", query=None, fragment=None)
+    except (httpx2.InvalidURL, ValueError, TypeError):
+        return " (to an unreadable location)"
+    return f" (to {str(shown)[:200]})"

@@ -1,0 +1,376 @@
+"""A small fake Internet for the egress tests, all of it on loopback.
+
+* ``TLS``: a throwaway CA and a certificate for ``mcp.example.test`` and
+  ``*.example.test``, so the hardened client verifies a real certificate
+  against the URL's host name while it talks to 127.0.0.1.
+* ``FakeDNS``: the only mock, the DNS answer. Names map to fixed addresses
+  (a list of answers is served in turn: rebinding); any other name fails as
+  NXDOMAIN, so no test ever asks the system resolver.
+* ``LoopbackDial``: the pinned backend's final dial. It maps a checked public
+  address and port (``8.8.8.8:443``) to a loopback test server and refuses
+  anything else loudly, so a test cannot reach a non-loopback address even
+  when the code under test is wrong.
+* ``serve_https``: a uvicorn server with that certificate on 127.0.0.1, for
+  the test MCP server (Streamable HTTP or SSE) behind ``trap_app``, which
+  answers some requests with a redirect, a gzip bomb or ``Connection: close``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import gzip
+import ipaddress
+import socket
+import ssl
+import tempfile
+import threading
+from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpcore2
+import msgspec
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from memorizzd.egress.addresses import IPAddress
+from memorizzd.egress.backend import Network
+from tests.harness import rmtree, wait_until
+
+PUBLIC_NAME = "mcp.example.test"
+PUBLIC_V4 = "8.8.8.8"
+"""What ``mcp.example.test`` resolves to: a public address, never dialled for real."""
+PUBLIC_V6 = "2001:4860:4860::8888"
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+@dataclass
+class TLS:
+    certfile: str
+    keyfile: str
+    cafile: str
+    ca_pem: str
+
+    def client_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cadata=self.ca_pem)
+
+
+def make_tls(directory: str) -> TLS:
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "memorizz test CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                key_cert_sign=True,
+                crl_sign=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(
+            x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    leaf = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, PUBLIC_NAME)]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName(PUBLIC_NAME), x509.DNSName("*.example.test")]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]),
+            critical=False,
+        )
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    certfile = Path(directory, "cert.pem")
+    keyfile = Path(directory, "key.pem")
+    certfile.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    keyfile.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    ca_pem = ca.public_bytes(serialization.Encoding.PEM).decode()
+    cafile = Path(directory, "ca.pem")
+    cafile.write_text(ca_pem)
+    return TLS(str(certfile), str(keyfile), str(cafile), ca_pem)
+
+
+@contextlib.contextmanager
+def tls_material() -> Iterator[TLS]:
+    directory = tempfile.mkdtemp(prefix="mz-tls-", dir="/tmp")
+    try:
+        yield make_tls(directory)
+    finally:
+        rmtree(directory)
+
+
+@dataclass
+class FakeDNS:
+    """``name -> addresses``, or a list of answers served in turn (the last repeats)."""
+
+    answers: dict[str, list[str] | list[list[str]]] = field(default_factory=dict)
+    lookups: list[str] = field(default_factory=list)
+
+    async def __call__(self, host: str, port: int) -> list[IPAddress]:
+        self.lookups.append(host)
+        entry = self.answers.get(host)
+        if not entry:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        if isinstance(entry[0], list):
+            turn = sum(1 for name in self.lookups if name == host) - 1
+            answer: Any = entry[min(turn, len(entry) - 1)]
+        else:
+            answer = entry
+        return [ipaddress.ip_address(a) for a in answer]
+
+
+class UnmappedDial(AssertionError):
+    """The code under test dialled an address no route maps to loopback."""
+
+
+@dataclass
+class LoopbackDial(httpcore2.AsyncNetworkBackend):
+    """Dials ``(checked address, port)`` as ``127.0.0.1:<route>``; nothing else."""
+
+    routes: dict[tuple[str, int], int] = field(default_factory=dict)
+    dialled: list[tuple[str, int]] = field(default_factory=list)
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
+        local_address: str | None = None,
+        socket_options: Iterable[httpcore2.SOCKET_OPTION] | None = None,
+    ) -> httpcore2.AsyncNetworkStream:
+        self.dialled.append((host, port))
+        target = self.routes.get((host, port))
+        if target is None:
+            raise UnmappedDial(
+                f"dialled {host}:{port}, which no route maps to loopback"
+            )
+        return await httpcore2.AnyIOBackend().connect_tcp(
+            "127.0.0.1", target, timeout=timeout
+        )
+
+
+@dataclass
+class World:
+    """Everything a test needs to reach ``https://mcp.example.test`` on loopback."""
+
+    tls: TLS
+    dns: FakeDNS
+    dial: LoopbackDial
+
+    def network(self) -> Network:
+        return Network(
+            resolve=self.dns, dial=self.dial, ssl_context=self.tls.client_context()
+        )
+
+    def route(self, address: str, port: int, loopback_port: int) -> None:
+        self.dial.routes[(address, port)] = loopback_port
+
+
+# --- servers ---------------------------------------------------------------------
+
+TRAP_TOOLS = {
+    "__redirect_private": "redirect_private",
+    "__redirect_http": "redirect_http",
+    "__redirect_same_origin": "redirect_same_origin",
+    "__gzip": "gzip",
+}
+"""``tools/call`` of these names is answered by ``trap_app``, never by the server."""
+
+BOMB_BYTES = 16 << 20
+
+
+@functools.cache
+def gzip_bomb() -> bytes:
+    """16 MiB of zeros in about 16 KiB."""
+    return gzip.compress(b"0" * BOMB_BYTES, compresslevel=9)
+
+
+async def _respond(
+    send: Send, status: int, headers: list[tuple[bytes, bytes]], body: bytes = b""
+) -> None:
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def answer_trap(action: str, scope: Scope, send: Send) -> None:
+    """Answer one request the way ``action`` says."""
+    if action == "headers":  # what the client sent, as JSON
+        sent = {k.decode(): v.decode() for k, v in scope["headers"]}
+        body = msgspec.json.encode(sent)
+        await _respond(send, 200, [(b"content-type", b"application/json")], body)
+    elif action == "redirect_private":
+        location = b"http://169.254.169.254/latest/meta-data/"
+        await _respond(send, 302, [(b"location", location)])
+    elif action == "redirect_http":
+        await _respond(send, 302, [(b"location", b"http://mcp.example.test/mcp")])
+    elif action == "redirect_same_origin":
+        await _respond(send, 307, [(b"location", b"/mcp/")])
+    elif action == "gzip":
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-encoding", b"gzip"),
+            (b"content-length", str(len(gzip_bomb())).encode()),
+        ]
+        await _respond(send, 200, headers, gzip_bomb())
+    elif action == "close":
+        headers = [(b"content-type", b"text/plain"), (b"connection", b"close")]
+        await _respond(send, 200, headers, b"ok")
+    else:
+        await _respond(send, 200, [(b"content-type", b"text/plain")], b"ok")
+
+
+def trap_app(inner: ASGIApp | None = None) -> ASGIApp:
+    """``/trap/<action>`` answers with ``answer_trap``; a ``tools/call`` of a
+    ``TRAP_TOOLS`` name too; everything else goes to ``inner``."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if inner is not None:
+                await inner(scope, receive, send)
+            return
+        path: str = scope["path"]
+        if path.startswith("/trap/"):
+            await answer_trap(path.removeprefix("/trap/"), scope, send)
+            return
+        if inner is None:
+            await _respond(send, 404, [(b"content-type", b"text/plain")], b"no")
+            return
+        if scope["method"] != "POST":
+            await inner(scope, receive, send)
+            return
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        if (action := _trap_of(body)) is not None:
+            await answer_trap(action, scope, send)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await inner(scope, replay, send)
+
+    return app
+
+
+def _trap_of(body: bytes) -> str | None:
+    try:
+        message = msgspec.json.decode(body)
+    except msgspec.DecodeError:
+        return None
+    if not isinstance(message, dict) or message.get("method") != "tools/call":
+        return None
+    params = message.get("params")
+    name = params.get("name") if isinstance(params, dict) else None
+    return TRAP_TOOLS.get(name) if isinstance(name, str) else None
+
+
+def mcp_app(kind: str, host: str = PUBLIC_NAME) -> ASGIApp:
+    """The test MCP server; it accepts ``Host: <host>`` (and only that)."""
+    from mcp.server.transport_security import TransportSecuritySettings
+
+    from tests.mcp_server import mcp
+
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[host, f"{host}:*"],
+        allowed_origins=[],
+    )
+    if kind == "streamable_http":
+        app: ASGIApp = mcp.streamable_http_app(transport_security=security)
+    else:
+        app = mcp.sse_app(transport_security=security)
+    return app
+
+
+@contextlib.contextmanager
+def serve(app: ASGIApp, tls: TLS | None, *, lifespan: str = "on") -> Iterator[int]:
+    """Serve ``app`` on 127.0.0.1 in a thread, over HTTPS with ``tls`` (else
+    plain HTTP); yields the port."""
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port: int = sock.getsockname()[1]
+    certs = {"ssl_certfile": tls.certfile, "ssl_keyfile": tls.keyfile} if tls else {}
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            lifespan=lifespan,
+            timeout_graceful_shutdown=1,
+            **certs,
+        )
+    )
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, daemon=True
+    )
+    thread.start()
+    wait_until(lambda: server.started or not thread.is_alive(), what="uvicorn")
+    if not server.started:
+        raise RuntimeError("uvicorn did not start")
+    try:
+        yield port
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
