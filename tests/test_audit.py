@@ -158,3 +158,25 @@ def test_records_carry_the_policy_verdict(audited: DaemonHarness) -> None:
         "denied",
         "tool_blocked",
     )
+
+
+def test_concurrent_calls_share_commits_and_lose_no_record(
+    audited: DaemonHarness,
+) -> None:
+    import threading
+
+    def worker() -> None:
+        with audited.client() as c:
+            for i in range(10):
+                c.call_tool("t", "echo", {"text": str(i)})
+
+    threads = [threading.Thread(target=worker) for _ in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    with audited.client() as c:
+        records = c.audit(tool="echo", limit=1000).records
+    assert len(records) == 100
+    assert len({r.id for r in records}) == 100
+    assert {r.outcome for r in records} == {"ok"}

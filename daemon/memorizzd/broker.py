@@ -58,6 +58,7 @@ class Broker:
         self._store = store
         self._pool = pool
         self._auditor = auditor
+        self._calls = 0  # tools/call in flight: the audit batches when it is > 1
         self._connections = connections
         self._in_flight = in_flight
         self._started = time.monotonic()
@@ -91,6 +92,15 @@ class Broker:
     ) -> m.ToolsCallResult:
         """Every tools/call leaves one record, written before the reply is sent."""
         started = time.time()
+        self._calls += 1
+        try:
+            return await self._call_and_audit(caller, p, started)
+        finally:
+            self._calls -= 1
+
+    async def _call_and_audit(
+        self, caller: Caller, p: m.ToolsCallParams, started: float
+    ) -> m.ToolsCallResult:
         audit = partial(
             self._auditor.record,
             caller,
@@ -99,18 +109,20 @@ class Broker:
             server=p.server,
             tool=p.name,
             arguments=p.arguments,
+            busy=self._calls > 1,
         )
         try:
             result = await self.tools_call(caller, p)
         except RemoteError as exc:
-            audit(
+            await audit(
                 outcome=outcome_for(exc.reason), reason=exc.reason, **self._verdict(p)
             )
             raise
-        except BaseException:
-            audit(outcome="failed", reason="internal", **self._verdict(p))
+        except BaseException as exc:  # a bug, or cancelled (client gone, shutdown)
+            reason = "internal" if isinstance(exc, Exception) else "cancelled"
+            await audit(outcome="failed", reason=reason, **self._verdict(p))
             raise
-        audit(
+        await audit(
             outcome="tool_error" if result.is_error else "ok",
             result_bytes=len(_encoder.encode(result)),
             **self._verdict(p),
@@ -135,7 +147,7 @@ class Broker:
         try:
             result = await self.servers_add(caller, p)
         except RemoteError as exc:
-            self._auditor.record(
+            await self._auditor.record(
                 caller,
                 action="servers/add",
                 started=started,
@@ -144,7 +156,7 @@ class Broker:
                 reason=exc.reason,
             )
             raise
-        self._auditor.record(
+        await self._auditor.record(
             caller,
             action="servers/add",
             started=started,
@@ -160,7 +172,7 @@ class Broker:
         try:
             result = await self.servers_remove(caller, p)
         except RemoteError as exc:
-            self._auditor.record(
+            await self._auditor.record(
                 caller,
                 action="servers/remove",
                 started=started,
@@ -169,7 +181,7 @@ class Broker:
                 reason=exc.reason,
             )
             raise
-        self._auditor.record(
+        await self._auditor.record(
             caller,
             action="servers/remove",
             started=started,

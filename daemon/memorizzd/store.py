@@ -140,8 +140,20 @@ class Store:
 
     # --- the audit trail ----------------------------------------------------
 
-    def append_audit(self, record: AuditRecord) -> int:
-        """Append one record; returns its id. Durable when it returns (see above)."""
+    def append_audit(self, records: list[AuditRecord]) -> None:
+        """Append records in one transaction and set their ids. Durable when it
+        returns (see above); all or none are written."""
+        db = self._audit
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for record in records:
+                record.id = self._insert_audit(record)
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def _insert_audit(self, record: AuditRecord) -> int:
         cursor = self._audit.execute(
             f"INSERT INTO audit ({_AUDIT_COLUMNS}) VALUES"  # noqa: S608 - constant columns
             " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
