@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 import msgspec
@@ -40,6 +40,7 @@ from memorizzd.upstream.pool import Pool
 from memorizzd.upstream.session import ConnectionLost
 
 log = logging.getLogger("memorizzd.broker")
+R = TypeVar("R")
 _encoder = msgspec.json.Encoder()
 
 
@@ -143,51 +144,34 @@ class Broker:
     async def _audited_servers_add(
         self, caller: Caller, p: m.ServersAddParams
     ) -> m.ServersAddResult:
-        started = time.time()
-        try:
-            result = await self.servers_add(caller, p)
-        except RemoteError as exc:
-            await self._auditor.record(
-                caller,
-                action="servers/add",
-                started=started,
-                server=p.server.name,
-                outcome="failed",
-                reason=exc.reason,
-            )
-            raise
-        await self._auditor.record(
-            caller,
-            action="servers/add",
-            started=started,
-            server=p.server.name,
-            outcome="ok",
+        return await self._audited(
+            caller, "servers/add", p.server.name, self.servers_add(caller, p)
         )
-        return result
 
     async def _audited_servers_remove(
         self, caller: Caller, p: m.ServersRemoveParams
     ) -> m.ServersRemoveResult:
-        started = time.time()
-        try:
-            result = await self.servers_remove(caller, p)
-        except RemoteError as exc:
-            await self._auditor.record(
-                caller,
-                action="servers/remove",
-                started=started,
-                server=p.name,
-                outcome="failed",
-                reason=exc.reason,
-            )
-            raise
-        await self._auditor.record(
-            caller,
-            action="servers/remove",
-            started=started,
-            server=p.name,
-            outcome="ok",
+        return await self._audited(
+            caller, "servers/remove", p.name, self.servers_remove(caller, p)
         )
+
+    async def _audited(
+        self, caller: Caller, action: str, server: str, work: Awaitable[R]
+    ) -> R:
+        """Run an operator action and record it: ok, or failed with its reason."""
+        audit = partial(
+            self._auditor.record,
+            caller,
+            action=action,
+            started=time.time(),
+            server=server,
+        )
+        try:
+            result = await work
+        except RemoteError as exc:
+            await audit(outcome="failed", reason=exc.reason)
+            raise
+        await audit(outcome="ok")
         return result
 
     async def audit_list(
