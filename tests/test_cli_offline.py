@@ -20,7 +20,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from memorizz import cli
+from memorizz import _args, _render, cli
 from memorizz.api import methods as m
 from memorizz.api.errors import ErrorCode
 from memorizz.client import Client
@@ -270,14 +270,14 @@ def test_help_exits_0_and_documents_the_exit_codes(
 def test_split_trailing_only_splits_mcp_add(
     argv: list[str], head: list[str], tail: list[str]
 ) -> None:
-    assert cli.split_trailing(argv) == (head, tail)
+    assert _args.split_trailing(argv) == (head, tail)
 
 
 # --- (4) rendering ------------------------------------------------------------------
 
 
 def test_format_table_pads_columns_and_upcases_the_header() -> None:
-    table = cli.format_table(["name", "x"], [["a", "1"], ["longer", "22"]])
+    table = _render.format_table(["name", "x"], [["a", "1"], ["longer", "22"]])
     assert table == "NAME    X\na       1\nlonger  22\n"
 
 
@@ -287,15 +287,15 @@ def test_format_table_pads_columns_and_upcases_the_header() -> None:
      (3599, "59m"), (3600, "1h"), (86399, "23h"), (86400, "1d"), (10 * 86400, "10d")],
 )  # fmt: skip
 def test_format_age(seconds: float, age: str) -> None:
-    assert cli.format_age(seconds) == age
+    assert _render.format_age(seconds) == age
 
 
 def test_one_line_takes_the_first_line_strips_controls_and_truncates() -> None:
-    assert cli.one_line("  first\x1b[31m line\nsecond") == "first?[31m line"
-    long = cli.one_line("x" * 100)
-    assert len(long) == cli.DESCRIPTION_WIDTH
+    assert _render.one_line("  first\x1b[31m line\nsecond") == "first?[31m line"
+    long = _render.one_line("x" * 100)
+    assert len(long) == _render.DESCRIPTION_WIDTH
     assert long.endswith("...")
-    assert cli.one_line(None) == ""
+    assert _render.one_line(None) == ""
 
 
 def test_render_servers_shows_url_or_quoted_command() -> None:
@@ -311,12 +311,12 @@ def test_render_servers_shows_url_or_quoted_command() -> None:
             state="backoff",
         ),
     ]
-    assert cli.render_servers(servers).splitlines() == [
+    assert _render.render_servers(servers).splitlines() == [
         "NAME  TRANSPORT        STATE    SOURCE  TARGET",
         "fs    stdio            ready    api     npx -y 'server fs'",
         "docs  streamable_http  backoff  config  https://example.com/mcp",
     ]
-    assert cli.render_servers([]) == "no servers configured\n"
+    assert _render.render_servers([]) == "no servers configured\n"
 
 
 def test_render_status_shows_age_and_dashes_for_unknowns() -> None:
@@ -333,7 +333,7 @@ def test_render_status_shows_age_and_dashes_for_unknowns() -> None:
             last_error="connect refused\ntraceback follows",
         ),
     ]
-    lines = cli.render_status(statuses, now=1003.5).splitlines()
+    lines = _render.render_status(statuses, now=1003.5).splitlines()
     assert lines[0].split() == [
         "NAME", "STATE", "SINCE", "PID", "PROTOCOL", "TOOLS", "INFLIGHT",
         "OK", "FAILED", "P50(MS)", "LAST_ERROR",
@@ -344,7 +344,7 @@ def test_render_status_shows_age_and_dashes_for_unknowns() -> None:
     assert lines[2].split() == [
         "web", "failed", "2h", "-", "-", "-", "0", "10", "1", "-", "connect", "refused",
     ]  # fmt: skip
-    assert cli.render_status([], now=0) == "no servers configured\n"
+    assert _render.render_status([], now=0) == "no servers configured\n"
 
 
 def test_render_tools_uses_the_first_line_of_the_description() -> None:
@@ -359,19 +359,19 @@ def test_render_tools_uses_the_first_line_of_the_description() -> None:
         m.Tool(name="bare", input_schema={}),
         m.Tool(name="wordy", input_schema={}, description="w" * 200),
     ]
-    lines = cli.render_tools(tools).splitlines()
+    lines = _render.render_tools(tools).splitlines()
     assert lines[0] == "NAME    RISK  DECISION  DESCRIPTION"
     assert lines[1] == "search  read  allow     Search."
     assert lines[2] == "bare    -     -"
-    assert len(lines[3]) == len("wordy   -     -         ") + cli.DESCRIPTION_WIDTH
-    assert cli.render_tools([]) == "no tools\n"
+    assert len(lines[3]) == len("wordy   -     -         ") + _render.DESCRIPTION_WIDTH
+    assert _render.render_tools([]) == "no tools\n"
 
 
 def test_render_lists_of_resources_templates_and_prompts() -> None:
     resources = [m.Resource(uri="file:///a", name="a", mime_type="text/plain")]
-    assert "file:///a" in cli.render_resources(resources)
+    assert "file:///a" in _render.render_resources(resources)
     templates = [m.ResourceTemplate(uri_template="file:///{p}", name="files")]
-    assert "file:///{p}" in cli.render_templates(templates)
+    assert "file:///{p}" in _render.render_templates(templates)
     prompts = [
         m.Prompt(
             name="review",
@@ -381,14 +381,14 @@ def test_render_lists_of_resources_templates_and_prompts() -> None:
             ],
         )
     ]
-    assert cli.render_prompts(prompts).splitlines()[1].split() == [
+    assert _render.render_prompts(prompts).splitlines()[1].split() == [
         "review",
         "code",
         "[style]",
     ]
-    assert cli.render_resources([]) == "no resources\n"
-    assert cli.render_templates([]) == "no resource templates\n"
-    assert cli.render_prompts([]) == "no prompts\n"
+    assert _render.render_resources([]) == "no resources\n"
+    assert _render.render_templates([]) == "no resource templates\n"
+    assert _render.render_prompts([]) == "no prompts\n"
 
 
 def test_render_call_prints_text_and_summarizes_other_content() -> None:
@@ -401,7 +401,7 @@ def test_render_call_prints_text_and_summarizes_other_content() -> None:
             {"type": "text", "text": "ends with newline\n"},
         ]
     )
-    assert cli.render_call(result) == (
+    assert _render.render_call(result) == (
         "hello\n"
         "[image image/png, 40 bytes base64]\n"
         "[resource file:///x]\n"
@@ -409,8 +409,8 @@ def test_render_call_prints_text_and_summarizes_other_content() -> None:
         "ends with newline\n"
     )
     structured = m.ToolsCallResult(content=[], structured_content={"n": 1})
-    assert cli.render_call(structured) == '{\n  "n": 1\n}\n'
-    assert cli.render_call(m.ToolsCallResult(content=[])) == ""
+    assert _render.render_call(structured) == '{\n  "n": 1\n}\n'
+    assert _render.render_call(m.ToolsCallResult(content=[])) == ""
 
 
 def test_render_contents_and_messages() -> None:
@@ -418,7 +418,7 @@ def test_render_contents_and_messages() -> None:
         {"uri": "file:///a", "text": "alpha"},
         {"uri": "file:///b", "mimeType": "image/png", "blob": "AAAA"},
     ]
-    assert cli.render_contents(contents) == (
+    assert _render.render_contents(contents) == (
         "alpha\n[blob file:///b image/png, 4 bytes base64]\n"
     )
     prompt = m.PromptsGetResult(
@@ -427,7 +427,7 @@ def test_render_contents_and_messages() -> None:
             {"role": "assistant", "content": {"type": "image", "mimeType": "a/b"}},
         ]
     )
-    assert cli.render_messages(prompt) == (
+    assert _render.render_messages(prompt) == (
         "user: Review this\nassistant: [image a/b, 0 bytes base64]\n"
     )
 
@@ -436,7 +436,7 @@ def test_render_test_result() -> None:
     ok = m.ServersTestResult(
         name="fs", outcome="ok", message="", tool_count=3, latency_ms=12.4
     )
-    assert cli.render_test(ok) == "fs: ok (3 tools, 12 ms)\n"
+    assert _render.render_test(ok) == "fs: ok (3 tools, 12 ms)\n"
     bad = m.ServersTestResult(
         name="fs",
         outcome="timeout",
@@ -444,7 +444,7 @@ def test_render_test_result() -> None:
         tool_count=None,
         latency_ms=None,
     )
-    assert cli.render_test(bad) == "fs: timeout: no reply in 5s\n"
+    assert _render.render_test(bad) == "fs: timeout: no reply in 5s\n"
 
 
 def test_render_daemon_status_is_key_value_lines() -> None:
@@ -463,7 +463,7 @@ def test_render_daemon_status_is_key_value_lines() -> None:
         rss_bytes=50 * 1024 * 1024,
     )
     lines = dict(
-        line.split(":", 1) for line in cli.render_daemon_status(status).splitlines()
+        line.split(":", 1) for line in _render.render_daemon_status(status).splitlines()
     )
     assert {k: v.strip() for k, v in lines.items()} == {
         "version": "0.1.0",

@@ -1,8 +1,9 @@
 """memorizzctl: the operator's command line for memorizzd.
 
 Every command is parse -> one ``Client`` call -> render -> exit status. The
-renderers are pure functions of the result structs; ``--json`` prints the
-result struct itself (field names equal the struct's wire names).
+renderers (``memorizz._render``) are pure functions of the result structs;
+``--json`` prints the result struct itself (field names equal the struct's wire
+names). The argparse converters live in ``memorizz._args``.
 
 Commands::
 
@@ -35,14 +36,34 @@ from __future__ import annotations
 
 import argparse
 import os
-import shlex
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 from typing import Any, Final, cast, get_args
 
-import msgspec
-
+from memorizz._args import (
+    json_object,
+    key_value,
+    positive_float,
+    positive_int,
+    split_trailing,
+)
+from memorizz._render import (
+    format_ms,
+    render_audit,
+    render_call,
+    render_contents,
+    render_daemon_status,
+    render_messages,
+    render_prompts,
+    render_resources,
+    render_servers,
+    render_status,
+    render_templates,
+    render_test,
+    render_tools,
+    to_json,
+)
 from memorizz.api import methods as m
 from memorizz.api.errors import (
     DaemonUnreachableError,
@@ -76,8 +97,6 @@ exit status:
   130  interrupted
 """
 
-DESCRIPTION_WIDTH: Final = 60
-
 Command = Callable[[Client, argparse.Namespace], int]
 
 
@@ -85,322 +104,7 @@ class UsageError(Exception):
     """A command line the daemon need not see: reported with usage, exit 2."""
 
 
-# --- pure rendering helpers --------------------------------------------------
-
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned columns, two spaces apart, header in caps; ends with a newline."""
-    header = [h.upper() for h in headers]
-    widths = [len(h) for h in header]
-    for row in rows:
-        for i, cell in enumerate(row):
-            widths[i] = max(widths[i], len(cell))
-    lines = [
-        "  ".join(
-            cell.ljust(width) for cell, width in zip(line, widths, strict=True)
-        ).rstrip()
-        for line in (header, *rows)
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def format_age(seconds: float) -> str:
-    """A short age: ``3s``, ``2m``, ``1h``, ``4d`` (rounded down; never negative)."""
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m"
-    if s < 86400:
-        return f"{s // 3600}h"
-    return f"{s // 86400}d"
-
-
-def format_ms(ms: float) -> str:
-    """``0.42 ms``, ``3.1 ms``, ``120 ms``."""
-    if ms < 1:
-        return f"{ms:.2f} ms"
-    if ms < 10:
-        return f"{ms:.1f} ms"
-    return f"{ms:.0f} ms"
-
-
-def format_bytes(n: int) -> str:
-    """``512 B``, ``1.5 KiB``, ``12.3 MiB``."""
-    value, unit = float(n), "B"
-    for bigger in ("KiB", "MiB", "GiB", "TiB"):
-        if value < 1024:
-            break
-        value, unit = value / 1024, bigger
-    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-
-
-def one_line(text: str | None, limit: int = DESCRIPTION_WIDTH) -> str:
-    """The first line of ``text``, control characters replaced, cut to ``limit``."""
-    if not text:
-        return ""
-    first = text.strip().split("\n", 1)[0].strip()
-    clean = "".join(c if c.isprintable() else "?" for c in first)
-    if len(clean) > limit:
-        return clean[: limit - 3].rstrip() + "..."
-    return clean
-
-
-def _dash(value: object) -> str:
-    return "-" if value is None else str(value)
-
-
-def _blocks(parts: Sequence[str]) -> str:
-    """Concatenate output blocks so each ends with exactly the newline it needs."""
-    return "".join(p if p.endswith("\n") else p + "\n" for p in parts)
-
-
-def to_json(value: object) -> str:
-    return msgspec.json.format(msgspec.json.encode(value), indent=2).decode() + "\n"
-
-
-def server_target(server: m.ServerInfo) -> str:
-    if server.url:
-        return server.url
-    if server.command:
-        return shlex.join([server.command, *server.args])
-    return "-"
-
-
-def render_servers(servers: Sequence[m.ServerInfo]) -> str:
-    if not servers:
-        return "no servers configured\n"
-    rows = [
-        [s.name, s.transport, s.state, s.source, one_line(server_target(s), 200)]
-        for s in servers
-    ]
-    return format_table(["name", "transport", "state", "source", "target"], rows)
-
-
-def render_status(statuses: Sequence[m.ServerStatus], now: float) -> str:
-    if not statuses:
-        return "no servers configured\n"
-    headers = [
-        "name", "state", "since", "pid", "protocol", "tools",
-        "inflight", "ok", "failed", "p50(ms)", "last_error",
-    ]  # fmt: skip
-    rows = [
-        [
-            s.name,
-            s.state,
-            format_age(now - s.since),
-            _dash(s.pid),
-            _dash(s.protocol_version),
-            _dash(s.tool_count),
-            str(s.in_flight),
-            str(s.calls_ok),
-            str(s.calls_failed),
-            "-" if s.latency_p50_ms is None else f"{s.latency_p50_ms:.1f}",
-            one_line(s.last_error) or "-",
-        ]
-        for s in statuses
-    ]
-    return format_table(headers, rows)
-
-
-def render_test(result: m.ServersTestResult) -> str:
-    if result.outcome == "ok":
-        detail = []
-        if result.tool_count is not None:
-            noun = "tool" if result.tool_count == 1 else "tools"
-            detail.append(f"{result.tool_count} {noun}")
-        if result.latency_ms is not None:
-            detail.append(format_ms(result.latency_ms))
-        suffix = f" ({', '.join(detail)})" if detail else ""
-        return f"{result.name}: ok{suffix}\n"
-    return f"{result.name}: {result.outcome}: {one_line(result.message, 500)}\n"
-
-
-def render_tools(tools: Sequence[m.Tool]) -> str:
-    if not tools:
-        return "no tools\n"
-    rows = [
-        [
-            one_line(t.name, 200),
-            _dash(t.risk),
-            _dash(t.decision),
-            one_line(t.description or t.title),
-        ]
-        for t in tools
-    ]
-    return format_table(["name", "risk", "decision", "description"], rows)
-
-
-def render_resources(resources: Sequence[m.Resource]) -> str:
-    if not resources:
-        return "no resources\n"
-    rows = [
-        [
-            one_line(r.name, 200),
-            one_line(r.uri, 200),
-            one_line(r.mime_type) or "-",
-            one_line(r.description or r.title),
-        ]
-        for r in resources
-    ]
-    return format_table(["name", "uri", "mime_type", "description"], rows)
-
-
-def render_templates(templates: Sequence[m.ResourceTemplate]) -> str:
-    if not templates:
-        return "no resource templates\n"
-    rows = [
-        [
-            one_line(t.name, 200),
-            one_line(t.uri_template, 200),
-            one_line(t.mime_type) or "-",
-            one_line(t.description or t.title),
-        ]
-        for t in templates
-    ]
-    return format_table(["name", "uri_template", "mime_type", "description"], rows)
-
-
-def render_prompts(prompts: Sequence[m.Prompt]) -> str:
-    if not prompts:
-        return "no prompts\n"
-    rows = [
-        [
-            one_line(p.name, 200),
-            " ".join(a.name if a.required else f"[{a.name}]" for a in p.arguments)
-            or "-",
-            one_line(p.description or p.title),
-        ]
-        for p in prompts
-    ]
-    return format_table(["name", "arguments", "description"], rows)
-
-
-def _base64_size(data: object) -> int:
-    return len(data) if isinstance(data, str) else 0
-
-
-def render_content(item: Mapping[str, Any]) -> str:
-    """One MCP content item: text as is, anything else as a one-line summary."""
-    kind = item.get("type")
-    if kind == "text":
-        return str(item.get("text", ""))
-    if kind in ("image", "audio"):
-        mime = one_line(str(item.get("mimeType") or "unknown"))
-        return f"[{kind} {mime}, {_base64_size(item.get('data'))} bytes base64]"
-    if kind == "resource_link":
-        return f"[resource link {one_line(str(item.get('uri', '?')), 200)}]"
-    if kind == "resource":
-        resource = item.get("resource")
-        uri = resource.get("uri") if isinstance(resource, dict) else None
-        return f"[resource {one_line(str(uri or '?'), 200)}]"
-    return f"[{one_line(str(kind or 'unknown'))} content]"
-
-
-def render_call(result: m.ToolsCallResult) -> str:
-    """The result's content; its structuredContent only when there is no content."""
-    if result.content:
-        return _blocks([render_content(item) for item in result.content])
-    if result.structured_content is not None:
-        return to_json(result.structured_content)
-    return ""
-
-
-def render_contents(contents: Sequence[Mapping[str, Any]]) -> str:
-    parts = []
-    for c in contents:
-        if "text" in c:
-            parts.append(str(c["text"]))
-        else:
-            uri = one_line(str(c.get("uri", "?")), 200)
-            mime = one_line(str(c.get("mimeType") or "application/octet-stream"))
-            parts.append(
-                f"[blob {uri} {mime}, {_base64_size(c.get('blob'))} bytes base64]"
-            )
-    return _blocks(parts)
-
-
-def render_messages(result: m.PromptsGetResult) -> str:
-    parts = []
-    for message in result.messages:
-        role = one_line(str(message.get("role", "?")))
-        content = message.get("content")
-        items = content if isinstance(content, list) else [content]
-        text = "\n".join(
-            render_content(item) if isinstance(item, dict) else "[no content]"
-            for item in items
-        )
-        parts.append(f"{role}: {text}")
-    return _blocks(parts)
-
-
-def render_daemon_status(status: m.DaemonStatusResult) -> str:
-    pairs = [
-        ("version", status.version),
-        ("protocol", str(status.protocol_version)),
-        ("pid", str(status.pid)),
-        ("uptime", format_age(status.uptime_s)),
-        ("socket", status.socket),
-        ("state_dir", status.state_dir),
-        ("config", status.config_path or "-"),
-        ("servers", f"{status.servers_ready}/{status.servers_total} ready"),
-        ("connections", str(status.connections)),
-        ("calls_in_flight", str(status.calls_in_flight)),
-        ("rss", format_bytes(status.rss_bytes)),
-    ]
-    width = max(len(key) for key, _ in pairs) + 1
-    return "".join(f"{key + ':':<{width}} {value}\n" for key, value in pairs)
-
-
-# --- argument conversion (argparse ``type=``; errors become usage errors) ----
-
-
-def key_value(text: str) -> tuple[str, str]:
-    key, sep, value = text.partition("=")
-    if not sep or not key:
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
-    return key, value
-
-
-_JSON_KINDS: Final[dict[type, str]] = {
-    list: "an array",
-    str: "a string",
-    int: "a number",
-    float: "a number",
-    bool: "a boolean",
-    type(None): "null",
-}
-
-
-def json_object(text: str) -> dict[str, Any]:
-    try:
-        value = msgspec.json.decode(text)
-    except msgspec.DecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
-    if not isinstance(value, dict):
-        kind = _JSON_KINDS.get(type(value), type(value).__name__)
-        raise argparse.ArgumentTypeError(f"must be a JSON object, got {kind}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
-    return value
+# --- mcp add: the ServerSpec a command line describes ------------------------
 
 
 def build_server_spec(args: argparse.Namespace) -> m.ServerSpec:
@@ -555,34 +259,6 @@ def cmd_daemon_status(client: Client, args: argparse.Namespace) -> int:
     status = client.daemon_status()
     _show(args, status, render_daemon_status(status))
     return EXIT_OK
-
-
-def render_audit(records: Sequence[m.AuditRecord]) -> str:
-    if not records:
-        return "no audit records\n"
-    headers = [
-        "id", "time", "action", "server", "tool", "risk", "decision",
-        "outcome", "reason", "ms", "uid", "pid", "args",
-    ]  # fmt: skip
-    rows = [
-        [
-            str(r.id),
-            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.time)),
-            r.action,
-            _dash(r.server),
-            _dash(r.tool),
-            _dash(r.risk),
-            _dash(r.decision),
-            r.outcome,
-            _dash(r.reason),
-            f"{r.duration_ms:.1f}",
-            str(r.caller_uid),
-            str(r.caller_pid),
-            ",".join(r.argument_keys) or "-",
-        ]
-        for r in records
-    ]
-    return format_table(headers, rows)
 
 
 def cmd_audit(client: Client, args: argparse.Namespace) -> int:
@@ -830,31 +506,6 @@ def build_parser() -> argparse.ArgumentParser:
     ping.add_argument("server", metavar="SERVER", nargs="?")
 
     return parser
-
-
-def split_trailing(argv: Sequence[str]) -> tuple[list[str], list[str]]:
-    """Split ``mcp add ... -- ARG...`` at the ``--``; leave any other command alone.
-
-    argparse cannot give a ``nargs="*"`` positional the words after ``--`` once
-    another positional came first, so ``mcp add`` takes them here. Only the
-    global options can precede ``add``, and only ``--socket`` takes a value.
-    """
-    words: list[str] = []
-    i = 0
-    while i < len(argv) and len(words) < 2:
-        word = argv[i]
-        if word == "--":
-            break
-        if word == "--socket":
-            i += 2
-            continue
-        if not word.startswith("-"):
-            words.append(word)
-        i += 1
-    if words == ["mcp", "add"] and "--" in argv:
-        cut = list(argv).index("--")
-        return list(argv[:cut]), list(argv[cut + 1 :])
-    return list(argv), []
 
 
 # --- main ----------------------------------------------------------------------

@@ -1,0 +1,314 @@
+"""Pure renderers for memorizzctl: result structs in, terminal text out.
+
+No I/O and no clock here (the caller passes ``now``). Tables are left-aligned
+columns two spaces apart; text that comes from upstream servers goes through
+``one_line``, so control characters never reach the terminal. ``to_json`` is
+what ``--json`` prints: the result struct under its wire names.
+
+Standard library and msgspec only, like the rest of the client.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import msgspec
+
+from memorizz.api import methods as m
+
+DESCRIPTION_WIDTH: Final = 60
+
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Left-aligned columns, two spaces apart, header in caps; ends with a newline."""
+    header = [h.upper() for h in headers]
+    widths = [len(h) for h in header]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+    lines = [
+        "  ".join(
+            cell.ljust(width) for cell, width in zip(line, widths, strict=True)
+        ).rstrip()
+        for line in (header, *rows)
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def format_age(seconds: float) -> str:
+    """A short age: ``3s``, ``2m``, ``1h``, ``4d`` (rounded down; never negative)."""
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m"
+    if s < 86400:
+        return f"{s // 3600}h"
+    return f"{s // 86400}d"
+
+
+def format_ms(ms: float) -> str:
+    """``0.42 ms``, ``3.1 ms``, ``120 ms``."""
+    if ms < 1:
+        return f"{ms:.2f} ms"
+    if ms < 10:
+        return f"{ms:.1f} ms"
+    return f"{ms:.0f} ms"
+
+
+def format_bytes(n: int) -> str:
+    """``512 B``, ``1.5 KiB``, ``12.3 MiB``."""
+    value, unit = float(n), "B"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+
+
+def one_line(text: str | None, limit: int = DESCRIPTION_WIDTH) -> str:
+    """The first line of ``text``, control characters replaced, cut to ``limit``."""
+    if not text:
+        return ""
+    first = text.strip().split("\n", 1)[0].strip()
+    clean = "".join(c if c.isprintable() else "?" for c in first)
+    if len(clean) > limit:
+        return clean[: limit - 3].rstrip() + "..."
+    return clean
+
+
+def _dash(value: object) -> str:
+    return "-" if value is None else str(value)
+
+
+def _blocks(parts: Sequence[str]) -> str:
+    """Concatenate output blocks so each ends with exactly the newline it needs."""
+    return "".join(p if p.endswith("\n") else p + "\n" for p in parts)
+
+
+def to_json(value: object) -> str:
+    return msgspec.json.format(msgspec.json.encode(value), indent=2).decode() + "\n"
+
+
+def server_target(server: m.ServerInfo) -> str:
+    if server.url:
+        return server.url
+    if server.command:
+        return shlex.join([server.command, *server.args])
+    return "-"
+
+
+def render_servers(servers: Sequence[m.ServerInfo]) -> str:
+    if not servers:
+        return "no servers configured\n"
+    rows = [
+        [s.name, s.transport, s.state, s.source, one_line(server_target(s), 200)]
+        for s in servers
+    ]
+    return format_table(["name", "transport", "state", "source", "target"], rows)
+
+
+def render_status(statuses: Sequence[m.ServerStatus], now: float) -> str:
+    if not statuses:
+        return "no servers configured\n"
+    headers = [
+        "name", "state", "since", "pid", "protocol", "tools",
+        "inflight", "ok", "failed", "p50(ms)", "last_error",
+    ]  # fmt: skip
+    rows = [
+        [
+            s.name,
+            s.state,
+            format_age(now - s.since),
+            _dash(s.pid),
+            _dash(s.protocol_version),
+            _dash(s.tool_count),
+            str(s.in_flight),
+            str(s.calls_ok),
+            str(s.calls_failed),
+            "-" if s.latency_p50_ms is None else f"{s.latency_p50_ms:.1f}",
+            one_line(s.last_error) or "-",
+        ]
+        for s in statuses
+    ]
+    return format_table(headers, rows)
+
+
+def render_test(result: m.ServersTestResult) -> str:
+    if result.outcome == "ok":
+        detail = []
+        if result.tool_count is not None:
+            noun = "tool" if result.tool_count == 1 else "tools"
+            detail.append(f"{result.tool_count} {noun}")
+        if result.latency_ms is not None:
+            detail.append(format_ms(result.latency_ms))
+        suffix = f" ({', '.join(detail)})" if detail else ""
+        return f"{result.name}: ok{suffix}\n"
+    return f"{result.name}: {result.outcome}: {one_line(result.message, 500)}\n"
+
+
+def render_tools(tools: Sequence[m.Tool]) -> str:
+    if not tools:
+        return "no tools\n"
+    rows = [
+        [
+            one_line(t.name, 200),
+            _dash(t.risk),
+            _dash(t.decision),
+            one_line(t.description or t.title),
+        ]
+        for t in tools
+    ]
+    return format_table(["name", "risk", "decision", "description"], rows)
+
+
+def render_resources(resources: Sequence[m.Resource]) -> str:
+    if not resources:
+        return "no resources\n"
+    rows = [
+        [
+            one_line(r.name, 200),
+            one_line(r.uri, 200),
+            one_line(r.mime_type) or "-",
+            one_line(r.description or r.title),
+        ]
+        for r in resources
+    ]
+    return format_table(["name", "uri", "mime_type", "description"], rows)
+
+
+def render_templates(templates: Sequence[m.ResourceTemplate]) -> str:
+    if not templates:
+        return "no resource templates\n"
+    rows = [
+        [
+            one_line(t.name, 200),
+            one_line(t.uri_template, 200),
+            one_line(t.mime_type) or "-",
+            one_line(t.description or t.title),
+        ]
+        for t in templates
+    ]
+    return format_table(["name", "uri_template", "mime_type", "description"], rows)
+
+
+def render_prompts(prompts: Sequence[m.Prompt]) -> str:
+    if not prompts:
+        return "no prompts\n"
+    rows = [
+        [
+            one_line(p.name, 200),
+            " ".join(a.name if a.required else f"[{a.name}]" for a in p.arguments)
+            or "-",
+            one_line(p.description or p.title),
+        ]
+        for p in prompts
+    ]
+    return format_table(["name", "arguments", "description"], rows)
+
+
+def _base64_size(data: object) -> int:
+    return len(data) if isinstance(data, str) else 0
+
+
+def render_content(item: Mapping[str, Any]) -> str:
+    """One MCP content item: text as is, anything else as a one-line summary."""
+    kind = item.get("type")
+    if kind == "text":
+        return str(item.get("text", ""))
+    if kind in ("image", "audio"):
+        mime = one_line(str(item.get("mimeType") or "unknown"))
+        return f"[{kind} {mime}, {_base64_size(item.get('data'))} bytes base64]"
+    if kind == "resource_link":
+        return f"[resource link {one_line(str(item.get('uri', '?')), 200)}]"
+    if kind == "resource":
+        resource = item.get("resource")
+        uri = resource.get("uri") if isinstance(resource, dict) else None
+        return f"[resource {one_line(str(uri or '?'), 200)}]"
+    return f"[{one_line(str(kind or 'unknown'))} content]"
+
+
+def render_call(result: m.ToolsCallResult) -> str:
+    """The result's content; its structuredContent only when there is no content."""
+    if result.content:
+        return _blocks([render_content(item) for item in result.content])
+    if result.structured_content is not None:
+        return to_json(result.structured_content)
+    return ""
+
+
+def render_contents(contents: Sequence[Mapping[str, Any]]) -> str:
+    parts = []
+    for c in contents:
+        if "text" in c:
+            parts.append(str(c["text"]))
+        else:
+            uri = one_line(str(c.get("uri", "?")), 200)
+            mime = one_line(str(c.get("mimeType") or "application/octet-stream"))
+            parts.append(
+                f"[blob {uri} {mime}, {_base64_size(c.get('blob'))} bytes base64]"
+            )
+    return _blocks(parts)
+
+
+def render_messages(result: m.PromptsGetResult) -> str:
+    parts = []
+    for message in result.messages:
+        role = one_line(str(message.get("role", "?")))
+        content = message.get("content")
+        items = content if isinstance(content, list) else [content]
+        text = "\n".join(
+            render_content(item) if isinstance(item, dict) else "[no content]"
+            for item in items
+        )
+        parts.append(f"{role}: {text}")
+    return _blocks(parts)
+
+
+def render_daemon_status(status: m.DaemonStatusResult) -> str:
+    pairs = [
+        ("version", status.version),
+        ("protocol", str(status.protocol_version)),
+        ("pid", str(status.pid)),
+        ("uptime", format_age(status.uptime_s)),
+        ("socket", status.socket),
+        ("state_dir", status.state_dir),
+        ("config", status.config_path or "-"),
+        ("servers", f"{status.servers_ready}/{status.servers_total} ready"),
+        ("connections", str(status.connections)),
+        ("calls_in_flight", str(status.calls_in_flight)),
+        ("rss", format_bytes(status.rss_bytes)),
+    ]
+    width = max(len(key) for key, _ in pairs) + 1
+    return "".join(f"{key + ':':<{width}} {value}\n" for key, value in pairs)
+
+
+def render_audit(records: Sequence[m.AuditRecord]) -> str:
+    if not records:
+        return "no audit records\n"
+    headers = [
+        "id", "time", "action", "server", "tool", "risk", "decision",
+        "outcome", "reason", "ms", "uid", "pid", "args",
+    ]  # fmt: skip
+    rows = [
+        [
+            str(r.id),
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.time)),
+            r.action,
+            _dash(r.server),
+            _dash(r.tool),
+            _dash(r.risk),
+            _dash(r.decision),
+            r.outcome,
+            _dash(r.reason),
+            f"{r.duration_ms:.1f}",
+            str(r.caller_uid),
+            str(r.caller_pid),
+            ",".join(r.argument_keys) or "-",
+        ]
+        for r in records
+    ]
+    return format_table(headers, rows)
