@@ -210,9 +210,12 @@ def daemon_process(base: str, *extra: str) -> Iterator[DaemonProcess]:
 
 
 @contextlib.contextmanager
-def serve_http(kind: str, port: int = 0) -> Iterator[str]:
+def serve_http(
+    kind: str, port: int = 0, wrap: Callable[[Any], Any] | None = None
+) -> Iterator[str]:
     """Serve the test MCP server over ``streamable_http`` or ``sse`` on 127.0.0.1
-    (a free port unless given); yields its URL."""
+    (a free port unless given); yields its URL. ``wrap`` wraps the ASGI app
+    (e.g. a middleware that checks credentials)."""
     import uvicorn
 
     from tests.mcp_server import mcp
@@ -222,6 +225,8 @@ def serve_http(kind: str, port: int = 0) -> Iterator[str]:
     sock.bind(("127.0.0.1", port))
     base = f"http://127.0.0.1:{sock.getsockname()[1]}"
     app = mcp.streamable_http_app() if kind == "streamable_http" else mcp.sse_app()
+    if wrap is not None:
+        app = wrap(app)
     server = uvicorn.Server(
         uvicorn.Config(
             app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1

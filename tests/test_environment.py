@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import signal
@@ -19,9 +20,11 @@ from memorizzd.upstream.session import child_environment
 from tests.harness import DAEMON_EXE, daemon_process, stdio_spec, wait_until
 
 MARKER = "marker-7f3c9e1d-not-a-real-key"
+# A valid Fernet key (the daemon reads it as the vault key) made of the marker.
+FERNET_KEY = base64.urlsafe_b64encode(MARKER.encode().ljust(32, b"!")).decode()
 BASE_KEYS = {"HOME", "LOGNAME", "PATH", "SHELL", "TERM", "USER", "LANG", "TZ"}
 DAEMON_ONLY = {
-    "MEMORIZZ_MCP_ENCRYPTION_KEY": MARKER,
+    "MEMORIZZ_MCP_ENCRYPTION_KEY": FERNET_KEY,
     "MEMORIZZ_MCP_STDIO_ALLOWLIST": "",
     "NOTIFY_SOCKET": "/nonexistent/notify.sock",
     "LISTEN_FDS": "0",
@@ -90,6 +93,7 @@ def test_a_stdio_child_of_the_real_daemon_sees_none_of_its_secrets(
     keys = {item.split(b"=", 1)[0].decode() for item in raw.split(b"\0") if item}
     assert keys <= BASE_KEYS | {"OWN"}
     assert MARKER.encode() not in raw
+    assert FERNET_KEY.encode() not in raw
 
 
 # --- /proc/<daemon pid>/environ -----------------------------------------------------
@@ -153,7 +157,7 @@ def peer_daemon(base_dir: str) -> Iterator[tuple[int, list[str]]]:
                 "--state-dir",
                 os.path.join(base_dir, "state"),
             ],
-            env=os.environ | {"MEMORIZZ_MCP_ENCRYPTION_KEY": MARKER},
+            env=os.environ | {"MEMORIZZ_MCP_ENCRYPTION_KEY": FERNET_KEY},
             stdout=log,
             stderr=log,
         )

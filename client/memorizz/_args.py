@@ -23,6 +23,22 @@ def key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
+def header(text: str) -> tuple[str, str]:
+    """``Name: value`` (the value is a secret: never echoed back in errors)."""
+    name, sep, value = text.partition(":")
+    if not sep or not name.strip() or not value.strip():
+        raise argparse.ArgumentTypeError("expected 'Name: value'")
+    return name.strip(), value.strip()
+
+
+def secret_key_value(text: str) -> tuple[str, str]:
+    """``KEY=VALUE`` whose value is a secret (not echoed back in errors)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError("expected KEY=VALUE")
+    return key, value
+
+
 _JSON_KINDS: Final[dict[type, str]] = {
     list: "an array",
     str: "a string",

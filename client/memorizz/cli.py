@@ -11,6 +11,7 @@ Commands::
     memorizzctl mcp tools | resources | templates | prompts
     memorizzctl mcp call | read | prompt
     memorizzctl daemon status
+    memorizzctl vault rotate [--new-key]
     memorizzctl ping [SERVER]
 
 Global options (accepted before or after the command; the later one wins):
@@ -42,10 +43,12 @@ from collections.abc import Callable
 from typing import Any, Final, cast, get_args
 
 from memorizz._args import (
+    header,
     json_object,
     key_value,
     positive_float,
     positive_int,
+    secret_key_value,
     split_trailing,
 )
 from memorizz._render import (
@@ -137,6 +140,7 @@ def build_server_spec(args: argparse.Namespace) -> m.ServerSpec:
                 ("--arg", bool(server_args)),
                 ("--env", bool(env)),
                 ("--cwd", cwd is not None),
+                ("--secret-env", bool(args.secret_env)),
             )
             if given
         ]
@@ -144,6 +148,14 @@ def build_server_spec(args: argparse.Namespace) -> m.ServerSpec:
             raise UsageError(
                 f"--transport {transport} does not take {', '.join(extra)}"
             )
+    token = _read_token(args)
+    auth = args.auth or ("bearer" if token is not None else "none")
+    if transport == "stdio" and (auth != "none" or args.header):
+        raise UsageError("--auth, --token and --header are for HTTP servers")
+    if auth == "bearer" and token is None:
+        raise UsageError("--auth bearer needs --token or --token-file")
+    if auth == "none" and token is not None:
+        raise UsageError("--token needs --auth bearer")
     return m.ServerSpec(
         name=args.name,
         transport=cast(m.Transport, transport),
@@ -159,7 +171,29 @@ def build_server_spec(args: argparse.Namespace) -> m.ServerSpec:
             else args.max_result_bytes
         ),
         protocol=cast(m.ProtocolMode, args.protocol),
+        auth=cast(m.AuthMode, auth),
+        token=token,
+        headers=dict(args.header),
+        secret_env=dict(args.secret_env),
     )
+
+
+def _read_token(args: argparse.Namespace) -> str | None:
+    """--token VALUE, --token - (stdin) or --token-file PATH; stripped."""
+    if args.token is not None and args.token_file is not None:
+        raise UsageError("give --token or --token-file, not both")
+    if args.token == "-":  # noqa: S105 - "-" means stdin
+        return sys.stdin.read().strip()
+    if args.token_file is not None:
+        try:
+            with open(args.token_file, encoding="utf-8") as f:
+                return f.read().strip()
+        except OSError as exc:
+            raise UsageError(
+                f"cannot read --token-file {args.token_file}: {exc.strerror}"
+            ) from None
+    token: str | None = args.token
+    return token
 
 
 # --- commands: (client, args) -> exit status ---------------------------------
@@ -258,6 +292,18 @@ def cmd_mcp_prompt(client: Client, args: argparse.Namespace) -> int:
 def cmd_daemon_status(client: Client, args: argparse.Namespace) -> int:
     status = client.daemon_status()
     _show(args, status, render_daemon_status(status))
+    return EXIT_OK
+
+
+def cmd_vault_rotate(client: Client, args: argparse.Namespace) -> int:
+    result = client.rotate_vault(new_key=args.new_key)
+    text = (
+        f"re-encrypted {result.reencrypted} secrets under the primary key"
+        f" from {result.key_source}"
+        + (" (a new key was generated: back the key file up)" if result.new_key else "")
+        + "\n"
+    )
+    _show(args, result, text)
     return EXIT_OK
 
 
@@ -415,6 +461,37 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="MCP protocol mode (default auto)",
     )
+    add.add_argument(
+        "--auth",
+        choices=get_args(m.AuthMode),
+        help="HTTP: bearer sends the token as 'Authorization: Bearer' (default"
+        " bearer with --token, else none)",
+    )
+    add.add_argument(
+        "--token",
+        metavar="TOKEN",
+        help="HTTP: the bearer token; '-' reads it from stdin (kept out of ps"
+        " and shell history); moved into the daemon's vault",
+    )
+    add.add_argument(
+        "--token-file", metavar="PATH", help="HTTP: read the bearer token from PATH"
+    )
+    add.add_argument(
+        "--header",
+        metavar="'NAME: VALUE'",
+        action="append",
+        type=header,
+        default=[],
+        help="HTTP: a custom header whose value is a secret (repeatable)",
+    )
+    add.add_argument(
+        "--secret-env",
+        metavar="K=V",
+        action="append",
+        type=secret_key_value,
+        default=[],
+        help="stdio: an environment variable whose value is a secret (repeatable)",
+    )
     add.set_defaults(trailing=[])
 
     remove = leaf(mcp, "remove", cmd_mcp_remove, "remove a run-time server")
@@ -495,6 +572,19 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=50,
         help="at most N (default 50)",
+    )
+
+    vault = group(commands, "vault", "the daemon's encrypted secrets")
+    rotate = leaf(
+        vault,
+        "rotate",
+        cmd_vault_rotate,
+        "re-encrypt every secret under the primary key",
+    )
+    rotate.add_argument(
+        "--new-key",
+        action="store_true",
+        help="key file only: generate a new primary key first (old keys still decrypt)",
     )
 
     daemon = group(commands, "daemon", "the daemon itself")

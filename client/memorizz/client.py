@@ -218,6 +218,12 @@ class Client:
             m.AuditListResult,
         )
 
+    def rotate_vault(self, *, new_key: bool = False) -> m.VaultRotateResult:
+        """Re-encrypt every secret under the primary key (``new_key``: key file only)."""
+        return self.request(
+            "vault/rotate", m.VaultRotateParams(new_key=new_key), m.VaultRotateResult
+        )
+
     # --- MCP pass-through ---------------------------------------------------
 
     def list_tools(self, server: str, *, refresh: bool = False) -> list[m.Tool]:

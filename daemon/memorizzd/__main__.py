@@ -33,6 +33,12 @@ def main(argv: list[str] | None = None) -> int:
         help="validate the configuration and exit",
     )
     parser.add_argument(
+        "--forget-secrets",
+        action="store_true",
+        help="delete every stored secret (after losing the vault key) and exit;"
+        " then re-add the servers' credentials",
+    )
+    parser.add_argument(
         "--log-level",
         default=os.environ.get("MEMORIZZ_LOG_LEVEL", "info"),
         type=str.lower,
@@ -61,13 +67,29 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     setup_logging(args.log_level)
+    if args.forget_secrets:
+        return _forget_secrets(config.state_dir)
+    from memorizzd.vault import VaultKeyError, find_keys
+
+    try:  # before harden_process scrubs MEMORIZZ_MCP_ENCRYPTION_KEY
+        # A key file still to be generated is made by the daemon (None here),
+        # once it owns the socket: a second daemon must not touch anything.
+        keys = find_keys(config.state_dir, create=False)
+    except VaultKeyError as exc:
+        print(f"memorizzd: vault: {exc}", file=sys.stderr)
+        return EX_CONFIG
     harden_process()  # MEMORIZZ_* out of os.environ; /proc/<pid>/environ root-only
     from memorizzd.app import run  # the heavy imports (mcp) only when serving
     from memorizzd.rpc.server import SocketInUseError
     from memorizzd.store import StoreError
 
     try:
-        anyio.run(run, config, backend="asyncio", backend_options={"use_uvloop": True})
+        anyio.run(
+            run, config, keys, backend="asyncio", backend_options={"use_uvloop": True}
+        )
+    except VaultKeyError as exc:
+        print(f"memorizzd: vault: {exc}", file=sys.stderr)
+        return EX_CONFIG
     except (SocketInUseError, StoreError) as exc:
         print(f"memorizzd: {exc}", file=sys.stderr)
         return 1
@@ -76,6 +98,25 @@ def main(argv: list[str] | None = None) -> int:
         return EX_CONFIG
     except KeyboardInterrupt:
         return 0
+    return 0
+
+
+def _forget_secrets(state_dir: str) -> int:
+    from memorizzd.store import Store, StoreError
+
+    try:
+        store = Store(state_dir)
+    except StoreError as exc:
+        print(f"memorizzd: {exc}", file=sys.stderr)
+        return 1
+    try:
+        count = store.clear_secrets()
+    finally:
+        store.close()
+    print(
+        f"memorizzd: deleted {count} stored secrets (the canary included);"
+        " re-add the servers' credentials"
+    )
     return 0
 
 

@@ -22,6 +22,7 @@ from memorizzd.rpc.server import SocketServer, open_listener
 from memorizzd.sdnotify import journal_available, notify
 from memorizzd.store import Store
 from memorizzd.upstream.pool import Pool, running_pool
+from memorizzd.vault import FernetCredentialStore, KeySource, load_keys
 
 log = logging.getLogger("memorizzd")
 
@@ -33,8 +34,14 @@ class Daemon(msgspec.Struct):
 
 
 @asynccontextmanager
-async def running_daemon(config: Config) -> AsyncIterator[Daemon]:
+async def running_daemon(
+    config: Config, keys: KeySource | None = None
+) -> AsyncIterator[Daemon]:
     """Everything up and serving inside the block; drained and stopped after it.
+
+    ``keys``: the vault's key source, read by ``__main__`` before the
+    environment was scrubbed; by default read here (``vault.load_keys``). A key
+    that does not decrypt the vault's canary raises ``VaultKeyError``.
 
     On exit: stop accepting, stop reading new requests, let in-flight calls finish
     (bounded by ``drain_timeout_s``), then stop every upstream (no orphans).
@@ -52,7 +59,18 @@ async def running_daemon(config: Config) -> AsyncIterator[Daemon]:
             os.unlink(config.socket)
         raise
     try:
-        async with running_pool(config, store) as pool:
+        if keys is None:
+            keys = await anyio.to_thread.run_sync(load_keys, config.state_dir)
+        vault = await anyio.to_thread.run_sync(FernetCredentialStore.open, store, keys)
+    except BaseException:
+        await listener.aclose()
+        with suppress(FileNotFoundError):
+            os.unlink(config.socket)
+        await anyio.to_thread.run_sync(store.close)
+        raise
+    log.info("vault key from %s", keys.name)
+    try:
+        async with running_pool(config, store, vault) as pool:
             for admitted in config_servers:
                 await pool.start(
                     admitted.spec, source="config", refused=admitted.problem
@@ -82,6 +100,7 @@ async def running_daemon(config: Config) -> AsyncIterator[Daemon]:
                 connections=lambda: server.connections,
                 in_flight=lambda: server.in_flight,
                 auditor=auditor,
+                vault=vault,
             )
             server = SocketServer(
                 config.socket,
@@ -121,12 +140,12 @@ async def running_daemon(config: Config) -> AsyncIterator[Daemon]:
         await anyio.to_thread.run_sync(store.close)
 
 
-async def run(config: Config) -> None:
+async def run(config: Config, keys: KeySource | None = None) -> None:
     """Serve until SIGTERM or SIGINT; tell systemd what happens."""
     with anyio.open_signal_receiver(
         signal.SIGTERM, signal.SIGINT, signal.SIGHUP
     ) as signals:
-        async with running_daemon(config) as daemon:
+        async with running_daemon(config, keys) as daemon:
             log.info(
                 "memorizzd %s listening on %s (state in %s, %d servers)",
                 __version__,

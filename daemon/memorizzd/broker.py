@@ -20,6 +20,7 @@ import msgspec
 from memorizz.api import methods as m
 from memorizz.api.errors import (
     ConflictError,
+    InternalError,
     InvalidParamsError,
     PermissionDeniedError,
     RemoteError,
@@ -38,6 +39,15 @@ from memorizzd.store import Store
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.pool import Pool
 from memorizzd.upstream.session import ConnectionLost
+from memorizzd.vault import (
+    CredentialStore,
+    FernetCredentialStore,
+    VaultError,
+    VaultKeyError,
+    extract_secrets,
+    server_refs,
+    stripped,
+)
 
 log = logging.getLogger("memorizzd.broker")
 R = TypeVar("R")
@@ -54,8 +64,10 @@ class Broker:
         connections: Callable[[], int],
         in_flight: Callable[[], int],
         auditor: Auditor,
+        vault: CredentialStore,
     ) -> None:
         self._config = config
+        self._vault = vault
         self._store = store
         self._pool = pool
         self._auditor = auditor
@@ -83,6 +95,7 @@ class Broker:
             "prompts/get": self.prompts_get,
             "ping": self.ping,
             "audit/list": self.audit_list,
+            "vault/rotate": self._audited_vault_rotate,
         }
         return table
 
@@ -155,8 +168,13 @@ class Broker:
             caller, "servers/remove", p.name, self.servers_remove(caller, p)
         )
 
+    async def _audited_vault_rotate(
+        self, caller: Caller, p: m.VaultRotateParams
+    ) -> m.VaultRotateResult:
+        return await self._audited(caller, "vault/rotate", None, self.vault_rotate(p))
+
     async def _audited(
-        self, caller: Caller, action: str, server: str, work: Awaitable[R]
+        self, caller: Caller, action: str, server: str | None, work: Awaitable[R]
     ) -> R:
         """Run an operator action and record it: ok, or failed with its reason."""
         audit = partial(
@@ -257,6 +275,9 @@ class Broker:
             block_tools=list(spec.block_tools),
             require_approval=spec.require_approval,
             risk=dict(spec.risk),
+            auth=spec.auth,
+            header_names=sorted(spec.headers),
+            secret_env_keys=sorted(spec.secret_env),
         )
 
     async def servers_list(
@@ -278,9 +299,12 @@ class Broker:
             allowlist=self._config.stdio_allowlist,
             allow_inline_code=self._config.stdio_allow_inline_code,
         )
+        secrets = extract_secrets(spec)
+        spec = stripped(spec)  # the values go to the vault, never to the spec
         async with self._changing:
             if spec.name in self._pool:
                 raise ConflictError(f"a server named {spec.name!r} already exists")
+            await anyio.to_thread.run_sync(self._replace_secrets, spec.name, secrets)
             if not await anyio.to_thread.run_sync(self._store.add_server, spec):
                 raise ConflictError(f"a server named {spec.name!r} already exists")
             upstream = await self._pool.start(spec, source="api")
@@ -301,8 +325,34 @@ class Broker:
                 )
             await anyio.to_thread.run_sync(self._store.remove_server, p.name)
             await self._pool.stop(p.name)
+            await anyio.to_thread.run_sync(self._replace_secrets, p.name, {})
         log.info("server %s removed by uid %d", p.name, caller.uid)
         return m.ServersRemoveResult(name=p.name)
+
+    def _replace_secrets(self, server: str, secrets: dict[str, str]) -> None:
+        """The server's secrets become exactly ``secrets`` (stale refs deleted)."""
+        for ref in server_refs(self._vault, server):
+            if ref not in secrets:
+                self._vault.delete(ref)
+        if secrets:
+            self._vault.put_many(secrets)
+
+    async def vault_rotate(self, p: m.VaultRotateParams) -> m.VaultRotateResult:
+        if not isinstance(self._vault, FernetCredentialStore):
+            raise InvalidParamsError("this credential store does not rotate keys")
+        vault = self._vault
+        try:
+            count = await anyio.to_thread.run_sync(
+                partial(vault.rotate, new_key=p.new_key)
+            )
+        except VaultKeyError as exc:
+            raise InvalidParamsError(str(exc)) from None
+        except VaultError as exc:
+            raise InternalError(f"rotation stopped: {exc}") from None
+        log.info("vault: %d secrets re-encrypted (%s)", count, vault.source.name)
+        return m.VaultRotateResult(
+            reencrypted=count, key_source=vault.source.name, new_key=p.new_key
+        )
 
     async def servers_status(
         self, caller: Caller, p: m.ServersStatusParams

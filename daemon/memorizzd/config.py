@@ -21,6 +21,30 @@ from memorizzd.egress.urls import normalise_pattern
 
 DEFAULT_CONFIG_PATH: Final = Path("/etc/memorizzd/memorizzd.toml")
 SERVER_NAME_MAX: Final = 64
+_TOKEN_CHARS: Final = frozenset(
+    "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+)
+FORBIDDEN_HEADERS: Final = frozenset(
+    {
+        "host",
+        "content-length",
+        "content-type",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "upgrade",
+        "te",
+        "trailer",
+        "accept",
+        "accept-encoding",
+        "proxy-authorization",
+        "proxy-connection",
+        "last-event-id",
+    }
+)
+"""Headers the transport owns; ``mcp-*`` (session, protocol version) too."""
+_CODE_ENV_PREFIXES: Final = ("LD_", "BASH_FUNC_", "PYTHON", "NODE_", "PERL", "RUBY")
+_CODE_ENV: Final = frozenset({"PATH", "BASH_ENV", "ENV", "HOME"})
 
 
 class ConfigError(Exception):
@@ -116,16 +140,71 @@ def validate_server(spec: ServerSpec) -> None:
             )
         if not spec.url.startswith(("http://", "https://")):
             raise ValueError(f"server {spec.name!r}: url must be http:// or https://")
-        if spec.command or spec.args or spec.env or spec.cwd:
+        if spec.command or spec.args or spec.env or spec.cwd or spec.secret_env:
             raise ValueError(
-                f"server {spec.name!r}: command, args, env and cwd are for stdio servers"
+                f"server {spec.name!r}: command, args, env, secret_env and cwd"
+                " are for stdio servers"
             )
+    _validate_secrets(spec)
     if not 0 < spec.timeout_s <= 3600:
         raise ValueError(f"server {spec.name!r}: timeout_s must be in (0, 3600]")
     if not 1024 <= spec.max_result_bytes <= 256 * 1024 * 1024:
         raise ValueError(
             f"server {spec.name!r}: max_result_bytes must be in [1024, 268435456]"
         )
+
+
+def _validate_secrets(spec: ServerSpec) -> None:
+    """Auth, headers and secret env; messages never contain a value."""
+    where = f"server {spec.name!r}"
+    if spec.transport == "stdio" and (
+        spec.auth != "none" or spec.token is not None or spec.headers
+    ):
+        raise ValueError(f"{where}: auth, token and headers are for HTTP servers")
+    if spec.auth == "bearer" and not spec.token:
+        raise ValueError(f"{where}: auth bearer needs a token")
+    if spec.auth != "bearer" and spec.token is not None:
+        raise ValueError(f"{where}: a token needs auth bearer")
+    if spec.token is not None and not _clean(spec.token):
+        raise ValueError(f"{where}: the token must be non-empty printable text")
+    seen: set[str] = set()
+    for header, value in spec.headers.items():
+        lower = header.lower()
+        if not header or not set(header) <= _TOKEN_CHARS:
+            raise ValueError(f"{where}: header name {header!r} is not a valid token")
+        if lower in FORBIDDEN_HEADERS or lower.startswith("mcp-"):
+            raise ValueError(f"{where}: header {header!r} is set by the transport")
+        if lower == "authorization" and spec.auth == "bearer":
+            raise ValueError(
+                f"{where}: Authorization is set by auth bearer; not also in headers"
+            )
+        if lower in seen:
+            raise ValueError(f"{where}: header {header!r} given twice")
+        seen.add(lower)
+        if not _clean(value):
+            raise ValueError(
+                f"{where}: the value of header {header!r} must be non-empty printable text"
+            )
+    for key, value in spec.secret_env.items():
+        if not key or "=" in key or "\0" in key:
+            raise ValueError(f"{where}: secret_env name {key!r} is not valid")
+        if key in spec.env:
+            raise ValueError(f"{where}: {key!r} is in both env and secret_env")
+        if key in _CODE_ENV or key.startswith(_CODE_ENV_PREFIXES):
+            raise ValueError(f"{where}: {key!r} belongs in env, not secret_env")
+        if not value or "\0" in value:
+            raise ValueError(
+                f"{where}: the value of secret_env {key!r} must be non-empty, without NUL"
+            )
+
+
+def _clean(value: str) -> bool:
+    """Non-empty, visible ASCII or space/tab, no surrounding whitespace."""
+    return (
+        bool(value)
+        and value == value.strip()
+        and all(c == "\t" or " " <= c <= "~" for c in value)
+    )
 
 
 def load(

@@ -1,4 +1,5 @@
-"""The SQLite state database: run-time servers, negotiated versions, the audit trail.
+"""The SQLite state database: run-time servers, negotiated versions, the audit
+trail, the vault's ciphertexts.
 
 The only module that knows SQL. Calls are short and synchronous; async callers
 run them with ``anyio.to_thread.run_sync``, except ``append_audit`` (below).
@@ -27,7 +28,7 @@ import msgspec
 
 from memorizz.api.methods import AuditRecord, ServerSpec
 
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 _MIGRATIONS: Final = (
     """
     CREATE TABLE servers (
@@ -69,6 +70,14 @@ _MIGRATIONS: Final = (
         BEGIN SELECT RAISE(ABORT, 'the audit trail is append-only'); END;
     CREATE TRIGGER audit_no_delete BEFORE DELETE ON audit
         BEGIN SELECT RAISE(ABORT, 'the audit trail is append-only'); END;
+    """,
+    # 4: the vault: Fernet tokens, each binding its own ref (memorizzd.vault)
+    """
+    CREATE TABLE secrets (
+        ref TEXT PRIMARY KEY,
+        token BLOB NOT NULL,
+        updated REAL NOT NULL
+    );
     """,
 )
 _AUDIT_COLUMNS: Final = (
@@ -280,3 +289,62 @@ class Store:
                     time.time(),
                 ),
             )
+
+    # --- the vault's ciphertexts (memorizzd.vault encrypts; this only stores) --
+
+    def secret(self, ref: str) -> bytes | None:
+        with self._lock:
+            row = self._db.execute(
+                "SELECT token FROM secrets WHERE ref = ?", (ref,)
+            ).fetchone()
+        return bytes(row[0]) if row else None
+
+    def put_secrets(self, tokens: list[tuple[str, bytes]]) -> None:
+        """Insert or replace, all in one transaction (durable: synchronous=FULL)."""
+        now = time.time()
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                self._db.executemany(
+                    "INSERT INTO secrets (ref, token, updated) VALUES (?, ?, ?)"
+                    " ON CONFLICT(ref) DO UPDATE SET"
+                    " token = excluded.token, updated = excluded.updated",
+                    [(ref, token, now) for ref, token in tokens],
+                )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def delete_secrets(self, refs: list[str]) -> int:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                deleted = sum(
+                    self._db.execute(
+                        "DELETE FROM secrets WHERE ref = ?", (ref,)
+                    ).rowcount
+                    for ref in refs
+                )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        return deleted
+
+    def secret_refs(self) -> list[str]:
+        with self._lock:
+            rows = self._db.execute("SELECT ref FROM secrets ORDER BY ref").fetchall()
+        return [row[0] for row in rows]
+
+    def all_secrets(self) -> list[tuple[str, bytes]]:
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT ref, token FROM secrets ORDER BY ref"
+            ).fetchall()
+        return [(row[0], bytes(row[1])) for row in rows]
+
+    def clear_secrets(self) -> int:
+        with self._lock:
+            cursor = self._db.execute("DELETE FROM secrets")
+        return cursor.rowcount

@@ -33,6 +33,7 @@ AuditOutcome = Literal[
 ]
 ServerState = Literal["connecting", "ready", "backoff", "failed", "stopped"]
 ProtocolMode = Literal["auto", "legacy", "2026-07-28"]
+AuthMode = Literal["none", "bearer"]
 
 DEFAULT_TIMEOUT_S: Final = 60.0
 DEFAULT_MAX_RESULT_BYTES: Final = 2_000_000
@@ -252,6 +253,14 @@ class ServerSpec(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     """Make write and destructive tools ``ask``."""
     risk: dict[str, Risk] = {}
     """Operator overrides of tools' risk classes, by exact tool name."""
+    auth: AuthMode = "none"
+    """HTTP only: ``bearer`` sends ``Authorization: Bearer <token>`` on every request."""
+    token: str | None = None
+    """Input only: the bearer token. ``servers/add`` moves it into the vault."""
+    headers: dict[str, str] = {}
+    """HTTP only: custom request headers; the values are secrets (moved into the vault)."""
+    secret_env: dict[str, str] = {}
+    """stdio only: environment variables whose values are secrets (moved into the vault)."""
 
 
 class ServerInfo(msgspec.Struct, kw_only=True):
@@ -275,6 +284,11 @@ class ServerInfo(msgspec.Struct, kw_only=True):
     block_tools: list[str] = []
     require_approval: bool = False
     risk: dict[str, Risk] = {}
+    auth: AuthMode = "none"
+    header_names: list[str] = []
+    """Custom headers sent to the server (names only; values live in the vault)."""
+    secret_env_keys: list[str] = []
+    """Secret environment variables of a stdio server (names only)."""
 
 
 class ServersListParams(Params, kw_only=True, frozen=True):
@@ -389,6 +403,20 @@ class AuditListResult(Result, kw_only=True):
     """Pass as ``before_id`` for the next (older) page; null at the end."""
 
 
+class VaultRotateParams(Params, kw_only=True, frozen=True):
+    new_key: bool = False
+    """Key file only: generate a new primary key first (the old keys still decrypt)."""
+
+
+class VaultRotateResult(Result, kw_only=True):
+    reencrypted: int
+    """Secrets re-encrypted under the primary key (the canary included)."""
+    key_source: str
+    """Where the key came from: credential, environment or key file (never the key)."""
+    new_key: bool
+    """A new primary key was generated and written to the key file."""
+
+
 class MethodSpec(msgspec.Struct, frozen=True):
     params: type[Params]
     result: type[Result]
@@ -437,5 +465,10 @@ METHODS: Final[dict[str, MethodSpec]] = {
     "ping": MethodSpec(PingParams, PingResult, "Ping the daemon or one upstream."),
     "audit/list": MethodSpec(
         AuditListParams, AuditListResult, "The audit trail, newest first."
+    ),
+    "vault/rotate": MethodSpec(
+        VaultRotateParams,
+        VaultRotateResult,
+        "Re-encrypt every secret under the primary key.",
     ),
 }

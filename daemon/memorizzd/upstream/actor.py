@@ -30,6 +30,7 @@ from memorizzd.policy import ToolPolicy, ToolsView, ToolVerdict
 from memorizzd.store import Negotiated, Store, fingerprint
 from memorizzd.upstream import session as sdk
 from memorizzd.upstream.stdio import StdioProcess
+from memorizzd.vault import CredentialStore, VaultError, resolve_secrets
 
 log = logging.getLogger("memorizzd.upstream")
 
@@ -43,9 +44,16 @@ LATENCY_WINDOW: Final = 1024
 
 class Upstream:
     def __init__(
-        self, spec: m.ServerSpec, *, source: str, config: Config, store: Store
+        self,
+        spec: m.ServerSpec,
+        *,
+        source: str,
+        config: Config,
+        store: Store,
+        vault: CredentialStore,
     ) -> None:
         self.spec = spec
+        self._vault = vault
         self.name = spec.name
         self.source = source
         self._config = config
@@ -139,13 +147,20 @@ class Upstream:
         if mode == "auto" and known is not None:
             # Never pay the slow probe twice: a known-legacy server gets the handshake.
             mode = "legacy" if known.protocol_version != sdk.MODERN else "auto"
+        # The secrets, from the vault right before connecting (never kept longer
+        # than the connect; a missing one fails the attempt, naming its ref).
+        secrets = await anyio.to_thread.run_sync(
+            resolve_secrets, self.spec, self._vault
+        )
         async with sdk.open_client(
             self.spec,
             mode=mode,
             process=self._process,
             message_handler=self._on_message,
             host_allowlist=self._config.host_allowlist,
+            secrets=secrets,
         ) as client:
+            del secrets
             version, self.server_name, self.server_version = sdk.describe(client)
             self.protocol_version = version
             if version and (known is None or known.protocol_version != version):
@@ -473,6 +488,8 @@ def _describe_failure(exc: BaseException) -> str:
         exc = exc.exceptions[0]
     if isinstance(exc, RemoteError):
         return exc.message
+    if isinstance(exc, VaultError):
+        return f"credentials: {exc}"
     if isinstance(exc, FileNotFoundError):
         return f"executable not found: {exc.filename}"
     if isinstance(exc, PermissionError):

@@ -14,14 +14,22 @@ from memorizz.api.errors import ConflictError, NotFoundError
 from memorizzd.config import Config
 from memorizzd.store import Store
 from memorizzd.upstream.actor import Upstream
+from memorizzd.vault import CredentialStore
 
 log = logging.getLogger("memorizzd.pool")
 
 
 class Pool:
-    def __init__(self, config: Config, store: Store, tg: anyio.abc.TaskGroup) -> None:
+    def __init__(
+        self,
+        config: Config,
+        store: Store,
+        tg: anyio.abc.TaskGroup,
+        vault: CredentialStore,
+    ) -> None:
         self._config = config
         self._store = store
+        self._vault = vault
         self._tg = tg
         self._upstreams: dict[str, Upstream] = {}
 
@@ -48,7 +56,13 @@ class Pool:
         only listed, ``failed``, until removed."""
         if spec.name in self._upstreams:
             raise ConflictError(f"a server named {spec.name!r} already exists")
-        upstream = Upstream(spec, source=source, config=self._config, store=self._store)
+        upstream = Upstream(
+            spec,
+            source=source,
+            config=self._config,
+            store=self._store,
+            vault=self._vault,
+        )
         self._upstreams[spec.name] = upstream
         if refused is not None:
             log.error("%s: not started: %s", spec.name, refused)
@@ -69,10 +83,12 @@ class Pool:
 
 
 @asynccontextmanager
-async def running_pool(config: Config, store: Store) -> AsyncIterator[Pool]:
+async def running_pool(
+    config: Config, store: Store, vault: CredentialStore
+) -> AsyncIterator[Pool]:
     """A pool whose upstreams all stop (processes killed, sessions closed) on exit."""
     async with anyio.create_task_group() as tg:
-        pool = Pool(config, store, tg)
+        pool = Pool(config, store, tg, vault)
         try:
             yield pool
         finally:

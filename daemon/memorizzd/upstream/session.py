@@ -8,7 +8,7 @@ error classes; nothing above it knows the SDK exists.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, Final, TypeVar
 
@@ -38,6 +38,7 @@ from memorizzd.egress.replies import refusal_in
 from memorizzd.egress.urls import check_url
 from memorizzd.upstream.limits import TOO_LARGE_MARKER
 from memorizzd.upstream.stdio import StdioProcess, stdio_transport
+from memorizzd.vault.server_secrets import ServerSecrets
 
 T = TypeVar("T")
 MessageHandler = Callable[[Any], Awaitable[None]]
@@ -61,10 +62,13 @@ class ConnectionLost(Exception):
     """The transport to the upstream broke; the session must be rebuilt."""
 
 
-def child_environment(spec: m.ServerSpec) -> dict[str, str]:
-    """A minimal base environment plus the server's own variables; nothing else."""
+def child_environment(
+    spec: m.ServerSpec, secret_env: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """A minimal base environment plus the server's own variables (and its
+    secret ones, resolved from the vault); nothing else."""
     base = {k: v for k in _BASE_ENV_KEYS if (v := os.environ.get(k)) is not None}
-    return base | dict(spec.env)
+    return base | dict(spec.env) | dict(secret_env or {})
 
 
 SSE_EVENT_MAX: Final = 1 << 20
@@ -83,8 +87,12 @@ async def open_client(
     process: StdioProcess | None,
     message_handler: MessageHandler,
     host_allowlist: Sequence[str],
+    secrets: ServerSecrets | None = None,
 ) -> AsyncIterator[Client]:
     """Connect and negotiate; yields a ready ``Client`` owned by the calling task.
+
+    ``secrets`` (resolved from the vault just before): HTTP headers sent on
+    every request (``Authorization`` among them), or a stdio child's secret env.
 
     HTTP servers are reached only through the hardened client (``egress``); the
     URL is checked again here, since the allowlist may have changed since the
@@ -98,12 +106,13 @@ async def open_client(
         "client_info": _CLIENT_INFO,
         "cache": None,  # the daemon caches lists itself
     }
+    secrets = secrets or ServerSecrets()
     if spec.transport == "stdio":
         if spec.command is None or process is None:
             raise ValueError("a stdio server needs a command")
         transport = stdio_transport(
             [spec.command, *spec.args],
-            env=child_environment(spec),
+            env=child_environment(spec, secrets.env),
             cwd=spec.cwd,
             max_message_bytes=spec.max_result_bytes + 64 * 1024,
             process_info=process,
@@ -117,6 +126,7 @@ async def open_client(
             timeout=_timeout(spec),
             allowlist=host_allowlist,
             allow_private_network=spec.allow_private_network,
+            headers=dict(secrets.headers) or None,
         )
         async with http:
             transport = streamable_http_client(
@@ -138,7 +148,7 @@ async def open_client(
                     timeout=timeout or _timeout(spec),
                     allowlist=host_allowlist,
                     allow_private_network=spec.allow_private_network,
-                    headers=headers,
+                    headers={**(headers or {}), **secrets.headers} or None,
                     auth=auth,
                 )
             ),

@@ -1,0 +1,165 @@
+"""Where the vault's Fernet keys come from, and the key file.
+
+Sources, first found wins:
+
+1. ``$CREDENTIALS_DIRECTORY/memorizzd-key`` (systemd ``LoadCredential=`` /
+   ``LoadCredentialEncrypted=``),
+2. ``MEMORIZZ_MCP_ENCRYPTION_KEY``,
+3. ``<state_dir>/vault.key``, generated 0600 on first start.
+
+A source holds one or more Fernet keys separated by commas or newlines: the
+first is the primary (it encrypts), the others still decrypt (rotation).
+Messages name the source, never a key.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from typing import Final
+
+import msgspec
+from cryptography.fernet import Fernet
+
+log = logging.getLogger("memorizzd.vault")
+
+CREDENTIAL_NAME: Final = "memorizzd-key"
+ENV_KEY: Final = "MEMORIZZ_MCP_ENCRYPTION_KEY"
+KEY_FILE: Final = "vault.key"
+
+
+class VaultKeyError(Exception):
+    """No usable key: the message names the source, never key material."""
+
+
+class KeySource(msgspec.Struct, frozen=True):
+    name: str
+    """Human-readable: ``credential /run/credentials/.../memorizzd-key``, ..."""
+    kind: str
+    """``credential``, ``environment`` or ``key_file``."""
+    keys: tuple[bytes, ...]
+    """Primary first. Never logged or shown (``__repr__`` hides them)."""
+    path: str | None = None
+
+    def __repr__(self) -> str:
+        return f"KeySource({self.name!r}, {len(self.keys)} keys)"
+
+
+def parse_keys(text: str, source: str) -> tuple[bytes, ...]:
+    """The Fernet keys in ``text`` (comma- or newline-separated), checked."""
+    parts = [p.strip() for p in text.replace("\n", ",").split(",")]
+    keys = tuple(p.encode("ascii", "replace") for p in parts if p)
+    if not keys:
+        raise VaultKeyError(f"{source}: no key in it")
+    for i, key in enumerate(keys):
+        try:
+            Fernet(key)
+        except (ValueError, TypeError):
+            raise VaultKeyError(
+                f"{source}: key {i + 1} is not a Fernet key"
+                " (32 url-safe base64-encoded bytes)"
+            ) from None
+    return keys
+
+
+def load_keys(state_dir: str, environ: Mapping[str, str] | None = None) -> KeySource:
+    """Read the keys from the first source that exists (see the module docstring);
+    generate the key file when it is the source and does not exist yet."""
+    source = find_keys(state_dir, environ, create=True)
+    assert source is not None  # noqa: S101 - create=True always finds one
+    return source
+
+
+def find_keys(
+    state_dir: str, environ: Mapping[str, str] | None = None, *, create: bool
+) -> KeySource | None:
+    """As ``load_keys``; without ``create``, None when the key file is the
+    source and does not exist yet (the daemon makes it once it owns the socket).
+
+    Call before ``harden_process`` scrubs ``MEMORIZZ_*`` from the environment.
+    """
+    env = os.environ if environ is None else environ
+    creds = env.get("CREDENTIALS_DIRECTORY")
+    if creds:
+        path = os.path.join(creds, CREDENTIAL_NAME)
+        if os.path.exists(path):
+            name = f"credential {path}"
+            return KeySource(name, "credential", _read(path, name), path)
+    if env.get(ENV_KEY):
+        name = f"environment variable {ENV_KEY}"
+        return KeySource(name, "environment", parse_keys(env[ENV_KEY], name))
+    path = os.path.join(state_dir, KEY_FILE)
+    name = f"key file {path}"
+    if not os.path.exists(path):
+        if not create:
+            return None
+        _create_key_file(state_dir, path)
+    return KeySource(name, "key_file", _read(path, name), path)
+
+
+def _read(path: str, name: str) -> tuple[bytes, ...]:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return parse_keys(f.read(), name)
+    except OSError as exc:
+        raise VaultKeyError(f"{name}: cannot read it: {exc.strerror}") from None
+
+
+def _create_key_file(state_dir: str, path: str) -> None:
+    try:
+        os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return  # another start made it first
+    except OSError as exc:
+        raise VaultKeyError(
+            f"key file {path}: cannot create it: {exc.strerror}"
+        ) from None
+    try:
+        os.write(fd, Fernet.generate_key() + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    _fsync_dir(state_dir)
+    log.warning(
+        "generated a new vault key in %s: BACK IT UP. Without it the stored"
+        " credentials cannot be decrypted (see docs/auth.md)",
+        path,
+    )
+
+
+def write_key_file(path: str, keys: tuple[bytes, ...]) -> None:
+    """Replace the key file atomically (0600, fsynced), primary first."""
+    tmp = f"{path}.tmp"
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+        f.write(b",".join(keys) + b"\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(os.path.dirname(path))
+
+
+def new_primary(source: KeySource) -> KeySource:
+    """Key file only: a new primary key in front of the old ones, written first."""
+    if source.kind != "key_file" or source.path is None:
+        raise VaultKeyError(
+            f"a new key can be generated only for the key file; the keys come from"
+            f" {source.name}: put the new key first there and restart"
+        )
+    keys = (Fernet.generate_key(), *source.keys)
+    write_key_file(source.path, keys)
+    log.warning(
+        "generated a new primary vault key in %s (the old keys still decrypt):"
+        " BACK IT UP",
+        source.path,
+    )
+    return msgspec.structs.replace(source, keys=keys)
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

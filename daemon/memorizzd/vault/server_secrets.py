@@ -1,0 +1,86 @@
+"""A server's secrets: the refs they live under, out of a spec and back at connect.
+
+``servers/add`` moves the bearer token, the custom header values and the
+secret env values into the vault (``extract_secrets``) and stores the spec
+``stripped`` of them: names stay, values become empty. Config-file servers keep
+their inline values in memory only. At connect ``resolve_secrets`` takes an
+inline value when there is one, else asks the vault.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from memorizz.api.methods import ServerSpec
+from memorizzd.vault.protocol import CredentialStore
+
+
+def token_ref(server: str) -> str:
+    return f"server/{server}/token"
+
+
+def header_ref(server: str, header: str) -> str:
+    return f"server/{server}/header/{header}"
+
+
+def env_ref(server: str, key: str) -> str:
+    return f"server/{server}/env/{key}"
+
+
+def server_prefix(server: str) -> str:
+    return f"server/{server}/"
+
+
+class ServerSecrets(msgspec.Struct, frozen=True):
+    """What a connection needs: HTTP headers (with ``Authorization``) or child env."""
+
+    headers: dict[str, str] = {}
+    env: dict[str, str] = {}
+
+    def __repr__(self) -> str:
+        return f"ServerSecrets(headers={sorted(self.headers)}, env={sorted(self.env)})"
+
+
+def extract_secrets(spec: ServerSpec) -> dict[str, str]:
+    """ref -> value for every secret given inline in ``spec``."""
+    secrets: dict[str, str] = {}
+    if spec.token:
+        secrets[token_ref(spec.name)] = spec.token
+    for header, value in spec.headers.items():
+        secrets[header_ref(spec.name, header)] = value
+    for key, value in spec.secret_env.items():
+        secrets[env_ref(spec.name, key)] = value
+    return secrets
+
+
+def stripped(spec: ServerSpec) -> ServerSpec:
+    """The spec without secret values: what the state database may hold."""
+    return msgspec.structs.replace(
+        spec,
+        token=None,
+        headers=dict.fromkeys(spec.headers, ""),
+        secret_env=dict.fromkeys(spec.secret_env, ""),
+    )
+
+
+def server_refs(vault: CredentialStore, server: str) -> list[str]:
+    prefix = server_prefix(server)
+    return [ref for ref in vault.refs() if ref.startswith(prefix)]
+
+
+def resolve_secrets(spec: ServerSpec, vault: CredentialStore) -> ServerSecrets:
+    """Inline values where present (config file), else from the vault.
+
+    Raises ``VaultError`` (naming the ref) when one is missing or unreadable.
+    """
+    headers: dict[str, str] = {}
+    if spec.auth == "bearer":
+        token = spec.token or vault.get(token_ref(spec.name))
+        headers["Authorization"] = f"Bearer {token}"
+    for header, value in spec.headers.items():
+        headers[header] = value or vault.get(header_ref(spec.name, header))
+    env = {
+        key: value or vault.get(env_ref(spec.name, key))
+        for key, value in spec.secret_env.items()
+    }
+    return ServerSecrets(headers=headers, env=env)
