@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import logging
 import os
@@ -119,6 +120,7 @@ async def running_daemon(
                         # threshold of 700 runs a collection every few calls).
                         gc.freeze()
                         gc.set_threshold(20_000, 20, 20)
+                        _trim_heap()
                         try:
                             yield Daemon(config, pool, server)
                         finally:
@@ -180,3 +182,11 @@ async def _report_status(daemon: Daemon) -> None:
             notify(status)
             last = status
         await anyio.sleep(5)
+
+
+def _trim_heap() -> None:
+    """Hand the heap pages freed during start-up (import garbage) back to the OS."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
