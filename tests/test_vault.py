@@ -161,7 +161,9 @@ def test_a_swapped_ciphertext_is_detected(store: Store) -> None:
 
 
 def test_a_wrong_key_fails_open_against_the_canary(store: Store) -> None:
-    FernetCredentialStore.open(store, source(Fernet.generate_key()))
+    vault = FernetCredentialStore.open(store, source(Fernet.generate_key()))
+    assert store.secret(CANARY_REF) is None  # an empty vault is not touched
+    vault.put("server/x/token", "secret")
     assert store.secret(CANARY_REF) is not None
     with pytest.raises(VaultKeyError, match="test keys"):
         FernetCredentialStore.open(store, source(Fernet.generate_key()))
@@ -186,6 +188,7 @@ def _start(base: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 def test_the_daemon_refuses_a_wrong_key_with_exit_78(base_dir: str) -> None:
     with daemon_process(base_dir) as d, d.client() as c:
         assert c.hello().protocol_version == 1
+        c.add_server(stdio_spec("s", secret_env={"API_KEY": "k"}))
     key_file = Path(base_dir, "state", KEY_FILE)
     right = key_file.read_bytes()
     wrong = Fernet.generate_key()
@@ -217,7 +220,7 @@ def test_the_daemon_refuses_a_wrong_key_with_exit_78(base_dir: str) -> None:
         env=env,
         check=True,
     )
-    assert "deleted 1 stored secrets" in forgot.stdout
+    assert "deleted 2 stored secrets" in forgot.stdout  # the secret and the canary
     with daemon_process(base_dir) as d, d.client() as c:
         assert c.hello().protocol_version == 1
 

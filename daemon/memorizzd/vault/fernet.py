@@ -2,9 +2,11 @@
 
 Each ciphertext binds its record: the plaintext is ``{"ref": ref, "v": secret}``
 and a decrypted ref must equal the row's, so a ciphertext copied or swapped
-into another row is detected. A canary record (``CANARY_REF``), written at the
-first start, is decrypted at every start: a wrong key is a startup error,
-never silent data loss.
+into another row is detected. A canary record (``CANARY_REF``), written with
+the first secret, is decrypted at every start: a wrong key is a startup error,
+never silent data loss. A vault that holds nothing is not touched at start
+(Fernet's first use initializes the OpenSSL bundled with ``cryptography``,
+about 1.2 MB of the daemon's memory, which a host without secrets need not pay).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ class FernetCredentialStore:
 
     @classmethod
     def open(cls, store: Store, source: KeySource) -> FernetCredentialStore:
-        """Open the vault; check the key against the canary (write it at first start).
+        """Open the vault; check the key against the canary, if there is one yet.
 
         Raises ``VaultKeyError`` (naming the key source) when the key does not
         decrypt the canary.
@@ -54,8 +56,7 @@ class FernetCredentialStore:
         vault = cls(store, source)
         token = store.secret(CANARY_REF)
         if token is None:
-            vault.put(CANARY_REF, _CANARY_VALUE)
-            return vault
+            return vault  # empty: the canary is written with the first secret
         try:
             value = vault._decrypt(CANARY_REF, token)
         except VaultError:
@@ -92,6 +93,8 @@ class FernetCredentialStore:
 
     def put_many(self, secrets: dict[str, str]) -> None:
         with self._lock:
+            if self._store.secret(CANARY_REF) is None:
+                secrets = {CANARY_REF: _CANARY_VALUE, **secrets}
             tokens = [(ref, self._encrypt(ref, v)) for ref, v in secrets.items()]
             self._store.put_secrets(tokens)
 
