@@ -16,7 +16,7 @@ import msgspec
 import pytest
 
 from memorizz.api import methods as m
-from memorizz.api.errors import InvalidParamsError, UnavailableError
+from memorizz.api.errors import AuthRequiredError, InvalidParamsError
 from memorizz.api.methods import ServerSpec
 from memorizz.cli import build_parser, build_server_spec
 from memorizzd.config import validate_server
@@ -131,11 +131,12 @@ def test_a_wrong_token_cannot_connect(url: str, base_dir: str) -> None:
             return c.server_status("a")[0].state in ("backoff", "failed")
 
         wait_until(failing, what="a failed connect")
-        with pytest.raises(UnavailableError) as caught:
+        with pytest.raises(AuthRequiredError) as caught:
             c.call_tool("a", "echo", {"text": "hi"})
-        assert caught.value.reason == "server_unavailable"
+        assert caught.value.reason == "authorization_required"
         status = c.server_status("a")[0]
         assert status.last_error
+        assert "the server answered 401" in status.last_error
         assert_no_marker("last_error", status.last_error)
 
 

@@ -18,11 +18,13 @@ from memorizzd.audit import Auditor, load_key
 from memorizzd.broker import Broker
 from memorizzd.config import Config
 from memorizzd.execution import admit, check_config_servers
+from memorizzd.execution.admission import Admission
 from memorizzd.rpc.dispatch import Dispatcher
 from memorizzd.rpc.server import SocketServer, open_listener
 from memorizzd.sdnotify import journal_available, notify
 from memorizzd.store import Store
 from memorizzd.upstream.pool import Pool, running_pool
+from memorizzd.upstream.session import FailureKind
 from memorizzd.vault import FernetCredentialStore, KeySource, load_keys
 
 log = logging.getLogger("memorizzd")
@@ -74,7 +76,10 @@ async def running_daemon(
         async with running_pool(config, store, vault) as pool:
             for admitted in config_servers:
                 await pool.start(
-                    admitted.spec, source="config", refused=admitted.problem
+                    admitted.spec,
+                    source="config",
+                    refused=admitted.problem,
+                    refused_kind=_refused_kind(admitted),
                 )
             for spec in await anyio.to_thread.run_sync(store.servers):
                 if spec.name in pool:
@@ -86,7 +91,12 @@ async def running_daemon(
                     continue
                 # Checked again: the allowlist may have changed since it was added.
                 admitted = admit(spec, config)
-                await pool.start(admitted.spec, source="api", refused=admitted.problem)
+                await pool.start(
+                    admitted.spec,
+                    source="api",
+                    refused=admitted.problem,
+                    refused_kind=_refused_kind(admitted),
+                )
 
             auditor = Auditor(
                 store,
@@ -190,3 +200,8 @@ def _trim_heap() -> None:
         ctypes.CDLL(None).malloc_trim(0)
     except (OSError, AttributeError):  # not glibc
         pass
+
+
+def _refused_kind(admitted: Admission) -> FailureKind:
+    """A forbidden command is the policy's refusal; a missing one, unreachable."""
+    return "refused_by_policy" if admitted.forbidden else "unreachable"

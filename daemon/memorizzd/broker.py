@@ -38,7 +38,6 @@ from memorizzd.rpc.peer import Caller
 from memorizzd.store import Store
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.pool import Pool
-from memorizzd.upstream.session import ConnectionLost
 from memorizzd.vault import (
     CredentialStore,
     FernetCredentialStore,
@@ -363,29 +362,7 @@ class Broker:
     async def servers_test(
         self, caller: Caller, p: m.ServersTestParams
     ) -> m.ServersTestResult:
-        upstream = self._pool.get(p.name)
-        started = time.perf_counter()
-        try:
-            with anyio.fail_after(upstream.timeout_for(p.timeout_s)):
-                tools = await upstream.list_tools(refresh=True)
-        except TimeoutError:
-            return _test_result(p.name, "timeout", "no answer within the deadline")
-        except RemoteError as exc:
-            outcome = {
-                "timeout": "timeout",
-                "upstream_error": "upstream_error",
-            }.get(exc.reason, "unreachable")
-            return _test_result(p.name, outcome, exc.message)
-        except ConnectionLost as exc:
-            return _test_result(p.name, "unreachable", str(exc))
-        latency = round((time.perf_counter() - started) * 1000, 3)
-        return m.ServersTestResult(
-            name=p.name,
-            outcome="ok",
-            message=f"tools/list answered with {len(tools)} tools",
-            tool_count=len(tools),
-            latency_ms=latency,
-        )
+        return await self._pool.get(p.name).test(p.timeout_s)
 
     # --- MCP pass-through ---------------------------------------------------
 
@@ -438,12 +415,6 @@ class Broker:
     ) -> m.PromptsGetResult:
         upstream = self._pool.get(p.server)
         return await upstream.get_prompt(p.name, p.arguments, timeout_s=p.timeout_s)
-
-
-def _test_result(name: str, outcome: Any, message: str) -> m.ServersTestResult:
-    return m.ServersTestResult(
-        name=name, outcome=outcome, message=message, tool_count=None, latency_ms=None
-    )
 
 
 def _rss_bytes() -> int:

@@ -350,8 +350,18 @@ class ServersTestParams(Params, kw_only=True, frozen=True):
 
 class ServersTestResult(Result, kw_only=True):
     name: str
-    outcome: Literal["ok", "unreachable", "timeout", "upstream_error"]
-    """``ok`` only when a real ``tools/list`` round trip to the server succeeded."""
+    outcome: Literal[
+        "ok",
+        "authorization_required",
+        "login_required",
+        "unreachable",
+        "refused_by_policy",
+        "tls_error",
+        "timeout",
+        "upstream_error",
+    ]
+    """``ok`` only when a real ``tools/list`` round trip to the server succeeded;
+    ``login_required`` is reserved for OAuth (never sent yet)."""
     message: str
     tool_count: int | None
     latency_ms: float | None

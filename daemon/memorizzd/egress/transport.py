@@ -5,7 +5,10 @@
   metadata), asks for ``Accept-Encoding: identity`` and refuses what comes
   back as a redirect (any 3xx: ``redirect_blocked``) or with a content coding
   (a compressed body is never inflated: a gzip bomb stays a few kilobytes on
-  the wire and is dropped). It raises ``RemoteError`` subclasses;
+  the wire and is dropped). An authentication challenge (401, or 403 with
+  ``WWW-Authenticate``) becomes ``AuthRequiredError``
+  (``authorization_required``), so a wrong or missing token is named as such
+  instead of surfacing as the SDK's generic error. It raises ``RemoteError`` subclasses;
   ``replies.py`` turns them into answers for the one MCP request.
 * ``PinnedTransport`` is httpx's own transport over an httpcore connection
   pool whose ``network_backend`` is the ``PinnedBackend``.
@@ -19,7 +22,11 @@ from collections.abc import Sequence
 import httpcore2
 import httpx2
 
-from memorizz.api.errors import PermissionDeniedError, UpstreamError
+from memorizz.api.errors import (
+    AuthRequiredError,
+    PermissionDeniedError,
+    UpstreamError,
+)
 from memorizzd.egress.backend import PinnedBackend
 from memorizzd.egress.urls import check_url
 
@@ -54,6 +61,12 @@ class GuardTransport(httpx2.AsyncBaseTransport):
                 f"redirect_blocked: {checked.host} answered {status}{location}; "
                 "redirects are never followed (use the final URL as the server's url)",
                 reason="redirect_blocked",
+                data={"status": status},
+            )
+        if status == 401 or (status == 403 and "www-authenticate" in response.headers):
+            await response.aclose()
+            raise AuthRequiredError(
+                f"authorization required: the server answered {status}",
                 data={"status": status},
             )
         coding = response.headers.get("content-encoding", "").strip().lower()

@@ -24,7 +24,13 @@ import anyio.abc
 from mcp import Client
 
 from memorizz.api import methods as m
-from memorizz.api.errors import DeadlineExceededError, RemoteError, UnavailableError
+from memorizz.api.errors import (
+    AuthRequiredError,
+    DeadlineExceededError,
+    PermissionDeniedError,
+    RemoteError,
+    UnavailableError,
+)
 from memorizzd.config import Config
 from memorizzd.policy import ToolPolicy, ToolsView, ToolVerdict
 from memorizzd.store import Negotiated, Store, fingerprint
@@ -61,6 +67,8 @@ class Upstream:
         self.state: m.ServerState = "connecting"
         self.since = time.time()
         self.last_error: str | None = None
+        self.last_failure: sdk.FailureKind | None = None
+        """Why the last connect failed, machine-readable (None once ready)."""
         self.restarts = 0
         self.protocol_version: str | None = None
         self.server_name: str | None = None
@@ -73,6 +81,8 @@ class Upstream:
         )
         self._client: Client | None = None
         self._ready = anyio.Event()
+        self._settled = anyio.Event()
+        """Set while the state is anything but ``connecting``."""
         self._dead = anyio.Event()
         self._process: StdioProcess | None = None
         self._view: ToolsView | None = None
@@ -102,6 +112,7 @@ class Upstream:
                     except Exception as exc:  # noqa: BLE001 - the supervision boundary
                         if not self._dead.is_set():  # else _mark_dead said why
                             self.last_error = _describe_failure(exc)
+                            self.last_failure = sdk.failure_kind(exc)
                         log.warning(
                             "%s: connection failed: %s", self.name, self.last_error
                         )
@@ -119,10 +130,13 @@ class Upstream:
             self._set_state("stopped")
             self._stopped.set()
 
-    def refuse(self, reason: str) -> None:
+    def refuse(
+        self, reason: str, *, kind: sdk.FailureKind = "refused_by_policy"
+    ) -> None:
         """Never run (instead of ``run``): ``failed`` with ``reason`` as last_error."""
         self._set_state("failed")
         self.last_error = reason
+        self.last_failure = kind
         self._stopped.set()
 
     async def stop(self) -> None:
@@ -175,6 +189,7 @@ class Upstream:
             except TimeoutError:
                 log.info("%s: no tool listing at connect: it timed out", self.name)
             self.last_error = None
+            self.last_failure = None
             self._last_ok = anyio.current_time()
             self._publish(client)
             self._was_ready = True
@@ -231,6 +246,7 @@ class Upstream:
     def _mark_dead(self, reason: str) -> None:
         if not self._dead.is_set():
             self.last_error = reason
+            self.last_failure = "unreachable"
             log.warning("%s: session lost: %s", self.name, reason)
             self._publish(None)
             self._dead.set()
@@ -254,6 +270,11 @@ class Upstream:
         if state != self.state:
             self.state = state
             self.since = time.time()
+        if state == "connecting":
+            if self._settled.is_set():
+                self._settled = anyio.Event()
+        else:
+            self._settled.set()
 
     # --- requests -----------------------------------------------------------
 
@@ -270,6 +291,11 @@ class Upstream:
             if (client := self._current()) is not None:
                 return client
         retry_after = max(0.0, self._next_attempt - anyio.current_time())
+        if self.last_failure == "authorization_required":
+            raise AuthRequiredError(
+                f"server {self.name!r} asks for credentials: {self.last_error}",
+                data={"server": self.name, "state": self.state},
+            )
         raise UnavailableError(
             f"server {self.name!r} is not connected ({self.state})"
             + (f": {self.last_error}" if self.last_error else ""),
@@ -448,6 +474,72 @@ class Upstream:
             safe=True,
         )
 
+    async def test(self, timeout_s: float | None) -> m.ServersTestResult:
+        """An honest connection test: ``ok`` only after a fresh ``tools/list``.
+
+        A server that is not connected is not waited for past the connect
+        wait: in backoff or failed, the recorded failure is the answer.
+        """
+        timeout = self.timeout_for(timeout_s)
+        deadline = anyio.current_time() + timeout
+        if self._client is None and self.state == "connecting":
+            with anyio.move_on_after(min(self._config.connect_wait_s, timeout)):
+                await self._settled.wait()
+        if self._client is None:
+            if self.state == "connecting":
+                return self._test_failed("timeout", "still connecting")
+            return self._test_failed(
+                self.last_failure or "unreachable",
+                self.last_error or f"not connected ({self.state})",
+            )
+        started = time.perf_counter()
+        try:
+            with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
+                tools = await self.list_tools(refresh=True)
+        except TimeoutError:
+            return self._test_failed("timeout", "no answer within the deadline")
+        except AuthRequiredError as exc:
+            return self._test_failed("authorization_required", exc.message)
+        except PermissionDeniedError as exc:
+            return self._test_failed("refused_by_policy", exc.message)
+        except DeadlineExceededError as exc:
+            return self._test_failed("timeout", exc.message)
+        except UnavailableError as exc:
+            return self._test_failed(self.last_failure or "unreachable", exc.message)
+        except RemoteError as exc:
+            return self._test_failed("upstream_error", exc.message)
+        except sdk.ConnectionLost as exc:
+            return self._test_failed("unreachable", str(exc) or "connection lost")
+        latency = round((time.perf_counter() - started) * 1000, 3)
+        return m.ServersTestResult(
+            name=self.name,
+            outcome="ok",
+            message=f"tools/list answered with {len(tools)} tools",
+            tool_count=len(tools),
+            latency_ms=latency,
+        )
+
+    def _test_failed(self, kind: sdk.FailureKind, message: str) -> m.ServersTestResult:
+        if kind == "authorization_required":
+            where = (
+                "set `token` in its [[servers]] entry in the config file"
+                if self.source == "config"
+                else f"remove it and add it again with a token (`memorizzctl mcp remove {self.name}`, then `memorizzctl mcp add {self.name} ... --token -`)"
+            )
+            message = (
+                f"{message}; the server asks for credentials: {where}"
+                " (OAuth login arrives later)"
+            )
+        elif kind == "tls_error":
+            message = f"TLS failed: {message}"
+        return m.ServersTestResult(
+            name=self.name,
+            outcome=kind,
+            message=message,
+            tool_count=None,
+            latency_ms=None,
+        )
+
     async def ping(self) -> None:
         await self.request(
             sdk.probe, timeout_s=self.timeout_for(PROBE_TIMEOUT_S), safe=True
@@ -483,9 +575,10 @@ def _is_error_result(result: m.ToolsCallResult) -> bool:
 
 
 def _describe_failure(exc: BaseException) -> str:
-    """A short, secret-free description: the innermost exception's type and message."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
+    """A short, secret-free description: the innermost exception's type and
+    message (our own error first, where a group holds one)."""
+    found = sdk.leaves(exc) or [exc]
+    exc = next((e for e in found if isinstance(e, RemoteError)), found[0])
     if isinstance(exc, RemoteError):
         return exc.message
     if isinstance(exc, VaultError):

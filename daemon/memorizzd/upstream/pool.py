@@ -14,6 +14,7 @@ from memorizz.api.errors import ConflictError, NotFoundError
 from memorizzd.config import Config
 from memorizzd.store import Store
 from memorizzd.upstream.actor import Upstream
+from memorizzd.upstream.session import FailureKind
 from memorizzd.vault import CredentialStore
 
 log = logging.getLogger("memorizzd.pool")
@@ -50,7 +51,12 @@ class Pool:
         return name in self._upstreams
 
     async def start(
-        self, spec: m.ServerSpec, *, source: str, refused: str | None = None
+        self,
+        spec: m.ServerSpec,
+        *,
+        source: str,
+        refused: str | None = None,
+        refused_kind: FailureKind = "refused_by_policy",
     ) -> Upstream:
         """Start supervising ``spec``; with ``refused`` (why it must not run) it is
         only listed, ``failed``, until removed."""
@@ -66,7 +72,7 @@ class Pool:
         self._upstreams[spec.name] = upstream
         if refused is not None:
             log.error("%s: not started: %s", spec.name, refused)
-            upstream.refuse(refused)
+            upstream.refuse(refused, kind=refused_kind)
             return upstream
         await self._tg.start(upstream.run)
         return upstream

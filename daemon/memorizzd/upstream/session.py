@@ -8,9 +8,10 @@ error classes; nothing above it knows the SDK exists.
 from __future__ import annotations
 
 import os
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Literal, TypeVar
 
 import anyio
 import httpx2
@@ -27,7 +28,9 @@ from mcp.shared.inbound import MCP_NAME_HEADER, encode_header_value
 
 from memorizz.api import methods as m
 from memorizz.api.errors import (
+    AuthRequiredError,
     DeadlineExceededError,
+    PermissionDeniedError,
     RemoteError,
     TooLargeError,
     UpstreamError,
@@ -60,6 +63,66 @@ _SSE_TOO_LARGE: Final = "Server-sent event exceeded"
 
 class ConnectionLost(Exception):
     """The transport to the upstream broke; the session must be rebuilt."""
+
+
+FailureKind = Literal[
+    "authorization_required",
+    "unreachable",
+    "refused_by_policy",
+    "tls_error",
+    "timeout",
+    "upstream_error",
+]
+"""Why a connect failed, as ``servers/test`` reports it."""
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The leaf exceptions of ``exc`` (itself unless it is a group)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
+    return [exc]
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what caused it (``__cause__``/``__context__``), bounded."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and len(seen) < 16 and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def failure_kind(exc: BaseException) -> FailureKind:
+    """Classify a failed connect (an exception, perhaps a group, from
+    ``open_client``) for an honest ``servers/test``."""
+    found = leaves(exc) or [exc]
+    remote = [leaf for leaf in found if isinstance(leaf, RemoteError)]
+    if isinstance(exc, RemoteError):
+        remote.insert(0, exc)
+    remote += [
+        translated
+        for leaf in found
+        if isinstance(leaf, MCPError) and (translated := _as_remote(leaf))
+    ]
+    if any(isinstance(r, AuthRequiredError) for r in remote):
+        return "authorization_required"
+    if any(isinstance(r, PermissionDeniedError) for r in remote):
+        return "refused_by_policy"
+    if any(isinstance(c, ssl.SSLError) for leaf in found for c in _chain(leaf)):
+        return "tls_error"
+    if any(isinstance(r, DeadlineExceededError) for r in remote) or any(
+        isinstance(leaf, TimeoutError | httpx2.TimeoutException) for leaf in found
+    ):
+        return "timeout"
+    if any(isinstance(r, UpstreamError) for r in remote):
+        return "upstream_error"
+    return "unreachable"
+
+
+def _as_remote(exc: MCPError) -> RemoteError | None:
+    translated = translate_mcp_error(exc, server="")
+    return translated if isinstance(translated, RemoteError) else None
 
 
 def child_environment(
