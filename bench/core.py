@@ -337,15 +337,20 @@ def run(options: Options, workdir: str, stack: contextlib.ExitStack) -> Results:
         f"(d): {options.batches} x {options.calls} calls over "
         f"{options.connections} connections ({options.procs} processes)"
     )
-    batches = load.run_batches(
-        daemon.socket,
-        calls=options.calls,
-        connections=options.connections,
-        procs=options.procs,
-        batches=options.batches,
-        daemon_pid=daemon.pid,
-        server_pid=_server_pid(client, "echo"),
-    )
+
+    def load_on(server: str) -> list[load.Batch]:
+        return load.run_batches(
+            daemon.socket,
+            calls=options.calls,
+            connections=options.connections,
+            procs=options.procs,
+            batches=options.batches,
+            daemon_pid=daemon.pid,
+            server_pid=_server_pid(client, server),
+            server=server,
+        )
+
+    batches = load_on("echo")
     progress("(d'): the same against a minimal (non-SDK) echo server")
     client.add_server(
         m.ServerSpec(
@@ -361,16 +366,7 @@ def run(options: Options, workdir: str, stack: contextlib.ExitStack) -> Results:
         timeout_s=READY_TIMEOUT_S,
         what="the tiny echo server",
     )
-    tiny_batches = load.run_batches(
-        daemon.socket,
-        calls=options.calls,
-        connections=options.connections,
-        procs=options.procs,
-        batches=options.batches,
-        daemon_pid=daemon.pid,
-        server_pid=_server_pid(client, "tiny"),
-        server="tiny",
-    )
+    tiny_batches = load_on("tiny")
     rss_after_load = rss_bytes(daemon.pid)
     cold_direct, cold_via_daemon = cold(options, daemon.socket)
     client.close()

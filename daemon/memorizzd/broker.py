@@ -124,34 +124,30 @@ class Broker:
             arguments=p.arguments,
             busy=self._calls > 1,
         )
+        verdict: dict[str, Any] = {}  # what the audit records of the policy's answer
         try:
-            result = await self.tools_call(caller, p)
-        except RemoteError as exc:
-            await audit(
-                outcome=outcome_for(exc.reason), reason=exc.reason, **self._verdict(p)
+            upstream = self._pool.get(p.server)
+            # Policy: anything but allow is refused here, before the upstream sees it.
+            decided = await upstream.tool_verdict(p.name, timeout_s=p.timeout_s)
+            verdict = {"risk": decided.risk, "decision": decided.decision}
+            if decided.decision != "allow":
+                raise refusal(decided, server=p.server, tool=p.name)
+            result = await upstream.call_tool(
+                p.name, p.arguments, timeout_s=p.timeout_s
             )
+        except RemoteError as exc:
+            await audit(outcome=outcome_for(exc.reason), reason=exc.reason, **verdict)
             raise
         except BaseException as exc:  # a bug, or cancelled (client gone, shutdown)
             reason = "internal" if isinstance(exc, Exception) else "cancelled"
-            await audit(outcome="failed", reason=reason, **self._verdict(p))
+            await audit(outcome="failed", reason=reason, **verdict)
             raise
         await audit(
             outcome="tool_error" if result.is_error else "ok",
             result_bytes=len(_encoder.encode(result)),
-            **self._verdict(p),
+            **verdict,
         )
         return result
-
-    def _verdict(self, p: m.ToolsCallParams) -> dict[str, Any]:
-        """The risk and decision the policy gave this call (none if unknown)."""
-        if p.server not in self._pool:
-            return {}
-        verdict = self._pool.get(p.server).cached_verdict(p.name)
-        return (
-            {}
-            if verdict is None
-            else {"risk": verdict.risk, "decision": verdict.decision}
-        )
 
     async def _audited_servers_add(
         self, caller: Caller, p: m.ServersAddParams
@@ -371,17 +367,6 @@ class Broker:
     ) -> m.ToolsListResult:
         tools = await self._pool.get(p.server).list_tools(refresh=p.refresh)
         return m.ToolsListResult(tools=tools)
-
-    async def tools_call(
-        self, caller: Caller, p: m.ToolsCallParams
-    ) -> m.ToolsCallResult:
-        upstream = self._pool.get(p.server)
-        # Policy: the verdict is a value (risk, decision) the audit records;
-        # anything but allow is refused here, before the upstream sees the call.
-        verdict = await upstream.tool_verdict(p.name, timeout_s=p.timeout_s)
-        if verdict.decision != "allow":
-            raise refusal(verdict, server=p.server, tool=p.name)
-        return await upstream.call_tool(p.name, p.arguments, timeout_s=p.timeout_s)
 
     async def resources_list(
         self, caller: Caller, p: m.ResourcesListParams
