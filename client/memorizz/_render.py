@@ -134,7 +134,32 @@ def render_status(statuses: Sequence[m.ServerStatus], now: float) -> str:
         ]
         for s in statuses
     ]
-    return format_table(headers, rows)
+    table = format_table(headers, rows)
+    logins = [f"{s.name}: {render_auth(s.auth, now)}\n" for s in statuses if s.auth]
+    return table + ("\noauth:\n" + "".join(logins) if logins else "")
+
+
+def render_auth(auth: m.AuthStatus, now: float) -> str:
+    """One line about an OAuth grant (never a token)."""
+    if auth.state == "logged_out":
+        return "not logged in"
+    parts: list[str] = [auth.state]
+    if auth.issuer:
+        parts.append(f"issuer {auth.issuer}")
+    if auth.expires_at is not None:
+        left = auth.expires_at - now
+        parts.append(
+            f"token expires in {format_age(left)}" if left > 0 else "token expired"
+        )
+    if auth.last_refresh is not None:
+        parts.append(f"refreshed {format_age(now - auth.last_refresh)} ago")
+    if auth.last_refresh_error:
+        parts.append(f"last refresh failed: {one_line(auth.last_refresh_error)}")
+    return ", ".join(parts)
+
+
+def render_login_done(result: m.AuthCompleteResult, now: float) -> str:
+    return f"logged in to {result.server}: {render_auth(result.auth, now)}\n"
 
 
 def render_test(result: m.ServersTestResult) -> str:

@@ -7,7 +7,7 @@ names). The argparse converters live in ``memorizz._args``.
 
 Commands::
 
-    memorizzctl mcp list | add | remove | status | test
+    memorizzctl mcp list | add | remove | status | test | login | logout
     memorizzctl mcp tools | resources | templates | prompts
     memorizzctl mcp call | read | prompt
     memorizzctl daemon status
@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import sys
 import time
 from collections.abc import Callable
@@ -51,12 +52,14 @@ from memorizz._args import (
     secret_key_value,
     split_trailing,
 )
+from memorizz._login import open_listener, start_paste_reader
 from memorizz._render import (
     format_ms,
     render_audit,
     render_call,
     render_contents,
     render_daemon_status,
+    render_login_done,
     render_messages,
     render_prompts,
     render_resources,
@@ -149,7 +152,29 @@ def build_server_spec(args: argparse.Namespace) -> m.ServerSpec:
                 f"--transport {transport} does not take {', '.join(extra)}"
             )
     token = _read_token(args)
-    auth = args.auth or ("bearer" if token is not None else "none")
+    if args.oauth and args.auth not in (None, "oauth"):
+        raise UsageError("--oauth and --auth are given with different values")
+    auth = (
+        "oauth"
+        if args.oauth
+        else args.auth or ("bearer" if token is not None else "none")
+    )
+    oauth_given = [
+        flag
+        for flag, given in (
+            ("--client-id", args.client_id is not None),
+            ("--client-secret", args.client_secret is not None),
+            ("--client-metadata-url", args.client_metadata_url is not None),
+            ("--scope", bool(args.scope)),
+            ("--redirect-uri", args.redirect_uri is not None),
+        )
+        if given
+    ]
+    if oauth_given and auth != "oauth":
+        raise UsageError(f"{', '.join(oauth_given)} need --oauth")
+    client_secret = args.client_secret
+    if client_secret == "-":  # noqa: S105 - "-" means stdin
+        client_secret = sys.stdin.readline().strip()
     if transport == "stdio" and (auth != "none" or args.header):
         raise UsageError("--auth, --token and --header are for HTTP servers")
     if auth == "bearer" and token is None:
@@ -175,6 +200,12 @@ def build_server_spec(args: argparse.Namespace) -> m.ServerSpec:
         token=token,
         headers=dict(args.header),
         secret_env=dict(args.secret_env),
+        allow_private_network=args.allow_private_network,
+        oauth_client_id=args.client_id,
+        oauth_client_secret=client_secret,
+        oauth_client_metadata_url=args.client_metadata_url,
+        oauth_scopes=list(args.scope),
+        oauth_redirect_uri=args.redirect_uri,
     )
 
 
@@ -214,6 +245,65 @@ def cmd_mcp_add(client: Client, args: argparse.Namespace) -> int:
     info = client.add_server(spec)
     text = f"added {info.name} ({info.transport}, {info.state})\n"
     _show(args, m.ServersAddResult(server=info), text)
+    return EXIT_OK
+
+
+def cmd_mcp_login(client: Client, args: argparse.Namespace) -> int:
+    if args.callback_url is not None:
+        url = (
+            sys.stdin.readline().strip()
+            if args.callback_url == "-"
+            else args.callback_url
+        )
+        done = client.auth_complete(args.name, url)
+        _show(args, done, render_login_done(done, time.time()))
+        return EXIT_OK
+    started = client.auth_login(args.name, redirect_uri=args.redirect_uri)
+    if args.print_url:
+        _show(args, started, started.authorization_url + "\n")
+        return EXIT_OK
+    found: queue.Queue[str] = queue.Queue()
+    listener, note = (
+        (None, "--no-listen")
+        if args.no_listen
+        else open_listener(started.redirect_uri, found)
+    )
+    try:
+        err = sys.stderr
+        err.write(
+            f"Open this URL in a browser to log in to {args.name} ({started.issuer}):\n\n"
+        )
+        err.write(f"  {started.authorization_url}\n\n")
+        if listener is not None:
+            err.write(f"Waiting for the browser at {started.redirect_uri} ...\n")
+            err.write(
+                "If the browser is on another machine, paste the full address of the page it ends on:\n"
+            )
+        else:
+            err.write(
+                f"({note}) Paste the full address of the page the browser ends on:\n"
+            )
+        err.flush()
+        start_paste_reader(found)
+        wait = started.expires_at - time.time()
+        if args.timeout is not None:
+            wait = min(wait, args.timeout)
+        try:
+            callback = found.get(timeout=max(1.0, wait))
+        except queue.Empty:
+            err.write("the login timed out; run the command again\n")
+            return EXIT_ERROR
+    finally:
+        if listener is not None:
+            listener.close()
+    done = client.auth_complete(args.name, callback)
+    _show(args, done, render_login_done(done, time.time()))
+    return EXIT_OK
+
+
+def cmd_mcp_logout(client: Client, args: argparse.Namespace) -> int:
+    result = client.auth_logout(args.name)
+    _show(args, result, f"logged out of {result.server}: {result.message}\n")
     return EXIT_OK
 
 
@@ -492,7 +582,93 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="stdio: an environment variable whose value is a secret (repeatable)",
     )
+    add.add_argument(
+        "--allow-private-network",
+        action="store_true",
+        help="HTTP: allow http:// and private/loopback addresses for this server"
+        " alone (an intentional local service)",
+    )
+    add.add_argument(
+        "--oauth",
+        action="store_true",
+        help="HTTP: OAuth 2.1 (same as --auth oauth); then `mcp login NAME`",
+    )
+    add.add_argument(
+        "--client-id", metavar="ID", help="OAuth: a pre-registered client's id"
+    )
+    add.add_argument(
+        "--client-secret",
+        metavar="SECRET",
+        help="OAuth: the pre-registered client's secret; '-' reads it from stdin;"
+        " moved into the daemon's vault",
+    )
+    add.add_argument(
+        "--client-metadata-url",
+        metavar="URL",
+        help="OAuth: an https URL of this client's metadata document (CIMD)",
+    )
+    add.add_argument(
+        "--scope",
+        metavar="SCOPE",
+        action="append",
+        default=[],
+        help="OAuth: a scope to ask for (repeatable; default: what the server advertises)",
+    )
+    add.add_argument(
+        "--redirect-uri",
+        metavar="URI",
+        help="OAuth: the redirect URI (default http://127.0.0.1:33418/callback)",
+    )
     add.set_defaults(trailing=[])
+
+    login = leaf(
+        mcp,
+        "login",
+        cmd_mcp_login,
+        "log in to an OAuth server (the daemon keeps and refreshes the grant)",
+        epilog=(
+            "Open the printed URL in a browser on any machine. If the browser runs\n"
+            "on this host, the login finishes by itself (memorizzctl listens on the\n"
+            "redirect URI). Otherwise the browser ends on a page that cannot load:\n"
+            "copy its full address and paste it here.\n\n"
+            "scripted: URL=$(memorizzctl mcp login NAME --print-url); ...;\n"
+            '          memorizzctl mcp login NAME --callback-url "$CALLBACK"'
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    login.add_argument("name", metavar="NAME")
+    login.add_argument(
+        "--no-listen",
+        action="store_true",
+        help="do not listen on the redirect URI; paste the callback URL instead",
+    )
+    login.add_argument(
+        "--redirect-uri", metavar="URI", help="this login only: another redirect URI"
+    )
+    login.add_argument(
+        "--print-url",
+        action="store_true",
+        help="start the login, print the authorization URL and exit",
+    )
+    login.add_argument(
+        "--callback-url",
+        metavar="URL",
+        help="finish a login started with --print-url; '-' reads it from stdin",
+    )
+    login.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=positive_float,
+        help="how long to wait for the callback (default: until the login expires)",
+    )
+
+    logout = leaf(
+        mcp,
+        "logout",
+        cmd_mcp_logout,
+        "revoke (where supported) and delete a server's OAuth grant",
+    )
+    logout.add_argument("name", metavar="NAME")
 
     remove = leaf(mcp, "remove", cmd_mcp_remove, "remove a run-time server")
     remove.add_argument("name", metavar="NAME")

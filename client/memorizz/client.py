@@ -224,6 +224,29 @@ class Client:
             "vault/rotate", m.VaultRotateParams(new_key=new_key), m.VaultRotateResult
         )
 
+    def auth_login(
+        self, server: str, *, redirect_uri: str | None = None
+    ) -> m.AuthLoginResult:
+        """Start an OAuth login: open ``authorization_url``, then pass the URL
+        the browser lands on to ``auth_complete``."""
+        return self.request(
+            "auth/login",
+            m.AuthLoginParams(server=server, redirect_uri=redirect_uri),
+            m.AuthLoginResult,
+        )
+
+    def auth_complete(self, server: str, callback_url: str) -> m.AuthCompleteResult:
+        return self.request(
+            "auth/complete",
+            m.AuthCompleteParams(server=server, callback_url=callback_url),
+            m.AuthCompleteResult,
+        )
+
+    def auth_logout(self, server: str) -> m.AuthLogoutResult:
+        return self.request(
+            "auth/logout", m.AuthLogoutParams(server=server), m.AuthLogoutResult
+        )
+
     # --- MCP pass-through ---------------------------------------------------
 
     def list_tools(self, server: str, *, refresh: bool = False) -> list[m.Tool]:

@@ -32,6 +32,8 @@ from memorizzd.audit import Auditor, outcome_for
 from memorizzd.config import Config, validate_server
 from memorizzd.egress.urls import check_server_url
 from memorizzd.execution import resolve_command
+from memorizzd.oauth.keeper import TokenKeeper
+from memorizzd.oauth.service import OAuthService
 from memorizzd.policy import refusal
 from memorizzd.rpc.dispatch import Handler
 from memorizzd.rpc.peer import Caller
@@ -75,6 +77,7 @@ class Broker:
         self._in_flight = in_flight
         self._started = time.monotonic()
         self._changing = anyio.Lock()
+        self._oauth = OAuthService(vault, config.host_allowlist)
 
     def handlers(self) -> Mapping[str, Handler]:
         table: dict[str, Any] = {
@@ -95,6 +98,9 @@ class Broker:
             "ping": self.ping,
             "audit/list": self.audit_list,
             "vault/rotate": self._audited_vault_rotate,
+            "auth/login": self._audited_auth_login,
+            "auth/complete": self._audited_auth_complete,
+            "auth/logout": self._audited_auth_logout,
         }
         return table
 
@@ -167,6 +173,49 @@ class Broker:
         self, caller: Caller, p: m.VaultRotateParams
     ) -> m.VaultRotateResult:
         return await self._audited(caller, "vault/rotate", None, self.vault_rotate(p))
+
+    async def _audited_auth_login(
+        self, caller: Caller, p: m.AuthLoginParams
+    ) -> m.AuthLoginResult:
+        upstream = self._pool.get(p.server)
+        return await self._audited(
+            caller,
+            "auth/login",
+            p.server,
+            self._oauth.login(upstream.spec, self._keeper(upstream), p.redirect_uri),
+        )
+
+    async def _audited_auth_complete(
+        self, caller: Caller, p: m.AuthCompleteParams
+    ) -> m.AuthCompleteResult:
+        upstream = self._pool.get(p.server)
+        return await self._audited(
+            caller,
+            "auth/complete",
+            p.server,
+            self._oauth.complete(upstream.spec, self._keeper(upstream), p.callback_url),
+        )
+
+    async def _audited_auth_logout(
+        self, caller: Caller, p: m.AuthLogoutParams
+    ) -> m.AuthLogoutResult:
+        upstream = self._pool.get(p.server)
+        return await self._audited(
+            caller,
+            "auth/logout",
+            p.server,
+            self._oauth.logout(upstream.spec, self._keeper(upstream)),
+        )
+
+    @staticmethod
+    def _keeper(upstream: Upstream) -> TokenKeeper:
+        if upstream.keeper is None:
+            raise InvalidParamsError(
+                f"server {upstream.name!r} does not use OAuth (its auth is "
+                f'{upstream.spec.auth!r}); add it with auth = "oauth"',
+                data={"server": upstream.name},
+            )
+        return upstream.keeper
 
     async def _audited(
         self, caller: Caller, action: str, server: str | None, work: Awaitable[R]
@@ -273,6 +322,10 @@ class Broker:
             auth=spec.auth,
             header_names=sorted(spec.headers),
             secret_env_keys=sorted(spec.secret_env),
+            oauth_client_id=spec.oauth_client_id,
+            oauth_client_metadata_url=spec.oauth_client_metadata_url,
+            oauth_scopes=list(spec.oauth_scopes),
+            oauth_redirect_uri=spec.oauth_redirect_uri,
         )
 
     async def servers_list(

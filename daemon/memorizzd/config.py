@@ -12,6 +12,7 @@ import os
 import tomllib
 from pathlib import Path
 from typing import Final
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -21,6 +22,7 @@ from memorizzd.egress.urls import normalise_pattern
 
 DEFAULT_CONFIG_PATH: Final = Path("/etc/memorizzd/memorizzd.toml")
 SERVER_NAME_MAX: Final = 64
+LOOPBACK_HOSTS: Final = ("localhost", "127.0.0.1", "::1")
 _TOKEN_CHARS: Final = frozenset(
     "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 )
@@ -154,6 +156,57 @@ def validate_server(spec: ServerSpec) -> None:
         )
 
 
+def _validate_oauth(spec: ServerSpec, where: str) -> None:
+    oauth_keys = (
+        spec.oauth_client_id is not None
+        or spec.oauth_client_secret is not None
+        or spec.oauth_client_metadata_url is not None
+        or bool(spec.oauth_scopes)
+        or spec.oauth_token_endpoint_auth_method is not None
+        or spec.oauth_redirect_uri is not None
+    )
+    if spec.auth != "oauth":
+        if oauth_keys:
+            raise ValueError(f'{where}: the oauth_* settings need auth = "oauth"')
+        return
+    if spec.oauth_client_secret is not None and not spec.oauth_client_id:
+        raise ValueError(f"{where}: oauth_client_secret needs oauth_client_id")
+    if spec.oauth_client_secret is not None and not _clean(spec.oauth_client_secret):
+        raise ValueError(
+            f"{where}: oauth_client_secret must be non-empty printable text"
+        )
+    if spec.oauth_client_id is not None and not _clean(spec.oauth_client_id):
+        raise ValueError(f"{where}: oauth_client_id must be non-empty printable text")
+    url = spec.oauth_client_metadata_url
+    if url is not None:
+        parts = urlsplit(url)
+        if parts.scheme != "https" or parts.path in ("", "/") or parts.fragment:
+            raise ValueError(
+                f"{where}: oauth_client_metadata_url must be an https URL with a path"
+            )
+    for scope in spec.oauth_scopes:
+        if not scope or not _clean(scope) or " " in scope:
+            raise ValueError(f"{where}: oauth_scopes holds an empty or spaced scope")
+    if spec.oauth_redirect_uri is not None and not redirect_uri_ok(
+        spec.oauth_redirect_uri
+    ):
+        raise ValueError(
+            f"{where}: oauth_redirect_uri must be http://127.0.0.1:PORT/PATH "
+            "(loopback) or an https URL, without a fragment"
+        )
+
+
+def redirect_uri_ok(uri: str) -> bool:
+    """Loopback ``http`` (RFC 8252 §7.3) or ``https``; no fragment."""
+    parts = urlsplit(uri)
+    loopback = parts.scheme == "http" and (parts.hostname or "") in LOOPBACK_HOSTS
+    return (
+        (loopback or parts.scheme == "https")
+        and not parts.fragment
+        and bool(parts.netloc)
+    )
+
+
 def _validate_secrets(spec: ServerSpec) -> None:
     """Auth, headers and secret env; messages never contain a value."""
     where = f"server {spec.name!r}"
@@ -167,6 +220,7 @@ def _validate_secrets(spec: ServerSpec) -> None:
         raise ValueError(f"{where}: a token needs auth bearer")
     if spec.token is not None and not _clean(spec.token):
         raise ValueError(f"{where}: the token must be non-empty printable text")
+    _validate_oauth(spec, where)
     seen: set[str] = set()
     for header, value in spec.headers.items():
         lower = header.lower()
@@ -174,9 +228,9 @@ def _validate_secrets(spec: ServerSpec) -> None:
             raise ValueError(f"{where}: header name {header!r} is not a valid token")
         if lower in FORBIDDEN_HEADERS or lower.startswith("mcp-"):
             raise ValueError(f"{where}: header {header!r} is set by the transport")
-        if lower == "authorization" and spec.auth == "bearer":
+        if lower == "authorization" and spec.auth != "none":
             raise ValueError(
-                f"{where}: Authorization is set by auth bearer; not also in headers"
+                f"{where}: Authorization is set by auth {spec.auth}; not also in headers"
             )
         if lower in seen:
             raise ValueError(f"{where}: header {header!r} given twice")

@@ -17,12 +17,14 @@ The tree (one class per code; ``reason`` refines it and is what clients branch o
     |                                         tool_blocked
     |   +-- NotFoundError              -32002 unknown_server, not_found
     |   +-- UnavailableError           -32003 server_unavailable, overloaded, shutting_down
-    |   +-- AuthRequiredError          -32004 authorization_required
+    |   +-- AuthRequiredError          -32004 authorization_required, login_required,
+    |                                         insufficient_scope
     |   +-- DeadlineExceededError      -32005 timeout
     |   +-- UpstreamError              -32006 upstream_error
     |   +-- TooLargeError              -32007 result_too_large
     |   +-- ConflictError              -32008 server_exists
     |   +-- ApprovalRequiredError      -32009 approval_required
+    |   +-- LoginError                 -32010 login_failed, invalid_state
     +-- DaemonUnreachableError         client side only, never on the wire
     |   +-- SocketPermissionError      the socket refused this user
     +-- ProtocolError                  the reply could not be decoded (client side)
@@ -71,6 +73,9 @@ class ErrorCode(IntEnum):
     """The request conflicts with current state (e.g. the server name is taken)."""
     APPROVAL_REQUIRED = -32009
     """Policy says an operator must approve this call first."""
+    LOGIN_FAILED = -32010
+    """An OAuth login could not be started or completed (discovery, the
+    authorization server's answer, an unknown/expired/replayed ``state``)."""
 
 
 # Stable reasons (data.reason). Append only.
@@ -103,6 +108,10 @@ REASONS: Final = frozenset(
         "command_not_allowed",
         "tool_blocked",
         "approval_required",
+        "login_required",
+        "insufficient_scope",
+        "login_failed",
+        "invalid_state",
     }
 )
 
@@ -217,6 +226,11 @@ class ApprovalRequiredError(RemoteError):
     default_reason = "approval_required"
 
 
+class LoginError(RemoteError):
+    default_code = ErrorCode.LOGIN_FAILED
+    default_reason = "login_failed"
+
+
 class DaemonUnreachableError(MemorizzError, ConnectionError):
     """The client could not reach the daemon's socket (client side only)."""
 
@@ -247,6 +261,7 @@ _BY_CODE: Final[dict[int, type[RemoteError]]] = {
         TooLargeError,
         ConflictError,
         ApprovalRequiredError,
+        LoginError,
     )
 }
 

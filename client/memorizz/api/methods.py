@@ -31,9 +31,12 @@ AuditOutcome = Literal[
     "result_too_large",
     "approval_required",
 ]
-ServerState = Literal["connecting", "ready", "backoff", "failed", "stopped"]
+ServerState = Literal[
+    "connecting", "ready", "backoff", "failed", "stopped", "login_required"
+]
 ProtocolMode = Literal["auto", "legacy", "2026-07-28"]
-AuthMode = Literal["none", "bearer"]
+AuthMode = Literal["none", "bearer", "oauth"]
+TokenEndpointAuthMethod = Literal["none", "client_secret_basic", "client_secret_post"]
 
 DEFAULT_TIMEOUT_S: Final = 60.0
 DEFAULT_MAX_RESULT_BYTES: Final = 2_000_000
@@ -261,6 +264,21 @@ class ServerSpec(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     """HTTP only: custom request headers; the values are secrets (moved into the vault)."""
     secret_env: dict[str, str] = {}
     """stdio only: environment variables whose values are secrets (moved into the vault)."""
+    oauth_client_id: str | None = None
+    """OAuth: a client registered with the authorization server beforehand
+    (else a client ID metadata document or dynamic registration is used)."""
+    oauth_client_secret: str | None = None
+    """Input only: the pre-registered client's secret (moved into the vault)."""
+    oauth_client_metadata_url: str | None = None
+    """OAuth: an https URL of this client's metadata document, used as its
+    client_id where the authorization server supports that."""
+    oauth_scopes: list[str] = []
+    """OAuth: the scopes to ask for (default: what the server advertises)."""
+    oauth_token_endpoint_auth_method: TokenEndpointAuthMethod | None = None
+    """OAuth, pre-registered client: how it authenticates (default: from the
+    authorization server's metadata)."""
+    oauth_redirect_uri: str | None = None
+    """OAuth: the redirect URI (default ``http://127.0.0.1:33418/callback``)."""
 
 
 class ServerInfo(msgspec.Struct, kw_only=True):
@@ -289,6 +307,10 @@ class ServerInfo(msgspec.Struct, kw_only=True):
     """Custom headers sent to the server (names only; values live in the vault)."""
     secret_env_keys: list[str] = []
     """Secret environment variables of a stdio server (names only)."""
+    oauth_client_id: str | None = None
+    oauth_client_metadata_url: str | None = None
+    oauth_scopes: list[str] = []
+    oauth_redirect_uri: str | None = None
 
 
 class ServersListParams(Params, kw_only=True, frozen=True):
@@ -337,6 +359,26 @@ class ServerStatus(msgspec.Struct, kw_only=True):
     calls_failed: int
     latency_p50_ms: float | None
     restarts: int
+    auth: AuthStatus | None = None
+    """OAuth servers: the grant (never a token)."""
+
+
+class AuthStatus(msgspec.Struct, kw_only=True):
+    """An OAuth server's grant as the operator may see it: no token, ever."""
+
+    state: Literal["logged_out", "ok", "login_required"]
+    issuer: str | None
+    client_id: str | None
+    scope: str | None
+    expires_at: float | None
+    """Unix time the current access token expires (null: unknown or none)."""
+    refreshable: bool
+    """A refresh token is held: the daemon renews the access token itself."""
+    last_refresh: float | None
+    """Unix time of the last successful refresh by this daemon process."""
+    refreshes: int
+    """Successful refreshes since the daemon started."""
+    last_refresh_error: str | None
 
 
 class ServersStatusResult(Result, kw_only=True):
@@ -361,7 +403,7 @@ class ServersTestResult(Result, kw_only=True):
         "upstream_error",
     ]
     """``ok`` only when a real ``tools/list`` round trip to the server succeeded;
-    ``login_required`` is reserved for OAuth (never sent yet)."""
+    ``login_required``: an OAuth server with no usable grant."""
     message: str
     tool_count: int | None
     latency_ms: float | None
@@ -427,6 +469,46 @@ class VaultRotateResult(Result, kw_only=True):
     """A new primary key was generated and written to the key file."""
 
 
+class AuthLoginParams(Params, kw_only=True, frozen=True):
+    server: str
+    redirect_uri: str | None = None
+    """Override the server's redirect URI for this login (loopback or https)."""
+
+
+class AuthLoginResult(Result, kw_only=True):
+    server: str
+    authorization_url: str
+    """Open this in a browser, on any machine."""
+    redirect_uri: str
+    """Where the browser is sent afterwards; give that full URL to ``auth/complete``."""
+    issuer: str
+    scope: str | None
+    expires_at: float
+    """Unix time after which this login can no longer be completed."""
+
+
+class AuthCompleteParams(Params, kw_only=True, frozen=True):
+    server: str
+    callback_url: str
+    """The full URL the browser was redirected to (with ``code`` and ``state``)."""
+
+
+class AuthCompleteResult(Result, kw_only=True):
+    server: str
+    auth: AuthStatus
+
+
+class AuthLogoutParams(Params, kw_only=True, frozen=True):
+    server: str
+
+
+class AuthLogoutResult(Result, kw_only=True):
+    server: str
+    revocation: Literal["revoked", "not_supported", "failed", "nothing_to_revoke"]
+    """RFC 7009 at the authorization server; the grant is deleted here either way."""
+    message: str
+
+
 class MethodSpec(msgspec.Struct, frozen=True):
     params: type[Params]
     result: type[Result]
@@ -480,5 +562,20 @@ METHODS: Final[dict[str, MethodSpec]] = {
         VaultRotateParams,
         VaultRotateResult,
         "Re-encrypt every secret under the primary key.",
+    ),
+    "auth/login": MethodSpec(
+        AuthLoginParams,
+        AuthLoginResult,
+        "Start an OAuth login: the authorization URL to open.",
+    ),
+    "auth/complete": MethodSpec(
+        AuthCompleteParams,
+        AuthCompleteResult,
+        "Finish an OAuth login with the browser's final callback URL.",
+    ),
+    "auth/logout": MethodSpec(
+        AuthLogoutParams,
+        AuthLogoutResult,
+        "Revoke (where supported) and delete a server's OAuth grant.",
     ),
 }

@@ -8,8 +8,9 @@ The layers, outermost first:
 2. ``CappedTransport`` (``upstream/limits.py``): response bodies counted raw
    against the server's ``max_result_bytes``.
 3. ``RefusalReplies``: a refused MCP request fails alone, with its reason.
-4. ``GuardTransport``: the URL policy per request; no 3xx, no content coding.
-5. ``PinnedTransport`` + ``PinnedBackend``: resolve, check every address,
+4. ``BearerTransport`` (OAuth servers only): the current access token.
+5. ``GuardTransport``: the URL policy per request; no 3xx, no content coding.
+6. ``PinnedTransport`` + ``PinnedBackend``: resolve, check every address,
    connect to the checked address; TLS verifies the URL's host name.
 """
 
@@ -23,7 +24,12 @@ import httpx2
 
 from memorizzd.egress.backend import Network, PinnedBackend
 from memorizzd.egress.replies import RefusalReplies
-from memorizzd.egress.transport import GuardTransport, PinnedTransport
+from memorizzd.egress.transport import (
+    BearerSource,
+    BearerTransport,
+    GuardTransport,
+    PinnedTransport,
+)
 from memorizzd.upstream.limits import CappedTransport
 
 DEFAULT_NETWORK = Network()
@@ -38,17 +44,28 @@ def hardened_client(
     allow_private_network: bool,
     headers: dict[str, str] | None = None,
     auth: httpx2.Auth | None = None,
+    bearer: BearerSource | None = None,
+    challenges: bool = True,
     network: Network | None = None,
 ) -> httpx2.AsyncClient:
-    """An HTTP client for one upstream, under the egress policy."""
+    """An HTTP client for one upstream, under the egress policy.
+
+    ``bearer``: an OAuth token source for every request. ``challenges=False``
+    (the OAuth client's own requests) hands 401/403 answers back as responses.
+    """
     network = network or DEFAULT_NETWORK
     backend = PinnedBackend(
         network, allowlist=allowlist, allow_private_network=allow_private_network
     )
     pinned = PinnedTransport(backend, network.ssl_context or system_ssl_context())
-    guarded = GuardTransport(
-        pinned, allowlist=allowlist, allow_private_network=allow_private_network
+    guarded: httpx2.AsyncBaseTransport = GuardTransport(
+        pinned,
+        allowlist=allowlist,
+        allow_private_network=allow_private_network,
+        challenges=challenges,
     )
+    if bearer is not None:
+        guarded = BearerTransport(guarded, bearer)
     return httpx2.AsyncClient(
         headers=headers,
         auth=auth,

@@ -6,9 +6,11 @@
   back as a redirect (any 3xx: ``redirect_blocked``) or with a content coding
   (a compressed body is never inflated: a gzip bomb stays a few kilobytes on
   the wire and is dropped). An authentication challenge (401, or 403 with
-  ``WWW-Authenticate``) becomes ``AuthRequiredError``
-  (``authorization_required``), so a wrong or missing token is named as such
-  instead of surfacing as the SDK's generic error. It raises ``RemoteError`` subclasses;
+  ``WWW-Authenticate``) becomes ``ChallengeError`` (``authorization_required``,
+  holding the header for the OAuth layer), so a wrong or missing token is named
+  as such instead of surfacing as the SDK's generic error. The OAuth client's
+  own requests (token, registration, revocation endpoints) turn this off: a 401
+  from a token endpoint is an answer to read (``invalid_client``). It raises ``RemoteError`` subclasses;
   ``replies.py`` turns them into answers for the one MCP request.
 * ``PinnedTransport`` is httpx's own transport over an httpcore connection
   pool whose ``network_backend`` is the ``PinnedBackend``.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Sequence
+from typing import Protocol
 
 import httpcore2
 import httpx2
@@ -40,10 +43,12 @@ class GuardTransport(httpx2.AsyncBaseTransport):
         *,
         allowlist: Sequence[str],
         allow_private_network: bool,
+        challenges: bool = True,
     ) -> None:
         self._inner = inner
         self._allowlist = tuple(allowlist)
         self._private = allow_private_network
+        self._challenges = challenges
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         checked = check_url(
@@ -63,12 +68,9 @@ class GuardTransport(httpx2.AsyncBaseTransport):
                 reason="redirect_blocked",
                 data={"status": status},
             )
-        if status == 401 or (status == 403 and "www-authenticate" in response.headers):
+        if self._challenges and is_challenge(response):
             await response.aclose()
-            raise AuthRequiredError(
-                f"authorization required: the server answered {status}",
-                data={"status": status},
-            )
+            raise ChallengeError(status, response.headers.get("www-authenticate"))
         coding = response.headers.get("content-encoding", "").strip().lower()
         if coding not in _IDENTITY:
             await response.aclose()
@@ -77,6 +79,64 @@ class GuardTransport(httpx2.AsyncBaseTransport):
                 f"{coding[:40]}) although identity was asked for; refused unread"
             )
         return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def is_challenge(response: httpx2.Response) -> bool:
+    """A 401, or a 403 that carries ``WWW-Authenticate`` (RFC 6750 ``insufficient_scope``)."""
+    status = response.status_code
+    return status == 401 or (status == 403 and "www-authenticate" in response.headers)
+
+
+class ChallengeError(AuthRequiredError):
+    """The server answered with an authentication challenge.
+
+    ``www_authenticate`` (the raw header, server-controlled input) stays in the
+    daemon: the OAuth layer reads ``resource_metadata``, ``scope`` and
+    ``error`` from it; it is never put on the wire.
+    """
+
+    def __init__(self, status: int, www_authenticate: str | None) -> None:
+        super().__init__(
+            f"authorization required: the server answered {status}",
+            data={"status": status},
+        )
+        self.status = status
+        self.www_authenticate = www_authenticate
+
+
+class BearerSource(Protocol):
+    """Where ``BearerTransport`` gets its token (the OAuth token keeper)."""
+
+    async def bearer(self) -> tuple[str, int]:
+        """The access token to send and its generation; raises ``AuthRequiredError``
+        (``login_required``) when there is none."""
+        ...
+
+    async def rejected(self, generation: int, challenge: ChallengeError) -> None:
+        """The server refused the token of ``generation`` with ``challenge``."""
+        ...
+
+
+class BearerTransport(httpx2.AsyncBaseTransport):
+    """Puts the current access token on every request (never a stale copy:
+    a refreshed token is used from the next request on) and reports a
+    challenge to the keeper, which refreshes once before the error goes on."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, source: BearerSource) -> None:
+        self._inner = inner
+        self._source = source
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        token, generation = await self._source.bearer()
+        request.headers["Authorization"] = f"Bearer {token}"
+        try:
+            return await self._inner.handle_async_request(request)
+        except ChallengeError as exc:
+            await self._source.rejected(generation, exc)
+            raise
 
     async def aclose(self) -> None:
         await self._inner.aclose()

@@ -32,6 +32,7 @@ from memorizz.api.errors import (
     UnavailableError,
 )
 from memorizzd.config import Config
+from memorizzd.oauth.keeper import TokenKeeper, http_client_for
 from memorizzd.policy import ToolPolicy, ToolsView, ToolVerdict
 from memorizzd.store import Negotiated, Store, fingerprint
 from memorizzd.upstream import session as sdk
@@ -93,6 +94,14 @@ class Upstream:
         self._scope: anyio.CancelScope | None = None
         self._stopped = anyio.Event()
         self._was_ready = False
+        self.keeper: TokenKeeper | None = None
+        """OAuth servers: the grant and its refresher."""
+        if spec.auth == "oauth" and spec.transport != "stdio":
+            self.keeper = TokenKeeper(
+                spec.name,
+                vault=vault,
+                http=partial(http_client_for, spec, config.host_allowlist),
+            )
 
     # --- supervision --------------------------------------------------------
 
@@ -102,33 +111,50 @@ class Upstream:
         """Connect, stay warm, reconnect; until ``stop()``. Started = first attempt begun."""
         try:
             with anyio.CancelScope() as self._scope:
-                task_status.started()
-                failures = 0
-                while True:
-                    self._set_state("connecting")
-                    self._was_ready = False
-                    try:
-                        await self._connect_and_serve()
-                    except Exception as exc:  # noqa: BLE001 - the supervision boundary
-                        if not self._dead.is_set():  # else _mark_dead said why
-                            self.last_error = _describe_failure(exc)
-                            self.last_failure = sdk.failure_kind(exc)
-                        log.warning(
-                            "%s: connection failed: %s", self.name, self.last_error
-                        )
-                    finally:
-                        self._publish(None)
-                    # A session that was ready starts the backoff ladder afresh.
-                    failures = 1 if self._was_ready else failures + 1
-                    self.restarts += 1
-                    delay = self._backoff(max(failures, 1))
-                    self._next_attempt = anyio.current_time() + delay
-                    self._set_state("failed" if failures >= FAILED_AFTER else "backoff")
-                    await anyio.sleep(delay)
+                if self.keeper is None:
+                    task_status.started()
+                    await self._supervise()
+                else:
+                    async with anyio.create_task_group() as tg:
+                        await tg.start(self.keeper.run)
+                        task_status.started()
+                        await self._supervise()
         finally:
             self._publish(None)
             self._set_state("stopped")
             self._stopped.set()
+
+    async def _supervise(self) -> None:
+        failures = 0
+        while True:
+            if self.keeper is not None and not self.keeper.logged_in:
+                self._set_state("login_required")
+                self.last_failure = "login_required"
+                self.last_error = self.keeper.login_required_error().message
+                await self.keeper.wait_logged_in()
+                failures = 0
+            self._set_state("connecting")
+            self._was_ready = False
+            try:
+                await self._connect_and_serve()
+            except Exception as exc:  # noqa: BLE001 - the supervision boundary
+                if not self._dead.is_set():  # else _mark_dead said why
+                    self.last_error = _describe_failure(exc)
+                    self.last_failure = sdk.failure_kind(exc)
+                log.warning("%s: connection failed: %s", self.name, self.last_error)
+            finally:
+                self._publish(None)
+            # A session that was ready starts the backoff ladder afresh.
+            failures = 1 if self._was_ready else failures + 1
+            self.restarts += 1
+            delay = self._backoff(max(failures, 1))
+            self._next_attempt = anyio.current_time() + delay
+            self._set_state("failed" if failures >= FAILED_AFTER else "backoff")
+            if self.keeper is None:
+                await anyio.sleep(delay)
+            else:  # a login ends the wait: connect with the new grant at once
+                with anyio.move_on_after(delay):
+                    await self.keeper.wait_installed()
 
     def refuse(
         self, reason: str, *, kind: sdk.FailureKind = "refused_by_policy"
@@ -173,6 +199,7 @@ class Upstream:
             message_handler=self._on_message,
             host_allowlist=self._config.host_allowlist,
             secrets=secrets,
+            bearer=self.keeper,
         ) as client:
             del secrets
             version, self.server_name, self.server_version = sdk.describe(client)
@@ -279,6 +306,8 @@ class Upstream:
     # --- requests -----------------------------------------------------------
 
     async def _wait_ready(self, deadline: float, *, patient: bool) -> Client:
+        if self.keeper is not None and not self.keeper.logged_in:
+            raise self.keeper.login_required_error()
         if self._client is not None:
             return self._client
         now = anyio.current_time()
@@ -337,6 +366,7 @@ class Upstream:
         sent = ok = False
         try:
             attempt = 0
+            auth_retried = False
             while True:
                 client = await self._wait_ready(deadline, patient=attempt > 0)
                 if not sent:
@@ -356,6 +386,19 @@ class Upstream:
                             data={"server": self.name, "retry_after_s": 0.5},
                         ) from None
                     await anyio.sleep(0.05 * 2**attempt)
+                    continue
+                except AuthRequiredError as exc:
+                    # A 401 made the keeper refresh once already; a safe read
+                    # is sent once more with the new token, nothing else is.
+                    if (
+                        not safe
+                        or auth_retried
+                        or exc.reason != "authorization_required"
+                        or self.keeper is None
+                        or not self.keeper.logged_in
+                    ):
+                        raise
+                    auth_retried = True
                     continue
                 self._last_ok = anyio.current_time()
                 ok = failed is None or not failed(result)
@@ -482,6 +525,10 @@ class Upstream:
         """
         timeout = self.timeout_for(timeout_s)
         deadline = anyio.current_time() + timeout
+        if self.keeper is not None and not self.keeper.logged_in:
+            return self._test_failed(
+                "login_required", self.keeper.login_required_error().message
+            )
         if self._client is None and self.state == "connecting":
             with anyio.move_on_after(min(self._config.connect_wait_s, timeout)):
                 await self._settled.wait()
@@ -499,7 +546,12 @@ class Upstream:
         except TimeoutError:
             return self._test_failed("timeout", "no answer within the deadline")
         except AuthRequiredError as exc:
-            return self._test_failed("authorization_required", exc.message)
+            kind: sdk.FailureKind = (
+                "login_required"
+                if exc.reason == "login_required"
+                else "authorization_required"
+            )
+            return self._test_failed(kind, exc.message)
         except PermissionDeniedError as exc:
             return self._test_failed("refused_by_policy", exc.message)
         except DeadlineExceededError as exc:
@@ -520,16 +572,18 @@ class Upstream:
         )
 
     def _test_failed(self, kind: sdk.FailureKind, message: str) -> m.ServersTestResult:
-        if kind == "authorization_required":
-            where = (
-                "set `token` in its [[servers]] entry in the config file"
-                if self.source == "config"
-                else f"remove it and add it again with a token (`memorizzctl mcp remove {self.name}`, then `memorizzctl mcp add {self.name} ... --token -`)"
-            )
+        if kind == "authorization_required" and self.keeper is not None:
             message = (
-                f"{message}; the server asks for credentials: {where}"
-                " (OAuth login arrives later)"
+                f"{message}; the server refused the OAuth grant: log in again "
+                f"(`memorizzctl mcp login {self.name}`)"
             )
+        elif kind == "authorization_required":
+            where = (
+                'set `token` (or auth = "oauth") in its [[servers]] entry in the config file'
+                if self.source == "config"
+                else f"remove it and add it again with a token or OAuth (`memorizzctl mcp remove {self.name}`, then `memorizzctl mcp add {self.name} ... --token -` or `... --oauth`)"
+            )
+            message = f"{message}; the server asks for credentials: {where}"
         elif kind == "tls_error":
             message = f"TLS failed: {message}"
         return m.ServersTestResult(
@@ -549,10 +603,13 @@ class Upstream:
 
     def status(self) -> m.ServerStatus:
         latencies = list(self._latencies)
+        state = self.state
+        if self.keeper is not None and not self.keeper.logged_in and state != "stopped":
+            state = "login_required"
         return m.ServerStatus(
             name=self.name,
             transport=self.spec.transport,
-            state=self.state,
+            state=state,
             since=self.since,
             last_error=self.last_error,
             pid=self._process.pid if self._process and self.state == "ready" else None,
@@ -567,6 +624,7 @@ class Upstream:
             if latencies
             else None,
             restarts=self.restarts,
+            auth=self.keeper.status() if self.keeper is not None else None,
         )
 
 

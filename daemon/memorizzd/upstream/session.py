@@ -38,6 +38,7 @@ from memorizz.api.errors import (
 from memorizzd import __version__
 from memorizzd.egress.client import hardened_client
 from memorizzd.egress.replies import refusal_in
+from memorizzd.egress.transport import BearerSource
 from memorizzd.egress.urls import check_url
 from memorizzd.upstream.limits import TOO_LARGE_MARKER
 from memorizzd.upstream.stdio import StdioProcess, stdio_transport
@@ -67,6 +68,7 @@ class ConnectionLost(Exception):
 
 FailureKind = Literal[
     "authorization_required",
+    "login_required",
     "unreachable",
     "refused_by_policy",
     "tls_error",
@@ -105,7 +107,10 @@ def failure_kind(exc: BaseException) -> FailureKind:
         for leaf in found
         if isinstance(leaf, MCPError) and (translated := _as_remote(leaf))
     ]
-    if any(isinstance(r, AuthRequiredError) for r in remote):
+    auth = [r for r in remote if isinstance(r, AuthRequiredError)]
+    if any(r.reason == "login_required" for r in auth):
+        return "login_required"
+    if auth:
         return "authorization_required"
     if any(isinstance(r, PermissionDeniedError) for r in remote):
         return "refused_by_policy"
@@ -151,11 +156,14 @@ async def open_client(
     message_handler: MessageHandler,
     host_allowlist: Sequence[str],
     secrets: ServerSecrets | None = None,
+    bearer: BearerSource | None = None,
 ) -> AsyncIterator[Client]:
     """Connect and negotiate; yields a ready ``Client`` owned by the calling task.
 
     ``secrets`` (resolved from the vault just before): HTTP headers sent on
     every request (``Authorization`` among them), or a stdio child's secret env.
+    ``bearer``: an OAuth server's token keeper (the token of the moment on
+    every request).
 
     HTTP servers are reached only through the hardened client (``egress``); the
     URL is checked again here, since the allowlist may have changed since the
@@ -190,6 +198,7 @@ async def open_client(
             allowlist=host_allowlist,
             allow_private_network=spec.allow_private_network,
             headers=dict(secrets.headers) or None,
+            bearer=bearer,
         )
         async with http:
             transport = streamable_http_client(
@@ -213,6 +222,7 @@ async def open_client(
                     allow_private_network=spec.allow_private_network,
                     headers={**(headers or {}), **secrets.headers} or None,
                     auth=auth,
+                    bearer=bearer,
                 )
             ),
         )

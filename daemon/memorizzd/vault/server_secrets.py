@@ -27,6 +27,11 @@ def env_ref(server: str, key: str) -> str:
     return f"server/{server}/env/{key}"
 
 
+def oauth_client_secret_ref(server: str) -> str:
+    """The operator's pre-registered OAuth client secret."""
+    return f"server/{server}/oauth/client_secret"
+
+
 def server_prefix(server: str) -> str:
     return f"server/{server}/"
 
@@ -50,6 +55,8 @@ def extract_secrets(spec: ServerSpec) -> dict[str, str]:
         secrets[header_ref(spec.name, header)] = value
     for key, value in spec.secret_env.items():
         secrets[env_ref(spec.name, key)] = value
+    if spec.oauth_client_secret:
+        secrets[oauth_client_secret_ref(spec.name)] = spec.oauth_client_secret
     return secrets
 
 
@@ -60,6 +67,7 @@ def stripped(spec: ServerSpec) -> ServerSpec:
         token=None,
         headers=dict.fromkeys(spec.headers, ""),
         secret_env=dict.fromkeys(spec.secret_env, ""),
+        oauth_client_secret=None,
     )
 
 

@@ -1,0 +1,103 @@
+"""The operator's end of an OAuth login: wait for the browser's callback.
+
+Two ways in, whichever comes first:
+
+* a loopback listener on the redirect URI (``http://127.0.0.1:PORT/PATH``),
+  when the browser runs on this host: it answers exactly that path, once,
+  only with the redirect URI's own ``Host`` (a DNS-rebinding page cannot
+  reach it), then stops;
+* a pasted URL on standard input, when the browser is elsewhere (it shows a
+  "cannot connect" page whose address holds ``code`` and ``state``).
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import http.server
+import queue
+import sys
+import threading
+from typing import Final
+from urllib.parse import urlsplit
+
+_PAGE: Final = (
+    b"<!doctype html><meta charset=utf-8><title>memorizz login</title>"
+    b"<p>memorizzctl received the login. You can close this tab.</p>"
+)
+
+
+class CallbackListener:
+    """Serves one callback on a loopback redirect URI (a background thread)."""
+
+    def __init__(self, redirect_uri: str, found: queue.Queue[str]) -> None:
+        parts = urlsplit(redirect_uri)
+        self._path = parts.path or "/"
+        self._host = parts.netloc
+        self._base = f"{parts.scheme}://{parts.netloc}"
+        self._found = found
+        listener = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                listener._handle(self)
+
+            def log_message(self, format: str, *args: object) -> None:
+                return  # the callback URL holds the code: never printed
+
+        host = parts.hostname or "127.0.0.1"
+        self._server = http.server.HTTPServer((host, parts.port or 80), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+    def _handle(self, request: http.server.BaseHTTPRequestHandler) -> None:
+        target = urlsplit(request.path)
+        if request.headers.get("Host") != self._host or target.path != self._path:
+            request.send_error(404)
+            return
+        request.send_response(200)
+        request.send_header("Content-Type", "text/html; charset=utf-8")
+        request.send_header("Cache-Control", "no-store")
+        request.send_header("Content-Length", str(len(_PAGE)))
+        request.end_headers()
+        request.wfile.write(_PAGE)
+        self._found.put(self._base + request.path)
+
+
+def read_pasted(found: queue.Queue[str]) -> None:
+    """Lines from stdin until one looks like a callback (a background thread)."""
+    for line in sys.stdin:
+        text = line.strip()
+        if "code=" in text or "error=" in text:
+            found.put(text)
+            return
+        if text:
+            sys.stderr.write(
+                "that is not the callback URL (it has no code=...); paste the full"
+                " address from the browser\n"
+            )
+
+
+def open_listener(
+    redirect_uri: str, found: queue.Queue[str]
+) -> tuple[CallbackListener | None, str | None]:
+    """A started listener on a loopback ``http`` redirect URI, or why not."""
+    parts = urlsplit(redirect_uri)
+    if parts.scheme != "http":
+        return None, "the redirect URI is not a loopback http address"
+    try:
+        listener = CallbackListener(redirect_uri, found)
+    except OSError as exc:
+        return None, f"cannot listen on {parts.netloc} ({exc.strerror or exc})"
+    listener.start()
+    return listener, None
+
+
+def start_paste_reader(found: queue.Queue[str]) -> None:
+    threading.Thread(target=read_pasted, args=(found,), daemon=True).start()

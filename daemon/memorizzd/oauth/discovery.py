@@ -1,0 +1,206 @@
+"""Finding a server's authorization server (MCP authorization, 2025-06-18 and 2025-11-25).
+
+1. The challenge: an unauthenticated request to the MCP endpoint; a 401 (or
+   403) ``WWW-Authenticate`` may name ``resource_metadata`` and ``scope``.
+2. RFC 9728 protected resource metadata: the challenge's URL, then
+   ``/.well-known/oauth-protected-resource/<path>``, then the root. Its
+   ``resource`` must cover the server's URL; its first authorization server
+   is used. No metadata anywhere: the 2025-03-26 fallback, the server's origin.
+3. RFC 8414 / OpenID Connect discovery for that issuer, in the order the MCP
+   specification gives; the metadata's ``issuer`` must equal it exactly.
+4. PKCE: an authorization server that does not list ``S256`` in
+   ``code_challenge_methods_supported`` is refused (MCP 2025-11-25).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import httpx2
+from mcp.client.auth.utils import (
+    build_oauth_authorization_server_metadata_discovery_urls,
+    build_protected_resource_metadata_discovery_urls,
+    issuers_match,
+)
+from mcp.shared.auth import OAuthMetadata, ProtectedResourceMetadata
+from mcp.shared.auth_utils import check_resource_allowed, resource_url_from_server_url
+from pydantic import ValidationError
+
+from memorizz.api.errors import LoginError
+from memorizzd.oauth.endpoints import EndpointError, get_json
+
+_PARAM = r'{name}=(?:"([^"]*)"|([^\s,]+))'
+
+
+@dataclass(frozen=True, slots=True)
+class Challenge:
+    """What a ``WWW-Authenticate: Bearer ...`` header says (RFC 6750, RFC 9728)."""
+
+    status: int
+    resource_metadata: str | None = None
+    scope: str | None = None
+    error: str | None = None
+
+    @classmethod
+    def parse(cls, status: int, header: str | None) -> Challenge:
+        if not header:
+            return cls(status)
+        return cls(
+            status,
+            resource_metadata=_param(header, "resource_metadata"),
+            scope=_param(header, "scope"),
+            error=_param(header, "error"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AuthorizationServer:
+    """Everything a login needs to know about where to log in."""
+
+    resource: str
+    """The RFC 8707 resource indicator for this server."""
+    issuer: str
+    metadata: OAuthMetadata
+    resource_metadata: ProtectedResourceMetadata | None
+
+
+def _param(header: str, name: str) -> str | None:
+    match = re.search(_PARAM.format(name=re.escape(name)), header)
+    if match is None:
+        return None
+    return match.group(1) if match.group(1) is not None else match.group(2)
+
+
+async def challenge_of(
+    http: httpx2.AsyncClient, server_url: str, transport: str
+) -> Challenge | None:
+    """Ask the MCP endpoint without a token; its challenge, if it sends one."""
+    try:
+        if transport == "sse":
+            async with http.stream(
+                "GET", server_url, headers={"Accept": "text/event-stream"}
+            ) as response:
+                status, header = (
+                    response.status_code,
+                    response.headers.get("www-authenticate"),
+                )
+        else:
+            response = await http.post(
+                server_url,
+                content=b'{"jsonrpc":"2.0","id":"memorizz-auth-probe","method":"ping"}',
+                headers={
+                    "Content-Type": "application/json",
+                    "Accept": "application/json, text/event-stream",
+                },
+            )
+            await response.aclose()
+            status, header = (
+                response.status_code,
+                response.headers.get("www-authenticate"),
+            )
+    except httpx2.HTTPError:
+        return None  # the metadata requests below will say what is wrong
+    if status in (401, 403):
+        return Challenge.parse(status, header)
+    return None
+
+
+async def discover(
+    http: httpx2.AsyncClient, server_url: str, challenge: Challenge | None
+) -> AuthorizationServer:
+    """The authorization server for ``server_url``, checked; ``LoginError`` if none."""
+    expected_resource = resource_url_from_server_url(server_url)
+    prm = await _resource_metadata(
+        http, server_url, challenge.resource_metadata if challenge else None
+    )
+    if prm is not None:
+        issuer = str(prm.authorization_servers[0])
+        resource = str(prm.resource)
+        urls = build_oauth_authorization_server_metadata_discovery_urls(
+            issuer, server_url
+        )
+    else:
+        parsed = httpx2.URL(server_url)
+        issuer = f"{parsed.scheme}://{parsed.netloc.decode()}"
+        resource = expected_resource
+        urls = build_oauth_authorization_server_metadata_discovery_urls(
+            None, server_url
+        )
+    metadata = await _server_metadata(http, urls, issuer)
+    methods = metadata.code_challenge_methods_supported or []
+    if "S256" not in methods:
+        raise LoginError(
+            f"the authorization server {issuer} does not advertise PKCE S256 "
+            "(code_challenge_methods_supported); refusing to log in without it"
+        )
+    return AuthorizationServer(
+        resource=resource,
+        issuer=str(metadata.issuer),
+        metadata=metadata,
+        resource_metadata=prm,
+    )
+
+
+async def _resource_metadata(
+    http: httpx2.AsyncClient, server_url: str, hinted: str | None
+) -> ProtectedResourceMetadata | None:
+    expected = resource_url_from_server_url(server_url)
+    mismatched: str | None = None
+    for url in build_protected_resource_metadata_discovery_urls(hinted, server_url):
+        try:
+            response = await get_json(http, url)
+        except EndpointError:
+            continue
+        if response.status_code >= 500:
+            raise LoginError(
+                f"protected resource metadata at {url} answered "
+                f"{response.status_code}; try again later"
+            )
+        if response.status_code != 200:
+            continue
+        try:
+            prm = ProtectedResourceMetadata.model_validate_json(response.content)
+        except ValidationError:
+            continue
+        if not check_resource_allowed(expected, str(prm.resource)):
+            mismatched = str(prm.resource)
+            continue  # RFC 9728 §3.3: not this server's metadata
+        return prm
+    if mismatched is not None:
+        raise LoginError(
+            f"the protected resource metadata names resource {mismatched!r}, "
+            f"not this server ({expected}); refusing it"
+        )
+    return None
+
+
+async def _server_metadata(
+    http: httpx2.AsyncClient, urls: list[str], issuer: str
+) -> OAuthMetadata:
+    for url in urls:
+        try:
+            response = await get_json(http, url)
+        except EndpointError:
+            continue
+        if response.status_code >= 500:
+            raise LoginError(
+                f"authorization server metadata at {url} answered "
+                f"{response.status_code}; try again later"
+            )
+        if response.status_code != 200:
+            continue
+        try:
+            metadata = OAuthMetadata.model_validate_json(response.content)
+        except ValidationError:
+            continue
+        if not issuers_match(str(metadata.issuer), issuer):
+            raise LoginError(
+                f"authorization server metadata at {url} names issuer "
+                f"{str(metadata.issuer)!r}, not {issuer!r} (RFC 8414 §3.3); refused"
+            )
+        return metadata
+    raise LoginError(
+        f"no authorization server metadata found for {issuer} "
+        "(tried RFC 8414 and OpenID Connect discovery)"
+    )

@@ -1,0 +1,223 @@
+"""Requests to an authorization server's endpoints: token, registration, revocation.
+
+Client authentication (RFC 6749 §2.3, OAuth 2.1 §2.4): ``client_secret_basic``
+(the id and secret form-encoded, then HTTP Basic), ``client_secret_post``
+(both in the body) or ``none`` (the id in the body). Every request sends the
+RFC 8707 ``resource``. Answers are parsed strictly; an error answer becomes
+``EndpointError`` carrying the OAuth ``error`` code (``invalid_grant`` is how
+callers tell a dead grant from a passing failure). Nothing here logs or
+formats a token, a code, a verifier or a secret.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Final
+from urllib.parse import quote
+
+import httpx2
+import msgspec
+from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
+from pydantic import ValidationError
+
+MAX_DESCRIPTION: Final = 200
+AUTH_METHODS: Final = ("none", "client_secret_basic", "client_secret_post")
+
+
+class EndpointError(Exception):
+    """The authorization server refused, or could not be understood.
+
+    ``error`` is the OAuth error code (``invalid_grant``, ``invalid_client``,
+    ...) or, for a transport failure or an unreadable answer, ``unreachable``
+    / ``bad_response`` / ``server_error``.
+    """
+
+    def __init__(self, error: str, description: str) -> None:
+        super().__init__(f"{error}: {description}" if description else error)
+        self.error = error
+        self.description = description
+
+    @property
+    def final(self) -> bool:
+        """Only a new login can help (the grant or the client is dead)."""
+        return self.error in ("invalid_grant", "invalid_client", "unauthorized_client")
+
+
+class ClientAuth(msgspec.Struct, frozen=True):
+    client_id: str
+    client_secret: str | None
+    method: str
+
+    def __repr__(self) -> str:
+        return f"ClientAuth(client_id={self.client_id!r}, method={self.method!r})"
+
+    def apply(self, form: dict[str, str], headers: dict[str, str]) -> None:
+        """The id is always in the body too (RFC 6749 §3.2.1 allows it; some
+        servers, the SDK's among them, look for it there); the secret only
+        where the method puts it."""
+        form["client_id"] = self.client_id
+        if self.method == "client_secret_basic" and self.client_secret is not None:
+            pair = (
+                f"{quote(self.client_id, safe='')}:{quote(self.client_secret, safe='')}"
+            )
+            headers["Authorization"] = (
+                "Basic " + base64.b64encode(pair.encode()).decode()
+            )
+            return
+        if self.method == "client_secret_post" and self.client_secret is not None:
+            form["client_secret"] = self.client_secret
+
+
+class _ErrorBody(msgspec.Struct):
+    error: str
+    error_description: str | None = None
+
+
+async def exchange_code(
+    http: httpx2.AsyncClient,
+    token_endpoint: str,
+    auth: ClientAuth,
+    *,
+    code: str,
+    verifier: str,
+    redirect_uri: str,
+    resource: str,
+) -> OAuthToken:
+    form = {
+        "grant_type": "authorization_code",
+        "code": code,
+        "redirect_uri": redirect_uri,
+        "code_verifier": verifier,
+        "resource": resource,
+    }
+    return await _token_request(http, token_endpoint, auth, form)
+
+
+async def refresh(
+    http: httpx2.AsyncClient,
+    token_endpoint: str,
+    auth: ClientAuth,
+    *,
+    refresh_token: str,
+    resource: str,
+    scope: str | None,
+) -> OAuthToken:
+    form = {
+        "grant_type": "refresh_token",
+        "refresh_token": refresh_token,
+        "resource": resource,
+    }
+    if scope:
+        form["scope"] = scope
+    return await _token_request(http, token_endpoint, auth, form)
+
+
+async def _token_request(
+    http: httpx2.AsyncClient, url: str, auth: ClientAuth, form: dict[str, str]
+) -> OAuthToken:
+    headers = {"Accept": "application/json"}
+    auth.apply(form, headers)
+    response = await _send(http, "POST", url, data=form, headers=headers)
+    if response.status_code != 200:
+        raise _error_of(response, "token")
+    try:
+        token = OAuthToken.model_validate_json(response.content)
+    except ValidationError:
+        raise EndpointError(
+            "bad_response", "the token endpoint's answer is not a token response"
+        ) from None
+    return token  # pydantic took only token_type Bearer (any case)
+
+
+async def register(
+    http: httpx2.AsyncClient, url: str, metadata: OAuthClientMetadata
+) -> OAuthClientInformationFull:
+    """RFC 7591 dynamic client registration."""
+    body = metadata.model_dump(by_alias=True, mode="json", exclude_none=True)
+    response = await _send(
+        http, "POST", url, json=body, headers={"Accept": "application/json"}
+    )
+    if response.status_code not in (200, 201):
+        raise _error_of(response, "registration")
+    try:
+        raw = msgspec.json.decode(response.content)
+        if isinstance(raw, dict):
+            raw.pop("issuer", None)  # our binding, never the server's word
+        return OAuthClientInformationFull.model_validate(raw)
+    except (msgspec.DecodeError, ValidationError):
+        raise EndpointError(
+            "bad_response", "the registration endpoint's answer is not a client"
+        ) from None
+
+
+async def revoke(
+    http: httpx2.AsyncClient,
+    url: str,
+    auth: ClientAuth,
+    *,
+    token: str,
+    hint: str,
+    secret_in_body: bool = False,
+) -> None:
+    """RFC 7009: the server answers 200 for any token, known or not."""
+    form = {"token": token, "token_type_hint": hint}
+    headers: dict[str, str] = {}
+    auth.apply(form, headers)
+    if secret_in_body and auth.client_secret is not None:
+        form["client_secret"] = auth.client_secret
+    response = await _send(http, "POST", url, data=form, headers=headers)
+    if response.status_code != 200:
+        raise _error_of(response, "revocation")
+
+
+async def get_json(http: httpx2.AsyncClient, url: str) -> httpx2.Response:
+    """A metadata GET (the caller reads status and body)."""
+    return await _send(
+        http,
+        "GET",
+        url,
+        headers={"Accept": "application/json", "MCP-Protocol-Version": "2025-11-25"},
+    )
+
+
+async def _send(
+    http: httpx2.AsyncClient, method: str, url: str, **kwargs: object
+) -> httpx2.Response:
+    try:
+        response = await http.request(method, url, **kwargs)  # type: ignore[arg-type]
+        await response.aread()
+        return response
+    except httpx2.TimeoutException:
+        raise EndpointError("unreachable", f"no answer from {_origin(url)}") from None
+    except httpx2.HTTPError as exc:
+        raise EndpointError(
+            "unreachable", f"{_origin(url)}: {type(exc).__name__}"
+        ) from None
+
+
+def _error_of(response: httpx2.Response, endpoint: str) -> EndpointError:
+    try:
+        body = msgspec.json.decode(response.content, type=_ErrorBody)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        kind = "server_error" if response.status_code >= 500 else "bad_response"
+        return EndpointError(
+            kind, f"the {endpoint} endpoint answered {response.status_code}"
+        )
+    description = _printable(body.error_description or "")
+    return EndpointError(_printable(body.error)[:64] or "bad_response", description)
+
+
+def _printable(text: str) -> str:
+    """Server-controlled text, made safe to show: printable, short."""
+    cleaned = "".join(ch if ch.isprintable() else "?" for ch in text)
+    return cleaned[:MAX_DESCRIPTION]
+
+
+def _origin(url: str) -> str:
+    try:
+        parsed = httpx2.URL(url)
+    except (httpx2.InvalidURL, TypeError):
+        return "the authorization server"
+    return f"{parsed.scheme}://{parsed.host}" + (
+        f":{parsed.port}" if parsed.port else ""
+    )

@@ -1,0 +1,355 @@
+"""One server's OAuth grant while the daemon runs: the token keeper.
+
+* ``bearer()`` is the hot path: the current access token, no I/O, no lock.
+  Only a token that has actually expired (the background refresh fell
+  behind) makes a caller wait for a refresh.
+* Exactly one task talks to the token endpoint: ``run()``. It refreshes a
+  margin ahead of expiry (``refresh_margin``), and on request (a 401, an
+  expired token). Callers that need a refresh ask for one and wait for *that*
+  refresh; twenty callers that hit one expired token cause one request.
+* A refresh is shielded from cancellation and its result (the rotated refresh
+  token above all) is written to the vault, durably, before anyone uses the
+  new access token: a refresh token the authorization server rotated is never
+  lost to a caller who gave up waiting.
+* ``invalid_grant`` (and ``invalid_client``) is final: the grant is marked
+  ``login_required`` (in the vault too, so a restart does not try again) and
+  callers get ``authorization_required`` / ``login_required`` at once.
+  Transient failures are retried with backoff while the token still lives.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from typing import Final, Literal
+
+import anyio
+import anyio.abc
+import httpx2
+import msgspec
+from mcp.client.auth.utils import union_scopes
+
+from memorizz.api import methods as m
+from memorizz.api.errors import AuthRequiredError, RemoteError, UnavailableError
+from memorizzd.egress.client import hardened_client
+from memorizzd.egress.transport import ChallengeError
+from memorizzd.oauth import endpoints
+from memorizzd.oauth.discovery import Challenge
+from memorizzd.oauth.endpoints import ClientAuth, EndpointError
+from memorizzd.oauth.grant import Grant, delete_grant, load_grant, save_grant
+from memorizzd.vault import CredentialStore
+
+log = logging.getLogger("memorizzd.oauth")
+
+EXPIRED_SLACK_S: Final = 1.0
+"""A token this close to its expiry is treated as expired (in-flight time)."""
+REFRESH_TIMEOUT_S: Final = 30.0
+RETRY_MAX_S: Final = 60.0
+MAX_STEP_UPS: Final = 3
+"""Logins that may widen the scope for one server in a row (bounded step-up)."""
+
+KeeperState = Literal["logged_out", "ok", "login_required"]
+
+
+def refresh_margin(lifetime: float) -> float:
+    """How long before expiry to refresh: 20% of the lifetime, at least 30 s and
+    at most 5 min, never more than half the lifetime (RFC 9700 §3.2 notes)."""
+    return min(max(30.0, 0.2 * lifetime), 300.0, lifetime / 2)
+
+
+def http_client_for(
+    spec: m.ServerSpec, allowlist: tuple[str, ...] | list[str]
+) -> httpx2.AsyncClient:
+    """The hardened client for a server's authorization server: the same egress
+    policy as the server itself, answers read rather than raised."""
+    return hardened_client(
+        limit=1_000_000,
+        timeout=httpx2.Timeout(REFRESH_TIMEOUT_S / 2),
+        allowlist=allowlist,
+        allow_private_network=spec.allow_private_network,
+        challenges=False,
+    )
+
+
+class TokenKeeper:
+    def __init__(
+        self,
+        server: str,
+        *,
+        vault: CredentialStore,
+        http: Callable[[], httpx2.AsyncClient],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.server = server
+        self._vault = vault
+        self._http = http
+        self._clock = clock
+        self.grant: Grant | None = None
+        self.generation = 0
+        self.last_refresh: float | None = None
+        self.refreshes = 0
+        self.last_refresh_error: str | None = None
+        self.wanted_scope: str | None = None
+        """Scopes a ``403 insufficient_scope`` asked for; the next login adds them."""
+        self.step_ups = 0
+        self._wanted_for: int | None = None
+        """A refresh is asked for, to replace the grant of this generation."""
+        self._kick = anyio.Event()
+        self._done = anyio.Event()
+        self._logged_in = anyio.Event()
+        self._installed = anyio.Event()
+
+    # --- state ---------------------------------------------------------------
+
+    async def load(self) -> None:
+        grant = await anyio.to_thread.run_sync(load_grant, self._vault, self.server)
+        self._publish(grant)
+
+    @property
+    def state(self) -> KeeperState:
+        if self.grant is None:
+            return "logged_out"
+        return "login_required" if self.grant.login_required else "ok"
+
+    @property
+    def logged_in(self) -> bool:
+        return self.state == "ok"
+
+    async def wait_logged_in(self) -> None:
+        while not self.logged_in:
+            await self._logged_in.wait()
+
+    def status(self) -> m.AuthStatus:
+        grant = self.grant
+        return m.AuthStatus(
+            state=self.state,
+            issuer=grant.issuer if grant else None,
+            client_id=grant.client_id if grant else None,
+            scope=grant.scope if grant else None,
+            expires_at=grant.expires_at if grant else None,
+            refreshable=bool(grant and grant.refresh_token),
+            last_refresh=self.last_refresh,
+            refreshes=self.refreshes,
+            last_refresh_error=self.last_refresh_error,
+        )
+
+    async def install(self, grant: Grant) -> None:
+        """A new login's grant: stored durably, then used."""
+        await anyio.to_thread.run_sync(save_grant, self._vault, self.server, grant)
+        self.wanted_scope = None
+        self.last_refresh_error = None
+        self._publish(grant)
+        installed, self._installed = self._installed, anyio.Event()
+        installed.set()
+
+    async def wait_installed(self) -> None:
+        """Return at the next login."""
+        await self._installed.wait()
+
+    async def forget(self) -> None:
+        """Logout: the grant is deleted from the vault and from memory."""
+        await anyio.to_thread.run_sync(delete_grant, self._vault, self.server)
+        self.step_ups = 0
+        self.wanted_scope = None
+        self._publish(None)
+
+    def _publish(self, grant: Grant | None) -> None:
+        self.grant = grant
+        self.generation += 1
+        if self.logged_in:
+            self._logged_in.set()
+        elif self._logged_in.is_set():
+            self._logged_in = anyio.Event()
+        self._kick.set()  # the schedule changed
+
+    def login_required_error(self) -> AuthRequiredError:
+        if self.grant is None:
+            why = "no one has logged in"
+        else:
+            why = "the authorization server no longer accepts its grant"
+        return AuthRequiredError(
+            f"server {self.server!r} needs an OAuth login ({why}): run "
+            f"`memorizzctl mcp login {self.server}`",
+            reason="login_required",
+            data={"server": self.server},
+        )
+
+    # --- the hot path ----------------------------------------------------------
+
+    async def bearer(self) -> tuple[str, int]:
+        grant, generation = self.grant, self.generation
+        if grant is None or grant.login_required:
+            raise self.login_required_error()
+        if (
+            grant.expires_at is not None
+            and self._clock() >= grant.expires_at - EXPIRED_SLACK_S
+        ):
+            await self.refreshed(generation)
+            grant, generation = self.grant, self.generation
+            if grant is None or grant.login_required:
+                raise self.login_required_error()
+        return grant.access_token, generation
+
+    async def rejected(self, generation: int, challenge: ChallengeError) -> None:
+        """The server refused the token of ``generation``: a 401 gets one
+        refresh (single-flight); a 403 ``insufficient_scope`` asks for a login
+        with the wider scope."""
+        parsed = Challenge.parse(challenge.status, challenge.www_authenticate)
+        if parsed.status == 403 and parsed.error == "insufficient_scope":
+            self.wanted_scope = union_scopes(self.wanted_scope, parsed.scope)
+            raise AuthRequiredError(
+                f"server {self.server!r} needs more scope"
+                + (f" ({parsed.scope})" if parsed.scope else "")
+                + f" for this: run `memorizzctl mcp login {self.server}` to grant it",
+                reason="insufficient_scope",
+                data={"server": self.server, "scope": parsed.scope or ""},
+            )
+        if parsed.status != 401:
+            return
+        try:
+            await self.refreshed(generation)
+        except RemoteError:
+            return  # the caller's 401 stands; the state says the rest
+
+    async def refreshed(self, seen_generation: int) -> None:
+        """Return once a grant newer than ``seen_generation`` is in place
+        (a refresh is asked for if none is under way); raise if it failed."""
+        if self.generation != seen_generation:
+            return
+        done = self._done
+        self._wanted_for = seen_generation
+        self._kick.set()
+        await done.wait()
+        if self.generation == seen_generation or not self.logged_in:
+            if not self.logged_in:
+                raise self.login_required_error()
+            raise UnavailableError(
+                f"server {self.server!r}: the token refresh failed: "
+                f"{self.last_refresh_error}",
+                data={"server": self.server, "retry_after_s": 1.0},
+            )
+
+    # --- the refresher ----------------------------------------------------------
+
+    def _due_in(self) -> float:
+        grant = self.grant
+        if (
+            grant is None
+            or grant.login_required
+            or grant.expires_at is None
+            or not grant.refresh_token
+        ):
+            return math.inf
+        lifetime = max(0.0, grant.expires_at - grant.obtained_at)
+        # Up to 5% earlier at random: servers logged in together do not refresh together.
+        jitter = random.uniform(0.0, 0.05) * lifetime  # noqa: S311 - not cryptographic
+        due = grant.expires_at - refresh_margin(lifetime) - jitter
+        return max(0.0, due - self._clock())
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        await self.load()
+        task_status.started()
+        failures = 0
+        while True:
+            if not self._requested:
+                kick = self._kick
+                with anyio.move_on_after(self._due_in()) as waited:
+                    await kick.wait()
+                if self._kick is kick:
+                    self._kick = anyio.Event()
+                if not waited.cancelled_caught and not self._requested:
+                    continue  # the grant changed: compute the schedule again
+            ok = await self._refresh_once()
+            self._wanted_for = None  # its waiters are answered by this attempt
+            done, self._done = self._done, anyio.Event()
+            done.set()
+            if ok or not self.logged_in:
+                failures = 0
+                continue
+            failures += 1
+            delay = min(RETRY_MAX_S, 2.0**failures) * random.uniform(0.5, 1.0)  # noqa: S311
+            with anyio.move_on_after(delay):
+                await self._wait_for_request()
+
+    @property
+    def _requested(self) -> bool:
+        return self._wanted_for is not None and self._wanted_for == self.generation
+
+    async def _wait_for_request(self) -> None:
+        while not self._requested:
+            kick = self._kick
+            await kick.wait()
+            if self._kick is kick:
+                self._kick = anyio.Event()
+
+    async def _refresh_once(self) -> bool:
+        grant = self.grant
+        if grant is None or grant.login_required:
+            return False
+        if not grant.refresh_token:
+            await self._mark_login_required(grant, "no refresh token was issued")
+            return False
+        with anyio.CancelScope(shield=True):
+            try:
+                with anyio.fail_after(REFRESH_TIMEOUT_S):
+                    async with self._http() as http:
+                        token = await endpoints.refresh(
+                            http,
+                            grant.token_endpoint,
+                            ClientAuth(
+                                grant.client_id, grant.client_secret, grant.auth_method
+                            ),
+                            refresh_token=grant.refresh_token,
+                            resource=grant.resource,
+                            scope=None,
+                        )
+            except EndpointError as exc:
+                if exc.final:
+                    await self._mark_login_required(grant, str(exc))
+                else:
+                    self._failed(str(exc))
+                return False
+            except TimeoutError:
+                self._failed("the token endpoint did not answer in time")
+                return False
+            except RemoteError as exc:  # the egress policy refused the endpoint
+                self._failed(exc.message)
+                return False
+            now = self._clock()
+            fresh = msgspec.structs.replace(
+                grant,
+                access_token=token.access_token,
+                refresh_token=token.refresh_token or grant.refresh_token,
+                expires_at=now + token.expires_in if token.expires_in else None,
+                obtained_at=now,
+                scope=token.scope or grant.scope,
+            )
+            # Durable before use: the vault commits with synchronous=FULL.
+            await anyio.to_thread.run_sync(save_grant, self._vault, self.server, fresh)
+        self.last_refresh = now
+        self.refreshes += 1
+        self.last_refresh_error = None
+        self._publish(fresh)
+        log.info("%s: access token refreshed", self.server)
+        return True
+
+    def _failed(self, why: str) -> None:
+        self.last_refresh_error = why
+        log.warning("%s: token refresh failed (will retry): %s", self.server, why)
+
+    async def _mark_login_required(self, grant: Grant, why: str) -> None:
+        self.last_refresh_error = why
+        dead = msgspec.structs.replace(grant, login_required=True)
+        await anyio.to_thread.run_sync(save_grant, self._vault, self.server, dead)
+        self._publish(dead)
+        log.warning(
+            "%s: the grant is dead (%s): login required (memorizzctl mcp login %s)",
+            self.server,
+            why,
+            self.server,
+        )

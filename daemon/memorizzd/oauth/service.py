@@ -1,0 +1,189 @@
+"""The operator's OAuth actions: ``auth/login``, ``auth/complete``, ``auth/logout``.
+
+The broker hands each one the server's spec and its ``TokenKeeper``; this
+module runs discovery and the endpoints through the hardened client, keeps
+the pending logins, and gives the keeper its new grant (or takes it away).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Literal
+
+import anyio
+import httpx2
+
+from memorizz.api import methods as m
+from memorizz.api.errors import InvalidParamsError, LoginError, RemoteError
+from memorizzd.oauth import endpoints
+from memorizzd.oauth.discovery import challenge_of, discover
+from memorizzd.oauth.endpoints import ClientAuth, EndpointError
+from memorizzd.oauth.keeper import MAX_STEP_UPS, TokenKeeper, http_client_for
+from memorizzd.oauth.login import (
+    LOGIN_TTL_S,
+    Logins,
+    callback_params,
+    check_redirect_uri,
+    client_identity,
+    finish,
+    new_login,
+    redirect_uri_of,
+    select_scope,
+)
+from memorizzd.vault import CredentialStore, SecretNotFoundError
+from memorizzd.vault.server_secrets import oauth_client_secret_ref
+
+log = logging.getLogger("memorizzd.oauth")
+
+
+class OAuthService:
+    def __init__(
+        self,
+        vault: CredentialStore,
+        allowlist: Sequence[str],
+        *,
+        login_ttl_s: float = LOGIN_TTL_S,
+    ) -> None:
+        self._vault = vault
+        self._allowlist = tuple(allowlist)
+        self._logins = Logins(login_ttl_s)
+
+    async def login(
+        self, spec: m.ServerSpec, keeper: TokenKeeper, redirect_uri: str | None
+    ) -> m.AuthLoginResult:
+        url = _oauth_url(spec)
+        redirect = redirect_uri or redirect_uri_of(spec)
+        check_redirect_uri(redirect)
+        wanted = keeper.wanted_scope
+        if wanted is not None:
+            if keeper.step_ups >= MAX_STEP_UPS:
+                raise LoginError(
+                    f"server {spec.name!r} asked for more scope {keeper.step_ups} "
+                    "times in a row; not asking again (log out, then in, to reset)",
+                    data={"server": spec.name},
+                )
+            keeper.step_ups += 1
+        client_secret = await anyio.to_thread.run_sync(self._client_secret, spec)
+        async with http_client_for(spec, self._allowlist) as http:
+            challenge = await challenge_of(http, url, spec.transport)
+            authz = await discover(http, url, challenge)
+            previous = keeper.grant.scope if keeper.grant else None
+            scope = select_scope(
+                spec, authz, challenge, previous=previous, wanted=wanted
+            )
+            client = await client_identity(
+                http,
+                spec,
+                authz,
+                vault=self._vault,
+                client_secret=client_secret,
+                redirect_uri=redirect,
+                scope=scope,
+            )
+        login = new_login(
+            spec.name,
+            authz,
+            client,
+            redirect_uri=redirect,
+            scope=scope,
+            ttl_s=self._logins.ttl_s,
+        )
+        self._logins.add(login)
+        log.info("%s: login started with %s", spec.name, authz.issuer)
+        return m.AuthLoginResult(
+            server=spec.name,
+            authorization_url=login.authorization_url,
+            redirect_uri=redirect,
+            issuer=authz.issuer,
+            scope=scope,
+            expires_at=login.expires_at,
+        )
+
+    async def complete(
+        self, spec: m.ServerSpec, keeper: TokenKeeper, callback_url: str
+    ) -> m.AuthCompleteResult:
+        _oauth_url(spec)
+        if len(callback_url) > 8192:
+            raise InvalidParamsError("callback_url is longer than 8192 characters")
+        params = callback_params(callback_url)
+        login = self._logins.take(spec.name, params.get("state"))
+        async with http_client_for(spec, self._allowlist) as http:
+            grant = await finish(http, login, params)
+        await keeper.install(grant)
+        log.info("%s: logged in with %s", spec.name, grant.issuer)
+        return m.AuthCompleteResult(server=spec.name, auth=keeper.status())
+
+    async def logout(
+        self, spec: m.ServerSpec, keeper: TokenKeeper
+    ) -> m.AuthLogoutResult:
+        _oauth_url(spec)
+        self._logins.cancel(spec.name)
+        grant = keeper.grant
+        outcome: Literal["revoked", "not_supported", "failed", "nothing_to_revoke"]
+        if grant is None:
+            outcome, message = "nothing_to_revoke", "there was no grant"
+        elif grant.revocation_endpoint is None:
+            outcome = "not_supported"
+            message = (
+                "the authorization server offers no revocation endpoint (RFC 7009)"
+            )
+        else:
+            outcome, message = "revoked", "refresh and access token revoked"
+            auth = ClientAuth(grant.client_id, grant.client_secret, grant.auth_method)
+            tokens = [(grant.access_token, "access_token")]
+            if grant.refresh_token:
+                tokens.insert(0, (grant.refresh_token, "refresh_token"))
+            try:
+                async with http_client_for(spec, self._allowlist) as http:
+                    for token, hint in tokens:
+                        await _revoke(
+                            http, grant.revocation_endpoint, auth, token, hint
+                        )
+            except EndpointError as exc:
+                outcome, message = "failed", f"revocation failed: {exc}"
+            except RemoteError as exc:  # the egress policy refused the endpoint
+                outcome, message = "failed", f"revocation failed: {exc.message}"
+        await keeper.forget()
+        log.info("%s: logged out (%s)", spec.name, outcome)
+        return m.AuthLogoutResult(server=spec.name, revocation=outcome, message=message)
+
+    def _client_secret(self, spec: m.ServerSpec) -> str | None:
+        if not spec.oauth_client_id:
+            return None
+        if spec.oauth_client_secret:
+            return spec.oauth_client_secret
+        try:
+            return self._vault.get(oauth_client_secret_ref(spec.name))
+        except SecretNotFoundError:
+            return None
+
+
+async def _revoke(
+    http: httpx2.AsyncClient, url: str, auth: ClientAuth, token: str, hint: str
+) -> None:
+    """RFC 7009 with the client's token endpoint method; a server that refuses
+    HTTP Basic there (the MCP SDK 2.3's revocation route reads the secret only
+    from the body, and still checks Basic) gets the secret in both places."""
+    try:
+        await endpoints.revoke(http, url, auth, token=token, hint=hint)
+    except EndpointError as exc:
+        if auth.method != "client_secret_basic" or exc.error not in (
+            "invalid_request",
+            "invalid_client",
+            "unauthorized_client",
+        ):
+            raise
+        await endpoints.revoke(
+            http, url, auth, token=token, hint=hint, secret_in_body=True
+        )
+
+
+def _oauth_url(spec: m.ServerSpec) -> str:
+    if spec.auth != "oauth" or spec.url is None:
+        raise InvalidParamsError(
+            f"server {spec.name!r} does not use OAuth (its auth is {spec.auth!r}); "
+            'add it with auth = "oauth"',
+            data={"server": spec.name},
+        )
+    return spec.url

@@ -1,0 +1,252 @@
+"""A real OAuth world on 127.0.0.1 for the tests: an authorization server
+(the SDK's own auth routes over an in-memory provider) and, on the same
+origin, an MCP server that wants its bearer tokens.
+
+The provider records what it was asked (``grants``: register,
+authorization_code, refresh_token; ``revoked``) so tests can count requests
+at the authorization server itself. It auto-approves ``/authorize`` with a
+302 to the redirect URI, as a browser session with a remembered consent would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+from mcp.server.auth.provider import (
+    AccessToken,
+    AuthorizationCode,
+    AuthorizationParams,
+    RefreshToken,
+    TokenError,
+    construct_redirect_uri,
+)
+from mcp.server.auth.settings import (
+    AuthSettings,
+    ClientRegistrationOptions,
+    RevocationOptions,
+)
+from mcp.server.mcpserver import MCPServer
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
+from pydantic import AnyHttpUrl, AnyUrl
+
+from tests.harness import wait_until
+
+PRE_CLIENT_ID = "memorizz-preregistered"
+PRE_CLIENT_SECRET = "pre-secret-marker-71c2e9"  # noqa: S105 - a test marker
+
+
+class TestAuthorizationServer:
+    """``OAuthAuthorizationServerProvider`` in memory; thread-safe enough for
+    one uvicorn loop."""
+
+    __test__ = False
+
+    def __init__(self, access_ttl: int = 3600, *, rotate: bool = True) -> None:
+        self.access_ttl = access_ttl
+        self.rotate = rotate
+        self.clients: dict[str, OAuthClientInformationFull] = {}
+        self.codes: dict[str, AuthorizationCode] = {}
+        self.access: dict[str, AccessToken] = {}
+        self.refresh: dict[str, RefreshToken] = {}
+        self.grants: list[str] = []
+        self.revoked: list[str] = []
+        self.resources: list[str | None] = []
+        self.refuse_refresh = False
+        self.tool_calls = 0
+
+    def count(self, grant: str) -> int:
+        return self.grants.count(grant)
+
+    def preregister(
+        self, redirect_uri: str, method: str = "client_secret_basic"
+    ) -> None:
+        self.clients[PRE_CLIENT_ID] = OAuthClientInformationFull(
+            client_id=PRE_CLIENT_ID,
+            client_secret=PRE_CLIENT_SECRET,
+            redirect_uris=[AnyUrl(redirect_uri)],
+            token_endpoint_auth_method=method,
+            grant_types=["authorization_code", "refresh_token"],
+            scope="mcp",
+        )
+
+    def expire_access_tokens(self) -> None:
+        for token in self.access.values():
+            token.expires_at = int(time.time()) - 1
+
+    async def get_client(self, client_id: str) -> OAuthClientInformationFull | None:
+        return self.clients.get(client_id)
+
+    async def register_client(self, client_info: OAuthClientInformationFull) -> None:
+        self.clients[client_info.client_id] = client_info
+        self.grants.append("register")
+
+    async def authorize(
+        self, client: OAuthClientInformationFull, params: AuthorizationParams
+    ) -> str:
+        code = secrets.token_urlsafe(32)
+        self.codes[code] = AuthorizationCode(
+            code=code,
+            scopes=params.scopes or [],
+            expires_at=time.time() + 300,
+            client_id=client.client_id,
+            code_challenge=params.code_challenge,
+            redirect_uri=params.redirect_uri,
+            redirect_uri_provided_explicitly=params.redirect_uri_provided_explicitly,
+            resource=params.resource,
+        )
+        return construct_redirect_uri(
+            str(params.redirect_uri), code=code, state=params.state
+        )
+
+    async def load_authorization_code(
+        self, client: OAuthClientInformationFull, authorization_code: str
+    ) -> AuthorizationCode | None:
+        return self.codes.get(authorization_code)
+
+    def _issue(
+        self, client_id: str, scopes: list[str], resource: str | None
+    ) -> OAuthToken:
+        at, rt = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+        self.resources.append(resource)
+        self.access[at] = AccessToken(
+            token=at,
+            client_id=client_id,
+            scopes=scopes,
+            expires_at=int(time.time()) + self.access_ttl,
+            resource=resource,
+        )
+        self.refresh[rt] = RefreshToken(
+            token=rt, client_id=client_id, scopes=scopes, resource=resource
+        )
+        return OAuthToken(
+            access_token=at,
+            expires_in=self.access_ttl,
+            refresh_token=rt,
+            scope=" ".join(scopes),
+        )
+
+    async def exchange_authorization_code(
+        self, client: OAuthClientInformationFull, authorization_code: AuthorizationCode
+    ) -> OAuthToken:
+        del self.codes[authorization_code.code]
+        self.grants.append("authorization_code")
+        return self._issue(
+            client.client_id, authorization_code.scopes, authorization_code.resource
+        )
+
+    async def load_refresh_token(
+        self, client: OAuthClientInformationFull, refresh_token: str
+    ) -> RefreshToken | None:
+        token = self.refresh.get(refresh_token)
+        return token if token and token.client_id == client.client_id else None
+
+    async def exchange_refresh_token(
+        self,
+        client: OAuthClientInformationFull,
+        refresh_token: RefreshToken,
+        scopes: list[str],
+    ) -> OAuthToken:
+        self.grants.append("refresh_token")
+        if self.refuse_refresh:
+            raise TokenError("invalid_grant", "the grant was revoked")
+        if self.rotate and self.refresh.pop(refresh_token.token, None) is None:
+            raise TokenError("invalid_grant", "refresh token already used")
+        return self._issue(
+            client.client_id, scopes or refresh_token.scopes, refresh_token.resource
+        )
+
+    async def load_access_token(self, token: str) -> AccessToken | None:
+        found = self.access.get(token)
+        if found is not None and found.expires_at and found.expires_at < time.time():
+            return None
+        return found
+
+    async def revoke_token(self, token: AccessToken | RefreshToken) -> None:
+        self.revoked.append(type(token).__name__)
+        self.access.pop(token.token, None)
+        self.refresh.pop(token.token, None)
+
+
+def protected_app(base: str, provider: TestAuthorizationServer) -> Any:
+    server = MCPServer(
+        "protected",
+        auth_server_provider=provider,
+        auth=AuthSettings(
+            issuer_url=AnyHttpUrl(base),
+            resource_server_url=AnyHttpUrl(base + "/mcp"),
+            validate_token_resource=True,
+            required_scopes=["mcp"],
+            client_registration_options=ClientRegistrationOptions(
+                enabled=True, valid_scopes=["mcp"], default_scopes=["mcp"]
+            ),
+            revocation_options=RevocationOptions(enabled=True),
+        ),
+        log_level="WARNING",
+    )
+
+    @server.tool()
+    def whoami() -> str:
+        """Who the server thinks we are."""
+        provider.tool_calls += 1
+        return "authorized"
+
+    @server.tool()
+    def echo(text: str) -> str:
+        """Echo text."""
+        provider.tool_calls += 1
+        return text
+
+    return server.streamable_http_app()
+
+
+@contextlib.contextmanager
+def serve_protected(provider: TestAuthorizationServer) -> Iterator[str]:
+    """Serve the world on a free port of 127.0.0.1; yields the MCP URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    app = protected_app(base, provider)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1
+        )
+    )
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, daemon=True
+    )
+    thread.start()
+    wait_until(lambda: server.started or not thread.is_alive(), what="uvicorn")
+    try:
+        yield base + "/mcp"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+def browser(authorization_url: str) -> str:
+    """A person who clicks "allow": GET the authorization URL, return where
+    the authorization server redirects (the callback URL with code and state)."""
+    opener = urllib.request.build_opener(_NoRedirect)
+    try:
+        opener.open(authorization_url, timeout=10)
+    except urllib.error.HTTPError as exc:
+        if exc.code in (302, 303, 307):
+            return str(exc.headers["Location"])
+        raise
+    raise AssertionError("the authorization server did not redirect")
