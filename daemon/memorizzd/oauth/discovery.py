@@ -9,13 +9,16 @@
 3. RFC 8414 / OpenID Connect discovery for that issuer, in the order the MCP
    specification gives; the metadata's ``issuer`` must equal it exactly.
 4. PKCE: an authorization server that does not list ``S256`` in
-   ``code_challenge_methods_supported`` is refused (MCP 2025-11-25).
+   ``code_challenge_methods_supported`` is refused (MCP 2025-11-25); so is
+   an authorization endpoint the operator's browser would open over plain
+   http anywhere but loopback (or any other scheme).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import httpx2
 from mcp.client.auth.utils import (
@@ -28,6 +31,7 @@ from mcp.shared.auth_utils import check_resource_allowed, resource_url_from_serv
 from pydantic import ValidationError
 
 from memorizz.api.errors import LoginError
+from memorizzd.config import LOOPBACK_HOSTS
 from memorizzd.oauth.endpoints import EndpointError, get_json
 
 _PARAM = r'{name}=(?:"([^"]*)"|([^\s,]+))'
@@ -134,12 +138,24 @@ async def discover(
             f"the authorization server {issuer} does not advertise PKCE S256 "
             "(code_challenge_methods_supported); refusing to log in without it"
         )
+    check_authorization_endpoint(str(metadata.authorization_endpoint))
     return AuthorizationServer(
         resource=resource,
         issuer=str(metadata.issuer),
         metadata=metadata,
         resource_metadata=prm,
     )
+
+
+def check_authorization_endpoint(url: str) -> None:
+    """The URL the operator will open: https, or http on loopback (a local
+    test server); never ``javascript:``, ``file:`` or anything else."""
+    parts = urlsplit(url)
+    loopback = parts.scheme == "http" and (parts.hostname or "") in LOOPBACK_HOSTS
+    if not (parts.scheme == "https" or loopback) or not parts.netloc:
+        raise LoginError(
+            f"the authorization endpoint {url[:200]!r} is not an https URL; refused"
+        )
 
 
 async def _resource_metadata(
