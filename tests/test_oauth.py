@@ -433,3 +433,27 @@ def _listening(port: int) -> bool:
 
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_a_token_that_expired_while_the_daemon_was_down_is_refreshed(
+    base: str,
+) -> None:
+    world = TestAuthorizationServer(access_ttl=2)
+    with serve_protected(world) as url:
+        with daemon_process(base) as d:
+            with d.client() as c:
+                c.add_server(oauth_spec(url))
+                login(c, "cal")
+            d.wait_ready("cal")
+            d.stop()
+        before = world.count("refresh_token")
+        threading.Event().wait(2.5)  # the stored expiry (wall clock) passes
+        with daemon_process(base) as d:
+            d.wait_ready("cal")
+            with d.client() as c:
+                assert c.call_tool("cal", "whoami", {}).is_error is False
+                auth = c.server_status("cal")[0].auth
+            assert auth is not None
+            assert auth.state == "ok"
+    assert world.count("authorization_code") == 1  # no new login
+    assert world.count("refresh_token") > before

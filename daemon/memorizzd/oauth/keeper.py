@@ -48,8 +48,8 @@ EXPIRED_SLACK_S: Final = 1.0
 """A token this close to its expiry is treated as expired (in-flight time)."""
 REFRESH_TIMEOUT_S: Final = 30.0
 RETRY_MAX_S: Final = 60.0
-MAX_STEP_UPS: Final = 3
-"""Logins that may widen the scope for one server in a row (bounded step-up)."""
+MAX_STEP_UPS: Final = 2
+"""Step-up logins that may ask one server for the same widened scope (bounded)."""
 
 KeeperState = Literal["logged_out", "ok", "login_required"]
 
@@ -94,7 +94,8 @@ class TokenKeeper:
         self.last_refresh_error: str | None = None
         self.wanted_scope: str | None = None
         """Scopes a ``403 insufficient_scope`` asked for; the next login adds them."""
-        self.step_ups = 0
+        self.step_ups: dict[str, int] = {}
+        """Step-up logins so far, by the scope set they asked for."""
         self._wanted_for: int | None = None
         """A refresh is asked for, to replace the grant of this generation."""
         self._kick = anyio.Event()
@@ -152,7 +153,7 @@ class TokenKeeper:
     async def forget(self) -> None:
         """Logout: the grant is deleted from the vault and from memory."""
         await anyio.to_thread.run_sync(delete_grant, self._vault, self.server)
-        self.step_ups = 0
+        self.step_ups = {}
         self.wanted_scope = None
         self._publish(None)
 

@@ -13,6 +13,7 @@ from typing import Literal
 
 import anyio
 import httpx2
+from mcp.client.auth.utils import union_scopes
 
 from memorizz.api import methods as m
 from memorizz.api.errors import InvalidParamsError, LoginError, RemoteError
@@ -57,13 +58,19 @@ class OAuthService:
         check_redirect_uri(redirect)
         wanted = keeper.wanted_scope
         if wanted is not None:
-            if keeper.step_ups >= MAX_STEP_UPS:
+            # Bounded step-up: the same widened scope is asked for at most
+            # MAX_STEP_UPS times; a server that keeps refusing what it was
+            # granted is not helped by another login.
+            previous = keeper.grant.scope if keeper.grant else None
+            key = " ".join(sorted(set((union_scopes(previous, wanted) or "").split())))
+            asked = keeper.step_ups.get(key, 0)
+            if asked >= MAX_STEP_UPS:
                 raise LoginError(
-                    f"server {spec.name!r} asked for more scope {keeper.step_ups} "
-                    "times in a row; not asking again (log out, then in, to reset)",
+                    f"server {spec.name!r} still refuses after {asked} logins that "
+                    f"asked for scope {key!r}; not asking again (log out to reset)",
                     data={"server": spec.name},
                 )
-            keeper.step_ups += 1
+            keeper.step_ups[key] = asked + 1
         client_secret = await anyio.to_thread.run_sync(self._client_secret, spec)
         async with http_client_for(spec, self._allowlist) as http:
             challenge = await challenge_of(http, url, spec.transport)
