@@ -457,3 +457,14 @@ def test_a_token_that_expired_while_the_daemon_was_down_is_refreshed(
             assert auth.state == "ok"
     assert world.count("authorization_code") == 1  # no new login
     assert world.count("refresh_token") > before
+
+
+def test_removing_a_server_revokes_its_grant(base: str) -> None:
+    world = TestAuthorizationServer()
+    with world_and_daemon(world, base) as (url, d, c):
+        c.add_server(oauth_spec(url))
+        login(c, "cal")
+        d.wait_ready("cal")
+        c.remove_server("cal")
+        assert sorted(world.revoked) == ["AccessToken", "RefreshToken"]
+        assert world.access == {}

@@ -36,6 +36,8 @@ class CallbackListener:
         self._host = parts.netloc
         self._base = f"{parts.scheme}://{parts.netloc}"
         self._found = found
+        self._lock = threading.Lock()
+        self._taken = False
         listener = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -61,6 +63,11 @@ class CallbackListener:
         if request.headers.get("Host") != self._host or target.path != self._path:
             request.send_error(404)
             return
+        with self._lock:
+            if self._taken:
+                request.send_error(410, "this login already received its callback")
+                return
+            self._taken = True
         request.send_response(200)
         request.send_header("Content-Type", "text/html; charset=utf-8")
         request.send_header("Cache-Control", "no-store")

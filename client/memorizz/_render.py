@@ -146,13 +146,19 @@ def render_auth(auth: m.AuthStatus, now: float) -> str:
     parts: list[str] = [auth.state]
     if auth.issuer:
         parts.append(f"issuer {auth.issuer}")
+    if auth.scope:
+        parts.append(f"scope {one_line(auth.scope, 80)}")
     if auth.expires_at is not None:
         left = auth.expires_at - now
         parts.append(
             f"token expires in {format_age(left)}" if left > 0 else "token expired"
         )
     if auth.last_refresh is not None:
-        parts.append(f"refreshed {format_age(now - auth.last_refresh)} ago")
+        noun = "refresh" if auth.refreshes == 1 else "refreshes"
+        parts.append(
+            f"refreshed {format_age(now - auth.last_refresh)} ago"
+            f" ({auth.refreshes} {noun} since start)"
+        )
     if auth.last_refresh_error:
         parts.append(f"last refresh failed: {one_line(auth.last_refresh_error)}")
     return ", ".join(parts)

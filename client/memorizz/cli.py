@@ -164,6 +164,10 @@ def build_server_spec(args: argparse.Namespace) -> m.ServerSpec:
         for flag, given in (
             ("--client-id", args.client_id is not None),
             ("--client-secret", args.client_secret is not None),
+            (
+                "--token-endpoint-auth-method",
+                args.token_endpoint_auth_method is not None,
+            ),
             ("--client-metadata-url", args.client_metadata_url is not None),
             ("--scope", bool(args.scope)),
             ("--redirect-uri", args.redirect_uri is not None),
@@ -174,7 +178,7 @@ def build_server_spec(args: argparse.Namespace) -> m.ServerSpec:
         raise UsageError(f"{', '.join(oauth_given)} need --oauth")
     client_secret = args.client_secret
     if client_secret == "-":  # noqa: S105 - "-" means stdin
-        client_secret = sys.stdin.readline().strip()
+        client_secret = sys.stdin.read().strip()
     if transport == "stdio" and (auth != "none" or args.header):
         raise UsageError("--auth, --token and --header are for HTTP servers")
     if auth == "bearer" and token is None:
@@ -204,6 +208,7 @@ def build_server_spec(args: argparse.Namespace) -> m.ServerSpec:
         oauth_client_id=args.client_id,
         oauth_client_secret=client_secret,
         oauth_client_metadata_url=args.client_metadata_url,
+        oauth_token_endpoint_auth_method=args.token_endpoint_auth_method,
         oauth_scopes=list(args.scope),
         oauth_redirect_uri=args.redirect_uri,
     )
@@ -601,6 +606,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECRET",
         help="OAuth: the pre-registered client's secret; '-' reads it from stdin;"
         " moved into the daemon's vault",
+    )
+    add.add_argument(
+        "--token-endpoint-auth-method",
+        choices=get_args(m.TokenEndpointAuthMethod),
+        help="OAuth, pre-registered client: how it authenticates at the token"
+        " endpoint (default: from the authorization server's metadata)",
     )
     add.add_argument(
         "--client-metadata-url",

@@ -325,6 +325,7 @@ class Broker:
             oauth_client_id=spec.oauth_client_id,
             oauth_client_metadata_url=spec.oauth_client_metadata_url,
             oauth_scopes=list(spec.oauth_scopes),
+            oauth_token_endpoint_auth_method=spec.oauth_token_endpoint_auth_method,
             oauth_redirect_uri=spec.oauth_redirect_uri,
         )
 
@@ -371,6 +372,15 @@ class Broker:
                     f"server {p.name!r} is declared in the config file; remove it there",
                     reason="read_only_server",
                 )
+            if upstream.keeper is not None and upstream.keeper.grant is not None:
+                # Best effort: a grant is revoked where the server supports it
+                # before its record goes (a slow or failing server does not
+                # block the removal).
+                with anyio.move_on_after(10):
+                    try:
+                        await self._oauth.logout(upstream.spec, upstream.keeper)
+                    except RemoteError as exc:
+                        log.info("%s: not revoked at removal: %s", p.name, exc.message)
             await anyio.to_thread.run_sync(self._store.remove_server, p.name)
             await self._pool.stop(p.name)
             await anyio.to_thread.run_sync(self._replace_secrets, p.name, {})

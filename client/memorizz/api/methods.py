@@ -310,6 +310,7 @@ class ServerInfo(msgspec.Struct, kw_only=True):
     oauth_client_id: str | None = None
     oauth_client_metadata_url: str | None = None
     oauth_scopes: list[str] = []
+    oauth_token_endpoint_auth_method: TokenEndpointAuthMethod | None = None
     oauth_redirect_uri: str | None = None
 
 

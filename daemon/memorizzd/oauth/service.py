@@ -32,7 +32,7 @@ from memorizzd.oauth.login import (
     redirect_uri_of,
     select_scope,
 )
-from memorizzd.vault import CredentialStore, SecretNotFoundError
+from memorizzd.vault import CredentialStore, VaultError
 from memorizzd.vault.server_secrets import oauth_client_secret_ref
 
 log = logging.getLogger("memorizzd.oauth")
@@ -156,14 +156,20 @@ class OAuthService:
         return m.AuthLogoutResult(server=spec.name, revocation=outcome, message=message)
 
     def _client_secret(self, spec: m.ServerSpec) -> str | None:
-        if not spec.oauth_client_id:
+        """The pre-registered client's secret: inline (config file), else from
+        the vault when the spec says there is one ("" once stored)."""
+        if not spec.oauth_client_id or spec.oauth_client_secret is None:
             return None
         if spec.oauth_client_secret:
             return spec.oauth_client_secret
         try:
             return self._vault.get(oauth_client_secret_ref(spec.name))
-        except SecretNotFoundError:
-            return None
+        except VaultError as exc:
+            raise LoginError(
+                f"server {spec.name!r}: its client secret cannot be read ({exc}); "
+                "remove the server and add it again with --client-secret",
+                data={"server": spec.name},
+            ) from None
 
 
 async def _revoke(

@@ -67,7 +67,7 @@ def stripped(spec: ServerSpec) -> ServerSpec:
         token=None,
         headers=dict.fromkeys(spec.headers, ""),
         secret_env=dict.fromkeys(spec.secret_env, ""),
-        oauth_client_secret=None,
+        oauth_client_secret="" if spec.oauth_client_secret else None,
     )
 
 
