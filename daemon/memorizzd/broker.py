@@ -1,8 +1,11 @@
 """One handler per method: who may call -> (policy) -> upstream -> result.
 
 Handlers take the caller and a decoded Params struct and return a Result
-struct, raising ``RemoteError`` subclasses for expected failures. Policy,
-audit and per-socket authority plug in here in later issues.
+struct, raising ``RemoteError`` subclasses for expected failures. Which methods
+a caller's socket allows is decided before a handler runs
+(``memorizzd.rpc.authority``); inside one, an agent's scope is its profile's
+servers (``_get``: any other is ``unknown_server``, as if it did not exist)
+and its own proposals (``memorizzd.approvals``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,13 @@ from memorizz.api.errors import (
 )
 from memorizz.api.protocol import PROTOCOL_VERSION
 from memorizzd import __version__
+from memorizzd.approvals import (
+    MAX_WAIT_S,
+    ApprovalBook,
+    approval_required,
+    not_approved,
+    schema_hash,
+)
 from memorizzd.audit import Auditor, outcome_for
 from memorizzd.config import Config, validate_server
 from memorizzd.egress.urls import check_server_url
@@ -37,7 +47,7 @@ from memorizzd.rpc.dispatch import Handler
 from memorizzd.rpc.peer import Caller
 from memorizzd.store import Store
 from memorizzd.upstream.actor import Upstream
-from memorizzd.upstream.pool import Pool
+from memorizzd.upstream.pool import Pool, unknown_server
 from memorizzd.vault import (
     CredentialStore,
     FernetCredentialStore,
@@ -64,8 +74,13 @@ class Broker:
         in_flight: Callable[[], int],
         auditor: Auditor,
         vault: CredentialStore,
+        book: ApprovalBook,
     ) -> None:
         self._config = config
+        self._book = book
+        self._scopes: dict[str, frozenset[str]] = {
+            profile.name: frozenset(profile.servers) for profile in config.profiles
+        }
         self._vault = vault
         self._store = store
         self._pool = pool
@@ -95,8 +110,22 @@ class Broker:
             "ping": self.ping,
             "audit/list": self.audit_list,
             "vault/rotate": self._audited_vault_rotate,
+            "approvals/list": self.approvals_list,
+            "approvals/approve": self.approvals_approve,
+            "approvals/reject": self.approvals_reject,
+            "approvals/cancel": self.approvals_cancel,
+            "approvals/resume": self.approvals_resume,
+            "approvals/wait": self.approvals_wait,
         }
         return table
+
+    def _get(self, caller: Caller, name: str) -> Upstream:
+        """The caller's server: an agent's profile names it, else it does not exist."""
+        if caller.profile is not None and name not in self._scopes.get(
+            caller.profile, frozenset()
+        ):
+            raise unknown_server(name)
+        return self._pool.get(name)
 
     # --- the audit trail ----------------------------------------------------
 
@@ -126,10 +155,22 @@ class Broker:
         )
         verdict: dict[str, Any] = {}  # what the audit records of the policy's answer
         try:
-            upstream = self._pool.get(p.server)
+            upstream = self._get(caller, p.server)
             # Policy: anything but allow is refused here, before the upstream sees it.
             decided = await upstream.tool_verdict(p.name, timeout_s=p.timeout_s)
             verdict = {"risk": decided.risk, "decision": decided.decision}
+            if decided.decision == "ask" and not decided.blocked:
+                tool = upstream.cached_tool(p.name)
+                proposal = await self._book.propose(
+                    caller,
+                    server=p.server,
+                    tool=p.name,
+                    arguments=p.arguments,
+                    risk=decided.risk,
+                    schema=None if tool is None else tool.input_schema,
+                )
+                verdict["proposal_id"] = proposal.id
+                raise approval_required(proposal)
             if decided.decision != "allow":
                 raise refusal(decided, server=p.server, tool=p.name)
             result = await upstream.call_tool(
@@ -245,7 +286,7 @@ class Broker:
     async def ping(self, caller: Caller, p: m.PingParams) -> m.PingResult:
         started = time.perf_counter()
         if p.server is not None:
-            await self._pool.get(p.server).ping()
+            await self._get(caller, p.server).ping()
         return m.PingResult(latency_ms=round((time.perf_counter() - started) * 1000, 3))
 
     # --- servers ------------------------------------------------------------
@@ -365,26 +406,26 @@ class Broker:
     async def tools_list(
         self, caller: Caller, p: m.ToolsListParams
     ) -> m.ToolsListResult:
-        tools = await self._pool.get(p.server).list_tools(refresh=p.refresh)
+        tools = await self._get(caller, p.server).list_tools(refresh=p.refresh)
         return m.ToolsListResult(tools=tools)
 
     async def resources_list(
         self, caller: Caller, p: m.ResourcesListParams
     ) -> m.ResourcesListResult:
         return m.ResourcesListResult(
-            resources=await self._pool.get(p.server).list_resources()
+            resources=await self._get(caller, p.server).list_resources()
         )
 
     async def resources_templates_list(
         self, caller: Caller, p: m.ResourcesTemplatesListParams
     ) -> m.ResourcesTemplatesListResult:
-        templates = await self._pool.get(p.server).list_resource_templates()
+        templates = await self._get(caller, p.server).list_resource_templates()
         return m.ResourcesTemplatesListResult(resource_templates=templates)
 
     async def resources_read(
         self, caller: Caller, p: m.ResourcesReadParams
     ) -> m.ResourcesReadResult:
-        return await self._pool.get(p.server).read_resource(
+        return await self._get(caller, p.server).read_resource(
             p.uri, timeout_s=p.timeout_s
         )
 
@@ -392,14 +433,122 @@ class Broker:
         self, caller: Caller, p: m.PromptsListParams
     ) -> m.PromptsListResult:
         return m.PromptsListResult(
-            prompts=await self._pool.get(p.server).list_prompts()
+            prompts=await self._get(caller, p.server).list_prompts()
         )
 
     async def prompts_get(
         self, caller: Caller, p: m.PromptsGetParams
     ) -> m.PromptsGetResult:
-        upstream = self._pool.get(p.server)
+        upstream = self._get(caller, p.server)
         return await upstream.get_prompt(p.name, p.arguments, timeout_s=p.timeout_s)
+
+    # --- approvals ----------------------------------------------------------
+
+    async def approvals_list(
+        self, caller: Caller, p: m.ApprovalsListParams
+    ) -> m.ApprovalsListResult:
+        if not 1 <= p.limit <= 1000:
+            raise InvalidParamsError("limit must be in 1..1000")
+        if p.show_arguments and caller.role != "operator":
+            raise PermissionDeniedError("argument values are shown to operators only")
+        proposals = await self._book.list_for(caller, status=p.status, limit=p.limit)
+        if p.show_arguments:
+            proposals = [
+                msgspec.structs.replace(q, arguments=await self._book.arguments(q))
+                for q in proposals
+            ]
+        return m.ApprovalsListResult(proposals=proposals)
+
+    async def approvals_approve(
+        self, caller: Caller, p: m.ApprovalsApproveParams
+    ) -> m.ApprovalsDecisionResult:
+        proposal = await self._book.get(caller, p.id)
+        if proposal.status == "pending":
+            await self._check_schema(proposal)  # never approve a changed tool
+        return m.ApprovalsDecisionResult(
+            proposal=await self._book.approve(caller, p.id, label=p.approver)
+        )
+
+    async def approvals_reject(
+        self, caller: Caller, p: m.ApprovalsRejectParams
+    ) -> m.ApprovalsDecisionResult:
+        return m.ApprovalsDecisionResult(
+            proposal=await self._book.reject(caller, p.id, reason=p.reason)
+        )
+
+    async def approvals_cancel(
+        self, caller: Caller, p: m.ApprovalsCancelParams
+    ) -> m.ApprovalsDecisionResult:
+        return m.ApprovalsDecisionResult(proposal=await self._book.cancel(caller, p.id))
+
+    async def approvals_wait(
+        self, caller: Caller, p: m.ApprovalsWaitParams
+    ) -> m.ApprovalsWaitResult:
+        if not 0 <= p.timeout_s <= MAX_WAIT_S:
+            raise InvalidParamsError(f"timeout_s must be in 0..{MAX_WAIT_S:g}")
+        proposal = await self._book.wait(caller, p.id, p.timeout_s)
+        return m.ApprovalsWaitResult(
+            proposal=proposal, decided=proposal.status != "pending"
+        )
+
+    async def _check_schema(self, proposal: m.Proposal) -> Upstream:
+        """The proposal's server and tool as they are now; a changed (or gone)
+        tool schema invalidates the proposal (``not_approved``)."""
+        try:
+            upstream = self._pool.get(proposal.server)
+            await upstream.tool_verdict(proposal.tool, timeout_s=None)
+        except RemoteError as exc:
+            if exc.reason != "unknown_server":
+                raise
+            await self._book.invalidate(proposal, "the server was removed")
+            raise not_approved(await self._book.get_any(proposal.id)) from None
+        tool = upstream.cached_tool(proposal.tool)
+        current = schema_hash(None if tool is None else tool.input_schema)
+        if current != proposal.schema_hash:
+            await self._book.invalidate(proposal, "the tool's schema changed")
+            raise not_approved(await self._book.get_any(proposal.id))
+        return upstream
+
+    async def approvals_resume(
+        self, caller: Caller, p: m.ApprovalsResumeParams
+    ) -> m.ToolsCallResult:
+        """Run the stored call once: checked, consumed (durably), then sent."""
+        proposal = await self._book.get(caller, p.id)
+        if proposal.status != "approved":
+            raise not_approved(proposal)
+        upstream = await self._check_schema(proposal)
+        decided = upstream.cached_verdict(proposal.tool)
+        if decided is not None and (decided.blocked or decided.decision == "deny"):
+            raise refusal(decided, server=proposal.server, tool=proposal.tool)
+        arguments = await self._book.consume(caller, proposal)
+        started = time.time()
+        audit = partial(
+            self._book.audit_resume,
+            caller,
+            proposal,
+            started=started,
+            arguments=arguments,
+        )
+        self._calls += 1
+        try:
+            result = await upstream.call_tool(
+                proposal.tool, arguments, timeout_s=p.timeout_s
+            )
+        except RemoteError as exc:
+            await audit(outcome=outcome_for(exc.reason), reason=exc.reason)
+            raise
+        except BaseException as exc:
+            reason = "internal" if isinstance(exc, Exception) else "cancelled"
+            with anyio.CancelScope(shield=True):
+                await audit(outcome="failed", reason=reason)
+            raise
+        finally:
+            self._calls -= 1
+        await audit(
+            outcome="tool_error" if result.is_error else "ok",
+            result_bytes=len(_encoder.encode(result)),
+        )
+        return result
 
 
 def _rss_bytes() -> int:

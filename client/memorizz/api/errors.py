@@ -21,7 +21,7 @@ The tree (one class per code; ``reason`` refines it and is what clients branch o
     |   +-- DeadlineExceededError      -32005 timeout
     |   +-- UpstreamError              -32006 upstream_error
     |   +-- TooLargeError              -32007 result_too_large
-    |   +-- ConflictError              -32008 server_exists
+    |   +-- ConflictError              -32008 server_exists, not_approved
     |   +-- ApprovalRequiredError      -32009 approval_required
     +-- DaemonUnreachableError         client side only, never on the wire
     |   +-- SocketPermissionError      the socket refused this user
@@ -103,6 +103,7 @@ REASONS: Final = frozenset(
         "command_not_allowed",
         "tool_blocked",
         "approval_required",
+        "not_approved",
     }
 )
 
