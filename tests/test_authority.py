@@ -1,0 +1,288 @@
+"""Who may do what: operator and agent sockets, real peer credentials.
+
+Clients run under other uids and gids in forked children (tests/peers.py), so
+the daemon's checks see what the kernel reports, as in production.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import msgspec
+import pytest
+
+from memorizz import Client
+from memorizz.api.errors import NotFoundError, PermissionDeniedError, UnavailableError
+from memorizz.api.methods import METHODS
+from memorizzd.config import Limits, Profile
+from memorizzd.listeners import activated_sockets
+from memorizzd.rpc import authority
+from memorizzd.rpc.authority import AGENT_METHODS, ROLES, SocketRule
+from memorizzd.rpc.peer import Caller
+from tests.harness import DAEMON_EXE, DaemonHarness, stdio_spec, wait_until
+from tests.peers import NOBODY, agent_socket, as_user, needs_root, profiles_config
+
+
+@pytest.fixture
+def profiled(base_dir: str) -> Iterator[DaemonHarness]:
+    tight = Profile(
+        name="tight",
+        servers=["t"],
+        uids=[0],
+        limits=Limits(
+            max_connections=2, max_request_bytes=1024, first_frame_timeout_s=0.3
+        ),
+    )
+    config = profiles_config(base_dir)
+    config.profiles.append(tight)
+    with DaemonHarness.running(config) as harness:
+        harness.wait_ready("t")
+        harness.wait_ready("u")
+        yield harness
+
+
+def test_every_method_has_its_roles() -> None:
+    assert set(ROLES) == set(METHODS)
+    assert set(AGENT_METHODS) <= set(METHODS)
+    agent_only = {name for name, roles in ROLES.items() if "agent" in roles}
+    assert agent_only == AGENT_METHODS
+    for escalating in (
+        "servers/add",
+        "servers/remove",
+        "servers/list",
+        "audit/list",
+        "vault/rotate",
+        "approvals/approve",
+        "approvals/reject",
+        "daemon/status",
+    ):
+        assert ROLES[escalating] == {"operator"}
+
+
+def test_root_is_an_operator_only_where_configured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(authority.os, "getuid", lambda: 998)  # the daemon's uid
+    root = Caller(pid=1, uid=0, gid=0, socket="/s")
+    assert not SocketRule(role="operator", uids=frozenset({0})).admits(root)
+    assert SocketRule(role="operator", allow_root=True, uids=frozenset({0})).admits(
+        root
+    )
+    daemon_self = Caller(pid=1, uid=998, gid=998, socket="/s")
+    assert SocketRule(role="operator").admits(daemon_self)
+    grouped = Caller(pid=1, uid=5, gid=5, groups=(77,), socket="/s")
+    assert SocketRule(role="operator", gids=frozenset({77})).admits(grouped)
+    assert not SocketRule(role="operator", gids=frozenset({78})).admits(grouped)
+
+
+def test_sockets_get_their_directories_and_modes(
+    profiled: DaemonHarness, base_dir: str
+) -> None:
+    path = agent_socket(base_dir, "alpha")
+    assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o755
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o666  # gated in-process by uids
+    assert stat.S_IMODE(os.stat(profiled.socket).st_mode) == 0o660
+
+
+def test_root_on_an_agent_socket_is_still_an_agent(
+    profiled: DaemonHarness, base_dir: str
+) -> None:
+    with Client(agent_socket(base_dir, "alpha")) as c:
+        c.hello()
+        c.ping()
+        assert {t.name for t in c.list_tools("t")} >= {"echo", "record"}
+        for attempt in (
+            c.list_servers,
+            c.daemon_status,
+            lambda: c.audit(limit=5),
+            c.rotate_vault,
+            lambda: c.remove_server("t"),
+            lambda: c.add_server(stdio_spec("evil")),
+            lambda: c.server_status("t"),
+            lambda: c.approve("p_0"),
+            lambda: c.reject("p_0"),
+        ):
+            with pytest.raises(PermissionDeniedError) as err:
+                attempt()
+            assert err.value.reason == "permission_denied"
+
+
+def test_another_profiles_server_is_not_found_like_a_missing_one(
+    profiled: DaemonHarness, base_dir: str
+) -> None:
+    with Client(agent_socket(base_dir, "alpha")) as c:
+        for call in (
+            lambda name: c.list_tools(name),
+            lambda name: c.call_tool(name, "echo", {"text": "x"}),
+            lambda name: c.list_resources(name),
+            lambda name: c.list_prompts(name),
+            lambda name: c.ping(name),
+        ):
+            with pytest.raises(NotFoundError) as hidden:
+                call("u")
+            with pytest.raises(NotFoundError) as missing:
+                call("zz")
+            assert hidden.value.reason == missing.value.reason == "unknown_server"
+            assert hidden.value.message == missing.value.message.replace("zz", "u")
+    with profiled.client() as c:  # the operator reaches both
+        assert c.call_tool("u", "echo", {"text": "op"}).is_error is False
+
+
+@needs_root
+def test_an_agent_under_its_own_uid_gets_only_the_agent_surface(
+    profiled: DaemonHarness, base_dir: str
+) -> None:
+    path = agent_socket(base_dir, "alpha")
+
+    def agent() -> dict[str, object]:
+        with Client(path) as c:
+            echoed = c.call_tool("t", "echo", {"text": "hi"})
+            try:
+                c.list_servers()
+            except PermissionDeniedError as exc:
+                servers = exc.reason
+            try:
+                c.list_tools("u")
+            except NotFoundError as exc:
+                other = exc.reason
+            return {"echo": echoed.content[0]["text"], "servers": servers, "u": other}
+
+    assert as_user(agent) == (
+        "ok",
+        {"echo": "hi", "servers": "permission_denied", "u": "unknown_server"},
+    )
+
+
+@needs_root
+def test_a_uid_not_allowed_on_a_profile_is_refused(
+    profiled: DaemonHarness, base_dir: str
+) -> None:
+    path = agent_socket(base_dir, "alpha")
+
+    def hello() -> object:
+        with Client(path) as c:
+            return c.hello()
+
+    refused = as_user(hello, uid=4001, gid=4001)
+    assert refused[:3] == ("remote", "permission_denied", -32001)
+    # ... unless one of its groups is allowed (a supplementary one, from the kernel)
+    assert as_user(hello, uid=4001, gid=4001, groups=(4242,))[0] == "ok"
+    # beta allows only uid 0: nobody is refused there too
+    beta = agent_socket(base_dir, "beta")
+    assert as_user(lambda: Client(beta).hello(), uid=NOBODY)[1] == "permission_denied"
+
+
+@needs_root
+def test_the_operator_socket_checks_the_peer(
+    profiled: DaemonHarness, base_dir: str
+) -> None:
+    os.chmod(profiled.socket, 0o666)  # noqa: S103 - let the in-process check decide
+    path = profiled.socket
+
+    def servers() -> object:
+        with Client(path) as c:
+            return [s.name for s in c.list_servers()]
+
+    assert as_user(servers, uid=4100, gid=4100) == ("ok", ["t", "u"])
+    assert as_user(servers, uid=4101, gid=4101)[1] == "permission_denied"
+
+
+def test_per_profile_limits(profiled: DaemonHarness, base_dir: str) -> None:
+    path = agent_socket(base_dir, "tight")
+    # A request line over max_request_bytes closes the connection.
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(path)
+        s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"ping","x":"' + b"y" * 2000)
+        s.settimeout(5)
+        assert b"frame_too_large" in s.recv(4096)
+    # A peer that sends no complete line in time is cut off (slowloris).
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(path)
+        s.sendall(b'{"jsonrpc":"2.0",')
+        s.settimeout(5)
+        reply = s.recv(4096)
+        assert b'"timeout"' in reply
+        assert s.recv(4096) == b""
+    # At most max_connections at once.
+    with Client(path) as one, Client(path) as two:
+        one.hello()
+        two.hello()
+        with Client(path) as three, pytest.raises(UnavailableError) as err:
+            three.hello()
+        assert getattr(err.value, "reason", None) == "overloaded"
+    wait_until(lambda: _hello_works(path), what="a connection slot to free up")
+
+
+def _hello_works(path: str) -> bool:
+    try:
+        with Client(path) as c:
+            c.hello()
+    except Exception:  # noqa: BLE001 - still full
+        return False
+    return True
+
+
+def test_activated_sockets_are_taken_by_name() -> None:
+    assert activated_sockets({"LISTEN_PID": "1", "LISTEN_FDS": "1"}) == {}
+
+
+def test_systemd_socket_activation(base_dir: str) -> None:
+    """memorizzd serves the socket systemd passed (fd 3, FileDescriptorName=operator)
+    and leaves the socket file alone when it stops."""
+    path = os.path.join(base_dir, "activated.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen()
+    fd = listener.fileno()
+    exec_on_fd3 = (  # what systemd does: the socket at fd 3, LISTEN_* for this pid
+        "import os, sys; os.dup2(int(sys.argv[1]), 3); os.environ.update("
+        "LISTEN_PID=str(os.getpid()), LISTEN_FDS='1', LISTEN_FDNAMES='operator');"
+        " os.execv(sys.argv[2], sys.argv[2:])"
+    )
+    log_path = os.path.join(base_dir, "daemon.log")
+    log = open(log_path, "wb")  # noqa: SIM115
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            exec_on_fd3,
+            str(fd),
+            DAEMON_EXE,
+            "--socket",
+            path,
+            "--state-dir",
+            os.path.join(base_dir, "state"),
+        ],
+        pass_fds=[fd],
+        stdout=log,
+        stderr=log,
+    )
+    log.close()
+
+    def started() -> bool:
+        with open(log_path) as f:
+            text = f.read()
+        assert proc.poll() is None, text
+        return "listening on" in text
+
+    try:
+        wait_until(started, what="memorizzd on the activated socket")
+        with Client(path) as c:  # answered by the daemon through the passed socket
+            c.hello()
+            assert c.daemon_status().pid == proc.pid
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+        listener.close()
+    assert os.path.exists(path)  # systemd's socket: not unlinked by the daemon
+
+
+def test_caller_struct_round_trips() -> None:
+    caller = Caller(pid=1, uid=2, gid=3, socket="/s", groups=(4,), profile="p")
+    assert msgspec.json.decode(msgspec.json.encode(caller), type=Caller) == caller
+    assert caller.all_gids == {3, 4}
