@@ -19,17 +19,32 @@ import pytest
 from memorizz import Client
 from memorizz.api.errors import NotFoundError, PermissionDeniedError, UnavailableError
 from memorizz.api.methods import METHODS
-from memorizzd.config import Limits, Profile
+from memorizzd.config import ConfigError, Limits, Profile, load
 from memorizzd.listeners import activated_sockets
 from memorizzd.rpc import authority
 from memorizzd.rpc.authority import AGENT_METHODS, ROLES, SocketRule
 from memorizzd.rpc.peer import Caller
-from tests.harness import DAEMON_EXE, DaemonHarness, stdio_spec, wait_until
+from tests.harness import (
+    DAEMON_EXE,
+    DaemonHarness,
+    rmtree,
+    short_tempdir,
+    stdio_spec,
+    wait_until,
+)
 from tests.peers import NOBODY, agent_socket, as_user, needs_root, profiles_config
 
 
-@pytest.fixture
-def profiled(base_dir: str) -> Iterator[DaemonHarness]:
+@pytest.fixture(scope="module")
+def shared_base() -> Iterator[str]:
+    path = short_tempdir()
+    yield path
+    rmtree(path)
+
+
+@pytest.fixture(scope="module")
+def profiled(shared_base: str) -> Iterator[DaemonHarness]:
+    """One daemon for the module: these tests change no state."""
     tight = Profile(
         name="tight",
         servers=["t"],
@@ -38,7 +53,7 @@ def profiled(base_dir: str) -> Iterator[DaemonHarness]:
             max_connections=2, max_request_bytes=1024, first_frame_timeout_s=0.3
         ),
     )
-    config = profiles_config(base_dir)
+    config = profiles_config(shared_base)
     config.profiles.append(tight)
     with DaemonHarness.running(config) as harness:
         harness.wait_ready("t")
@@ -81,18 +96,18 @@ def test_root_is_an_operator_only_where_configured(
 
 
 def test_sockets_get_their_directories_and_modes(
-    profiled: DaemonHarness, base_dir: str
+    profiled: DaemonHarness, shared_base: str
 ) -> None:
-    path = agent_socket(base_dir, "alpha")
+    path = agent_socket(shared_base, "alpha")
     assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o755
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o666  # gated in-process by uids
     assert stat.S_IMODE(os.stat(profiled.socket).st_mode) == 0o660
 
 
 def test_root_on_an_agent_socket_is_still_an_agent(
-    profiled: DaemonHarness, base_dir: str
+    profiled: DaemonHarness, shared_base: str
 ) -> None:
-    with Client(agent_socket(base_dir, "alpha")) as c:
+    with Client(agent_socket(shared_base, "alpha")) as c:
         c.hello()
         c.ping()
         assert {t.name for t in c.list_tools("t")} >= {"echo", "record"}
@@ -113,9 +128,9 @@ def test_root_on_an_agent_socket_is_still_an_agent(
 
 
 def test_another_profiles_server_is_not_found_like_a_missing_one(
-    profiled: DaemonHarness, base_dir: str
+    profiled: DaemonHarness, shared_base: str
 ) -> None:
-    with Client(agent_socket(base_dir, "alpha")) as c:
+    with Client(agent_socket(shared_base, "alpha")) as c:
         for call in (
             lambda name: c.list_tools(name),
             lambda name: c.call_tool(name, "echo", {"text": "x"}),
@@ -135,9 +150,9 @@ def test_another_profiles_server_is_not_found_like_a_missing_one(
 
 @needs_root
 def test_an_agent_under_its_own_uid_gets_only_the_agent_surface(
-    profiled: DaemonHarness, base_dir: str
+    profiled: DaemonHarness, shared_base: str
 ) -> None:
-    path = agent_socket(base_dir, "alpha")
+    path = agent_socket(shared_base, "alpha")
 
     def agent() -> dict[str, object]:
         with Client(path) as c:
@@ -160,9 +175,9 @@ def test_an_agent_under_its_own_uid_gets_only_the_agent_surface(
 
 @needs_root
 def test_a_uid_not_allowed_on_a_profile_is_refused(
-    profiled: DaemonHarness, base_dir: str
+    profiled: DaemonHarness, shared_base: str
 ) -> None:
-    path = agent_socket(base_dir, "alpha")
+    path = agent_socket(shared_base, "alpha")
 
     def hello() -> object:
         with Client(path) as c:
@@ -173,13 +188,13 @@ def test_a_uid_not_allowed_on_a_profile_is_refused(
     # ... unless one of its groups is allowed (a supplementary one, from the kernel)
     assert as_user(hello, uid=4001, gid=4001, groups=(4242,))[0] == "ok"
     # beta allows only uid 0: nobody is refused there too
-    beta = agent_socket(base_dir, "beta")
+    beta = agent_socket(shared_base, "beta")
     assert as_user(lambda: Client(beta).hello(), uid=NOBODY)[1] == "permission_denied"
 
 
 @needs_root
 def test_the_operator_socket_checks_the_peer(
-    profiled: DaemonHarness, base_dir: str
+    profiled: DaemonHarness, shared_base: str
 ) -> None:
     os.chmod(profiled.socket, 0o666)  # noqa: S103 - let the in-process check decide
     path = profiled.socket
@@ -188,12 +203,15 @@ def test_the_operator_socket_checks_the_peer(
         with Client(path) as c:
             return [s.name for s in c.list_servers()]
 
-    assert as_user(servers, uid=4100, gid=4100) == ("ok", ["t", "u"])
-    assert as_user(servers, uid=4101, gid=4101)[1] == "permission_denied"
+    try:
+        assert as_user(servers, uid=4100, gid=4100) == ("ok", ["t", "u"])
+        assert as_user(servers, uid=4101, gid=4101)[1] == "permission_denied"
+    finally:
+        os.chmod(path, 0o660)
 
 
-def test_per_profile_limits(profiled: DaemonHarness, base_dir: str) -> None:
-    path = agent_socket(base_dir, "tight")
+def test_per_profile_limits(profiled: DaemonHarness, shared_base: str) -> None:
+    path = agent_socket(shared_base, "tight")
     # A request line over max_request_bytes closes the connection.
     with socket.socket(socket.AF_UNIX) as s:
         s.connect(path)
@@ -286,3 +304,57 @@ def test_caller_struct_round_trips() -> None:
     caller = Caller(pid=1, uid=2, gid=3, socket="/s", groups=(4,), profile="p")
     assert msgspec.json.decode(msgspec.json.encode(caller), type=Caller) == caller
     assert caller.all_gids == {3, 4}
+
+
+def test_profiles_and_operators_load_from_toml(base_dir: str) -> None:
+    path = os.path.join(base_dir, "c.toml")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(
+            """
+socket = "/run/x/m.sock"
+approval_ttl_s = 60
+[operators]
+uids = [1000]
+groups = ["root", 4242]
+[[profiles]]
+name = "ci-bot"
+servers = ["github"]
+uids = [1500]
+gids = ["root"]
+[profiles.limits]
+max_connections = 4
+first_frame_timeout_s = 2.5
+"""
+        )
+    config = load(path)
+    assert config.agents_dir == "/run/x/agents"
+    assert config.operators.groups == ["root", 4242]
+    [profile] = config.profiles
+    assert (profile.name, profile.servers, profile.uids) == (
+        "ci-bot",
+        ["github"],
+        [1500],
+    )
+    assert (profile.limits.max_connections, profile.limits.max_in_flight) == (4, 64)
+    assert config.approval_ttl_s == 60
+    assert authority.agent_rule(profile).gids == {0}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('[[profiles]]\nname = "a/b"', "profile name 'a/b'"),
+        ('[[profiles]]\nname = "operator"', "reserved"),
+        ('[[profiles]]\nname = "x"\n[[profiles]]\nname = "x"', "given twice"),
+        ('[operators]\ngroups = ["no-such-group-xyz"]', "unknown group"),
+        ('[[profiles]]\nname = "x"\nlimits = { max_connections = 0 }', "must be > 0"),
+        ('[[profiles]]\nname = "x"\nbogus = 1', "unknown field"),
+        ("approval_ttl_s = 0", "approval_ttl_s must be greater than 0"),
+    ],
+)
+def test_bad_profiles_are_config_errors(base_dir: str, text: str, message: str) -> None:
+    path = os.path.join(base_dir, "c.toml")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text + "\n")
+    with pytest.raises(ConfigError, match=message):
+        load(path, socket=os.path.join(base_dir, "s.sock"))
