@@ -52,6 +52,8 @@ log = logging.getLogger("memorizzd.approvals")
 REF_PREFIX: Final = "proposal/"
 MAX_WAIT_S: Final = 300.0
 _SWEEP_MAX_S: Final = 30.0
+RETENTION_S: Final = 7 * 86400.0
+"""Ended proposals are forgotten this long after they were made (the audit stays)."""
 _canonical: Final = msgspec.json.Encoder(order="sorted")
 
 
@@ -366,7 +368,13 @@ class ApprovalBook:
         """Expire proposals on time (so waiters and the audit hear of it)."""
         await anyio.to_thread.run_sync(self._forget_leftovers)
         task_status.started()
+        next_prune = 0.0
         while True:
+            if self._clock() >= next_prune:
+                await anyio.to_thread.run_sync(
+                    self._store.prune_proposals, self._clock() - RETENTION_S
+                )
+                next_prune = self._clock() + 3600
             await self.sweep()
             due = await anyio.to_thread.run_sync(self._store.next_expiry)
             pause = _SWEEP_MAX_S if due is None else due - self._clock() + 0.01

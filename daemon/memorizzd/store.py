@@ -515,6 +515,16 @@ class Store:
             msgspec.structs.replace(_proposal(row), status="expired") for row in rows
         ]
 
+    def prune_proposals(self, before: float) -> int:
+        """Forget proposals that ended (any state but pending/approved) and were
+        made before ``before``; the audit trail keeps their story."""
+        with self._lock:
+            cursor = self._db.execute(
+                "DELETE FROM proposals WHERE status NOT IN (?, ?) AND created < ?",
+                (*_ACTIVE, before),
+            )
+        return cursor.rowcount
+
     def next_expiry(self) -> float | None:
         with self._lock:
             (value,) = self._db.execute(
