@@ -8,6 +8,7 @@ nothing here is faked. Needs root (``needs_root`` skips otherwise).
 from __future__ import annotations
 
 import os
+import pwd
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,10 @@ from memorizzd.config import Config, Operators, Profile
 from tests.harness import daemon_config, stdio_spec
 
 NOBODY = 65534
+ME = os.getuid()
+"""The test process's uid: root in CI (then root on an agent socket is shown to
+be an agent); any uid elsewhere, where the forked-client tests skip."""
+ME_NAME = pwd.getpwuid(ME).pw_name
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="needs root to run clients under other uids and gids"
@@ -66,8 +71,8 @@ def as_user(
 
 def profiles_config(base: str, **overrides: Any) -> Config:
     """Servers ``t`` (its ``record`` tool logs to <base>/calls.log) and ``u``;
-    profile ``alpha`` (uids 0 and nobody, group 4242) reaches ``t``, ``beta``
-    (uid 0) reaches ``u``; operator uid 4100. The base directory is opened to
+    profile ``alpha`` (this process's uid and nobody, group 4242) reaches ``t``,
+    ``beta`` (this process's uid) reaches ``u``; operator uid 4100. The base directory is opened to
     others so that dropped-privilege children can reach the sockets."""
     os.chmod(base, 0o755)  # noqa: S103 - a test directory other uids must traverse
     fields: dict[str, Any] = {
@@ -76,8 +81,8 @@ def profiles_config(base: str, **overrides: Any) -> Config:
             stdio_spec("u"),
         ],
         "profiles": [
-            Profile(name="alpha", servers=["t"], uids=[0, NOBODY], gids=[4242]),
-            Profile(name="beta", servers=["u"], uids=[0]),
+            Profile(name="alpha", servers=["t"], uids=[ME, NOBODY], gids=[4242]),
+            Profile(name="beta", servers=["u"], uids=[ME]),
         ],
         "operators": Operators(uids=[4100]),
         "agents_dir": os.path.join(base, "agents"),

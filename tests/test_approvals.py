@@ -2,8 +2,9 @@
 
 The tool ``record`` (tests/mcp_server.py, destructive, so ``ask`` by default)
 appends its tag to a log file: the log counts real upstream executions.
-Agents are root on the ``alpha``/``beta`` agent sockets (root there is an
-agent like anyone else); the operator is root on the operator socket.
+Agents are this process's uid on the ``alpha``/``beta`` agent sockets (root in
+CI: root there is an agent like anyone else); the operator is the same uid on
+the operator socket (the daemon's own uid).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from memorizz.api.errors import (
 from memorizz.api.methods import Proposal
 from memorizzd.vault import CANARY_REF
 from tests.harness import DaemonHarness, rmtree, short_tempdir, wait_until
-from tests.peers import agent_socket, calls, profiles_config
+from tests.peers import ME, ME_NAME, agent_socket, calls, profiles_config
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +76,8 @@ def test_approve_then_resume_runs_exactly_once(
         ]
         assert (mine.id, mine.tool, mine.risk) == (proposal_id, "record", "destructive")
         assert (mine.caller_uid, mine.caller_user, mine.caller_profile) == (
-            0,
-            "root",
+            ME,
+            ME_NAME,
             "alpha",
         )
         assert mine.argument_keys == ["tag"]
@@ -89,7 +90,7 @@ def test_approve_then_resume_runs_exactly_once(
 
         approved = operator.approve(proposal_id, approver="alice")
         assert approved.status == "approved"
-        assert (approved.decided_by_uid, approved.decided_by_user) == (0, "root")
+        assert (approved.decided_by_uid, approved.decided_by_user) == (ME, ME_NAME)
         assert approved.approver_label == "alice"
 
         result = agent.resume(proposal_id)
@@ -308,13 +309,20 @@ def test_the_cli_shows_and_decides_proposals(
         assert proposal.argument_keys == ["tag"]
     assert approvals.ctl("mcp", "approvals", "--status", "pending") == 0
     table = capsys.readouterr().out
-    for shown in (proposal.id, "record", "destructive", "tag", "root(0)", "in 14m"):
+    for shown in (
+        proposal.id,
+        "record",
+        "destructive",
+        "tag",
+        f"{ME_NAME}({ME})",
+        "in 14m",
+    ):
         assert shown in table
     assert '"x"' not in table
     assert approvals.ctl("mcp", "approvals", "--show-arguments") == 0
     assert '"tag": "x"' in capsys.readouterr().out
     assert approvals.ctl("mcp", "approve", proposal.id, "--approver", "alice") == 0
-    assert "approved by root(0) [alice]" in capsys.readouterr().out
+    assert f"approved by {ME_NAME}({ME}) [alice]" in capsys.readouterr().out
     assert approvals.ctl("mcp", "resume", proposal.id) == 0
     assert capsys.readouterr().out == "recorded x\n"
     assert approvals.ctl("mcp", "resume", proposal.id) == 1
@@ -322,7 +330,7 @@ def test_the_cli_shows_and_decides_proposals(
     with _agent(shared) as agent:
         other = _propose(agent, "y")
     assert approvals.ctl("mcp", "reject", other, "--reason", "no") == 0
-    assert "rejected by root(0): no" in capsys.readouterr().out
+    assert f"rejected by {ME_NAME}({ME}): no" in capsys.readouterr().out
     assert approvals.ctl("--socket", agent_socket(shared, "alpha"), "mcp", "list") == 77
     assert calls(shared).count("x") == 1
     assert "y" not in calls(shared)

@@ -32,7 +32,7 @@ from tests.harness import (
     stdio_spec,
     wait_until,
 )
-from tests.peers import NOBODY, agent_socket, as_user, needs_root, profiles_config
+from tests.peers import ME, NOBODY, agent_socket, as_user, needs_root, profiles_config
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,7 @@ def profiled(shared_base: str) -> Iterator[DaemonHarness]:
     tight = Profile(
         name="tight",
         servers=["t"],
-        uids=[0],
+        uids=[ME],
         limits=Limits(
             max_connections=2, max_request_bytes=1024, first_frame_timeout_s=0.3
         ),
@@ -101,7 +101,8 @@ def test_sockets_get_their_directories_and_modes(
     path = agent_socket(shared_base, "alpha")
     assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o755
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o666  # gated in-process by uids
-    assert stat.S_IMODE(os.stat(profiled.socket).st_mode) == 0o660
+    expected = 0o660 if os.geteuid() == 0 else 0o600
+    assert stat.S_IMODE(os.stat(profiled.socket).st_mode) == expected
 
 
 def test_root_on_an_agent_socket_is_still_an_agent(
