@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
+import anyio
 import msgspec
 import pytest
 
@@ -20,7 +21,7 @@ from memorizz import Client
 from memorizz.api.errors import NotFoundError, PermissionDeniedError, UnavailableError
 from memorizz.api.methods import METHODS
 from memorizzd.config import ConfigError, Limits, Profile, load
-from memorizzd.listeners import activated_sockets
+from memorizzd.listeners import activated_sockets, close_all, open_all
 from memorizzd.rpc import authority
 from memorizzd.rpc.authority import AGENT_METHODS, ROLES, SocketRule
 from memorizzd.rpc.peer import Caller
@@ -359,3 +360,23 @@ def test_bad_profiles_are_config_errors(base_dir: str, text: str, message: str) 
         f.write(text + "\n")
     with pytest.raises(ConfigError, match=message):
         load(path, socket=os.path.join(base_dir, "s.sock"))
+
+
+def test_agent_directories_are_reachable_whatever_the_umask(base_dir: str) -> None:
+    config = profiles_config(base_dir)
+    old = os.umask(0o077)  # systemd's UMask=0077
+    try:
+        opened = anyio.run(open_all, config, {})
+    finally:
+        os.umask(old)
+    try:
+        assert [item.name for item in opened] == ["operator", "alpha", "beta"]
+        for directory in ("agents", "agents/alpha", "agents/beta"):
+            mode = os.stat(os.path.join(base_dir, directory)).st_mode
+            assert stat.S_IMODE(mode) == 0o755, directory
+        assert stat.S_IMODE(os.stat(agent_socket(base_dir, "alpha")).st_mode) == 0o666
+        beta = stat.S_IMODE(os.stat(agent_socket(base_dir, "beta")).st_mode)
+        assert beta == 0o666
+    finally:
+        anyio.run(close_all, opened)
+    assert not os.path.exists(agent_socket(base_dir, "alpha"))

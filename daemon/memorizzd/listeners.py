@@ -7,7 +7,8 @@ or the profile's name) or bound here:
 * the operator socket at ``socket`` (0660 as root, else 0600; group
   ``[operators] socket_group`` when set);
 * an agent socket at ``<agents_dir>/<profile>/api.sock``, in a directory of its
-  own (0755, so that a container can mount just that directory), 0660 with
+  own (0755, as is ``agents_dir``, whatever the umask: a container mounts just
+  that directory, and its callers must reach the socket), 0660 with
   the profile's ``socket_group``; 0666 when the profile names ``uids``/``gids``
   (the in-process check does the gating) and no group; else 0660.
 
@@ -181,7 +182,13 @@ async def _open(
             activated=True,
         )
     directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=directory_mode, exist_ok=True)
+    if rule.role == "agent":
+        # agents_dir and the profile's directory must be traversable by the
+        # profile's callers whatever the daemon's umask (UMask=0077 under systemd)
+        _ensure_directory(os.path.dirname(directory), directory_mode)
+        _ensure_directory(directory, directory_mode)
+    else:
+        os.makedirs(directory, mode=directory_mode, exist_ok=True)
     _check_directory(directory)
     prepare_socket_path(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -210,6 +217,13 @@ async def _open(
         limits=limits,
         activated=False,
     )
+
+
+def _ensure_directory(directory: str, mode: int) -> None:
+    """Create it if needed; give a directory the daemon owns exactly ``mode``."""
+    os.makedirs(directory, mode=mode, exist_ok=True)
+    if os.stat(directory).st_uid == os.geteuid():
+        os.chmod(directory, mode)
 
 
 def _check_directory(directory: str) -> None:
