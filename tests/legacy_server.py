@@ -1,7 +1,8 @@
 """A hand-written, pre-2026 MCP server over stdio (no SDK): it answers
 ``server/discover`` with "method not found", speaks 2025-11-25 after
 ``initialize``, appends every method it receives to $METHOD_LOG, and lists
-its tools in $PAGES pages (cursors "2", "3", ...)."""
+its tools in $PAGES pages (cursors "2", "3", ...). With $CALL_LOG, every
+tools/call appends its ``tag`` argument there (fsynced): a count of executions."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import msgspec
 
 LOG = os.environ.get("METHOD_LOG")
 PAGES = int(os.environ.get("PAGES", "1"))  # tools/list answers in this many pages
+CALLS = os.environ.get("CALL_LOG")
 
 
 def tool(name: str) -> dict[str, object]:
@@ -57,6 +59,12 @@ def main() -> None:
                 result["nextCursor"] = str(page + 1)
             reply(message["id"], result)
         elif method == "tools/call":
+            if CALLS:
+                arguments = (message.get("params") or {}).get("arguments") or {}
+                with open(CALLS, "a", encoding="utf-8") as f:
+                    f.write(f"{arguments.get('tag', '')}\n")
+                    f.flush()
+                    os.fsync(f.fileno())
             reply(
                 message["id"],
                 {"content": [{"type": "text", "text": "hello from legacy"}]},

@@ -6,6 +6,8 @@
 
 Tools cover the daemon's paths: echo/add (happy), fail (isError), slow (deadline),
 huge (size cap), crash (dies mid-call), spawn_child (leaves a grandchild);
+record (destructive: appends its tag to $CALL_LOG, counting executions) and
+evolving/evolve (evolve changes evolving's inputSchema and announces it);
 delete_all_memories, search_memories, add_memory, annotated_read and
 annotated_destroy (risk classes from the catalog and from annotations).
 """
@@ -100,6 +102,42 @@ def shout(text: str) -> str:
 async def change_tools(ctx: Context) -> str:
     """Add a tool and announce tools/list_changed."""
     mcp.add_tool(lambda: "new", name=f"dyn_{len(await mcp.list_tools())}")
+    if ctx.protocol_version and ctx.protocol_version >= "2026":
+        await ctx.notify_tools_changed()
+    else:
+        await ctx.session.send_tool_list_changed()
+    return "ok"
+
+
+@mcp.tool(annotations=ToolAnnotations(destructive_hint=True))
+def record(tag: str) -> str:
+    """Destructive by annotation: append the tag to $CALL_LOG (one line per run)."""
+    with open(os.environ["CALL_LOG"], "a", encoding="utf-8") as f:
+        f.write(f"{tag}\n")
+        f.flush()
+        os.fsync(f.fileno())
+    return f"recorded {tag}"
+
+
+@mcp.tool(annotations=ToolAnnotations(destructive_hint=True))
+def evolving(text: str) -> str:
+    """Destructive; ``evolve`` replaces it with a different inputSchema."""
+    return text
+
+
+@mcp.tool()
+async def evolve(ctx: Context) -> str:
+    """Give ``evolving`` a new inputSchema and announce tools/list_changed."""
+    mcp.remove_tool("evolving")
+
+    def evolved(text: str, force: bool = False) -> str:
+        return text
+
+    mcp.add_tool(
+        evolved,
+        name="evolving",
+        annotations=ToolAnnotations(destructive_hint=True),
+    )
     if ctx.protocol_version and ctx.protocol_version >= "2026":
         await ctx.notify_tools_changed()
     else:

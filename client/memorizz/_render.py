@@ -343,3 +343,59 @@ def render_audit(records: Sequence[m.AuditRecord]) -> str:
         for r in records
     ]
     return format_table(headers, rows)
+
+
+def _asked_by(p: m.Proposal) -> str:
+    who = f"{p.caller_user or '?'}({p.caller_uid})"
+    return f"{who}@{p.caller_profile}" if p.caller_profile else who
+
+
+def _expiry(p: m.Proposal, now: float) -> str:
+    if p.status not in ("pending", "approved"):
+        return "-"
+    left = p.expires_at - now
+    return f"in {format_age(left)}" if left > 0 else "due"
+
+
+def render_proposals(
+    proposals: Sequence[m.Proposal], now: float, *, values: bool = False
+) -> str:
+    """The approvals table; with ``values``, each proposal's arguments below it."""
+    if not proposals:
+        return "no proposals\n"
+    headers = [
+        "id", "status", "server", "tool", "risk", "args", "asked_by", "age", "expires",
+    ]  # fmt: skip
+    rows = [
+        [
+            p.id,
+            p.status,
+            one_line(p.server, 200),
+            one_line(p.tool, 200),
+            _dash(p.risk),
+            one_line(",".join(p.argument_keys), 200) or "-",
+            _asked_by(p),
+            format_age(now - p.created),
+            _expiry(p, now),
+        ]
+        for p in proposals
+    ]
+    text = format_table(headers, rows)
+    if values:
+        for p in proposals:
+            shown = "(gone)" if p.arguments is None else to_json(p.arguments).rstrip()
+            text += f"\n{p.id} arguments:\n{shown}\n"
+    return text
+
+
+def render_proposal(p: m.Proposal, now: float) -> str:
+    """One proposal after a decision: a line saying what it is now."""
+    by = ""
+    if p.decided_by_uid is not None:
+        by = f" by {p.decided_by_user or '?'}({p.decided_by_uid})"
+        if p.approver_label:
+            by += f" [{one_line(p.approver_label)}]"
+    extra = f": {one_line(p.reason, 200)}" if p.reason else ""
+    expiry = _expiry(p, now)
+    until = f", expires {expiry}" if expiry != "-" else ""
+    return f"{p.id} {p.status}{by}{extra} ({p.server}/{one_line(p.tool)}{until})\n"

@@ -10,6 +10,7 @@ Commands::
     memorizzctl mcp list | add | remove | status | test | login | logout
     memorizzctl mcp tools | resources | templates | prompts
     memorizzctl mcp call | read | prompt
+    memorizzctl mcp approvals | approve | reject | cancel | resume | wait
     memorizzctl daemon status
     memorizzctl vault rotate [--new-key]
     memorizzctl ping [SERVER]
@@ -62,6 +63,8 @@ from memorizz._render import (
     render_login_done,
     render_messages,
     render_prompts,
+    render_proposal,
+    render_proposals,
     render_resources,
     render_servers,
     render_status,
@@ -382,6 +385,51 @@ def cmd_mcp_prompt(client: Client, args: argparse.Namespace) -> int:
     )
     _show(args, result, render_messages(result))
     return EXIT_OK
+
+
+def cmd_mcp_approvals(client: Client, args: argparse.Namespace) -> int:
+    proposals = client.list_approvals(
+        status=args.status, limit=args.limit, show_arguments=args.show_arguments
+    )
+    text = render_proposals(proposals, time.time(), values=args.show_arguments)
+    _show(args, m.ApprovalsListResult(proposals=proposals), text)
+    return EXIT_OK
+
+
+def _decided(args: argparse.Namespace, proposal: m.Proposal) -> int:
+    result = m.ApprovalsDecisionResult(proposal=proposal)
+    _show(args, result, render_proposal(proposal, time.time()))
+    return EXIT_OK
+
+
+def cmd_mcp_approve(client: Client, args: argparse.Namespace) -> int:
+    return _decided(args, client.approve(args.id, approver=args.approver))
+
+
+def cmd_mcp_reject(client: Client, args: argparse.Namespace) -> int:
+    return _decided(args, client.reject(args.id, reason=args.reason))
+
+
+def cmd_mcp_cancel(client: Client, args: argparse.Namespace) -> int:
+    return _decided(args, client.cancel_approval(args.id))
+
+
+def cmd_mcp_resume(client: Client, args: argparse.Namespace) -> int:
+    result = client.resume(args.id, timeout_s=args.timeout)
+    if args.json:
+        sys.stdout.write(to_json(result))
+    elif result.is_error:
+        text = render_call(result) or "the tool reported an error\n"
+        sys.stderr.write("error: " + text)
+    else:
+        sys.stdout.write(render_call(result))
+    return EXIT_ERROR if result.is_error else EXIT_OK
+
+
+def cmd_mcp_wait(client: Client, args: argparse.Namespace) -> int:
+    result = client.wait_approval(args.id, timeout_s=args.timeout)
+    _show(args, result, render_proposal(result.proposal, time.time()))
+    return EXIT_OK if result.decided else EXIT_TEMPFAIL
 
 
 def cmd_daemon_status(client: Client, args: argparse.Namespace) -> int:
@@ -734,6 +782,58 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prompt.add_argument("--timeout", metavar="SECONDS", type=positive_float)
 
+    approvals = leaf(
+        mcp,
+        "approvals",
+        cmd_mcp_approvals,
+        "calls waiting for (or given) an operator's decision, newest first",
+    )
+    approvals.add_argument(
+        "--status", choices=get_args(m.ProposalStatus), help="only this status"
+    )
+    approvals.add_argument(
+        "--show-arguments",
+        action="store_true",
+        help="also print the argument values (operators only)",
+    )
+    approvals.add_argument(
+        "--limit", metavar="N", type=positive_int, default=100, help="default 100"
+    )
+    approve = leaf(mcp, "approve", cmd_mcp_approve, "approve a pending proposal")
+    approve.add_argument("id", metavar="ID")
+    approve.add_argument(
+        "--approver",
+        metavar="LABEL",
+        help="an extra label for the record (the approver is your uid, as the"
+        " kernel reports it)",
+    )
+    reject = leaf(mcp, "reject", cmd_mcp_reject, "reject a pending proposal")
+    reject.add_argument("id", metavar="ID")
+    reject.add_argument("--reason", metavar="TEXT", help="why (kept with the record)")
+    cancel = leaf(
+        mcp, "cancel", cmd_mcp_cancel, "withdraw a pending or approved proposal"
+    )
+    cancel.add_argument("id", metavar="ID")
+    resume = leaf(
+        mcp, "resume", cmd_mcp_resume, "run an approved proposal's call (once)"
+    )
+    resume.add_argument("id", metavar="ID")
+    resume.add_argument("--timeout", metavar="SECONDS", type=positive_float)
+    wait = leaf(
+        mcp,
+        "wait",
+        cmd_mcp_wait,
+        "wait until a proposal is decided (exit 75 if still pending at the deadline)",
+    )
+    wait.add_argument("id", metavar="ID")
+    wait.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=positive_float,
+        default=30.0,
+        help="at most this long (default 30, at most 300)",
+    )
+
     audit = leaf(
         commands,
         "audit",
@@ -828,6 +928,11 @@ def _run(argv: list[str]) -> int:
         return EXIT_USAGE
     except RemoteError as exc:
         _error(f"{exc.message} ({exc.reason})")
+        if exc.reason == "approval_required" and "proposal_id" in exc.data:
+            _error(
+                f"an operator approves with `{PROG} mcp approve {exc.data['proposal_id']}`,"
+                f" then `{PROG} mcp resume {exc.data['proposal_id']}` runs it"
+            )
         return exit_status(exc)
     except MemorizzError as exc:
         _error(str(exc))

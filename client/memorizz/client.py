@@ -118,8 +118,14 @@ class Client:
                 _Envelope(jsonrpc=JSONRPC, id=request_id, method=method, params=params)
             )
             try:
-                self._sock.sendall(line + b"\n")
-                raw = self._read_line(self._sock)
+                try:
+                    self._sock.sendall(line + b"\n")
+                except OSError:
+                    # A refused connection is answered with one error line and
+                    # closed: read it before reporting a broken connection.
+                    raw = self._read_line(self._sock)
+                else:
+                    raw = self._read_line(self._sock)
             except (OSError, EOFError) as exc:
                 self.close()
                 msg = f"connection to memorizzd at {self.socket_path} broke: {exc}"
@@ -245,6 +251,66 @@ class Client:
     def auth_logout(self, server: str) -> m.AuthLogoutResult:
         return self.request(
             "auth/logout", m.AuthLogoutParams(server=server), m.AuthLogoutResult
+        )
+
+    # --- approvals ----------------------------------------------------------
+
+    def list_approvals(
+        self,
+        *,
+        status: m.ProposalStatus | None = None,
+        limit: int = 100,
+        show_arguments: bool = False,
+    ) -> list[m.Proposal]:
+        """Proposals, newest first (an agent socket shows its profile's own)."""
+        return self.request(
+            "approvals/list",
+            m.ApprovalsListParams(
+                status=status, limit=limit, show_arguments=show_arguments
+            ),
+            m.ApprovalsListResult,
+        ).proposals
+
+    def approve(self, proposal_id: str, *, approver: str | None = None) -> m.Proposal:
+        """Approve as this connection's uid; ``approver`` is only an extra label."""
+        return self.request(
+            "approvals/approve",
+            m.ApprovalsApproveParams(id=proposal_id, approver=approver),
+            m.ApprovalsDecisionResult,
+        ).proposal
+
+    def reject(self, proposal_id: str, *, reason: str | None = None) -> m.Proposal:
+        return self.request(
+            "approvals/reject",
+            m.ApprovalsRejectParams(id=proposal_id, reason=reason),
+            m.ApprovalsDecisionResult,
+        ).proposal
+
+    def cancel_approval(self, proposal_id: str) -> m.Proposal:
+        return self.request(
+            "approvals/cancel",
+            m.ApprovalsCancelParams(id=proposal_id),
+            m.ApprovalsDecisionResult,
+        ).proposal
+
+    def resume(
+        self, proposal_id: str, *, timeout_s: float | None = None
+    ) -> m.ToolsCallResult:
+        """Run an approved proposal's stored call (once; a second resume fails)."""
+        return self.request(
+            "approvals/resume",
+            m.ApprovalsResumeParams(id=proposal_id, timeout_s=timeout_s),
+            m.ToolsCallResult,
+        )
+
+    def wait_approval(
+        self, proposal_id: str, *, timeout_s: float = 30.0
+    ) -> m.ApprovalsWaitResult:
+        """Block until the proposal is decided, or ``timeout_s`` passes."""
+        return self.request(
+            "approvals/wait",
+            m.ApprovalsWaitParams(id=proposal_id, timeout_s=timeout_s),
+            m.ApprovalsWaitResult,
         )
 
     # --- MCP pass-through ---------------------------------------------------

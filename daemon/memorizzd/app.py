@@ -5,22 +5,23 @@ from __future__ import annotations
 import ctypes
 import gc
 import logging
-import os
 import signal
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager, suppress
+from contextlib import asynccontextmanager
 
 import anyio
 import msgspec
 
 from memorizzd import __version__
+from memorizzd.approvals import ApprovalBook
 from memorizzd.audit import Auditor, load_key
 from memorizzd.broker import Broker
 from memorizzd.config import Config
 from memorizzd.execution import admit, check_config_servers
 from memorizzd.execution.admission import Admission
+from memorizzd.listeners import close_all, open_all
 from memorizzd.rpc.dispatch import Dispatcher
-from memorizzd.rpc.server import SocketServer, open_listener
+from memorizzd.rpc.server import SocketServer
 from memorizzd.sdnotify import journal_available, notify
 from memorizzd.store import Store
 from memorizzd.upstream.pool import Pool, running_pool
@@ -34,6 +35,18 @@ class Daemon(msgspec.Struct):
     config: Config
     pool: Pool
     server: SocketServer
+    """The operator socket's."""
+    servers: list[SocketServer]
+    """Every socket's: the operator's first, then one per agent profile."""
+    book: ApprovalBook
+
+    @property
+    def connections(self) -> int:
+        return sum(s.connections for s in self.servers)
+
+    @property
+    def in_flight(self) -> int:
+        return sum(s.in_flight for s in self.servers)
 
 
 @asynccontextmanager
@@ -51,24 +64,20 @@ async def running_daemon(
     """
     # A config server whose command the execution policy refuses: ConfigError.
     config_servers = check_config_servers(config)
-    # The socket first: a second daemon must fail before it starts anything.
-    # Connections queue in the kernel until the acceptor runs.
-    listener = await open_listener(config.socket)
+    # The sockets first: a second daemon must fail before it starts anything.
+    # Connections queue in the kernel until the acceptors run.
+    listening = await open_all(config)
     try:
         store = await anyio.to_thread.run_sync(Store, config.state_dir)
     except BaseException:
-        await listener.aclose()
-        with suppress(FileNotFoundError):
-            os.unlink(config.socket)
+        await close_all(listening)
         raise
     try:
         if keys is None:
             keys = await anyio.to_thread.run_sync(load_keys, config.state_dir)
         vault = await anyio.to_thread.run_sync(FernetCredentialStore.open, store, keys)
     except BaseException:
-        await listener.aclose()
-        with suppress(FileNotFoundError):
-            os.unlink(config.socket)
+        await close_all(listening)
         await anyio.to_thread.run_sync(store.close)
         raise
     log.info("vault key from %s", keys.name)
@@ -103,26 +112,38 @@ async def running_daemon(
                 await anyio.to_thread.run_sync(load_key, config.state_dir),
                 mirror_to_journal=journal_available(),
             )
-            server: SocketServer
+            book = ApprovalBook(store, vault, auditor, ttl_s=config.approval_ttl_s)
+            pool.on_tools = book.tools_listed
+            servers: list[SocketServer] = []
             broker = Broker(
                 config,
                 store,
                 pool,
-                connections=lambda: server.connections,
-                in_flight=lambda: server.in_flight,
+                connections=lambda: sum(s.connections for s in servers),
+                in_flight=lambda: sum(s.in_flight for s in servers),
                 auditor=auditor,
                 vault=vault,
+                book=book,
             )
-            server = SocketServer(
-                config.socket,
-                Dispatcher(broker.handlers()),
-                max_in_flight=config.max_in_flight_per_connection,
-            )
+            dispatcher = Dispatcher(broker.handlers())
+            servers += [
+                SocketServer(
+                    item.path,
+                    dispatcher,
+                    max_in_flight=config.max_in_flight_per_connection,
+                    rule=item.rule,
+                    limits=item.limits,
+                )
+                for item in listening
+            ]
+            server = servers[0]
             try:
                 async with anyio.create_task_group() as connections:
                     async with anyio.create_task_group() as acceptor:
                         await acceptor.start(auditor.run)
-                        await acceptor.start(server.serve, listener, connections)
+                        await acceptor.start(book.run)
+                        for item, each in zip(listening, servers, strict=True):
+                            await acceptor.start(each.serve, item.listener, connections)
                         # Everything imported and built so far lives as long as the
                         # daemon: keep it out of the cyclic GC's collections, and
                         # collect the young generation less often (every call
@@ -132,23 +153,24 @@ async def running_daemon(
                         gc.set_threshold(20_000, 20, 20)
                         _trim_heap()
                         try:
-                            yield Daemon(config, pool, server)
+                            yield Daemon(config, pool, server, servers, book)
                         finally:
                             acceptor.cancel_scope.cancel()
                     with anyio.CancelScope(shield=True):
                         with anyio.move_on_after(config.drain_timeout_s) as drain:
-                            await server.drain()
+                            async with anyio.create_task_group() as draining:
+                                for each in servers:
+                                    draining.start_soon(each.drain)
                         if drain.cancelled_caught:
                             log.warning(
                                 "drain timed out with %d calls in flight; cancelling them",
-                                server.in_flight,
+                                sum(s.in_flight for s in servers),
                             )
                     connections.cancel_scope.cancel()
             finally:
-                with suppress(FileNotFoundError):
-                    os.unlink(config.socket)
+                await close_all(listening)
     finally:
-        await listener.aclose()  # idempotent; serve() closes it on the normal path
+        await close_all(listening)  # idempotent; serve() closes them on the normal path
         await anyio.to_thread.run_sync(store.close)
 
 
@@ -159,9 +181,10 @@ async def run(config: Config, keys: KeySource | None = None) -> None:
     ) as signals:
         async with running_daemon(config, keys) as daemon:
             log.info(
-                "memorizzd %s listening on %s (state in %s, %d servers)",
+                "memorizzd %s listening on %s and %d agent sockets (state in %s, %d servers)",
                 __version__,
                 config.socket,
+                len(config.profiles),
                 config.state_dir,
                 len(daemon.pool.all()),
             )
@@ -186,7 +209,7 @@ async def _report_status(daemon: Daemon) -> None:
         ready = sum(u.state == "ready" for u in upstreams)
         status = (
             f"STATUS={ready}/{len(upstreams)} servers ready, "
-            f"{daemon.server.connections} connections, {daemon.server.in_flight} in flight"
+            f"{daemon.connections} connections, {daemon.in_flight} in flight"
         )
         if status != last:
             notify(status)

@@ -118,6 +118,7 @@ class Auditor:
         arguments: dict[str, Any] | None = None,
         result_bytes: int | None = None,
         busy: bool = False,
+        proposal_id: str | None = None,
     ) -> None:
         """Write one record and return once it is committed. ``started`` is the
         ``time.time()`` the action began; ``busy`` says other calls are running.
@@ -144,6 +145,8 @@ class Auditor:
             argument_keys=sorted(arguments) if arguments else [],
             arguments_hmac=self.digest(arguments) if arguments is not None else None,
             result_bytes=result_bytes,
+            proposal_id=proposal_id,
+            caller_profile=caller.profile,
         )
         if not self._running or not (busy or self._writing or self._pending):
             self._write([record])  # a lone call, or no writer task (shutting down)
@@ -220,12 +223,16 @@ class Auditor:
                 "MEMORIZZ_REASON": record.reason or "",
                 "MEMORIZZ_CALLER_UID": record.caller_uid,
                 "MEMORIZZ_CALLER_PID": record.caller_pid,
+                "MEMORIZZ_CALLER_PROFILE": record.caller_profile or "",
+                "MEMORIZZ_PROPOSAL_ID": record.proposal_id or "",
             },
         )
 
 
 def _summary(record: m.AuditRecord) -> str:
     target = f"{record.server}/{record.tool}" if record.tool else (record.server or "-")
+    if record.proposal_id:
+        target += f" [{record.proposal_id}]"
     return (
         f"#{record.id} {record.action} {target} {record.outcome}"
         + (f" ({record.reason})" if record.reason else "")

@@ -1,8 +1,11 @@
 """One handler per method: who may call -> (policy) -> upstream -> result.
 
 Handlers take the caller and a decoded Params struct and return a Result
-struct, raising ``RemoteError`` subclasses for expected failures. Policy,
-audit and per-socket authority plug in here in later issues.
+struct, raising ``RemoteError`` subclasses for expected failures. Which methods
+a caller's socket allows is decided before a handler runs
+(``memorizzd.rpc.authority``); inside one, an agent's scope is its profile's
+servers (``_get``: any other is ``unknown_server``, as if it did not exist)
+and its own proposals (``memorizzd.approvals``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from memorizz.api.errors import (
 )
 from memorizz.api.protocol import PROTOCOL_VERSION
 from memorizzd import __version__
+from memorizzd.approval_methods import ApprovalMethods
+from memorizzd.approvals import ApprovalBook, approval_required
 from memorizzd.audit import Auditor, outcome_for
 from memorizzd.config import Config, validate_server
 from memorizzd.egress.urls import check_server_url
@@ -39,7 +44,7 @@ from memorizzd.rpc.dispatch import Handler
 from memorizzd.rpc.peer import Caller
 from memorizzd.store import Store
 from memorizzd.upstream.actor import Upstream
-from memorizzd.upstream.pool import Pool
+from memorizzd.upstream.pool import Pool, unknown_server
 from memorizzd.vault import (
     CredentialStore,
     FernetCredentialStore,
@@ -66,8 +71,13 @@ class Broker:
         in_flight: Callable[[], int],
         auditor: Auditor,
         vault: CredentialStore,
+        book: ApprovalBook,
     ) -> None:
         self._config = config
+        self._book = book
+        self._scopes: dict[str, frozenset[str]] = {
+            profile.name: frozenset(profile.servers) for profile in config.profiles
+        }
         self._vault = vault
         self._store = store
         self._pool = pool
@@ -101,8 +111,17 @@ class Broker:
             "auth/login": self._audited_auth_login,
             "auth/complete": self._audited_auth_complete,
             "auth/logout": self._audited_auth_logout,
+            **ApprovalMethods(self._pool, book=self._book).handlers(),
         }
         return table
+
+    def _get(self, caller: Caller, name: str) -> Upstream:
+        """The caller's server: an agent's profile names it, else it does not exist."""
+        if caller.profile is not None and name not in self._scopes.get(
+            caller.profile, frozenset()
+        ):
+            raise unknown_server(name)
+        return self._pool.get(name)
 
     # --- the audit trail ----------------------------------------------------
 
@@ -132,10 +151,22 @@ class Broker:
         )
         verdict: dict[str, Any] = {}  # what the audit records of the policy's answer
         try:
-            upstream = self._pool.get(p.server)
+            upstream = self._get(caller, p.server)
             # Policy: anything but allow is refused here, before the upstream sees it.
             decided = await upstream.tool_verdict(p.name, timeout_s=p.timeout_s)
             verdict = {"risk": decided.risk, "decision": decided.decision}
+            if decided.decision == "ask" and not decided.blocked:
+                tool = upstream.cached_tool(p.name)
+                proposal = await self._book.propose(
+                    caller,
+                    server=p.server,
+                    tool=p.name,
+                    arguments=p.arguments,
+                    risk=decided.risk,
+                    schema=None if tool is None else tool.input_schema,
+                )
+                verdict["proposal_id"] = proposal.id
+                raise approval_required(proposal)
             if decided.decision != "allow":
                 raise refusal(decided, server=p.server, tool=p.name)
             result = await upstream.call_tool(
@@ -294,7 +325,7 @@ class Broker:
     async def ping(self, caller: Caller, p: m.PingParams) -> m.PingResult:
         started = time.perf_counter()
         if p.server is not None:
-            await self._pool.get(p.server).ping()
+            await self._get(caller, p.server).ping()
         return m.PingResult(latency_ms=round((time.perf_counter() - started) * 1000, 3))
 
     # --- servers ------------------------------------------------------------
@@ -428,26 +459,26 @@ class Broker:
     async def tools_list(
         self, caller: Caller, p: m.ToolsListParams
     ) -> m.ToolsListResult:
-        tools = await self._pool.get(p.server).list_tools(refresh=p.refresh)
+        tools = await self._get(caller, p.server).list_tools(refresh=p.refresh)
         return m.ToolsListResult(tools=tools)
 
     async def resources_list(
         self, caller: Caller, p: m.ResourcesListParams
     ) -> m.ResourcesListResult:
         return m.ResourcesListResult(
-            resources=await self._pool.get(p.server).list_resources()
+            resources=await self._get(caller, p.server).list_resources()
         )
 
     async def resources_templates_list(
         self, caller: Caller, p: m.ResourcesTemplatesListParams
     ) -> m.ResourcesTemplatesListResult:
-        templates = await self._pool.get(p.server).list_resource_templates()
+        templates = await self._get(caller, p.server).list_resource_templates()
         return m.ResourcesTemplatesListResult(resource_templates=templates)
 
     async def resources_read(
         self, caller: Caller, p: m.ResourcesReadParams
     ) -> m.ResourcesReadResult:
-        return await self._pool.get(p.server).read_resource(
+        return await self._get(caller, p.server).read_resource(
             p.uri, timeout_s=p.timeout_s
         )
 
@@ -455,13 +486,13 @@ class Broker:
         self, caller: Caller, p: m.PromptsListParams
     ) -> m.PromptsListResult:
         return m.PromptsListResult(
-            prompts=await self._pool.get(p.server).list_prompts()
+            prompts=await self._get(caller, p.server).list_prompts()
         )
 
     async def prompts_get(
         self, caller: Caller, p: m.PromptsGetParams
     ) -> m.PromptsGetResult:
-        upstream = self._pool.get(p.server)
+        upstream = self._get(caller, p.server)
         return await upstream.get_prompt(p.name, p.arguments, timeout_s=p.timeout_s)
 
 

@@ -8,6 +8,7 @@ the state database.
 
 from __future__ import annotations
 
+import grp
 import os
 import tomllib
 from pathlib import Path
@@ -17,7 +18,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from memorizz.api.methods import Decision, ServerSpec
-from memorizz.api.protocol import default_runtime_dir
+from memorizz.api.protocol import MAX_FRAME, default_runtime_dir
 from memorizzd.egress.urls import normalise_pattern
 
 DEFAULT_CONFIG_PATH: Final = Path("/etc/memorizzd/memorizzd.toml")
@@ -66,6 +67,53 @@ class Decisions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     destructive: Decision = "ask"
 
 
+class Limits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Per-socket limits (``[profiles.limits]``; the operator socket's are fixed)."""
+
+    max_connections: int = 64
+    """Connections open at once on this socket; past it a new one is refused
+    (``overloaded``) and closed."""
+    max_in_flight: int = 64
+    """Requests in flight at once over all of this socket's connections; past
+    it a request is answered ``overloaded`` at once."""
+    max_request_bytes: int = MAX_FRAME
+    """Largest request line; a longer one closes the connection (``frame_too_large``)."""
+    first_frame_timeout_s: float = 10.0
+    """A connection that sends no complete request line this long after it was
+    accepted is closed (slowloris)."""
+
+
+class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """An agent profile (``[[profiles]]``): one socket, the servers it reaches."""
+
+    name: str
+    servers: list[str] = []
+    """The servers this profile's callers may use (by name); others do not exist for it."""
+    uids: list[int] = []
+    """Peer uids allowed to connect; with ``gids`` empty too, anyone who can
+    open the socket file."""
+    gids: list[int | str] = []
+    """Groups (names or gids; primary or supplementary) allowed to connect."""
+    socket_group: int | str | None = None
+    """Group owning the socket (mode 0660); without it the socket is 0666 when
+    ``uids``/``gids`` gate it in-process, else 0660 with the daemon's group."""
+    limits: Limits = msgspec.field(default_factory=Limits)
+
+
+class Operators(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Who may use the operator socket (``[operators]``), checked in-process on
+    the kernel-reported peer credentials. The daemon's own uid always may."""
+
+    uids: list[int] = []
+    groups: list[int | str] = []
+    """Group names or gids (primary or supplementary)."""
+    allow_root: bool = False
+    """uid 0 is an operator only when this is true (or the daemon runs as root):
+    root in a container without user namespaces is uid 0 on the host too."""
+    socket_group: int | str | None = None
+    """Group owning the operator socket (mode 0660)."""
+
+
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Everything the daemon reads at start. Field names are the TOML keys."""
 
@@ -99,6 +147,14 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """On SIGTERM, how long in-flight calls may take to finish."""
     list_page_limit: int = 100
     """List methods follow upstream cursors to the end, at most this many pages."""
+    operators: Operators = msgspec.field(default_factory=Operators)
+    profiles: list[Profile] = []
+    """Agent profiles (``[[profiles]]``), each with its own socket."""
+    agents_dir: str = ""
+    """Where agent sockets live: ``<agents_dir>/<profile>/api.sock``; default
+    ``agents`` next to the operator socket (/run/memorizzd/agents)."""
+    approval_ttl_s: float = 900.0
+    """How long a proposal waits for approval and then for its resume (15 min)."""
     config_path: str | None = None
     """Where the config was read from (set by ``load``; not a TOML key)."""
 
@@ -112,6 +168,7 @@ _POSITIVE: Final = (
     "max_in_flight_per_server",
     "max_in_flight_per_connection",
     "list_page_limit",
+    "approval_ttl_s",
 )
 
 
@@ -316,6 +373,10 @@ def load(
             raise ConfigError(
                 f"{config_path}: host_allowlist: {pattern!r} is not a host name or *.domain"
             )
+    config.agents_dir = config.agents_dir or os.path.join(
+        os.path.dirname(config.socket) or ".", "agents"
+    )
+    _check_access(config, config_path)
     seen: set[str] = set()
     for i, spec in enumerate(config.servers):
         try:
@@ -326,6 +387,60 @@ def load(
             raise ConfigError(f"{config_path}: duplicate server name {spec.name!r}")
         seen.add(spec.name)
     return config
+
+
+def gid_of(group: int | str) -> int:
+    """A group name or gid as a gid; ValueError for an unknown name."""
+    if isinstance(group, int):
+        return group
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise ValueError(f"unknown group {group!r}") from None
+
+
+def _check_access(config: Config, where: Path | None) -> None:
+    """Profiles: valid distinct names, positive limits; every group resolves."""
+    try:
+        for group in config.operators.groups:
+            gid_of(group)
+        if config.operators.socket_group is not None:
+            gid_of(config.operators.socket_group)
+        names: set[str] = set()
+        for profile in config.profiles:
+            name = profile.name
+            if (
+                not name
+                or len(name) > SERVER_NAME_MAX
+                or name.startswith(".")
+                or not all((c.isascii() and c.isalnum()) or c in "-_." for c in name)
+            ):
+                raise ValueError(
+                    f"profile name {name!r}: 1..{SERVER_NAME_MAX} letters, digits,"
+                    " '-', '_' or '.', not starting with '.'"
+                )
+            if name == "operator" or name in names:
+                raise ValueError(f"profile name {name!r} is reserved or given twice")
+            names.add(name)
+            for group in profile.gids:
+                gid_of(group)
+            if profile.socket_group is not None:
+                gid_of(profile.socket_group)
+            limits = profile.limits
+            for key in (
+                "max_connections",
+                "max_in_flight",
+                "max_request_bytes",
+                "first_frame_timeout_s",
+            ):
+                if not getattr(limits, key) > 0:
+                    raise ValueError(f"profile {name!r}: limits.{key} must be > 0")
+            if limits.max_request_bytes > MAX_FRAME:
+                raise ValueError(
+                    f"profile {name!r}: limits.max_request_bytes must be <= {MAX_FRAME}"
+                )
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
 
 
 def _where(exc: msgspec.ValidationError, raw: dict[str, object]) -> str:

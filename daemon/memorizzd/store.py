@@ -1,5 +1,5 @@
 """The SQLite state database: run-time servers, negotiated versions, the audit
-trail, the vault's ciphertexts.
+trail, the vault's ciphertexts, approval proposals.
 
 The only module that knows SQL. Calls are short and synchronous; async callers
 run them with ``anyio.to_thread.run_sync``, except ``append_audit`` (below).
@@ -26,9 +26,9 @@ from typing import Final
 
 import msgspec
 
-from memorizz.api.methods import AuditRecord, ServerSpec
+from memorizz.api.methods import AuditRecord, Proposal, ServerSpec
 
-SCHEMA_VERSION: Final = 4
+SCHEMA_VERSION: Final = 5
 _MIGRATIONS: Final = (
     """
     CREATE TABLE servers (
@@ -79,11 +79,47 @@ _MIGRATIONS: Final = (
         updated REAL NOT NULL
     );
     """,
+    # 5: approval proposals (their arguments live in the vault), and the audit
+    # trail names the proposal and the caller's profile
+    """
+    CREATE TABLE proposals (
+        id TEXT PRIMARY KEY,
+        status TEXT NOT NULL,
+        server TEXT NOT NULL,
+        tool TEXT NOT NULL,
+        risk TEXT,
+        argument_keys TEXT NOT NULL,
+        arguments_hmac TEXT NOT NULL,
+        schema_hash TEXT NOT NULL,
+        created REAL NOT NULL,
+        expires_at REAL NOT NULL,
+        caller_uid INTEGER NOT NULL,
+        caller_user TEXT,
+        caller_pid INTEGER NOT NULL,
+        caller_profile TEXT,
+        decided_by_uid INTEGER,
+        decided_by_user TEXT,
+        approver_label TEXT,
+        decided_at REAL,
+        reason TEXT,
+        consumed_at REAL
+    );
+    CREATE INDEX proposals_status ON proposals (status, expires_at);
+    ALTER TABLE audit ADD COLUMN proposal_id TEXT;
+    ALTER TABLE audit ADD COLUMN caller_profile TEXT;
+    """,
 )
 _AUDIT_COLUMNS: Final = (
     "time, action, caller_socket, caller_uid, caller_gid, caller_pid, server, tool, risk,"
-    " decision, outcome, reason, duration_ms, argument_keys, arguments_hmac, result_bytes"
+    " decision, outcome, reason, duration_ms, argument_keys, arguments_hmac, result_bytes,"
+    " proposal_id, caller_profile"
 )
+_PROPOSAL_COLUMNS: Final = (
+    "id, status, server, tool, risk, argument_keys, arguments_hmac, schema_hash,"
+    " created, expires_at, caller_uid, caller_user, caller_pid, caller_profile,"
+    " decided_by_uid, decided_by_user, approver_label, decided_at, reason, consumed_at"
+)
+_ACTIVE: Final = ("pending", "approved")
 
 
 class StoreError(Exception):
@@ -165,7 +201,7 @@ class Store:
     def _insert_audit(self, record: AuditRecord) -> int:
         cursor = self._audit.execute(
             f"INSERT INTO audit ({_AUDIT_COLUMNS}) VALUES"  # noqa: S608 - constant columns
-            " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 record.time,
                 record.action,
@@ -183,6 +219,8 @@ class Store:
                 self._encoder.encode(record.argument_keys).decode(),
                 record.arguments_hmac,
                 record.result_bytes,
+                record.proposal_id,
+                record.caller_profile,
             ),
         )
         return cursor.lastrowid or 0
@@ -235,6 +273,8 @@ class Store:
                 argument_keys=msgspec.json.decode(row[14]),
                 arguments_hmac=row[15],
                 result_bytes=row[16],
+                proposal_id=row[17],
+                caller_profile=row[18],
             )
             for row in rows
         ]
@@ -348,3 +388,153 @@ class Store:
         with self._lock:
             cursor = self._db.execute("DELETE FROM secrets")
         return cursor.rowcount
+
+    # --- approval proposals (memorizzd.approvals decides; this only stores) --
+
+    def insert_proposal(self, p: Proposal) -> None:
+        """Durable when it returns (synchronous=FULL)."""
+        with self._lock:
+            self._db.execute(
+                f"INSERT INTO proposals ({_PROPOSAL_COLUMNS}) VALUES"  # noqa: S608 - constant
+                " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    p.id,
+                    p.status,
+                    p.server,
+                    p.tool,
+                    p.risk,
+                    self._encoder.encode(p.argument_keys).decode(),
+                    p.arguments_hmac,
+                    p.schema_hash,
+                    p.created,
+                    p.expires_at,
+                    p.caller_uid,
+                    p.caller_user,
+                    p.caller_pid,
+                    p.caller_profile,
+                    p.decided_by_uid,
+                    p.decided_by_user,
+                    p.approver_label,
+                    p.decided_at,
+                    p.reason,
+                    p.consumed_at,
+                ),
+            )
+
+    def proposal(self, proposal_id: str) -> Proposal | None:
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_PROPOSAL_COLUMNS} FROM proposals WHERE id = ?",  # noqa: S608
+                (proposal_id,),
+            ).fetchone()
+        return _proposal(row) if row else None
+
+    def proposals(
+        self,
+        *,
+        status: str | None = None,
+        profile: str | None = None,
+        any_profile: bool = True,
+        server: str | None = None,
+        limit: int = 1000,
+    ) -> list[Proposal]:
+        """Newest first; ``any_profile=False`` keeps ``profile``'s own (None: the
+        operator socket's)."""
+        where: list[str] = []
+        args: list[object] = []
+        if status is not None:
+            where.append("status = ?")
+            args.append(status)
+        if not any_profile:
+            where.append("caller_profile IS ?")
+            args.append(profile)
+        if server is not None:
+            where.append("server = ?")
+            args.append(server)
+        sql = f"SELECT {_PROPOSAL_COLUMNS} FROM proposals"  # noqa: S608 - constant
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created DESC, id LIMIT ?"
+        with self._lock:
+            rows = self._db.execute(sql, (*args, limit)).fetchall()
+        return [_proposal(row) for row in rows]
+
+    def transition_proposal(
+        self,
+        proposal_id: str,
+        *,
+        from_status: tuple[str, ...],
+        to_status: str,
+        now: float,
+        **fields: object,
+    ) -> bool:
+        """One atomic step: ``from_status`` -> ``to_status`` unless expired;
+        True when this call made it (rowcount 1). Durable when it returns."""
+        sets = ", ".join(f"{name} = ?" for name in fields)
+        placeholders = ", ".join("?" for _ in from_status)
+        sql = (
+            f"UPDATE proposals SET status = ?{', ' + sets if sets else ''}"  # noqa: S608
+            f" WHERE id = ? AND status IN ({placeholders}) AND expires_at > ?"
+        )
+        with self._lock:
+            cursor = self._db.execute(
+                sql, (to_status, *fields.values(), proposal_id, *from_status, now)
+            )
+        return cursor.rowcount == 1
+
+    def consume_proposal(self, proposal_id: str, now: float) -> bool:
+        """approved -> consumed, exactly once, before the call is sent."""
+        with self._lock:
+            cursor = self._db.execute(
+                "UPDATE proposals SET status = 'consumed', consumed_at = ?"
+                " WHERE id = ? AND status = 'approved' AND expires_at > ?",
+                (now, proposal_id, now),
+            )
+        return cursor.rowcount == 1
+
+    def expire_proposals(self, now: float) -> list[Proposal]:
+        """Mark every pending or approved proposal past its expiry; return them."""
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                rows = self._db.execute(
+                    f"SELECT {_PROPOSAL_COLUMNS} FROM proposals"  # noqa: S608
+                    " WHERE status IN (?, ?) AND expires_at <= ?",
+                    (*_ACTIVE, now),
+                ).fetchall()
+                self._db.execute(
+                    "UPDATE proposals SET status = 'expired'"
+                    " WHERE status IN (?, ?) AND expires_at <= ?",
+                    (*_ACTIVE, now),
+                )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        return [
+            msgspec.structs.replace(_proposal(row), status="expired") for row in rows
+        ]
+
+    def prune_proposals(self, before: float) -> int:
+        """Forget proposals that ended (any state but pending/approved) and were
+        made before ``before``; the audit trail keeps their story."""
+        with self._lock:
+            cursor = self._db.execute(
+                "DELETE FROM proposals WHERE status NOT IN (?, ?) AND created < ?",
+                (*_ACTIVE, before),
+            )
+        return cursor.rowcount
+
+    def next_expiry(self) -> float | None:
+        with self._lock:
+            (value,) = self._db.execute(
+                "SELECT MIN(expires_at) FROM proposals WHERE status IN (?, ?)", _ACTIVE
+            ).fetchone()
+        return None if value is None else float(value)
+
+
+def _proposal(row: tuple[object, ...]) -> Proposal:
+    names = [name.strip() for name in _PROPOSAL_COLUMNS.split(",")]
+    fields = dict(zip(names, row, strict=True))
+    fields["argument_keys"] = msgspec.json.decode(str(fields["argument_keys"]))
+    return msgspec.convert(fields, Proposal)

@@ -22,7 +22,7 @@ The tree (one class per code; ``reason`` refines it and is what clients branch o
     |   +-- DeadlineExceededError      -32005 timeout
     |   +-- UpstreamError              -32006 upstream_error
     |   +-- TooLargeError              -32007 result_too_large
-    |   +-- ConflictError              -32008 server_exists
+    |   +-- ConflictError              -32008 server_exists, not_approved
     |   +-- ApprovalRequiredError      -32009 approval_required
     |   +-- LoginError                 -32010 login_failed, invalid_state
     +-- DaemonUnreachableError         client side only, never on the wire
@@ -112,6 +112,7 @@ REASONS: Final = frozenset(
         "insufficient_scope",
         "login_failed",
         "invalid_state",
+        "not_approved",
     }
 )
 

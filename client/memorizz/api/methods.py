@@ -31,6 +31,9 @@ AuditOutcome = Literal[
     "result_too_large",
     "approval_required",
 ]
+ProposalStatus = Literal[
+    "pending", "approved", "rejected", "cancelled", "expired", "consumed", "invalidated"
+]  # fmt: skip
 ServerState = Literal[
     "connecting", "ready", "backoff", "failed", "stopped", "login_required"
 ]
@@ -436,6 +439,11 @@ class AuditRecord(msgspec.Struct, kw_only=True):
     arguments_hmac: str | None
     """HMAC-SHA-256 (hex) of the canonical JSON arguments under the audit key."""
     result_bytes: int | None
+    proposal_id: str | None = None
+    """The approval proposal this record is about (``approvals/*`` and the
+    ``tools/call`` that created or ran it)."""
+    caller_profile: str | None = None
+    """The agent profile of the caller's socket; null on the operator socket."""
 
 
 class AuditListParams(Params, kw_only=True, frozen=True):
@@ -510,6 +518,92 @@ class AuthLogoutResult(Result, kw_only=True):
     message: str
 
 
+# --- approvals -------------------------------------------------------------------
+
+
+class Proposal(msgspec.Struct, kw_only=True):
+    """A tools/call that waits for (or got) an operator's decision."""
+
+    id: str
+    status: ProposalStatus
+    server: str
+    tool: str
+    risk: Risk | None
+    argument_keys: list[str]
+    arguments_hmac: str
+    """HMAC-SHA-256 (hex) of the canonical JSON arguments under the audit key."""
+    schema_hash: str
+    """SHA-256 of the tool's inputSchema when it was proposed; a different
+    schema at resume (or on tools/list_changed) invalidates the proposal."""
+    created: float
+    expires_at: float
+    """Unix time; after it the proposal can neither be approved nor resumed."""
+    caller_uid: int
+    caller_user: str | None
+    caller_pid: int
+    caller_profile: str | None
+    """The agent profile that asked; null for the operator socket."""
+    decided_by_uid: int | None = None
+    """The kernel-verified uid of the operator who approved or rejected it."""
+    decided_by_user: str | None = None
+    approver_label: str | None = None
+    """A free-form label the approver added (``--approver``); not an identity."""
+    decided_at: float | None = None
+    reason: str | None = None
+    """Why it was rejected, cancelled or invalidated."""
+    consumed_at: float | None = None
+    arguments: dict[str, Any] | None = None
+    """The values: only to an operator who asked (``show_arguments``)."""
+
+
+class ApprovalsListParams(Params, kw_only=True, frozen=True):
+    status: ProposalStatus | None = None
+    limit: int = 100
+    """At most this many (1..1000), newest first."""
+    show_arguments: bool = False
+    """Include the argument values (operators only)."""
+
+
+class ApprovalsListResult(Result, kw_only=True):
+    proposals: list[Proposal]
+
+
+class ApprovalsApproveParams(Params, kw_only=True, frozen=True):
+    id: str
+    approver: str | None = None
+    """An extra label for the record; the approver is the connection's uid."""
+
+
+class ApprovalsRejectParams(Params, kw_only=True, frozen=True):
+    id: str
+    reason: str | None = None
+
+
+class ApprovalsCancelParams(Params, kw_only=True, frozen=True):
+    id: str
+
+
+class ApprovalsDecisionResult(Result, kw_only=True):
+    proposal: Proposal
+
+
+class ApprovalsResumeParams(Params, kw_only=True, frozen=True):
+    id: str
+    timeout_s: float | None = None
+
+
+class ApprovalsWaitParams(Params, kw_only=True, frozen=True):
+    id: str
+    timeout_s: float = 30.0
+    """Return at the latest after this long (at most 300 s)."""
+
+
+class ApprovalsWaitResult(Result, kw_only=True):
+    proposal: Proposal
+    decided: bool
+    """False when the deadline passed with the proposal still pending."""
+
+
 class MethodSpec(msgspec.Struct, frozen=True):
     params: type[Params]
     result: type[Result]
@@ -578,5 +672,31 @@ METHODS: Final[dict[str, MethodSpec]] = {
         AuthLogoutParams,
         AuthLogoutResult,
         "Revoke (where supported) and delete a server's OAuth grant.",
+    ),
+    "approvals/list": MethodSpec(
+        ApprovalsListParams,
+        ApprovalsListResult,
+        "Proposals, newest first (an agent sees its profile's own).",
+    ),
+    "approvals/approve": MethodSpec(
+        ApprovalsApproveParams, ApprovalsDecisionResult, "Approve a pending proposal."
+    ),
+    "approvals/reject": MethodSpec(
+        ApprovalsRejectParams, ApprovalsDecisionResult, "Reject a pending proposal."
+    ),
+    "approvals/cancel": MethodSpec(
+        ApprovalsCancelParams,
+        ApprovalsDecisionResult,
+        "Withdraw a pending or approved proposal.",
+    ),
+    "approvals/resume": MethodSpec(
+        ApprovalsResumeParams,
+        ToolsCallResult,
+        "Run an approved proposal's stored call, once.",
+    ),
+    "approvals/wait": MethodSpec(
+        ApprovalsWaitParams,
+        ApprovalsWaitResult,
+        "Wait until a proposal is decided or the deadline passes.",
     ),
 }

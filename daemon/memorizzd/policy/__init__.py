@@ -277,9 +277,8 @@ def refusal(verdict: ToolVerdict, *, server: str, tool: str) -> RemoteError:
         )
     if verdict.decision == "ask":
         return ApprovalRequiredError(
-            f"{tool} on {server} is {verdict.risk}; it needs an operator's approval "
-            "(approvals arrive in a later release; set [decisions] or "
-            "require_approval to change this)",
+            f"{tool} on {server} is {verdict.risk}; it needs an operator's approval"
+            " (the broker stores the call as a proposal: memorizzd.approvals)",
             data=data,
         )
     raise ValueError(f"{tool} on {server} is allowed; there is nothing to refuse")

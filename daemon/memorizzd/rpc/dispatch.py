@@ -24,6 +24,7 @@ from memorizz.api.errors import (
 )
 from memorizz.api.methods import METHODS, Params, Result
 from memorizz.api.protocol import ErrorObject, Reply, Request, RequestId
+from memorizzd.rpc.authority import method_allowed, refuse_method
 from memorizzd.rpc.peer import Caller
 
 log = logging.getLogger("memorizzd.rpc")
@@ -69,6 +70,8 @@ class Dispatcher:
             method = self._methods.get(request.method)
             if method is None:
                 raise MethodNotFoundError(f"unknown method {request.method!r}")
+            if not method_allowed(caller, method.name):
+                raise refuse_method(method.name)
             try:
                 params = method.decoder.decode(request.params)
             except msgspec.ValidationError as exc:

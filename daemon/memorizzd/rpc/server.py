@@ -21,8 +21,15 @@ from typing import Final
 import anyio
 import anyio.abc
 
-from memorizz.api.errors import InvalidRequestError, UnavailableError
+from memorizz.api.errors import (
+    DeadlineExceededError,
+    InvalidRequestError,
+    RemoteError,
+    UnavailableError,
+)
 from memorizz.api.protocol import MAX_FRAME
+from memorizzd.config import Limits
+from memorizzd.rpc.authority import SocketRule
 from memorizzd.rpc.dispatch import Dispatcher, encode_error, request_id_of
 from memorizzd.rpc.peer import Caller, peer_of
 
@@ -30,6 +37,8 @@ log = logging.getLogger("memorizzd.rpc")
 
 _READ: Final = 1 << 16
 _WRITE_TIMEOUT_S: Final = 30.0
+_REFUSE_LINGER_S: Final = 1.0
+_OPERATOR_RULE: Final = SocketRule(role="operator")
 
 
 class SocketInUseError(Exception):
@@ -68,10 +77,20 @@ async def open_listener(path: str) -> anyio.abc.SocketListener:
 
 
 class SocketServer:
+    """One listening socket: its rule (who may connect, as which role) and limits."""
+
     def __init__(
-        self, path: str, dispatcher: Dispatcher, *, max_in_flight: int
+        self,
+        path: str,
+        dispatcher: Dispatcher,
+        *,
+        max_in_flight: int,
+        rule: SocketRule = _OPERATOR_RULE,
+        limits: Limits | None = None,
     ) -> None:
         self.path = path
+        self.rule = rule
+        self.limits = limits
         self._dispatcher = dispatcher
         self._max_in_flight = max_in_flight
         self.connections = 0
@@ -117,7 +136,22 @@ class SocketServer:
 
     async def _connection(self, stream: anyio.abc.SocketStream) -> None:
         raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
-        connection = _Connection(self, stream, raw, peer_of(raw, self.path))
+        caller = peer_of(raw, self.path, profile=self.rule.profile, role=self.rule.role)
+        if not self.rule.admits(caller):
+            log.warning(
+                "refused pid %d uid %d on %s", caller.pid, caller.uid, self.path
+            )
+            await _refuse(stream, self.rule.refusal(caller))
+            return
+        if self.limits is not None and self.connections >= self.limits.max_connections:
+            error = UnavailableError(
+                f"too many connections on this socket (max {self.limits.max_connections})",
+                reason="overloaded",
+                data={"retry_after_s": 1.0},
+            )
+            await _refuse(stream, error)
+            return
+        connection = _Connection(self, stream, raw, caller)
         self.connections += 1
         try:
             await connection.serve()
@@ -125,6 +159,21 @@ class SocketServer:
             log.exception("connection from pid %d failed", connection.caller.pid)
         finally:
             self.connections -= 1
+
+
+async def _refuse(stream: anyio.abc.SocketStream, error: RemoteError) -> None:
+    """One error line, then close: after reading what the peer sent meanwhile
+    (closing a Unix socket with unread data resets the peer, which would lose
+    the line)."""
+    async with stream:
+        with anyio.move_on_after(_REFUSE_LINGER_S):
+            try:
+                await stream.send(encode_error(None, error.to_wire()))
+                await stream.send_eof()
+                while await stream.receive(_READ):
+                    pass
+            except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                pass
 
 
 class _Connection:
@@ -145,6 +194,10 @@ class _Connection:
         self.caller = caller
         self.dispatcher = server._dispatcher
         self.max_in_flight = server._max_in_flight
+        limits = server.limits
+        self.max_frame = MAX_FRAME if limits is None else limits.max_request_bytes
+        self.socket_in_flight = None if limits is None else limits.max_in_flight
+        self.first_frame_s = None if limits is None else limits.first_frame_timeout_s
         self.in_flight = 0
         self.room = anyio.Event()
         self.send_lock = anyio.Lock()
@@ -159,7 +212,12 @@ class _Connection:
             tg.cancel_scope.cancel()
 
     async def _read(self, calls: anyio.abc.TaskGroup) -> None:
-        server, buffer = self.server, bytearray()
+        server, buffer, max_frame = self.server, bytearray(), self.max_frame
+        first_by = (
+            None
+            if self.first_frame_s is None
+            else anyio.current_time() + self.first_frame_s
+        )
         with anyio.CancelScope() as reader:
             server._readers.add(reader)
             if server._draining:
@@ -167,18 +225,32 @@ class _Connection:
             try:
                 while not self.broken:
                     try:
-                        chunk = await self.stream.receive(_READ)
+                        if first_by is None:
+                            chunk = await self.stream.receive(_READ)
+                        else:
+                            with anyio.move_on_at(first_by) as waited:
+                                chunk = await self.stream.receive(_READ)
+                            if waited.cancelled_caught:
+                                await self._slow_first_frame()
+                                return
                     except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
                         return
                     scanned = len(buffer)
                     buffer += chunk
                     while (end := buffer.find(b"\n", scanned)) >= 0:
-                        if end > MAX_FRAME:
+                        if end > max_frame:
                             break
+                        first_by = None
                         line = bytes(buffer[:end])
                         del buffer[: end + 1]
                         scanned = 0
                         if not line.strip():
+                            continue
+                        if (
+                            self.socket_in_flight is not None
+                            and server.in_flight >= self.socket_in_flight
+                        ):
+                            calls.start_soon(self._overloaded, line)
                             continue
                         if (
                             self.in_flight >= self.max_in_flight
@@ -188,15 +260,31 @@ class _Connection:
                         self.in_flight += 1
                         server._track(+1)
                         calls.start_soon(self._run_one, line)
-                    if len(buffer) > MAX_FRAME:
+                    if len(buffer) > max_frame:
                         error = InvalidRequestError(
-                            f"frame larger than {MAX_FRAME} bytes; closing the connection",
+                            f"frame larger than {max_frame} bytes; closing the connection",
                             reason="frame_too_large",
                         )
                         await self._send(encode_error(None, error.to_wire()))
                         return
             finally:
                 server._readers.discard(reader)
+
+    async def _slow_first_frame(self) -> None:
+        error = DeadlineExceededError(
+            f"no complete request within {self.first_frame_s:g} s; closing the connection"
+        )
+        await self._send(encode_error(None, error.to_wire()))
+
+    async def _overloaded(self, line: bytes) -> None:
+        if (request_id := request_id_of(line)) is None:
+            return
+        error = UnavailableError(
+            f"too many requests in flight on this socket (max {self.socket_in_flight})",
+            reason="overloaded",
+            data={"retry_after_s": 0.1},
+        )
+        await self._send(encode_error(request_id, error.to_wire()))
 
     async def _run_one(self, line: bytes) -> None:
         try:

@@ -58,8 +58,10 @@ class Upstream:
         config: Config,
         store: Store,
         vault: CredentialStore,
+        on_tools: Callable[[str, list[m.Tool]], Awaitable[None]] | None = None,
     ) -> None:
         self.spec = spec
+        self._on_tools = on_tools
         self._vault = vault
         self.name = spec.name
         self.source = source
@@ -432,6 +434,11 @@ class Upstream:
         )
         self._view = view = policy.view(tools)
         self._tool_count = len(view.tools)  # what callers see
+        if self._on_tools is not None:
+            try:
+                await self._on_tools(self.name, view.tools)
+            except Exception:  # the listing stands; resume re-checks anyway
+                log.exception("%s: the tools listener failed", self.name)
         return view
 
     # --- the operations -----------------------------------------------------
@@ -459,6 +466,13 @@ class Upstream:
                 self._refresh_view, timeout_s=self.timeout_for(timeout_s), safe=True
             )
         return view.verdict(name)
+
+    def cached_tool(self, name: str) -> m.Tool | None:
+        """A visible tool from the warm cache (None: not listed, or no cache)."""
+        view = self._view
+        if view is None:
+            return None
+        return next((tool for tool in view.tools if tool.name == name), None)
 
     def cached_verdict(self, name: str) -> ToolVerdict | None:
         """The verdict from the warm cache, or None when there is none (no I/O)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import anyio
@@ -20,6 +20,13 @@ from memorizzd.vault import CredentialStore
 log = logging.getLogger("memorizzd.pool")
 
 
+def unknown_server(name: str) -> NotFoundError:
+    """The one answer for a server that does not exist, or not for this caller."""
+    return NotFoundError(
+        f"unknown server {name!r}", reason="unknown_server", data={"server": name}
+    )
+
+
 class Pool:
     def __init__(
         self,
@@ -33,16 +40,18 @@ class Pool:
         self._vault = vault
         self._tg = tg
         self._upstreams: dict[str, Upstream] = {}
+        self.on_tools: Callable[[str, list[m.Tool]], Awaitable[None]] | None = None
+        """Told every fresh tools listing (the approvals check schemas)."""
+
+    async def _tools_listed(self, server: str, tools: list[m.Tool]) -> None:
+        if self.on_tools is not None:
+            await self.on_tools(server, tools)
 
     def get(self, name: str) -> Upstream:
         try:
             return self._upstreams[name]
         except KeyError:
-            raise NotFoundError(
-                f"unknown server {name!r}",
-                reason="unknown_server",
-                data={"server": name},
-            ) from None
+            raise unknown_server(name) from None
 
     def all(self) -> list[Upstream]:
         return sorted(self._upstreams.values(), key=lambda u: u.name)
@@ -68,6 +77,7 @@ class Pool:
             config=self._config,
             store=self._store,
             vault=self._vault,
+            on_tools=self._tools_listed,
         )
         self._upstreams[spec.name] = upstream
         if refused is not None:

@@ -1,0 +1,489 @@
+"""Approvals: a call whose decision is ``ask`` becomes a durable, single-use proposal.
+
+States::
+
+    pending --approve--> approved --resume (consume)--> consumed
+       |                    |
+       +--reject--> rejected|
+       +--cancel--> cancelled <--cancel--+
+       +--(expires_at)--> expired <------+
+       +--(schema changed)--> invalidated <--+
+
+Every step is one atomic ``UPDATE ... WHERE status IN (...) AND expires_at > now``
+on the state database (synchronous=FULL, so durable when it returns), checked
+by its rowcount. ``resume`` consumes the proposal *before* the upstream call is
+sent: a crash after the consume burns the approval, it never runs twice.
+
+A proposal holds the exact call: server, tool, the arguments (encrypted in
+the vault under ``proposal/<id>/arguments``, the ciphertext bound to that ref;
+an HMAC under the audit key guards them again at resume), the tool's schema
+hash and the caller's kernel-verified identity and profile. An agent sees only
+its own profile's proposals; any other id is ``not_found``, exactly as one that
+does not exist. The approver is the operator connection's uid and user name
+(``--approver`` is only a label). Each step leaves an audit record naming the
+proposal; argument values never reach the audit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import pwd
+import secrets
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any, Final
+
+import anyio
+import msgspec
+from anyio.abc import TaskStatus
+
+from memorizz.api import methods as m
+from memorizz.api.errors import ApprovalRequiredError, ConflictError, NotFoundError
+from memorizzd.audit import Auditor
+from memorizzd.rpc.peer import Caller
+from memorizzd.store import Store
+from memorizzd.vault import CredentialStore, VaultError
+
+log = logging.getLogger("memorizzd.approvals")
+
+REF_PREFIX: Final = "proposal/"
+MAX_WAIT_S: Final = 300.0
+_SWEEP_MAX_S: Final = 30.0
+RETENTION_S: Final = 7 * 86400.0
+"""Ended proposals are forgotten this long after they were made (the audit stays)."""
+_canonical: Final = msgspec.json.Encoder(order="sorted")
+
+
+def arguments_ref(proposal_id: str) -> str:
+    return f"{REF_PREFIX}{proposal_id}/arguments"
+
+
+def schema_hash(schema: dict[str, Any] | None) -> str:
+    """SHA-256 (hex) of the canonical JSON of a tool's inputSchema ('' when unlisted)."""
+    if schema is None:
+        return ""
+    return hashlib.sha256(_canonical.encode(schema)).hexdigest()
+
+
+def user_name(uid: int) -> str | None:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError):
+        return None
+
+
+def not_found(proposal_id: str) -> NotFoundError:
+    return NotFoundError(
+        f"unknown proposal {proposal_id!r}",
+        reason="not_found",
+        data={"id": proposal_id},
+    )
+
+
+def not_approved(proposal: m.Proposal) -> ConflictError:
+    return ConflictError(
+        f"proposal {proposal.id} is {proposal.status}; only an approved proposal runs",
+        reason="not_approved",
+        data={"id": proposal.id, "status": proposal.status},
+    )
+
+
+def approval_required(proposal: m.Proposal) -> ApprovalRequiredError:
+    expires = time.strftime("%H:%M:%S UTC", time.gmtime(proposal.expires_at))
+    return ApprovalRequiredError(
+        f"{proposal.tool} on {proposal.server} is {proposal.risk}; it needs an operator's"
+        f" approval: proposal {proposal.id} (expires {expires}); then approvals/resume",
+        data={
+            "server": proposal.server,
+            "tool": proposal.tool,
+            "risk": proposal.risk,
+            "decision": "ask",
+            "proposal_id": proposal.id,
+            "expires_at": proposal.expires_at,
+        },
+    )
+
+
+class ApprovalBook:
+    """The proposals: their state machine, their arguments, their waiters."""
+
+    def __init__(
+        self,
+        store: Store,
+        vault: CredentialStore,
+        auditor: Auditor,
+        *,
+        ttl_s: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self._vault = vault
+        self._auditor = auditor
+        self._ttl_s = ttl_s
+        self._clock = clock
+        self._changed: dict[str, anyio.Event] = {}
+        self._new = anyio.Event()
+        self._self = Caller(
+            pid=os.getpid(), uid=os.getuid(), gid=os.getgid(), socket="memorizzd"
+        )
+
+    # --- scope ------------------------------------------------------------------
+
+    @staticmethod
+    def visible(caller: Caller, proposal: m.Proposal) -> bool:
+        """Operators see every proposal; an agent its own profile's."""
+        if caller.role == "operator":
+            return True
+        return caller.profile is not None and proposal.caller_profile == caller.profile
+
+    async def get(self, caller: Caller, proposal_id: str) -> m.Proposal:
+        await self.sweep()
+        found = await anyio.to_thread.run_sync(self._store.proposal, proposal_id)
+        if found is None or not self.visible(caller, found):
+            raise not_found(proposal_id)
+        return found
+
+    async def get_any(self, proposal_id: str) -> m.Proposal:
+        """Unscoped: for the daemon's own checks, never for a caller's id."""
+        found = await anyio.to_thread.run_sync(self._store.proposal, proposal_id)
+        if found is None:
+            raise not_found(proposal_id)
+        return found
+
+    async def list_for(
+        self, caller: Caller, *, status: str | None, limit: int
+    ) -> list[m.Proposal]:
+        await self.sweep()
+        return await anyio.to_thread.run_sync(
+            partial(
+                self._store.proposals,
+                status=status,
+                profile=caller.profile,
+                any_profile=caller.role == "operator",
+                limit=limit,
+            )
+        )
+
+    async def arguments(self, proposal: m.Proposal) -> dict[str, Any] | None:
+        """The stored values (None once the proposal is over and they are gone)."""
+        try:
+            text = await anyio.to_thread.run_sync(
+                self._vault.get, arguments_ref(proposal.id)
+            )
+        except VaultError:
+            return None
+        value = msgspec.json.decode(text)
+        return value if isinstance(value, dict) else None
+
+    # --- the steps ----------------------------------------------------------
+
+    async def propose(
+        self,
+        caller: Caller,
+        *,
+        server: str,
+        tool: str,
+        arguments: dict[str, Any],
+        risk: m.Risk,
+        schema: dict[str, Any] | None,
+    ) -> m.Proposal:
+        """Store the exact call (durably) and return the pending proposal."""
+        now = self._clock()
+        proposal = m.Proposal(
+            id="p_" + secrets.token_hex(12),
+            status="pending",
+            server=server,
+            tool=tool,
+            risk=risk,
+            argument_keys=sorted(arguments),
+            arguments_hmac=self._auditor.digest(arguments),
+            schema_hash=schema_hash(schema),
+            created=now,
+            expires_at=now + self._ttl_s,
+            caller_uid=caller.uid,
+            caller_user=user_name(caller.uid),
+            caller_pid=caller.pid,
+            caller_profile=caller.profile,
+        )
+        # The arguments first: a proposal row never points at nothing. The
+        # vault's put writes its canary with the first secret it ever holds.
+        await anyio.to_thread.run_sync(
+            self._vault.put,
+            arguments_ref(proposal.id),
+            msgspec.json.encode(arguments).decode(),
+        )
+        await anyio.to_thread.run_sync(self._store.insert_proposal, proposal)
+        self._new.set()
+        log.info(
+            "proposal %s: %s/%s by uid %d (%s)",
+            proposal.id,
+            server,
+            tool,
+            caller.uid,
+            caller.profile or "operator socket",
+        )
+        return proposal
+
+    async def approve(
+        self, caller: Caller, proposal_id: str, *, label: str | None
+    ) -> m.Proposal:
+        return await self._decide(
+            caller,
+            proposal_id,
+            action="approvals/approve",
+            from_status=("pending",),
+            to_status="approved",
+            decided_by_uid=caller.uid,
+            decided_by_user=user_name(caller.uid),
+            approver_label=label,
+            decided_at=self._clock(),
+        )
+
+    async def reject(
+        self, caller: Caller, proposal_id: str, *, reason: str | None
+    ) -> m.Proposal:
+        return await self._decide(
+            caller,
+            proposal_id,
+            action="approvals/reject",
+            from_status=("pending",),
+            to_status="rejected",
+            decided_by_uid=caller.uid,
+            decided_by_user=user_name(caller.uid),
+            decided_at=self._clock(),
+            reason=reason,
+        )
+
+    async def cancel(self, caller: Caller, proposal_id: str) -> m.Proposal:
+        return await self._decide(
+            caller,
+            proposal_id,
+            action="approvals/cancel",
+            from_status=("pending", "approved"),
+            to_status="cancelled",
+            reason=f"cancelled by uid {caller.uid}",
+        )
+
+    async def invalidate(self, proposal: m.Proposal, why: str) -> None:
+        """pending/approved -> invalidated (the tool changed or is gone)."""
+        done = await anyio.to_thread.run_sync(
+            partial(
+                self._store.transition_proposal,
+                proposal.id,
+                from_status=("pending", "approved"),
+                to_status="invalidated",
+                now=self._clock(),
+                reason=why,
+            )
+        )
+        if done:
+            log.warning("proposal %s invalidated: %s", proposal.id, why)
+            await self._finished(proposal.id)
+            await self._audit(self._self, "approvals/invalidate", proposal, reason=why)
+
+    async def consume(self, caller: Caller, proposal: m.Proposal) -> dict[str, Any]:
+        """approved -> consumed, durably, and the exact arguments to send.
+
+        Raises ``not_approved`` unless this call made the step (so of any
+        number of concurrent resumes exactly one gets the arguments).
+        """
+        arguments = await self.arguments(proposal)
+        if (
+            arguments is None
+            or self._auditor.digest(arguments) != proposal.arguments_hmac
+        ):
+            await self.invalidate(proposal, "the stored arguments do not verify")
+            raise not_approved(await self._reread(proposal))
+        if not await anyio.to_thread.run_sync(
+            self._store.consume_proposal, proposal.id, self._clock()
+        ):
+            raise not_approved(await self._reread(proposal))
+        await self._finished(proposal.id)
+        return arguments
+
+    async def _decide(
+        self,
+        caller: Caller,
+        proposal_id: str,
+        *,
+        action: str,
+        from_status: tuple[str, ...],
+        to_status: str,
+        **fields: object,
+    ) -> m.Proposal:
+        proposal = await self.get(caller, proposal_id)
+        done = await anyio.to_thread.run_sync(
+            partial(
+                self._store.transition_proposal,
+                proposal_id,
+                from_status=from_status,
+                to_status=to_status,
+                now=self._clock(),
+                **fields,
+            )
+        )
+        current = await self._reread(proposal)
+        if not done:
+            await self._audit(
+                caller, action, proposal, outcome="failed", reason="not_approved"
+            )
+            raise not_approved(current)
+        if to_status in ("rejected", "cancelled"):
+            await self._finished(proposal_id)
+        else:
+            self._wake(proposal_id)
+        await self._audit(caller, action, current)
+        return current
+
+    async def wait(
+        self, caller: Caller, proposal_id: str, timeout_s: float
+    ) -> m.Proposal:
+        """Return once the proposal is no longer pending, or after ``timeout_s``."""
+        proposal = await self.get(caller, proposal_id)
+        if proposal.status != "pending":
+            return proposal
+        changed = self._changed.setdefault(proposal_id, anyio.Event())
+        until_expiry = max(0.0, proposal.expires_at - self._clock()) + 0.05
+        with anyio.move_on_after(min(timeout_s, until_expiry)):
+            await changed.wait()
+        return await self.get(caller, proposal_id)
+
+    # --- expiry, schema changes, leftovers -------------------------------------
+
+    async def sweep(self) -> None:
+        """Expire what is due (each gets an audit record; its waiters wake)."""
+        expired = await anyio.to_thread.run_sync(
+            self._store.expire_proposals, self._clock()
+        )
+        for proposal in expired:
+            await self._finished(proposal.id)
+            await self._audit(self._self, "approvals/expire", proposal)
+
+    async def run(
+        self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Expire proposals on time (so waiters and the audit hear of it)."""
+        await anyio.to_thread.run_sync(self._forget_leftovers)
+        task_status.started()
+        next_prune = 0.0
+        while True:
+            if self._clock() >= next_prune:
+                await anyio.to_thread.run_sync(
+                    self._store.prune_proposals, self._clock() - RETENTION_S
+                )
+                next_prune = self._clock() + 3600
+            await self.sweep()
+            due = await anyio.to_thread.run_sync(self._store.next_expiry)
+            pause = _SWEEP_MAX_S if due is None else due - self._clock() + 0.01
+            self._new = anyio.Event()
+            with anyio.move_on_after(min(max(pause, 0.01), _SWEEP_MAX_S)):
+                await self._new.wait()
+
+    async def tools_listed(self, server: str, tools: list[m.Tool]) -> None:
+        """A fresh listing (connect, tools/list_changed): a proposal whose tool
+        changed its schema, or vanished, is invalidated."""
+        schemas = {tool.name: schema_hash(tool.input_schema) for tool in tools}
+        active = [
+            p
+            for p in await anyio.to_thread.run_sync(
+                partial(self._store.proposals, server=server)
+            )
+            if p.status in ("pending", "approved")
+        ]
+        for proposal in active:
+            if schemas.get(proposal.tool, "") != proposal.schema_hash:
+                await self.invalidate(proposal, "the tool's schema changed")
+
+    def _forget_leftovers(self) -> None:
+        """Arguments of proposals that are over (or whose row never got written)."""
+        for ref in self._vault.refs():
+            if not ref.startswith(REF_PREFIX):
+                continue
+            proposal_id = ref[len(REF_PREFIX) :].split("/", 1)[0]
+            found = self._store.proposal(proposal_id)
+            if found is None or found.status not in ("pending", "approved"):
+                self._vault.delete(ref)
+
+    async def _finished(self, proposal_id: str) -> None:
+        """The proposal can never run: wake its waiters, drop its arguments."""
+        self._wake(proposal_id)
+        try:
+            await anyio.to_thread.run_sync(
+                self._vault.delete, arguments_ref(proposal_id)
+            )
+        except VaultError as exc:  # pragma: no cover - best effort
+            log.warning(
+                "proposal %s: could not delete its arguments: %s", proposal_id, exc
+            )
+
+    def _wake(self, proposal_id: str) -> None:
+        event = self._changed.pop(proposal_id, None)
+        if event is not None:
+            event.set()
+
+    async def _reread(self, proposal: m.Proposal) -> m.Proposal:
+        found = await anyio.to_thread.run_sync(self._store.proposal, proposal.id)
+        return found if found is not None else proposal
+
+    async def _audit(
+        self,
+        caller: Caller,
+        action: str,
+        proposal: m.Proposal,
+        *,
+        outcome: str = "ok",
+        reason: str | None = None,
+    ) -> None:
+        await self._auditor.record(
+            caller,
+            action=action,
+            started=self._clock(),
+            outcome=outcome,
+            reason=reason,
+            server=proposal.server,
+            tool=proposal.tool,
+            risk=proposal.risk,
+            decision="ask",
+            proposal_id=proposal.id,
+        )
+
+    async def audit_resume(
+        self,
+        caller: Caller,
+        proposal: m.Proposal,
+        *,
+        started: float,
+        arguments: dict[str, Any],
+        outcome: str,
+        reason: str | None = None,
+        result_bytes: int | None = None,
+    ) -> None:
+        await self._auditor.record(
+            caller,
+            action="approvals/resume",
+            started=started,
+            outcome=outcome,
+            reason=reason,
+            server=proposal.server,
+            tool=proposal.tool,
+            risk=proposal.risk,
+            decision="ask",
+            arguments=arguments,
+            result_bytes=result_bytes,
+            proposal_id=proposal.id,
+        )
+
+
+__all__ = [
+    "MAX_WAIT_S",
+    "ApprovalBook",
+    "approval_required",
+    "arguments_ref",
+    "not_approved",
+    "not_found",
+    "schema_hash",
+    "user_name",
+]
