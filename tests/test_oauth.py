@@ -8,6 +8,7 @@ import contextlib
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -468,3 +469,31 @@ def test_removing_a_server_revokes_its_grant(base: str) -> None:
         c.remove_server("cal")
         assert sorted(world.revoked) == ["AccessToken", "RefreshToken"]
         assert world.access == {}
+
+
+def test_a_pending_login_expires_and_is_single_use() -> None:
+    from types import SimpleNamespace
+    from typing import cast
+
+    from memorizzd.oauth.login import Logins, PendingLogin
+
+    def pending(server: str, state: str, ttl: float) -> PendingLogin:
+        fields = {"server": server, "state": state, "expires": time.monotonic() + ttl}
+        return cast(PendingLogin, SimpleNamespace(**fields))
+
+    logins = Logins(ttl_s=600)
+    logins.add(pending("cal", "s-old", 0.0))  # already expired
+    logins.add(pending("mail", "s-mail", 600))
+    with pytest.raises(LoginError) as expired:
+        logins.take("cal", "s-old")
+    assert expired.value.reason == "invalid_state"
+    with pytest.raises(LoginError):
+        logins.take("cal", "s-mail")  # another server's login
+    assert logins.take("mail", "s-mail").state == "s-mail"
+    with pytest.raises(LoginError):
+        logins.take("mail", "s-mail")  # single use
+    logins.add(pending("cal", "s-1", 600))
+    logins.add(pending("cal", "s-2", 600))  # replaces the first
+    with pytest.raises(LoginError):
+        logins.take("cal", "s-1")
+    assert logins.take("cal", "s-2").state == "s-2"
