@@ -210,26 +210,21 @@ def daemon_process(base: str, *extra: str) -> Iterator[DaemonProcess]:
 
 
 @contextlib.contextmanager
-def serve_http(
-    kind: str, port: int = 0, wrap: Callable[[Any], Any] | None = None
-) -> Iterator[str]:
-    """Serve the test MCP server over ``streamable_http`` or ``sse`` on 127.0.0.1
-    (a free port unless given); yields its URL. ``wrap`` wraps the ASGI app
-    (e.g. a middleware that checks credentials)."""
+def serve_asgi(make_app: Callable[[str], Any], port: int = 0) -> Iterator[str]:
+    """Serve the ASGI app ``make_app(base)`` on 127.0.0.1 in a thread (a free
+    port unless given); yields ``base``, its ``http://127.0.0.1:PORT``."""
     import uvicorn
-
-    from tests.mcp_server import mcp
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
     base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    app = mcp.streamable_http_app() if kind == "streamable_http" else mcp.sse_app()
-    if wrap is not None:
-        app = wrap(app)
     server = uvicorn.Server(
         uvicorn.Config(
-            app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1
+            make_app(base),
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=1,
         )
     )
     thread = threading.Thread(
@@ -240,11 +235,28 @@ def serve_http(
     if not server.started:
         raise RuntimeError("uvicorn did not start")
     try:
-        yield base + ("/mcp" if kind == "streamable_http" else "/sse")
+        yield base
     finally:
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
+
+
+@contextlib.contextmanager
+def serve_http(
+    kind: str, port: int = 0, wrap: Callable[[Any], Any] | None = None
+) -> Iterator[str]:
+    """Serve the test MCP server over ``streamable_http`` or ``sse`` on 127.0.0.1
+    (a free port unless given); yields its URL. ``wrap`` wraps the ASGI app
+    (e.g. a middleware that checks credentials)."""
+    from tests.mcp_server import mcp
+
+    def make_app(base: str) -> Any:
+        app = mcp.streamable_http_app() if kind == "streamable_http" else mcp.sse_app()
+        return wrap(app) if wrap is not None else app
+
+    with serve_asgi(make_app, port) as base:
+        yield base + ("/mcp" if kind == "streamable_http" else "/sse")
 
 
 def rmtree(path: str) -> None:

@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import socket
-import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-import uvicorn
 from mcp.server.auth.provider import (
     AccessToken,
     AuthorizationCode,
@@ -38,7 +35,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from pydantic import AnyHttpUrl, AnyUrl
 
-from tests.harness import wait_until
+from tests.harness import serve_asgi
 
 PRE_CLIENT_ID = "memorizz-preregistered"
 PRE_CLIENT_SECRET = "pre-secret-marker-71c2e9"  # noqa: S105 - a test marker
@@ -211,27 +208,8 @@ def protected_app(base: str, provider: TestAuthorizationServer) -> Any:
 @contextlib.contextmanager
 def serve_protected(provider: TestAuthorizationServer) -> Iterator[str]:
     """Serve the world on a free port of 127.0.0.1; yields the MCP URL."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    base = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    app = protected_app(base, provider)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1
-        )
-    )
-    thread = threading.Thread(
-        target=server.run, kwargs={"sockets": [sock]}, daemon=True
-    )
-    thread.start()
-    wait_until(lambda: server.started or not thread.is_alive(), what="uvicorn")
-    try:
+    with serve_asgi(lambda base: protected_app(base, provider)) as base:
         yield base + "/mcp"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
 
 
 class _NoRedirect(urllib.request.HTTPRedirectHandler):

@@ -311,28 +311,8 @@ def test_memorizzctl_login_through_the_loopback_listener(base: str) -> None:
         redirect = f"http://127.0.0.1:{port}/callback"
         with d.client() as c:
             c.add_server(oauth_spec(url, oauth_redirect_uri=redirect))
-        ctl = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "memorizz.cli",
-                "--socket",
-                d.socket,
-                "mcp",
-                "login",
-                "cal",
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert ctl.stderr is not None
-        line = ""
-        while not line.strip().startswith("http"):
-            line = ctl.stderr.readline()
-            assert line, "memorizzctl printed no URL"
-        callback = browser(line.strip())
+        ctl, authorization_url = start_login(d.socket, "cal")
+        callback = browser(authorization_url)
         assert callback.startswith(redirect)
         wait_until(lambda: _listening(port), what="the callback listener")
         import urllib.request
@@ -350,21 +330,9 @@ def test_memorizzctl_login_by_paste(base: str) -> None:
     world = TestAuthorizationServer()
     with world_and_daemon(world, base) as (url, d, c):
         c.add_server(oauth_spec(url))
-        ctl = subprocess.Popen(
-            [sys.executable, "-m", "memorizz.cli", "--socket", d.socket,
-             "mcp", "login", "cal", "--no-listen"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        assert ctl.stderr is not None
+        ctl, authorization_url = start_login(d.socket, "cal", "--no-listen")
         assert ctl.stdin is not None
-        line = ""
-        while not line.strip().startswith("http"):
-            line = ctl.stderr.readline()
-            assert line, "memorizzctl printed no URL"
-        ctl.stdin.write("not a url\n" + browser(line.strip()) + "\n")
+        ctl.stdin.write("not a url\n" + browser(authorization_url) + "\n")
         ctl.stdin.flush()
         out, err = ctl.communicate(timeout=30)
         assert ctl.returncode == 0, err
@@ -419,6 +387,27 @@ def test_no_token_in_outputs_or_files(base: str) -> None:
     for text in seen:
         for secret in secrets:
             assert secret not in text
+
+
+def start_login(
+    socket_path: str, server: str, *flags: str
+) -> tuple[subprocess.Popen[str], str]:
+    """``memorizzctl mcp login`` as an operator runs it; returns the process
+    and the authorization URL it printed."""
+    ctl = subprocess.Popen(
+        [sys.executable, "-m", "memorizz.cli", "--socket", socket_path,
+         "mcp", "login", server, *flags],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    assert ctl.stderr is not None
+    line = ""
+    while not line.strip().startswith("http"):
+        line = ctl.stderr.readline()
+        assert line, "memorizzctl printed no URL"
+    return ctl, line.strip()
 
 
 def _free_port() -> int:

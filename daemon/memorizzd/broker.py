@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import msgspec
@@ -37,8 +37,6 @@ from memorizzd.audit import Auditor, outcome_for
 from memorizzd.config import Config, validate_server
 from memorizzd.egress.urls import check_server_url
 from memorizzd.execution import resolve_command
-from memorizzd.oauth.keeper import TokenKeeper
-from memorizzd.oauth.service import OAuthService
 from memorizzd.policy import refusal
 from memorizzd.rpc.dispatch import Handler
 from memorizzd.rpc.peer import Caller
@@ -54,6 +52,10 @@ from memorizzd.vault import (
     server_refs,
     stripped,
 )
+
+if TYPE_CHECKING:
+    from memorizzd.oauth.keeper import TokenKeeper
+    from memorizzd.oauth.service import OAuthService
 
 log = logging.getLogger("memorizzd.broker")
 R = TypeVar("R")
@@ -87,7 +89,7 @@ class Broker:
         self._in_flight = in_flight
         self._started = time.monotonic()
         self._changing = anyio.Lock()
-        self._oauth = OAuthService(vault, config.host_allowlist)
+        self._oauth_service: OAuthService | None = None
 
     def handlers(self) -> Mapping[str, Handler]:
         table: dict[str, Any] = {
@@ -213,7 +215,7 @@ class Broker:
             caller,
             "auth/login",
             p.server,
-            self._oauth.login(upstream.spec, self._keeper(upstream), p.redirect_uri),
+            self._oauth().login(upstream.spec, self._keeper(upstream), p.redirect_uri),
         )
 
     async def _audited_auth_complete(
@@ -224,7 +226,9 @@ class Broker:
             caller,
             "auth/complete",
             p.server,
-            self._oauth.complete(upstream.spec, self._keeper(upstream), p.callback_url),
+            self._oauth().complete(
+                upstream.spec, self._keeper(upstream), p.callback_url
+            ),
         )
 
     async def _audited_auth_logout(
@@ -235,8 +239,16 @@ class Broker:
             caller,
             "auth/logout",
             p.server,
-            self._oauth.logout(upstream.spec, self._keeper(upstream)),
+            self._oauth().logout(upstream.spec, self._keeper(upstream)),
         )
+
+    def _oauth(self) -> OAuthService:
+        """Made at first use (see ``Upstream.keeper``: OAuth loads lazily)."""
+        if self._oauth_service is None:
+            from memorizzd.oauth.service import OAuthService
+
+            self._oauth_service = OAuthService(self._vault, self._config.host_allowlist)
+        return self._oauth_service
 
     @staticmethod
     def _keeper(upstream: Upstream) -> TokenKeeper:
@@ -409,7 +421,7 @@ class Broker:
                 # block the removal).
                 with anyio.move_on_after(10):
                     try:
-                        await self._oauth.logout(upstream.spec, upstream.keeper)
+                        await self._oauth().logout(upstream.spec, upstream.keeper)
                     except RemoteError as exc:
                         log.info("%s: not revoked at removal: %s", p.name, exc.message)
             await anyio.to_thread.run_sync(self._store.remove_server, p.name)

@@ -17,7 +17,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncGenerator
+from contextlib import aclosing
 from dataclasses import dataclass
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 import httpx2
@@ -158,31 +161,46 @@ def check_authorization_endpoint(url: str) -> None:
         )
 
 
-async def _resource_metadata(
-    http: httpx2.AsyncClient, server_url: str, hinted: str | None
-) -> ProtectedResourceMetadata | None:
-    expected = resource_url_from_server_url(server_url)
-    mismatched: str | None = None
-    for url in build_protected_resource_metadata_discovery_urls(hinted, server_url):
+M = TypeVar("M", ProtectedResourceMetadata, OAuthMetadata)
+
+
+async def _documents(
+    http: httpx2.AsyncClient, urls: list[str], kind: type[M], what: str
+) -> AsyncGenerator[tuple[str, M], None]:
+    """Each URL's metadata document that parses, in order; a URL that is not
+    there (4xx), unreachable or unreadable is skipped; a 5xx stops discovery
+    (it says nothing about where the metadata is)."""
+    for url in urls:
         try:
             response = await get_json(http, url)
         except EndpointError:
             continue
         if response.status_code >= 500:
             raise LoginError(
-                f"protected resource metadata at {url} answered "
-                f"{response.status_code}; try again later"
+                f"{what} at {url} answered {response.status_code}; try again later"
             )
         if response.status_code != 200:
             continue
         try:
-            prm = ProtectedResourceMetadata.model_validate_json(response.content)
+            yield url, kind.model_validate_json(response.content)
         except ValidationError:
             continue
-        if not check_resource_allowed(expected, str(prm.resource)):
-            mismatched = str(prm.resource)
-            continue  # RFC 9728 §3.3: not this server's metadata
-        return prm
+
+
+async def _resource_metadata(
+    http: httpx2.AsyncClient, server_url: str, hinted: str | None
+) -> ProtectedResourceMetadata | None:
+    expected = resource_url_from_server_url(server_url)
+    mismatched: str | None = None
+    urls = build_protected_resource_metadata_discovery_urls(hinted, server_url)
+    documents = _documents(
+        http, urls, ProtectedResourceMetadata, "protected resource metadata"
+    )
+    async with aclosing(documents):
+        async for _, prm in documents:
+            if check_resource_allowed(expected, str(prm.resource)):
+                return prm
+            mismatched = str(prm.resource)  # RFC 9728 §3.3: not this server's
     if mismatched is not None:
         raise LoginError(
             f"the protected resource metadata names resource {mismatched!r}, "
@@ -194,28 +212,15 @@ async def _resource_metadata(
 async def _server_metadata(
     http: httpx2.AsyncClient, urls: list[str], issuer: str
 ) -> OAuthMetadata:
-    for url in urls:
-        try:
-            response = await get_json(http, url)
-        except EndpointError:
-            continue
-        if response.status_code >= 500:
-            raise LoginError(
-                f"authorization server metadata at {url} answered "
-                f"{response.status_code}; try again later"
-            )
-        if response.status_code != 200:
-            continue
-        try:
-            metadata = OAuthMetadata.model_validate_json(response.content)
-        except ValidationError:
-            continue
-        if not issuers_match(str(metadata.issuer), issuer):
-            raise LoginError(
-                f"authorization server metadata at {url} names issuer "
-                f"{str(metadata.issuer)!r}, not {issuer!r} (RFC 8414 §3.3); refused"
-            )
-        return metadata
+    documents = _documents(http, urls, OAuthMetadata, "authorization server metadata")
+    async with aclosing(documents):
+        async for url, metadata in documents:
+            if not issuers_match(str(metadata.issuer), issuer):
+                raise LoginError(
+                    f"authorization server metadata at {url} names issuer "
+                    f"{str(metadata.issuer)!r}, not {issuer!r} (RFC 8414 §3.3); refused"
+                )
+            return metadata
     raise LoginError(
         f"no authorization server metadata found for {issuer} "
         "(tried RFC 8414 and OpenID Connect discovery)"

@@ -17,7 +17,7 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
 import anyio.abc
@@ -32,12 +32,14 @@ from memorizz.api.errors import (
     UnavailableError,
 )
 from memorizzd.config import Config
-from memorizzd.oauth.keeper import TokenKeeper, http_client_for
 from memorizzd.policy import ToolPolicy, ToolsView, ToolVerdict
 from memorizzd.store import Negotiated, Store, fingerprint
 from memorizzd.upstream import session as sdk
 from memorizzd.upstream.stdio import StdioProcess
 from memorizzd.vault import CredentialStore, VaultError, resolve_secrets
+
+if TYPE_CHECKING:
+    from memorizzd.oauth.keeper import TokenKeeper
 
 log = logging.getLogger("memorizzd.upstream")
 
@@ -99,6 +101,10 @@ class Upstream:
         self.keeper: TokenKeeper | None = None
         """OAuth servers: the grant and its refresher."""
         if spec.auth == "oauth" and spec.transport != "stdio":
+            # Imported here: a host without OAuth servers never loads the
+            # SDK's OAuth client modules (about a megabyte of the daemon).
+            from memorizzd.oauth.keeper import TokenKeeper, http_client_for
+
             self.keeper = TokenKeeper(
                 spec.name,
                 vault=vault,
