@@ -331,6 +331,10 @@ def test_the_cli_shows_and_decides_proposals(
         other = _propose(agent, "y")
     assert approvals.ctl("mcp", "reject", other, "--reason", "no") == 0
     assert f"rejected by {ME_NAME}({ME}): no" in capsys.readouterr().out
+    assert approvals.ctl("audit", "--limit", "5") == 0
+    trail = capsys.readouterr().out
+    assert "proposal" in trail.splitlines()[0].lower()
+    assert other in trail
     assert approvals.ctl("--socket", agent_socket(shared, "alpha"), "mcp", "list") == 77
     assert calls(shared).count("x") == 1
     assert "y" not in calls(shared)

@@ -322,7 +322,7 @@ def render_audit(records: Sequence[m.AuditRecord]) -> str:
         return "no audit records\n"
     headers = [
         "id", "time", "action", "server", "tool", "risk", "decision",
-        "outcome", "reason", "ms", "uid", "pid", "args",
+        "outcome", "reason", "ms", "uid", "pid", "profile", "proposal", "args",
     ]  # fmt: skip
     rows = [
         [
@@ -338,6 +338,8 @@ def render_audit(records: Sequence[m.AuditRecord]) -> str:
             f"{r.duration_ms:.1f}",
             str(r.caller_uid),
             str(r.caller_pid),
+            _dash(r.caller_profile),
+            _dash(r.proposal_id),
             ",".join(r.argument_keys) or "-",
         ]
         for r in records
