@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import math
 import random
+import sqlite3
 import time
 from collections.abc import Callable
 from typing import Final, Literal
@@ -40,7 +41,7 @@ from memorizzd.oauth import endpoints
 from memorizzd.oauth.discovery import Challenge
 from memorizzd.oauth.endpoints import ClientAuth, EndpointError
 from memorizzd.oauth.grant import Grant, delete_grant, load_grant, save_grant
-from memorizzd.vault import CredentialStore
+from memorizzd.vault import CredentialStore, VaultError
 
 log = logging.getLogger("memorizzd.oauth")
 
@@ -52,6 +53,14 @@ MAX_STEP_UPS: Final = 2
 """Step-up logins that may ask one server for the same widened scope (bounded)."""
 
 KeeperState = Literal["logged_out", "ok", "login_required"]
+
+
+def expiry_of(expires_in: int | None, now: float) -> float | None:
+    """The Unix time a token expires; None when the server did not say (or said
+    something that is not a lifetime: zero or negative)."""
+    if expires_in is None or expires_in <= 0:
+        return None
+    return now + expires_in
 
 
 def refresh_margin(lifetime: float) -> float:
@@ -326,17 +335,41 @@ class TokenKeeper:
                 grant,
                 access_token=token.access_token,
                 refresh_token=token.refresh_token or grant.refresh_token,
-                expires_at=now + token.expires_in if token.expires_in else None,
+                expires_at=expiry_of(token.expires_in, now),
                 obtained_at=now,
                 scope=token.scope or grant.scope,
             )
             # Durable before use: the vault commits with synchronous=FULL.
-            await anyio.to_thread.run_sync(save_grant, self._vault, self.server, fresh)
+            stored = await self._store(fresh)
         self.last_refresh = now
         self.refreshes += 1
-        self.last_refresh_error = None
+        self.last_refresh_error = (
+            None if stored else "the new grant could not be stored (see the log)"
+        )
         self._publish(fresh)
         log.info("%s: access token refreshed", self.server)
+        return True
+
+    async def _store(self, grant: Grant) -> bool:
+        """Write ``grant`` to the vault; False (logged) when that fails.
+
+        A refreshed grant is used even when it could not be stored (a full
+        disk, a vault error): the authorization server has already rotated
+        the refresh token, so the old one is dead either way, and the new one
+        in memory keeps the server working until the next restart, which
+        will then need a login. The failure is shown in ``servers/status``.
+        """
+        try:
+            await anyio.to_thread.run_sync(save_grant, self._vault, self.server, grant)
+        except (OSError, VaultError, sqlite3.Error) as exc:
+            log.error(
+                "%s: the OAuth grant could not be stored: %s: %s; it is used from "
+                "memory until the daemon restarts",
+                self.server,
+                type(exc).__name__,
+                exc,
+            )
+            return False
         return True
 
     def _failed(self, why: str) -> None:
@@ -346,7 +379,7 @@ class TokenKeeper:
     async def _mark_login_required(self, grant: Grant, why: str) -> None:
         self.last_refresh_error = why
         dead = msgspec.structs.replace(grant, login_required=True)
-        await anyio.to_thread.run_sync(save_grant, self._vault, self.server, dead)
+        await self._store(dead)
         self._publish(dead)
         log.warning(
             "%s: the grant is dead (%s): login required (memorizzctl mcp login %s)",

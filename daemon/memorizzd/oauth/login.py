@@ -48,6 +48,7 @@ from memorizzd.oauth.grant import (
     load_registration,
     save_registration,
 )
+from memorizzd.oauth.keeper import expiry_of
 from memorizzd.vault import CredentialStore
 
 DEFAULT_REDIRECT_URI: Final = "http://127.0.0.1:33418/callback"
@@ -333,7 +334,7 @@ async def finish(
     return Grant(
         access_token=token.access_token,
         refresh_token=token.refresh_token,
-        expires_at=now + token.expires_in if token.expires_in else None,
+        expires_at=expiry_of(token.expires_in, now),
         obtained_at=now,
         scope=token.scope or login.scope,
         issuer=login.authz.issuer,
