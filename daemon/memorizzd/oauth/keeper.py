@@ -274,7 +274,12 @@ class TokenKeeper:
                     self._kick = anyio.Event()
                 if not waited.cancelled_caught and not self._requested:
                     continue  # the grant changed: compute the schedule again
-            ok = await self._refresh_once()
+            try:
+                ok = await self._refresh_once()
+            except Exception as exc:  # the refresher's supervision boundary
+                log.exception("%s: token refresh failed unexpectedly", self.server)
+                self._failed(f"internal error: {type(exc).__name__}")
+                ok = False
             self._wanted_for = None  # its waiters are answered by this attempt
             done, self._done = self._done, anyio.Event()
             done.set()
