@@ -25,7 +25,6 @@ import ipaddress
 import socket
 import ssl
 import tempfile
-import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +39,7 @@ from cryptography.x509.oid import NameOID
 
 from memorizzd.egress.addresses import IPAddress
 from memorizzd.egress.backend import Network
-from tests.harness import rmtree, wait_until
+from tests.harness import rmtree, serve_asgi
 
 PUBLIC_NAME = "mcp.example.test"
 PUBLIC_V4 = "8.8.8.8"
@@ -345,32 +344,6 @@ def mcp_app(kind: str, host: str = PUBLIC_NAME) -> ASGIApp:
 def serve(app: ASGIApp, tls: TLS | None, *, lifespan: str = "on") -> Iterator[int]:
     """Serve ``app`` on 127.0.0.1 in a thread, over HTTPS with ``tls`` (else
     plain HTTP); yields the port."""
-    import uvicorn
-
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port: int = sock.getsockname()[1]
     certs = {"ssl_certfile": tls.certfile, "ssl_keyfile": tls.keyfile} if tls else {}
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            log_level="warning",
-            lifespan=lifespan,
-            timeout_graceful_shutdown=1,
-            **certs,
-        )
-    )
-    thread = threading.Thread(
-        target=server.run, kwargs={"sockets": [sock]}, daemon=True
-    )
-    thread.start()
-    wait_until(lambda: server.started or not thread.is_alive(), what="uvicorn")
-    if not server.started:
-        raise RuntimeError("uvicorn did not start")
-    try:
-        yield port
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
-        sock.close()
+    with serve_asgi(lambda _base: app, lifespan=lifespan, **certs) as base:
+        yield int(base.rsplit(":", 1)[1])

@@ -210,9 +210,16 @@ def daemon_process(base: str, *extra: str) -> Iterator[DaemonProcess]:
 
 
 @contextlib.contextmanager
-def serve_asgi(make_app: Callable[[str], Any], port: int = 0) -> Iterator[str]:
+def serve_asgi(
+    make_app: Callable[[str], Any],
+    port: int = 0,
+    *,
+    lifespan: str = "on",
+    **uvicorn_options: Any,
+) -> Iterator[str]:
     """Serve the ASGI app ``make_app(base)`` on 127.0.0.1 in a thread (a free
-    port unless given); yields ``base``, its ``http://127.0.0.1:PORT``."""
+    port unless given); yields ``base``, its ``http://127.0.0.1:PORT``.
+    ``uvicorn_options`` go to ``uvicorn.Config`` (``ssl_certfile``, ...)."""
     import uvicorn
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -223,8 +230,9 @@ def serve_asgi(make_app: Callable[[str], Any], port: int = 0) -> Iterator[str]:
         uvicorn.Config(
             make_app(base),
             log_level="warning",
-            lifespan="on",
+            lifespan=lifespan,
             timeout_graceful_shutdown=1,
+            **uvicorn_options,
         )
     )
     thread = threading.Thread(

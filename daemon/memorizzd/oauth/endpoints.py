@@ -203,14 +203,14 @@ def _error_of(response: httpx2.Response, endpoint: str) -> EndpointError:
         return EndpointError(
             kind, f"the {endpoint} endpoint answered {response.status_code}"
         )
-    description = _printable(body.error_description or "")
-    return EndpointError(_printable(body.error)[:64] or "bad_response", description)
+    description = printable(body.error_description or "")
+    return EndpointError(printable(body.error, 64) or "bad_response", description)
 
 
-def _printable(text: str) -> str:
-    """Server-controlled text, made safe to show: printable, short."""
-    cleaned = "".join(ch if ch.isprintable() else "?" for ch in text)
-    return cleaned[:MAX_DESCRIPTION]
+def printable(text: str, limit: int = MAX_DESCRIPTION) -> str:
+    """Server-controlled text (an OAuth ``error``, its description), made safe
+    to show: printable characters only, at most ``limit`` of them."""
+    return "".join(ch if ch.isprintable() else "?" for ch in text[:limit])
 
 
 def _origin(url: str) -> str:

@@ -267,11 +267,8 @@ class TokenKeeper:
         failures = 0
         while True:
             if not self._requested:
-                kick = self._kick
                 with anyio.move_on_after(self._due_in()) as waited:
-                    await kick.wait()
-                if self._kick is kick:
-                    self._kick = anyio.Event()
+                    await self._kicked()
                 if not waited.cancelled_caught and not self._requested:
                     continue  # the grant changed: compute the schedule again
             try:
@@ -297,10 +294,14 @@ class TokenKeeper:
 
     async def _wait_for_request(self) -> None:
         while not self._requested:
-            kick = self._kick
-            await kick.wait()
-            if self._kick is kick:
-                self._kick = anyio.Event()
+            await self._kicked()
+
+    async def _kicked(self) -> None:
+        """Return at the next kick (a grant change or a refresh request)."""
+        kick = self._kick
+        await kick.wait()
+        if self._kick is kick:
+            self._kick = anyio.Event()
 
     async def _refresh_once(self) -> bool:
         grant = self.grant

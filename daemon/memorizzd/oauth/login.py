@@ -41,7 +41,7 @@ from memorizz.api.errors import InvalidParamsError, LoginError
 from memorizzd.config import redirect_uri_ok
 from memorizzd.oauth import endpoints
 from memorizzd.oauth.discovery import AuthorizationServer, Challenge
-from memorizzd.oauth.endpoints import ClientAuth, EndpointError
+from memorizzd.oauth.endpoints import ClientAuth, EndpointError, printable
 from memorizzd.oauth.grant import (
     Grant,
     Registration,
@@ -285,8 +285,8 @@ async def finish(
 ) -> Grant:
     """Check the callback and exchange its code; the new grant (not yet stored)."""
     if "error" in params:
-        error = _shown(params["error"], 64)
-        description = _shown(params.get("error_description", ""), 200)
+        error = printable(params["error"], 64)
+        description = printable(params.get("error_description", ""))
         raise LoginError(
             f"the authorization server refused the login: {error}"
             + (f" ({description})" if description else ""),
@@ -347,7 +347,3 @@ async def finish(
         client_secret=login.client.client_secret,
         auth_method=login.client.method,
     )
-
-
-def _shown(text: str, limit: int) -> str:
-    return "".join(ch if ch.isprintable() else "?" for ch in text)[:limit]
