@@ -70,6 +70,33 @@ DENIED = [
     "fec0::1",  # site-local (is_global is True for it on some interpreters)
     "fec0:cccc::",
     "ff02::2",
+    # Issue 9: IPv4-translated (SIIT, ::ffff:0:0:0/96): a translator on the
+    # path turns it into the embedded IPv4 address; is_global is True for it.
+    "::ffff:0:7f00:1",
+    "::ffff:0:127.0.0.1",
+    "::ffff:0:a9fe:a9fe",
+    "::ffff:0:808:808",  # a public address inside: denied all the same
+    # ... and the rest of the IANA special-purpose registries.
+    "::ffff:0:0",  # the first IPv4-mapped address: 0.0.0.0
+    "100:0:0:1::1",  # dummy prefix (RFC 9780)
+    "2001:1::1",  # PCP anycast (2001::/23: IETF protocol assignments)
+    "2001:2::1",  # benchmarking
+    "2001:3::1",  # AMT
+    "2001:4:112::1",  # AS112-v6
+    "2001:10::1",  # ORCHID
+    "2001:20::1",  # ORCHIDv2
+    "2001:1ff:ffff::1",  # the end of 2001::/23
+    "2620:4f:8000::1",  # AS112 direct delegation
+    "3fff::1",  # documentation (RFC 9637)
+    "3fff:fff:ffff::1",
+    "5f00::1",  # SRv6 SIDs (RFC 9602)
+    "64:ff9c::1",  # just outside the NAT64 /96, but outside 2000::/3 too
+    "4000::1",  # outside 2000::/3: not global unicast, whatever is assigned there
+    "1::1",
+    "e000::1",
+    "192.31.196.1",  # AS112-v4
+    "192.52.193.1",  # AMT
+    "192.175.48.1",  # AS112 direct delegation
 ]
 ALLOWED = [
     "8.8.8.8",
@@ -82,8 +109,15 @@ ALLOWED = [
     "198.17.255.255",
     "2001:4860:4860::8888",
     "2606:4700:4700::1111",
-    "64:ff9c::1",  # just outside the NAT64 /96
     "::ffff:8.8.8.8",  # mapped public: unwrapped, judged as 8.8.8.8
+    "2001:200::1",  # just past 2001::/23
+    "2620:4f:7fff::1",  # just before the AS112 /48
+    "3fff:1000::1",  # just past 3fff::/20
+    "3ffe:ffff::1",
+    "2c0f:fb50::1",
+    "192.31.195.255",
+    "192.31.197.0",
+    "192.175.49.1",
 ]
 
 
@@ -106,6 +140,7 @@ def test_public_addresses_are_allowed(address: str) -> None:
         # Teredo: the client address is the last 32 bits XOR 0xffffffff.
         ("2001:0:4136:e378:8000:63bf:3f57:fdfe", "Teredo", "192.168.2.1"),
         ("::10.0.0.1", "IPv4-compatible", "10.0.0.1"),
+        ("::ffff:0:7f00:1", "IPv4-translated", "127.0.0.1"),
     ],
 )
 def test_wrapped_ipv4_is_unwrapped_for_the_message(
@@ -136,6 +171,13 @@ ADDRESS_NOT_ALLOWED = [
     "https://[0:0:0:0:0:ffff:127.0.0.1]/",
     "https://[::127.0.0.1]/",
     "https://[64:ff9b::a9fe:a9fe]/",
+    "https://[::ffff:0:127.0.0.1]/",  # IPv4-translated (SIIT)
+    "https://[::ffff:0:a9fe:a9fe]/",
+    "https://[0:0:0:0:ffff:0:7f00:1]/",
+    "https://[3fff::1]/",
+    "https://[5f00::1]/",
+    "https://[2001:20::1]/",
+    "https://192.175.48.1/",
     "https://[2002:a9fe:a9fe::]/",
     "https://[2001:0:4136:e378:8000:63bf:3f57:fdfe]/",
     "https://[fd00:ec2::254]/latest/meta-data/",

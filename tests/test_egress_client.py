@@ -54,6 +54,10 @@ ANSWERS: dict[str, Any] = {
     "loopback6.example.test": ["::1"],
     "zero.example.test": ["0.0.0.0"],  # noqa: S104 - an answer, not a bind
     "mapped.example.test": ["::ffff:127.0.0.1"],
+    "translated.example.test": ["::ffff:0:7f00:1"],  # SIIT (issue 9)
+    "translated-public.example.test": [PUBLIC_V4, "::ffff:0:a9fe:a9fe"],
+    "srv6.example.test": ["5f00::1"],
+    "doc3fff.example.test": ["3fff::1"],
     "nat64.example.test": ["64:ff9b::a9fe:a9fe"],
     "sixtofour.example.test": ["2002:a9fe:a9fe::1"],
     "teredo.example.test": ["2001:0:4136:e378:8000:63bf:3f57:fdfe"],
@@ -219,6 +223,8 @@ async def test_an_unknown_name_fails_to_connect_without_the_system_resolver(
         "https://[::ffff:127.0.0.1]/",
         "https://[::ffff:7f00:1]/",
         "https://[64:ff9b::a9fe:a9fe]/",
+        "https://[::ffff:0:127.0.0.1]/",
+        "https://[::ffff:0:a9fe:a9fe]/",
         "https://169.254.169.254/latest/meta-data/",
         "https://[fd00:ec2::254]/",
         "https://localhost/",

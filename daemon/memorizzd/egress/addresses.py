@@ -1,14 +1,27 @@
 """Which IP addresses the daemon may connect to: the deny table (pure).
 
-The table is SECURITY.md §2.5: the IANA special-purpose ranges, private and
-shared (CGNAT) space, loopback, link-local (cloud metadata at 169.254.169.254,
-Alibaba's 100.100.100.200 in 100.64/10, AWS IMDSv6 at fd00:ec2::254 in
-fc00::/7), documentation and benchmarking ranges, multicast and reserved
-space. An IPv4-mapped IPv6 address (``::ffff:a.b.c.d``) is unwrapped and its
-IPv4 address judged; every other IPv6 wrapper of IPv4 (IPv4-compatible, NAT64,
-6to4, Teredo) is denied outright, whatever it embeds. What survives the table
-must also be ``is_global``: Python's flags alone are no policy (their tables
-differ by interpreter patch level), the table alone may miss a range.
+The rule admits, rather than denies: an address is allowed only if it lies in
+globally routable unicast space and outside every special-purpose block.
+
+* IPv6: only global unicast, ``2000::/3`` (RFC 4291 §2.4); everything outside
+  it is refused whatever it is (``::/128``, ``::1``, IPv4-compatible ``::/96``,
+  IPv4-translated ``::ffff:0:0:0/96`` (SIIT, RFC 2765/6052), NAT64
+  ``64:ff9b::/96`` and ``64:ff9b:1::/48``, discard ``100::/64`` and the dummy
+  prefix ``100:0:0:1::/64``, SRv6 SIDs ``5f00::/16``, ``fc00::/7``,
+  ``fe80::/10``, ``fec0::/10``, ``ff00::/8``, and whatever IANA assigns
+  there next). Inside ``2000::/3`` the IANA IPv6 special-purpose blocks are
+  refused (``DENIED_V6``). The one exception is the IPv4-mapped form
+  (``::ffff:a.b.c.d``): the kernel dials the IPv4 address itself, so it is
+  unwrapped and the IPv4 address judged.
+* IPv4: unicast space minus the IANA IPv4 special-purpose blocks, private
+  and shared (CGNAT) space, loopback, link-local (cloud metadata at
+  169.254.169.254, Alibaba's 100.100.100.200 in 100.64/10), multicast and
+  reserved space (``DENIED_V4``).
+
+What survives must also be ``is_global``: Python's flags alone are no policy
+(their tables differ by interpreter patch level), but a second opinion that
+can only refuse costs nothing. ``allow_private_network`` (a server's explicit
+choice) skips this module altogether; see ``urls.py`` and ``backend.py``.
 """
 
 from __future__ import annotations
@@ -29,8 +42,11 @@ DENIED_V4: Final = tuple(
         "172.16.0.0/12",
         "192.0.0.0/24",  # IETF protocol assignments (NAT64 discovery .170/.171)
         "192.0.2.0/24",  # TEST-NET-1
-        "192.88.99.0/24",  # 6to4 relay anycast
+        "192.31.196.0/24",  # AS112-v4 (RFC 7535)
+        "192.52.193.0/24",  # AMT (RFC 7450)
+        "192.88.99.0/24",  # 6to4 relay anycast (deprecated, RFC 7526)
         "192.168.0.0/16",
+        "192.175.48.0/24",  # AS112 direct delegation (RFC 7534)
         "198.18.0.0/15",  # benchmarking
         "198.51.100.0/24",  # TEST-NET-2
         "203.0.113.0/24",  # TEST-NET-3
@@ -38,16 +54,28 @@ DENIED_V4: Final = tuple(
         "240.0.0.0/4",  # reserved, and 255.255.255.255
     )
 )
+GLOBAL_UNICAST_V6: Final = IPv6Network("2000::/3")
+"""The only IPv6 space the daemon dials (RFC 4291 §2.4)."""
 DENIED_V6: Final = tuple(
     IPv6Network(n)
     for n in (
+        # Inside 2000::/3: the IANA IPv6 special-purpose registry.
+        "2001::/23",  # IETF protocol assignments: Teredo 2001::/32, 2001:1::/48
+        # anycast, benchmarking 2001:2::/48, AMT 2001:3::/32, AS112
+        # 2001:4:112::/48, ORCHID 2001:10::/28, ORCHIDv2 2001:20::/28, ...
+        "2001:db8::/32",  # documentation
+        "2002::/16",  # 6to4
+        "2620:4f:8000::/48",  # AS112 direct delegation (RFC 7534)
+        "3fff::/20",  # documentation (RFC 9637)
+        # Outside 2000::/3, refused by the rule; listed for describe() and
+        # for anyone who reads this table alone.
         "::/96",  # unspecified, loopback, IPv4-compatible
+        "::ffff:0:0:0/96",  # IPv4-translated (SIIT, RFC 2765)
         "64:ff9b::/96",  # NAT64 well-known prefix
         "64:ff9b:1::/48",  # NAT64 local-use prefix
         "100::/64",  # discard-only
-        "2001::/32",  # Teredo
-        "2001:db8::/32",  # documentation
-        "2002::/16",  # 6to4
+        "100:0:0:1::/64",  # dummy prefix (RFC 9780)
+        "5f00::/16",  # SRv6 SIDs (RFC 9602)
         "fc00::/7",  # unique local (AWS IMDSv6 fd00:ec2::254)
         "fe80::/10",  # link-local
         "fec0::/10",  # site-local (deprecated, still routed by some stacks)
@@ -55,6 +83,7 @@ DENIED_V6: Final = tuple(
     )
 )
 _COMPATIBLE: Final = IPv6Network("::/96")
+_TRANSLATED: Final = IPv6Network("::ffff:0:0:0/96")
 _NAT64: Final = IPv6Network("64:ff9b::/96")
 
 
@@ -66,7 +95,7 @@ def address_allowed(ip: IPAddress) -> bool:
         mapped = ip.ipv4_mapped
         if mapped is not None:
             return address_allowed(mapped)
-        if any(ip in net for net in DENIED_V6):
+        if ip not in GLOBAL_UNICAST_V6 or any(ip in net for net in DENIED_V6):
             return False
     elif any(ip in net for net in DENIED_V4):
         return False
@@ -77,6 +106,8 @@ def embedded_ipv4(ip: IPv6Address) -> tuple[str, IPv4Address] | None:
     """The IPv4 address an IPv6 address wraps, and how (for messages)."""
     if (mapped := ip.ipv4_mapped) is not None:
         return "IPv4-mapped", mapped
+    if ip in _TRANSLATED:
+        return "IPv4-translated", IPv4Address(int(ip) & 0xFFFFFFFF)
     if ip in _NAT64:
         return "NAT64", IPv4Address(int(ip) & 0xFFFFFFFF)
     if (sixtofour := ip.sixtofour) is not None:
