@@ -361,3 +361,97 @@ def test_a_bad_host_allowlist_pattern_is_a_config_error(base_dir: str) -> None:
     )
     assert check.returncode == 78
     assert "host_allowlist: '*.'" in check.stderr
+
+
+def test_the_daemon_raises_its_open_files_limit_to_the_hard_limit(
+    base_dir: str,
+) -> None:
+    """Started with a low soft RLIMIT_NOFILE (a login shell's 1024, here 256),
+    memorizzd lifts it to the hard limit before it opens a socket, and says so."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = min(256, hard)
+    log_path = os.path.join(base_dir, "daemon.log")
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [
+                DAEMON_EXE,
+                "--socket",
+                os.path.join(base_dir, "d.sock"),
+                "--state-dir",
+                os.path.join(base_dir, "state"),
+            ],
+            stdout=log,
+            stderr=log,
+            preexec_fn=lambda: resource.setrlimit(  # noqa: PLW1509 - no threads
+                resource.RLIMIT_NOFILE, (low, hard)
+            ),
+        )
+    try:
+        wait_until(
+            lambda: "listening on" in Path(log_path).read_text(),
+            what="memorizzd listening",
+        )
+        limits = Path(f"/proc/{proc.pid}/limits").read_text()
+        line = next(x for x in limits.splitlines() if x.startswith("Max open files"))
+        assert line.split()[3:5] == [str(hard), str(hard)], line
+        assert (
+            f"raised the soft open files limit from {low} to the hard limit, {hard}"
+            in Path(log_path).read_text()
+        )
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+
+
+def test_a_state_directory_left_0755_is_tightened_at_start(base_dir: str) -> None:
+    """Made by hand before the first start (mkdir under umask 022): the daemon
+    makes it 0700 and says so; everything it writes there is 0600."""
+    state = Path(base_dir, "state")
+    state.mkdir(mode=0o755)
+    os.chmod(state, 0o755)
+    with daemon_process(base_dir) as d:
+        with d.client() as c:
+            c.add_server(stdio_spec("t"))
+            assert c.audit(limit=1)  # the audit key and the trail are written
+        assert os.stat(state).st_mode & 0o777 == 0o700
+        assert f"state directory {state} was 0755, open to other users" in d.log()
+        assert {
+            p.name: p.stat().st_mode & 0o777 for p in state.iterdir()
+        } == dict.fromkeys(
+            ("state.db", "state.db-wal", "state.db-shm", "vault.key", "audit.key"),
+            0o600,
+        )
+
+
+def test_a_state_directory_that_is_not_the_daemons_own_stops_the_start(
+    base_dir: str,
+) -> None:
+    """A link where the state directory should be: exit 1, one clear line, the
+    socket it bound removed, nothing written through the link."""
+    elsewhere = Path(base_dir, "elsewhere")
+    elsewhere.mkdir(mode=0o755)
+    os.chmod(elsewhere, 0o755)
+    Path(base_dir, "state").symlink_to(elsewhere)
+    done = subprocess.run(
+        [
+            DAEMON_EXE,
+            "--socket",
+            os.path.join(base_dir, "d.sock"),
+            "--state-dir",
+            os.path.join(base_dir, "state"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"memorizzd: state directory {base_dir}/state is a symbolic link;"
+        " set state_dir to the directory itself; refusing to start"
+    )
+    assert not Path(base_dir, "d.sock").exists()
+    assert list(elsewhere.iterdir()) == []
+    assert elsewhere.stat().st_mode & 0o777 == 0o755

@@ -6,10 +6,36 @@ import os
 import sqlite3
 import stat
 import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
 
 from memorizz.api.methods import Proposal
-from memorizzd.store import _MIGRATIONS, SCHEMA_VERSION, Negotiated, Store, fingerprint
+from memorizzd import audit, state_dir
+from memorizzd.store import (
+    _MIGRATIONS,
+    SCHEMA_VERSION,
+    Negotiated,
+    Store,
+    StoreError,
+    fingerprint,
+)
+from memorizzd.vault import keys
 from tests.harness import stdio_spec
+from tests.peers import needs_root
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    """The usual login umask: what a directory made by hand gets."""
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+def _mode(path: str | Path) -> int:
+    return stat.S_IMODE(os.lstat(path).st_mode)
 
 
 def test_an_older_database_is_migrated_in_place(base_dir: str) -> None:
@@ -98,3 +124,106 @@ def test_proposal_steps_are_atomic_and_single_use(base_dir: str) -> None:
         assert store.next_expiry() is None
     finally:
         store.close()
+
+
+def test_the_state_files_the_daemon_keeps_are_all_known() -> None:
+    assert keys.KEY_FILE in state_dir.PRIVATE_FILES
+    assert audit.KEY_FILE in state_dir.PRIVATE_FILES
+    assert f"{keys.KEY_FILE}.tmp" in state_dir.PRIVATE_FILES
+
+
+@pytest.mark.usefixtures("umask_022")
+def test_a_state_directory_left_open_is_tightened_with_its_files(
+    base_dir: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A state directory made by hand (0755) with a database and keys copied in
+    (0644): the directory becomes 0700 and every file 0600, and it is logged.
+    Before, all of it stayed as it was, and SQLite made its WAL and shm files
+    0644 too, after the database file."""
+    state = Path(base_dir, "state")
+    state.mkdir(mode=0o755)
+    db = sqlite3.connect(state / "state.db")
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("CREATE TABLE t (x)")
+    db.close()
+    for name in ("state.db", "vault.key", "audit.key"):
+        (state / name).touch()
+        os.chmod(state / name, 0o644)
+    assert _mode(state) == 0o755
+    store = Store(str(state))
+    try:
+        store.add_server(stdio_spec("one"))  # writes the WAL and shm files
+        assert {p.name: _mode(p) for p in state.iterdir()} == {
+            "state.db": 0o600,
+            "state.db-wal": 0o600,
+            "state.db-shm": 0o600,
+            "vault.key": 0o600,
+            "audit.key": 0o600,
+        }
+    finally:
+        store.close()
+    assert _mode(state) == 0o700
+    assert f"state directory {state} was 0755, open to other users" in caplog.text
+    assert f"file {state}/vault.key was 0644" in caplog.text
+
+
+def test_a_new_state_directory_and_database_are_private_whatever_the_umask(
+    base_dir: str,
+) -> None:
+    old = os.umask(0)
+    try:
+        store = Store(os.path.join(base_dir, "state"))
+        store.add_server(stdio_spec("one"))
+        store.close()
+    finally:
+        os.umask(old)
+    state = Path(base_dir, "state")
+    assert _mode(state) == 0o700
+    assert {_mode(p) for p in state.iterdir()} == {0o600}
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda p: p.write_text("x"), "is not a directory; refusing to start"),
+        (
+            lambda p: p.symlink_to(p.parent / "elsewhere", target_is_directory=True),
+            "is a symbolic link; set state_dir to the directory itself",
+        ),
+        (
+            lambda p: (p.mkdir(), (p / "vault.key").symlink_to("/etc/hostname")),
+            "vault.key is a symbolic link",
+        ),
+        (
+            lambda p: (p.mkdir(), os.mkfifo(p / "state.db")),
+            "state.db is not a regular file",
+        ),
+    ],
+)
+def test_a_state_directory_that_is_not_a_private_directory_is_refused(
+    base_dir: str, make: Callable[[Path], object], message: str
+) -> None:
+    state = Path(base_dir, "state")
+    (state.parent / "elsewhere").mkdir(mode=0o755)
+    make(state)
+    with pytest.raises(StoreError, match=message):
+        Store(str(state))
+    assert _mode(state.parent / "elsewhere") == 0o755  # never followed
+    assert not (state.parent / "elsewhere" / "state.db").exists()
+
+
+@needs_root
+def test_a_state_directory_owned_by_another_uid_is_refused(base_dir: str) -> None:
+    """Its owner could read or replace the keys whatever its mode."""
+    state = Path(base_dir, "state")
+    state.mkdir(mode=0o755)
+    os.chown(state, 4300, 4300)
+    with pytest.raises(StoreError, match="is owned by uid 4300, and memorizzd runs"):
+        Store(str(state))
+    assert _mode(state) == 0o755
+    assert list(state.iterdir()) == []
+    os.chown(state, 0, 0)
+    (state / "audit.key").touch()
+    os.chown(state / "audit.key", 4300, 4300)
+    with pytest.raises(StoreError, match="audit.key is owned by uid 4300"):
+        Store(str(state))

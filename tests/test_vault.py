@@ -143,6 +143,28 @@ def test_rotate_with_a_new_key_rewrites_the_key_file(tmp_path: Path) -> None:
         s.close()
 
 
+def test_a_leftover_tmp_key_file_does_not_leak_its_mode_to_the_new_key(
+    tmp_path: Path,
+) -> None:
+    """A rotation cut short leaves vault.key.tmp; one made 0644 (by hand, or by
+    an older version under a loose umask) kept that mode through O_CREAT, and
+    the rewritten key file was world-readable after the rename."""
+    state = str(tmp_path / "state")
+    keys = load_keys(state)
+    leftover = Path(state, f"{KEY_FILE}.tmp")
+    leftover.write_bytes(b"half a key")
+    os.chmod(leftover, 0o644)
+    s = Store(state)  # the start tightens what it finds ...
+    try:
+        assert stat.S_IMODE(leftover.stat().st_mode) == 0o600
+        os.chmod(leftover, 0o644)  # ... and the rotation does not rely on it
+        FernetCredentialStore.open(s, keys).rotate(new_key=True)
+    finally:
+        s.close()
+    assert stat.S_IMODE(Path(state, KEY_FILE).stat().st_mode) == 0o600
+    assert not leftover.exists()
+
+
 def test_new_key_is_only_for_the_key_file(store: Store) -> None:
     vault = FernetCredentialStore.open(store, source(Fernet.generate_key()))
     with pytest.raises(VaultKeyError, match="only for the key file"):
@@ -177,6 +199,8 @@ def _start(base: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
             os.path.join(base, "d.sock"),
             "--state-dir",
             os.path.join(base, "state"),
+            "--log-level",  # no start-up notes (the open files limit) around the error
+            "warning",
         ],
         capture_output=True,
         text=True,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
+import resource
 import sys
 
 import anyio
@@ -14,6 +16,8 @@ from memorizzd.execution import check_config_servers, harden_process
 from memorizzd.sdnotify import setup_logging
 
 EX_CONFIG = 78
+
+log = logging.getLogger("memorizzd")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,6 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"memorizzd: vault: {exc}", file=sys.stderr)
         return EX_CONFIG
     harden_process()  # MEMORIZZ_* out of os.environ; /proc/<pid>/environ root-only
+    raise_open_files_limit()
     from memorizzd.app import run  # the heavy imports (mcp) only when serving
     from memorizzd.rpc.server import SocketInUseError
     from memorizzd.store import StoreError
@@ -99,6 +104,37 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     return 0
+
+
+def raise_open_files_limit() -> None:
+    """Soft ``RLIMIT_NOFILE`` up to the hard limit, before any socket is opened.
+
+    Every connection, upstream and stdio pipe holds a file descriptor; the
+    classic soft limit of 1024 is a few hundred connections away, and a local
+    user can open that many. The hard limit is what the administrator (or the
+    unit's ``LimitNOFILE=``) granted; the soft one is only a default for
+    programs that use ``select()``, which the daemon does not.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == hard:
+        log.debug("open files limit: %s (soft = hard)", _limit(hard))
+        return
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError) as exc:  # e.g. an infinite hard limit the kernel caps
+        log.warning(
+            "open files limit stays at %s (hard %s): %s", soft, _limit(hard), exc
+        )
+        return
+    log.info(
+        "raised the soft open files limit from %s to the hard limit, %s",
+        soft,
+        _limit(hard),
+    )
+
+
+def _limit(value: int) -> str:
+    return "unlimited" if value == resource.RLIM_INFINITY else str(value)
 
 
 def _forget_secrets(state_dir: str) -> int:

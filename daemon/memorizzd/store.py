@@ -27,6 +27,7 @@ from typing import Final
 import msgspec
 
 from memorizz.api.methods import AuditRecord, Proposal, ServerSpec
+from memorizzd.state_dir import FILE_MODE, StateDirError, secure_state_dir
 
 SCHEMA_VERSION: Final = 5
 _MIGRATIONS: Final = (
@@ -141,11 +142,19 @@ class Store:
     def __init__(self, state_dir: str) -> None:
         self.path = Path(state_dir) / "state.db"
         try:
-            os.makedirs(state_dir, mode=0o700, exist_ok=True)
+            # 0700 and the daemon's own, its files 0600: before SQLite opens
+            # anything (its WAL and shm files copy the database file's mode).
+            secure_state_dir(state_dir)
+        except StateDirError as exc:
+            raise StoreError(str(exc)) from None
+        try:
             fd = os.open(
-                self.path, os.O_RDWR | os.O_CREAT, 0o600
-            )  # never world-readable
-            os.close(fd)
+                self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+            )
+            try:
+                os.fchmod(fd, FILE_MODE)  # 0600 whatever the umask
+            finally:
+                os.close(fd)
             self._db = sqlite3.connect(
                 self.path, check_same_thread=False, isolation_level=None
             )

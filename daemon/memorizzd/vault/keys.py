@@ -132,7 +132,11 @@ def _create_key_file(state_dir: str, path: str) -> None:
 def write_key_file(path: str, keys: tuple[bytes, ...]) -> None:
     """Replace the key file atomically (0600, fsynced), primary first."""
     tmp = f"{path}.tmp"
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    with open(os.open(tmp, flags, 0o600), "wb") as f:
+        # A leftover tmp file keeps its mode through O_CREAT: 0600 before the
+        # keys go in, whatever it was.
+        os.fchmod(f.fileno(), 0o600)
         f.write(b",".join(keys) + b"\n")
         f.flush()
         os.fsync(f.fileno())

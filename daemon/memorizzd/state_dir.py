@@ -1,0 +1,142 @@
+"""The state directory: the daemon's own, 0700, with its files 0600.
+
+It holds the state database (the audit trail, the run-time servers with their
+env values, the vault's ciphertexts), the vault key and the audit key. At start,
+before anything in it is opened, ``secure_state_dir`` makes sure that it is private:
+
+* missing: created 0700 (parents as needed), whatever the umask;
+* an existing directory owned by the daemon's uid: tightened to 0700 if it is
+  wider (made by hand, or by an older version), and logged;
+* owned by another uid, not a directory, or a symbolic link: refused, and the
+  daemon does not start (``StateDirError``). The other uid could read or swap
+  the keys whatever the mode; and a link is refused rather than followed, so
+  that a link planted where the directory should be never gets the daemon to
+  chmod, or write its database into, the directory it names;
+* the files the daemon keeps there (``PRIVATE_FILES``) that exist: tightened to
+  0600 if wider, refused like the directory when they are not regular files
+  owned by the daemon's uid. SQLite creates the WAL and shared-memory files
+  with the database file's mode, so a database left 0644 would have made them
+  0644 too.
+
+Files created later are made 0600 where they are created (``os.open`` with
+0600 and ``O_EXCL``, or ``fchmod``), so the umask only ever narrows them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from typing import Final
+
+log = logging.getLogger("memorizzd.state")
+
+DIRECTORY_MODE: Final = 0o700
+FILE_MODE: Final = 0o600
+PRIVATE_FILES: Final = (
+    "state.db",
+    "state.db-wal",
+    "state.db-shm",
+    "state.db-journal",
+    "vault.key",  # memorizzd.vault.keys.KEY_FILE
+    "vault.key.tmp",  # a key rotation cut short
+    "audit.key",  # memorizzd.audit.KEY_FILE
+)
+"""What the daemon keeps in the state directory (a test checks the key names)."""
+
+
+class StateDirError(Exception):
+    """The state directory (or a file in it) is not the daemon's own."""
+
+
+def secure_state_dir(path: str) -> None:
+    """Create ``path`` 0700, or check and tighten the existing directory and its files."""
+    try:
+        os.makedirs(path, mode=DIRECTORY_MODE, exist_ok=True)
+    except FileExistsError:
+        pass  # a file or a dangling link: described below
+    except OSError as exc:
+        raise StateDirError(
+            f"cannot create the state directory {path}: {exc.strerror}"
+        ) from None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise StateDirError(_not_a_directory(path, exc)) from None
+    try:
+        _tighten(fd, path, "state directory", DIRECTORY_MODE)
+        for name in PRIVATE_FILES:
+            _secure_file(fd, path, name)
+    finally:
+        os.close(fd)
+
+
+def _secure_file(dir_fd: int, directory: str, name: str) -> None:
+    path = os.path.join(directory, name)
+    try:
+        fd = os.open(
+            name,
+            os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+            dir_fd=dir_fd,
+        )
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        what = "a symbolic link" if _is_link(dir_fd, name) else exc.strerror
+        raise StateDirError(
+            f"{path} is {what}: the state directory's files must be the daemon's own"
+            " regular files; refusing to start"
+        ) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StateDirError(
+                f"{path} is not a regular file: the state directory's files must be"
+                " the daemon's own regular files; refusing to start"
+            )
+        _tighten(fd, path, "file", FILE_MODE)
+    finally:
+        os.close(fd)
+
+
+def _tighten(fd: int, path: str, what: str, mode: int) -> None:
+    info = os.fstat(fd)
+    uid = os.geteuid()
+    if info.st_uid != uid:
+        raise StateDirError(
+            f"{what} {path} is owned by uid {info.st_uid}, and memorizzd runs as uid"
+            f" {uid}: refusing to start (another user could read or replace the keys"
+            " and the database). Run memorizzd as its owner, or chown it"
+        )
+    current = stat.S_IMODE(info.st_mode)
+    if current == mode:
+        return
+    os.fchmod(fd, mode)
+    if current & 0o077:
+        log.warning(
+            "%s %s was %04o, open to other users: tightened it to %04o",
+            what,
+            path,
+            current,
+            mode,
+        )
+
+
+def _is_link(dir_fd: int, name: str) -> bool:
+    try:
+        return stat.S_ISLNK(os.lstat(name, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return False
+
+
+def _not_a_directory(path: str, exc: OSError) -> str:
+    try:
+        kind = os.lstat(path).st_mode
+    except OSError:
+        kind = 0
+    if stat.S_ISLNK(kind):
+        what = "a symbolic link; set state_dir to the directory itself"
+    elif kind and not stat.S_ISDIR(kind):
+        what = "not a directory"
+    else:
+        what = f"unusable: {exc.strerror}"
+    return f"state directory {path} is {what}; refusing to start"
