@@ -14,7 +14,7 @@ import pytest
 
 from memorizz.api.errors import InvalidParamsError, PermissionDeniedError
 from memorizzd.egress.addresses import address_allowed, describe, embedded_ipv4
-from memorizzd.egress.urls import check_url, normalise_pattern
+from memorizzd.egress.urls import check_url, normalise_pattern, without_trailing_dot
 
 # --- the deny table ------------------------------------------------------------
 
@@ -213,12 +213,55 @@ def test_local_and_numeric_hosts_are_refused(url: str) -> None:
         "file:///etc/passwd",
         "gopher://127.0.0.1:6379/_INFO",
         "ws://api.example.com/",
+        # Issue 9: every other scheme is refused as such, in any case and
+        # whatever follows it, never as a malformed URL.
+        "FTP://api.example.com/",
+        "Ftp://api.example.com/",
+        "file:/etc/passwd",
+        "FILE:///etc/passwd",
+        "file://localhost/etc/passwd",
+        "javascript:alert(1)",
+        "JavaScript://%0aalert(1)",
+        "data:text/html,<script>",
+        "mailto:ops@example.com",
+        "ldap://ldap.example.com/",
+        "dict://127.0.0.1:11211/",
+        "svn+ssh://example.com/",
     ],
 )
 def test_only_https_without_allow_private_network(url: str) -> None:
     with pytest.raises(PermissionDeniedError) as err:
         check_url(url, allowlist=[], allow_private_network=False)
     assert err.value.reason == "scheme_not_allowed"
+    assert err.value.message.startswith("scheme_not_allowed: ")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "HTTPS://api.example.com/mcp",
+        "Https://api.example.com/mcp",
+        "hTTpS://API.EXAMPLE.COM:443/mcp",
+    ],
+)
+def test_the_scheme_is_case_insensitive(url: str) -> None:
+    checked = check_url(url, allowlist=["api.example.com"], allow_private_network=False)
+    assert (checked.scheme, checked.host, checked.port) == (
+        "https",
+        "api.example.com",
+        443,
+    )
+    with pytest.raises(PermissionDeniedError) as err:  # HTTP is http
+        check_url(
+            url.replace("S:", ":").replace("s:", ":"),
+            allowlist=[],
+            allow_private_network=False,
+        )
+    assert err.value.reason == "scheme_not_allowed"
+    checked = check_url(
+        "HTTP://127.0.0.1:8080/", allowlist=[], allow_private_network=True
+    )
+    assert checked.scheme == "http"
 
 
 @pytest.mark.parametrize(
@@ -262,8 +305,10 @@ def test_credentials_in_the_url_are_refused(url: str) -> None:
         "https://allowed.example.com../",
         "https://xn--zz.example.com/",  # not valid punycode
         "https://[not:an:address]/",
-        "javascript:alert(1)",
         "allowed.example.com/mcp",
+        "allowed.example.com:443/mcp",  # host:port, no scheme
+        "localhost:8080",
+        "https:allowed.example.com/mcp",  # no //
         "https://" + "a" * 64 + ".example.com/",
         "https://allowed.example.com/" + "x" * 5000,
     ],
@@ -313,6 +358,45 @@ def test_other_hosts_are_refused_when_an_allowlist_is_set(url: str) -> None:
     with pytest.raises(PermissionDeniedError) as err:
         check_url(url, allowlist=ALLOWLIST, allow_private_network=False)
     assert err.value.reason == "host_not_allowed"
+
+
+@pytest.mark.parametrize(
+    ("url", "allowlist"),
+    [
+        ("https://evil.example.org./", ["api.example.com"]),
+        ("https://api.example.com.evil.example.org./", ["api.example.com"]),
+        ("https://example.com./", ["*.example.com"]),  # the apex, dotted
+        ("https://api.example.com./", ["api.example.com.evil.example.org"]),
+    ],
+)
+def test_a_trailing_dot_does_not_widen_the_allowlist(
+    url: str, allowlist: list[str]
+) -> None:
+    with pytest.raises(PermissionDeniedError) as err:
+        check_url(url, allowlist=allowlist, allow_private_network=False)
+    assert err.value.reason == "host_not_allowed"
+
+
+@pytest.mark.parametrize(
+    ("url", "sent"),
+    [
+        ("https://api.example.com./mcp", "https://api.example.com/mcp"),
+        (
+            "https://api.example.com.:8443/mcp?x=a.",
+            "https://api.example.com:8443/mcp?x=a.",
+        ),
+        ("https://api.example.com.?q", "https://api.example.com?q"),
+        ("https://api.example.com.#f", "https://api.example.com#f"),
+        ("HTTPS://API.example.com.", "HTTPS://API.example.com"),
+        ("https://api.example.com/mcp.", "https://api.example.com/mcp."),
+        ("https://api.example.com../", "https://api.example.com../"),  # refused
+        ("https://[::1]/", "https://[::1]/"),
+        ("https://u@api.example.com./", "https://u@api.example.com./"),  # refused
+        ("javascript:x.", "javascript:x."),
+    ],
+)
+def test_a_request_goes_out_without_the_trailing_dot(url: str, sent: str) -> None:
+    assert without_trailing_dot(url) == sent
 
 
 def test_an_empty_allowlist_allows_any_public_host_and_any_port() -> None:

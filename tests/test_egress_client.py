@@ -135,6 +135,27 @@ async def test_an_allowed_public_name_connects_to_the_checked_address(
     assert world.dial.dialled == [(PUBLIC_V4, 443)]
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"https://{PUBLIC_NAME}./trap/headers",
+        f"https://{PUBLIC_NAME}.:443/trap/headers",
+        f"HTTPS://{PUBLIC_NAME.upper()}./trap/headers",
+    ],
+)
+async def test_a_trailing_dot_or_an_upper_case_url_reaches_the_allowed_host(
+    world: World, url: str
+) -> None:
+    """Issue 9: ``mcp.example.test.`` failed TLS; it is the name the allowlist
+    matched, and that is what SNI, the certificate check and Host carry."""
+    async with client(world, allowlist=[PUBLIC_NAME]) as http:
+        response = await http.get(url)
+    assert response.status_code == 200
+    assert response.json()["host"] == PUBLIC_NAME
+    assert world.dns.lookups == [PUBLIC_NAME]
+    assert world.dial.dialled == [(PUBLIC_V4, 443)]
+
+
 async def test_tls_verifies_the_url_host_name_not_the_address(world: World) -> None:
     async with client(world) as http:
         with pytest.raises(httpx2.ConnectError) as err:
@@ -258,6 +279,16 @@ async def test_a_host_httpx_cannot_parse_fails_safely(world: World) -> None:
         (f"https://{PUBLIC_NAME}.evil.example.org/", "host_not_allowed"),
         ("https://example.test/", "host_not_allowed"),  # the apex of *.example.test
         ("https://8.8.8.8/", "host_not_allowed"),
+        ("https://other.example.org./trap/ok", "host_not_allowed"),
+        ("https://example.test./", "host_not_allowed"),
+        # Issue 9: every other scheme is named as such, in any case, even where
+        # httpx would read a host-less URL as a path.
+        (f"ftp://{PUBLIC_NAME}/", "scheme_not_allowed"),
+        (f"FTP://{PUBLIC_NAME}/", "scheme_not_allowed"),
+        (f"HTTP://{PUBLIC_NAME}/trap/ok", "scheme_not_allowed"),
+        ("file:///etc/passwd", "scheme_not_allowed"),
+        ("file:/etc/passwd", "scheme_not_allowed"),
+        ("javascript:alert(1)", "scheme_not_allowed"),
     ],
 )
 async def test_url_refusals_on_the_wire(world: World, url: str, reason: str) -> None:

@@ -143,6 +143,13 @@ def test_a_redirect_or_a_compressed_body_fails_one_call_not_the_session(
     ("url", "reason"),
     [
         (f"http://{PUBLIC_NAME}/mcp", "scheme_not_allowed"),
+        # Issue 9: these answered invalid_params.
+        (f"ftp://{PUBLIC_NAME}/mcp", "scheme_not_allowed"),
+        (f"FTP://{PUBLIC_NAME}/mcp", "scheme_not_allowed"),
+        ("file:///etc/passwd", "scheme_not_allowed"),
+        ("file:/etc/passwd", "scheme_not_allowed"),
+        ("javascript:alert(1)", "scheme_not_allowed"),
+        (f"HTTP://{PUBLIC_NAME}/mcp", "scheme_not_allowed"),
         (f"https://user:secret@{PUBLIC_NAME}/mcp", "credentials_in_url"),
         (f"https://{PUBLIC_NAME}@evil.example.org/mcp", "credentials_in_url"),
         ("https://evil.example.org/mcp", "host_not_allowed"),
@@ -173,6 +180,28 @@ def test_servers_add_refuses_with_the_reason(
         assert [s.name for s in c.list_servers()] == []
     assert world.dns.lookups == []
     assert world.dial.dialled == []
+
+
+@pytest.mark.parametrize("transport", ["streamable_http", "sse"])
+@pytest.mark.parametrize("spelling", ["trailing_dot", "upper_case"])
+def test_a_trailing_dot_or_an_upper_case_url_connects(
+    daemon: DaemonHarness, world: World, transport: str, spelling: str
+) -> None:
+    """Issue 9: ``https://mcp.example.test./mcp`` failed TLS (and the server's
+    Host check); ``HTTPS://...`` was refused as invalid_params."""
+    url = URLS[transport]
+    if spelling == "trailing_dot":
+        host = url.split("/")[2]
+        url = url.replace(host, host + ".", 1)
+    else:
+        url = url.replace("https://", "HTTPS://", 1)
+    daemon.add(http_spec("pub", url))
+    with daemon.client() as c:
+        assert c.call_tool("pub", "echo", {"text": "hi"}).content[0]["text"] == "hi"
+        assert c.server_status("pub")[0].state == "ready"
+        c.remove_server("pub")
+    name = PUBLIC_NAME if transport == "streamable_http" else SSE_NAME
+    assert set(world.dns.lookups) == {name}
 
 
 def test_allow_private_network_takes_http_and_still_pins_the_address(

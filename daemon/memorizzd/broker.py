@@ -381,11 +381,13 @@ class Broker:
         self, caller: Caller, p: m.ServersAddParams
     ) -> m.ServersAddResult:
         spec = p.server
+        # The egress policy first: a refused URL (ftp:, file:, http:) answers
+        # with its reason (scheme_not_allowed ...), not as a malformed spec.
+        check_server_url(spec, allowlist=self._config.host_allowlist)
         try:
             validate_server(spec)
         except ValueError as exc:
             raise InvalidParamsError(str(exc)) from None
-        check_server_url(spec, allowlist=self._config.host_allowlist)
         spec = resolve_command(  # stdio: the absolute path is what is stored and runs
             spec,
             allowlist=self._config.stdio_allowlist,

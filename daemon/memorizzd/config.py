@@ -197,7 +197,7 @@ def validate_server(spec: ServerSpec) -> None:
             raise ValueError(
                 f"server {spec.name!r}: transport {spec.transport} needs a url"
             )
-        if not spec.url.startswith(("http://", "https://")):
+        if not spec.url.lower().startswith(("http://", "https://")):  # RFC 3986
             raise ValueError(f"server {spec.name!r}: url must be http:// or https://")
         if spec.command or spec.args or spec.env or spec.cwd or spec.secret_env:
             raise ValueError(

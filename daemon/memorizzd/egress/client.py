@@ -3,8 +3,10 @@ through a client made here (MCP Streamable HTTP and SSE; later OAuth).
 
 The layers, outermost first:
 
-1. ``httpx2.AsyncClient``: no redirects followed, no proxy or TLS settings
-   from the environment (``trust_env=False``).
+1. ``HardenedClient`` (an ``httpx2.AsyncClient``): no redirects followed, no
+   proxy or TLS settings from the environment (``trust_env=False``); a URL's
+   scheme is judged before httpx reads a host-less URL (``file:``,
+   ``javascript:``) as a path.
 2. ``CappedTransport`` (``upstream/limits.py``): response bodies counted raw
    against the server's ``max_result_bytes``.
 3. ``RefusalReplies``: a refused MCP request fails alone, with its reason.
@@ -30,6 +32,7 @@ from memorizzd.egress.transport import (
     GuardTransport,
     PinnedTransport,
 )
+from memorizzd.egress.urls import check_scheme
 from memorizzd.upstream.limits import CappedTransport
 
 DEFAULT_NETWORK = Network()
@@ -66,7 +69,7 @@ def hardened_client(
     )
     if bearer is not None:
         guarded = BearerTransport(guarded, bearer)
-    return httpx2.AsyncClient(
+    return HardenedClient(
         headers=headers,
         auth=auth,
         timeout=timeout,
@@ -75,6 +78,20 @@ def hardened_client(
         trust_env=False,
         transport=CappedTransport(RefusalReplies(guarded), limit),
     )
+
+
+class HardenedClient(httpx2.AsyncClient):
+    """httpx reads a URL without a host (``file:///etc/passwd``,
+    ``javascript:x``) as a path relative to ``base_url``, so the transport
+    would see ``/etc/passwd``; its scheme is judged here first and refused as
+    such (``scheme_not_allowed``). The full URL policy runs per request, in
+    ``GuardTransport``."""
+
+    def _merge_url(self, url: httpx2.URL | str) -> httpx2.URL:
+        # httpx2's one funnel for request URLs (build_request, stream); private,
+        # but pinned, and test_egress_client covers it.
+        check_scheme(str(url))
+        return super()._merge_url(url)
 
 
 @functools.cache

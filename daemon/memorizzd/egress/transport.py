@@ -5,7 +5,8 @@
   metadata), asks for ``Accept-Encoding: identity`` and refuses what comes
   back as a redirect (any 3xx: ``redirect_blocked``) or with a content coding
   (a compressed body is never inflated: a gzip bomb stays a few kilobytes on
-  the wire and is dropped). An authentication challenge (401, or 403 with
+  the wire and is dropped). A host name's trailing dot is dropped from the
+  request (SNI, certificate check, ``Host``). An authentication challenge (401, or 403 with
   ``WWW-Authenticate``) becomes ``ChallengeError`` (``authorization_required``,
   holding the header for the OAuth layer), so a wrong or missing token is named
   as such instead of surfacing as the SDK's generic error. The OAuth client's
@@ -56,6 +57,8 @@ class GuardTransport(httpx2.AsyncBaseTransport):
             allowlist=self._allowlist,
             allow_private_network=self._private,
         )
+        if request.url.host.endswith("."):
+            _drop_trailing_dot(request)
         request.headers["Accept-Encoding"] = "identity"
         response = await self._inner.handle_async_request(request)
         status = response.status_code
@@ -82,6 +85,14 @@ class GuardTransport(httpx2.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+def _drop_trailing_dot(request: httpx2.Request) -> None:
+    """``api.example.com.`` goes out as ``api.example.com``: the name the
+    allowlist matched, and the only form SNI, a certificate and a server's
+    ``Host`` check know."""
+    request.url = request.url.copy_with(host=request.url.host[:-1])
+    request.headers["Host"] = request.url.netloc.decode("ascii")
 
 
 def is_challenge(response: httpx2.Response) -> bool:

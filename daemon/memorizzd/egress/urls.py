@@ -8,6 +8,9 @@ resolves to.
 The rules:
 
 * ``https`` only; ``http`` only for a server with ``allow_private_network``.
+  The scheme is matched case-insensitively (``HTTPS://`` is ``https://``,
+  RFC 3986 §3.1); any other scheme (``ftp:``, ``file:``, ``javascript:``)
+  is refused as ``scheme_not_allowed``, not as a malformed URL.
 * No userinfo (``credentials_in_url``), no fragment, no control characters,
   spaces or backslashes anywhere (parsers disagree about them: a backslash is a
   path separator to a browser and part of the userinfo to httpx).
@@ -15,6 +18,9 @@ The rules:
   httpx encodes it: ``ⓛocalhost`` is ``localhost``, ``BÜCHER.de`` is
   ``xn--bcher-kva.de``), lower case, one trailing dot removed. It must then be
   letters, digits and hyphens (LDH); ``%``-escapes and ``_`` are refused.
+  The request itself goes out without the trailing dot too
+  (``without_trailing_dot``: SNI, certificate check and ``Host``), so
+  ``api.example.com.`` reaches exactly the host the allowlist matched.
 * A host whose last label is a number (``127.1``, ``2130706433``,
   ``017700000001``, ``0x7f.1``, ``0``) is an IPv4 address to some parser
   (``inet_aton`` takes every one of those) and is never handed to a resolver:
@@ -51,6 +57,8 @@ DEFAULT_PORTS: Final = {"https": 443, "http": 80}
 _LABEL: Final = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 _NUMERIC: Final = re.compile(r"(?:0x[0-9a-f]*|[0-9]+)")
 _FORBIDDEN: Final = re.compile(r"[\x00-\x20\x7f\\]")
+_SCHEME: Final = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+_HOST_PORT: Final = re.compile(r"[0-9]+(?:[/?#].*)?", re.DOTALL)
 _LOCAL_NAMES: Final = ("localhost",)
 
 
@@ -80,15 +88,7 @@ def check_url(
         raise InvalidParamsError(
             "the url contains a space, a control character or a backslash"
         )
-    scheme, sep, rest = url.partition("://")
-    scheme = scheme.lower()
-    if not sep or not scheme.isascii() or not scheme.isalpha():
-        raise InvalidParamsError(f"{_shown(url)} is not an absolute URL")
-    if scheme not in DEFAULT_PORTS:
-        raise PermissionDeniedError(
-            f"scheme_not_allowed: {scheme}:// is not allowed; use https://",
-            reason="scheme_not_allowed",
-        )
+    scheme, rest = _scheme(url)
     if scheme == "http" and not allow_private_network:
         raise PermissionDeniedError(
             "scheme_not_allowed: http:// is allowed only for a server with "
@@ -109,6 +109,63 @@ def check_url(
         host, allowlist=allowlist, allow_private_network=allow_private_network
     )
     return CheckedURL(url, scheme, checked[0], port, checked[1])
+
+
+def check_scheme(url: str) -> None:
+    """Refuse a URL whose scheme is neither ``https`` nor ``http``
+    (``scheme_not_allowed``); the rest is ``check_url``'s."""
+    match = _SCHEME.match(url)
+    if match is not None and match.group(1).lower() not in DEFAULT_PORTS:
+        _scheme(url)
+
+
+def _scheme(url: str) -> tuple[str, str]:
+    """The URL's scheme in lower case (RFC 3986 §3.1: case-insensitive) and
+    what follows ``scheme://``. Any scheme but ``https``/``http`` is refused
+    as such (``scheme_not_allowed``), whatever follows it."""
+    match = _SCHEME.match(url)
+    if match is None or _HOST_PORT.fullmatch(url, match.end()):
+        # No scheme, or "host:port/..." (a scheme to RFC 3986, a typo to people).
+        raise InvalidParamsError(
+            f"{_shown(url)} is not an absolute URL (https://host/path)"
+        )
+    scheme = match.group(1).lower()
+    if scheme not in DEFAULT_PORTS:
+        raise PermissionDeniedError(
+            f"scheme_not_allowed: {_shown(scheme)[1:-1]}: is not allowed; use https://",
+            reason="scheme_not_allowed",
+        )
+    if not url.startswith("//", match.end()):
+        raise InvalidParamsError(f"{_shown(url)} has no //host after {scheme}:")
+    return scheme, url[match.end() + 2 :]
+
+
+def without_trailing_dot(url: str) -> str:
+    """``url`` with one trailing dot removed from its host name.
+
+    ``api.example.com.`` is the same DNS name as ``api.example.com`` (and is
+    matched against the allowlist as such), but a certificate, SNI (RFC 6066
+    §3) and a server's ``Host`` check know only the dot-less form, so the
+    request goes out with that. Anything that is not a plain
+    ``scheme://host[:port]...`` URL is returned unchanged (``check_url``
+    refuses it).
+    """
+    match = _SCHEME.match(url)
+    if match is None or not url.startswith("//", match.end()):
+        return url
+    start = match.end() + 2
+    end = len(url)
+    for sep in "/?#":
+        found = url.find(sep, start)
+        if found >= 0:
+            end = min(end, found)
+    authority = url[start:end]
+    if authority.startswith("[") or "@" in authority:
+        return url
+    host, colon, port = authority.partition(":")
+    if not host.endswith(".") or host.endswith(".."):
+        return url
+    return url[:start] + host[:-1] + colon + port + url[end:]
 
 
 def check_host(

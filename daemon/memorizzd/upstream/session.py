@@ -39,7 +39,7 @@ from memorizzd import __version__
 from memorizzd.egress.client import hardened_client
 from memorizzd.egress.replies import refusal_in
 from memorizzd.egress.transport import BearerSource
-from memorizzd.egress.urls import check_url
+from memorizzd.egress.urls import check_url, without_trailing_dot
 from memorizzd.upstream.limits import TOO_LARGE_MARKER
 from memorizzd.upstream.stdio import StdioProcess, stdio_transport
 from memorizzd.vault.server_secrets import ServerSecrets
@@ -238,7 +238,8 @@ def _checked_url(spec: m.ServerSpec, host_allowlist: Sequence[str]) -> str:
         allowlist=host_allowlist,
         allow_private_network=spec.allow_private_network,
     )
-    return spec.url
+    # The SDK sees the host as the allowlist matched it (and as TLS knows it).
+    return without_trailing_dot(spec.url)
 
 
 @asynccontextmanager
