@@ -72,7 +72,10 @@ class Limits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
     max_connections: int = 64
     """Connections open at once on this socket; past it a new one is refused
-    (``overloaded``) and closed."""
+    (``overloaded``) and closed at once."""
+    max_connections_per_uid: int = 32
+    """Connections open at once on this socket from one peer uid; past it a new
+    one from that uid is refused (``overloaded``) and closed at once."""
     max_in_flight: int = 64
     """Requests in flight at once over all of this socket's connections; past
     it a request is answered ``overloaded`` at once."""
@@ -108,8 +111,10 @@ class Operators(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     groups: list[int | str] = []
     """Group names or gids (primary or supplementary)."""
     allow_root: bool = False
-    """uid 0 is an operator only when this is true (or the daemon runs as root):
-    root in a container without user namespaces is uid 0 on the host too."""
+    """true: uid 0 is an operator, with no need to list it in ``uids``. false:
+    uid 0 is refused even when listed in ``uids`` or a member of ``groups``
+    (unless the daemon itself runs as root): root in a container without user
+    namespaces is uid 0 on the host too."""
     socket_group: int | str | None = None
     """Group owning the operator socket (mode 0660)."""
 
@@ -429,6 +434,7 @@ def _check_access(config: Config, where: Path | None) -> None:
             limits = profile.limits
             for key in (
                 "max_connections",
+                "max_connections_per_uid",
                 "max_in_flight",
                 "max_request_bytes",
                 "first_frame_timeout_s",

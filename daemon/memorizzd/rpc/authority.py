@@ -84,8 +84,8 @@ class SocketRule(msgspec.Struct, frozen=True, kw_only=True):
         if self.role == "operator":
             if caller.uid == os.getuid():
                 return True  # the daemon's own uid
-            if caller.uid == 0 and not self.allow_root:
-                return False
+            if caller.uid == 0:
+                return self.allow_root  # alone: root need not be in uids too
         elif self.open_to_all:
             return True
         return caller.uid in self.uids or bool(caller.all_gids & self.gids)
