@@ -5,7 +5,8 @@
     python tests/mcp_server.py sse PORT       # legacy SSE at /sse
 
 Tools cover the daemon's paths: echo/add (happy), fail (isError), slow (deadline),
-huge (size cap), crash (dies mid-call), spawn_child (leaves a grandchild);
+chatty (progress notifications until it answers), huge (size cap), crash (dies
+mid-call), spawn_child (leaves a grandchild);
 record (destructive: appends its tag to $CALL_LOG, counting executions) and
 evolving/evolve (evolve changes evolving's inputSchema and announces it);
 delete_all_memories, search_memories, add_memory, annotated_read and
@@ -19,6 +20,7 @@ import subprocess
 import sys
 
 import anyio
+import mcp_types
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
@@ -53,6 +55,23 @@ async def slow(seconds: float) -> str:
     """Sleep, then answer."""
     await anyio.sleep(seconds)
     return f"slept {seconds}"
+
+
+@mcp.tool()
+async def chatty(seconds: float, ctx: Context) -> str:
+    """Send a progress notification (token: this request's id) every 20 ms
+    for ``seconds``, then answer: progress must not extend a deadline."""
+    request_id = ctx.request_context.request_id
+    steps = max(1, int(seconds / 0.02))
+    for step in range(steps):
+        params = mcp_types.ProgressNotificationParams(
+            progress_token=request_id, progress=step, total=steps
+        )
+        await ctx.session.send_notification(
+            mcp_types.ProgressNotification(params=params), request_id
+        )
+        await anyio.sleep(0.02)
+    return f"chatted {steps} times"
 
 
 @mcp.tool()

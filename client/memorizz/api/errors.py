@@ -16,7 +16,8 @@ The tree (one class per code; ``reason`` refines it and is what clients branch o
     |                                         redirect_blocked, command_not_allowed,
     |                                         tool_blocked
     |   +-- NotFoundError              -32002 unknown_server, not_found
-    |   +-- UnavailableError           -32003 server_unavailable, overloaded, shutting_down
+    |   +-- UnavailableError           -32003 server_unavailable, overloaded, shutting_down,
+    |                                         upstream_busy
     |   +-- AuthRequiredError          -32004 authorization_required, login_required,
     |                                         insufficient_scope
     |   +-- DeadlineExceededError      -32005 timeout
@@ -113,6 +114,7 @@ REASONS: Final = frozenset(
         "login_failed",
         "invalid_state",
         "not_approved",
+        "upstream_busy",
     }
 )
 

@@ -10,7 +10,8 @@ for the same id that carries the refusal: the wire error (code, message,
 caller gets ``permission_denied``/``redirect_blocked`` where the SDK would
 have said "connection closed". Requests that are not JSON-RPC requests
 (the SSE stream GET, DELETE, notifications, our replies to the server)
-get the exception itself.
+get the exception itself. A 429/503 answer to a JSON-RPC request is answered
+the same way, with ``upstream_busy`` and its ``Retry-After`` (``busy.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import msgspec
 
 from memorizz.api.errors import RemoteError, from_wire
 from memorizz.api.protocol import ErrorObject
+from memorizzd.egress.busy import busy_error
 
 REFUSAL_KEY: Final = "memorizz.refusal"
 _TOKEN: Final = secrets.token_hex(16)
@@ -73,7 +75,12 @@ class RefusalReplies(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         try:
-            return await self._inner.handle_async_request(request)
+            response = await self._inner.handle_async_request(request)
+            busy = busy_error(response)  # 429/503: this request's answer (busy.py)
+            if busy is None or _jsonrpc_request_id(request) is None:
+                return response
+            await response.aclose()
+            raise busy
         except RemoteError as exc:
             request_id = _jsonrpc_request_id(request)
             if request_id is None:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import anyio
 import anyio.abc
 from mcp import Client
+from mcp.shared.exceptions import MCPError
 
 from memorizz.api import methods as m
 from memorizz.api.errors import (
@@ -35,6 +36,7 @@ from memorizzd.config import Config
 from memorizzd.policy import ToolPolicy, ToolsView, ToolVerdict
 from memorizzd.store import Negotiated, Store, fingerprint
 from memorizzd.upstream import session as sdk
+from memorizzd.upstream.retry import RetryBudget, busy_wait
 from memorizzd.upstream.stdio import StdioProcess
 from memorizzd.vault import CredentialStore, VaultError, resolve_secrets
 
@@ -49,6 +51,8 @@ FAILED_AFTER: Final = 5
 SAFE_READ_ATTEMPTS: Final = 3
 PROBE_TIMEOUT_S: Final = 10.0
 LATENCY_WINDOW: Final = 1024
+METHOD_NOT_FOUND: Final = -32601
+"""JSON-RPC's code for a method the server does not have."""
 
 
 class Upstream:
@@ -98,6 +102,12 @@ class Upstream:
         self._scope: anyio.CancelScope | None = None
         self._stopped = anyio.Event()
         self._was_ready = False
+        self._check = anyio.Event()
+        """Set: the health loop probes the session now (a request timed out)."""
+        self._checking: anyio.Event | None = None
+        """While such a probe runs: set when it has its answer."""
+        self._budget = RetryBudget()
+        """Retries after busy answers (429/503), for the whole server."""
         self.keeper: TokenKeeper | None = None
         """OAuth servers: the grant and its refresher."""
         if spec.auth == "oauth" and spec.transport != "stdio":
@@ -249,20 +259,49 @@ class Upstream:
         self._mark_dead(f"process exited with code {process.returncode}")
 
     async def _health_loop(self, client: Client) -> None:
+        """Probe an idle session every ``health_interval_s``, and at once after
+        a request timed out (``_suspect``): a session that cannot answer a
+        ping (a reply dripping slowly ahead of every other on one stdio pipe
+        or SSE stream, a frozen process) is replaced. Requests wait for the
+        verdict of such a check instead of queueing behind the stuck reply."""
         interval = self._config.health_interval_s
+        self._check = anyio.Event()
         while True:
-            await anyio.sleep(interval)
-            if anyio.current_time() - self._last_ok < interval:
+            with anyio.move_on_after(interval):
+                await self._check.wait()
+            suspect = self._check.is_set()
+            if not suspect and anyio.current_time() - self._last_ok < interval:
                 continue
             try:
+                if suspect:
+                    self._check, self._checking = anyio.Event(), anyio.Event()
                 with anyio.fail_after(self._config.health_timeout_s):
                     await sdk.guarded(partial(sdk.probe, client), server=self.name)
             except (RemoteError, sdk.ConnectionLost, TimeoutError) as exc:
                 self._mark_dead(
                     f"health probe failed: {str(exc) or 'no answer in time'}"
+                    + (" (after a request timed out)" if suspect else "")
                 )
                 return
+            finally:
+                checking, self._checking = self._checking, None
+                if checking is not None:
+                    checking.set()
             self._last_ok = anyio.current_time()
+
+    def _suspect(self) -> None:
+        """A request timed out: have the health loop probe the session now."""
+        self._check.set()
+
+    async def _wait_checked(self, deadline: float) -> bool:
+        """Wait (within ``deadline``) for a check of the session that a timeout
+        started; whether there was one."""
+        checking = self._checking
+        if checking is None:
+            return False
+        with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
+            await checking.wait()
+        return True
 
     async def _on_message(self, message: Any) -> None:
         if sdk.is_tool_list_changed(message):
@@ -320,7 +359,11 @@ class Upstream:
             return self._client
         now = anyio.current_time()
         waiting = self.state == "connecting" or (
-            patient and self.state == "backoff" and self._next_attempt < deadline
+            patient
+            and (
+                self.state == "ready"  # the session was just lost: reconnecting
+                or (self.state == "backoff" and self._next_attempt < deadline)
+            )
         )
         if waiting:
             with anyio.move_on_after(min(self._config.connect_wait_s, deadline - now)):
@@ -355,12 +398,17 @@ class Upstream:
         *,
         timeout_s: float,
         safe: bool,
+        repeatable: bool | None = None,
         failed: Callable[[T], bool] | None = None,
     ) -> T:
         """Send one request over the warm session, under a deadline of ``timeout_s``.
 
         ``safe`` reads are retried after a transport failure (bounded by the
         deadline); anything else, ``tools/call`` above all, never is.
+        ``repeatable`` (default: ``safe``) requests are sent again after a busy
+        answer (429/503) within ``retry.py``'s bounds: a tool classified
+        ``read`` is repeatable though not ``safe`` (a busy answer says the
+        server did not run it; a lost connection says nothing).
         """
         if self.in_flight >= self._config.max_in_flight_per_server:
             raise UnavailableError(
@@ -369,14 +417,18 @@ class Upstream:
                 data={"server": self.name, "retry_after_s": 0.1},
             )
         deadline = anyio.current_time() + timeout_s
+        repeatable = safe if repeatable is None else repeatable
         self.in_flight += 1
         started = time.perf_counter()
         sent = ok = False
         try:
-            attempt = 0
+            attempt = busy_sends = 0
             auth_retried = False
             while True:
-                client = await self._wait_ready(deadline, patient=attempt > 0)
+                checked = await self._wait_checked(deadline)
+                client = await self._wait_ready(
+                    deadline, patient=attempt > 0 or checked
+                )
                 if not sent:
                     sent, started = True, time.perf_counter()
                 try:
@@ -395,6 +447,20 @@ class Upstream:
                         ) from None
                     await anyio.sleep(0.05 * 2**attempt)
                     continue
+                except UnavailableError as exc:
+                    if exc.reason != "upstream_busy":
+                        raise
+                    busy_sends += 1
+                    wait = self._busy_wait(exc, deadline, busy_sends, repeatable)
+                    if wait is None:
+                        exc.data["server"] = self.name
+                        raise
+                    log.info("%s: busy; sending again in %.3g s", self.name, wait)
+                    await anyio.sleep(wait)
+                    continue
+                except (TimeoutError, DeadlineExceededError):
+                    self._suspect()
+                    raise
                 except AuthRequiredError as exc:
                     # A 401 made the keeper refresh once already; a safe read
                     # is sent once more with the new token, nothing else is.
@@ -409,6 +475,7 @@ class Upstream:
                     auth_retried = True
                     continue
                 self._last_ok = anyio.current_time()
+                self._budget.succeeded()
                 ok = failed is None or not failed(result)
                 return result
         except TimeoutError:
@@ -425,6 +492,20 @@ class Upstream:
                 else:
                     self.calls_failed += 1
 
+    def _busy_wait(
+        self, exc: UnavailableError, deadline: float, sends: int, repeatable: bool
+    ) -> float | None:
+        """How long to wait before sending a request the server was too busy
+        for, or None (the caller gets ``upstream_busy``); see ``retry.py``."""
+        within_budget = self._budget.busy()
+        hint = exc.data.get("retry_after_s")
+        return busy_wait(
+            float(hint) if isinstance(hint, int | float) else 1.0,
+            remaining_s=deadline - anyio.current_time(),
+            attempt=sends,
+            repeatable=repeatable and within_budget,
+        )
+
     async def _refresh_tools(self, client: Client) -> list[m.Tool]:
         return (await self._refresh_view(client)).tools
 
@@ -433,7 +514,10 @@ class Upstream:
         limit = self._config.list_page_limit
         with anyio.fail_after(self.spec.timeout_s):
             tools = await sdk.guarded(
-                partial(sdk.list_tools, client, page_limit=limit), server=self.name
+                partial(
+                    _listed, client, "tools", partial(sdk.list_tools, page_limit=limit)
+                ),
+                server=self.name,
             )
         policy = ToolPolicy.for_server(
             self.spec, self._config.decisions, server_name=self.server_name
@@ -488,17 +572,21 @@ class Upstream:
     async def call_tool(
         self, name: str, arguments: dict[str, Any], *, timeout_s: float | None
     ) -> m.ToolsCallResult:
+        verdict = self.cached_verdict(name)
         return await self.request(
             lambda client: sdk.call_tool(client, name, arguments),
             timeout_s=self.timeout_for(timeout_s),
             safe=False,
+            repeatable=verdict is not None and verdict.risk == "read",
             failed=_is_error_result,
         )
 
     async def list_resources(self) -> list[m.Resource]:
         limit = self._config.list_page_limit
         return await self.request(
-            lambda client: sdk.list_resources(client, page_limit=limit),
+            lambda client: _listed(
+                client, "resources", partial(sdk.list_resources, page_limit=limit)
+            ),
             timeout_s=self.spec.timeout_s,
             safe=True,
         )
@@ -506,7 +594,11 @@ class Upstream:
     async def list_resource_templates(self) -> list[m.ResourceTemplate]:
         limit = self._config.list_page_limit
         return await self.request(
-            lambda client: sdk.list_resource_templates(client, page_limit=limit),
+            lambda client: _listed(
+                client,
+                "resources",
+                partial(sdk.list_resource_templates, page_limit=limit),
+            ),
             timeout_s=self.spec.timeout_s,
             safe=True,
         )
@@ -523,7 +615,9 @@ class Upstream:
     async def list_prompts(self) -> list[m.Prompt]:
         limit = self._config.list_page_limit
         return await self.request(
-            lambda client: sdk.list_prompts(client, page_limit=limit),
+            lambda client: _listed(
+                client, "prompts", partial(sdk.list_prompts, page_limit=limit)
+            ),
             timeout_s=self.spec.timeout_s,
             safe=True,
         )
@@ -646,6 +740,22 @@ class Upstream:
             restarts=self.restarts,
             auth=self.keeper.status() if self.keeper is not None else None,
         )
+
+
+async def _listed(
+    client: Client, capability: str, fetch: Callable[[Client], Awaitable[list[T]]]
+) -> list[T]:
+    """A listing; empty, without asking, from a server that does not declare
+    ``capability``, and empty from one that answers that it has no such method
+    (``-32601``): nothing to list is not an error."""
+    if getattr(client.server_capabilities, capability, None) is None:
+        return []
+    try:
+        return await fetch(client)
+    except MCPError as exc:
+        if exc.code != METHOD_NOT_FOUND:
+            raise
+        return []
 
 
 def _is_error_result(result: m.ToolsCallResult) -> bool:
