@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import socket
 import subprocess
 import sys
 
 import msgspec
 import pytest
 
-from tests.harness import MCP_SERVER, DaemonHarness
+from memorizzd.config import Profile
+from tests.harness import MCP_SERVER, DaemonHarness, daemon_config
+
+HELLO_LINE = (
+    b'{"jsonrpc":"2.0","id":1,"method":"daemon/hello","params":{"protocol_version":1}}\n'
+)
+"""The README's first line to socat."""
 
 
 def test_the_tour(daemon: DaemonHarness, capsys: pytest.CaptureFixture[str]) -> None:
@@ -100,3 +108,38 @@ def test_the_installed_entry_point_runs(daemon: DaemonHarness) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert msgspec.json.decode(done.stdout)["servers_total"] == 0
+
+
+def test_daemon_status_prints_the_real_socket_paths(
+    base_dir: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The README sends users to `memorizzctl daemon status` for the path to
+    give socat: the operator socket and each agent socket, absolute, and each
+    answers the README's first request line."""
+    config = daemon_config(
+        base_dir,
+        socket=os.path.relpath(os.path.join(base_dir, "d.sock")),  # as typed
+        profiles=[Profile(name="alpha"), Profile(name="beta")],
+        agents_dir=os.path.join(base_dir, "agents"),
+    )
+    with DaemonHarness.running(config) as daemon:
+        assert daemon.ctl("daemon", "status") == 0
+        lines = capsys.readouterr().out.splitlines()
+        shown = {
+            key.strip(): value.strip()
+            for key, _, value in (line.partition(":") for line in lines)
+        }
+        assert shown["socket"] == os.path.join(base_dir, "d.sock")
+        at = lines.index(f"agent_sockets:   alpha: {base_dir}/agents/alpha/api.sock")
+        assert lines[at + 1].split() == ["beta:", f"{base_dir}/agents/beta/api.sock"]
+        for path in (
+            shown["socket"],
+            f"{base_dir}/agents/alpha/api.sock",
+            f"{base_dir}/agents/beta/api.sock",
+        ):
+            with socket.socket(socket.AF_UNIX) as s:  # what socat does
+                s.connect(path)
+                s.sendall(HELLO_LINE)
+                s.settimeout(10)
+                reply = msgspec.json.decode(s.makefile("rb").readline())
+            assert reply["result"]["protocol_version"] == 1, path

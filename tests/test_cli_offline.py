@@ -471,6 +471,7 @@ def test_render_daemon_status_is_key_value_lines() -> None:
         "pid": "7",
         "uptime": "2h",
         "socket": "/run/memorizzd/memorizzd.sock",
+        "agent_sockets": "-",
         "state_dir": "/var/lib/memorizzd",
         "config": "-",
         "servers": "2/3 ready",
@@ -478,6 +479,32 @@ def test_render_daemon_status_is_key_value_lines() -> None:
         "calls_in_flight": "0",
         "rss": "50.0 MiB",
     }
+
+
+def test_render_daemon_status_lists_each_agent_socket_on_a_line() -> None:
+    status = m.DaemonStatusResult(
+        version="0.1.0",
+        protocol_version=1,
+        pid=7,
+        uptime_s=1,
+        socket="/run/memorizzd/memorizzd.sock",
+        state_dir="/var/lib/memorizzd",
+        config_path="/etc/memorizzd/memorizzd.toml",
+        servers_total=0,
+        servers_ready=0,
+        connections=1,
+        calls_in_flight=1,
+        rss_bytes=1,
+        agent_sockets={
+            "ci-bot": "/run/memorizzd/agents/ci-bot/api.sock",
+            "alpha": "/run/memorizzd/agents/alpha/api.sock",
+        },
+    )
+    lines = _render.render_daemon_status(status).splitlines()
+    at = lines.index("agent_sockets:   alpha: /run/memorizzd/agents/alpha/api.sock")
+    assert lines[at - 1] == "socket:          /run/memorizzd/memorizzd.sock"
+    assert lines[at + 1] == "                 ci-bot: /run/memorizzd/agents/ci-bot/api.sock"
+    assert lines[at + 2].startswith("state_dir:")
 
 
 # --- the CLI against canned replies ------------------------------------------------------

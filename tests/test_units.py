@@ -40,9 +40,7 @@ def test_the_runtime_directory_survives_a_service_stop() -> None:
     service, sockets = _settings(SERVICE), _settings(SOCKET)
     assert service["RuntimeDirectory"] == ["memorizzd"]
     assert service["RuntimeDirectoryPreserve"] == ["yes"]
-    assert all(
-        path.startswith("/run/memorizzd/") for path in sockets["ListenStream"]
-    )
+    assert all(path.startswith("/run/memorizzd/") for path in sockets["ListenStream"])
     assert sockets["RemoveOnStop"] == ["no"]
 
 

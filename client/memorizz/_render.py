@@ -300,12 +300,17 @@ def render_messages(result: m.PromptsGetResult) -> str:
 
 
 def render_daemon_status(status: m.DaemonStatusResult) -> str:
+    agents = [
+        f"{name}: {path}" for name, path in sorted(status.agent_sockets.items())
+    ] or ["-"]
     pairs = [
         ("version", status.version),
         ("protocol", str(status.protocol_version)),
         ("pid", str(status.pid)),
         ("uptime", format_age(status.uptime_s)),
         ("socket", status.socket),
+        ("agent_sockets", agents[0]),
+        *(("", more) for more in agents[1:]),  # one line per profile
         ("state_dir", status.state_dir),
         ("config", status.config_path or "-"),
         ("servers", f"{status.servers_ready}/{status.servers_total} ready"),
@@ -314,7 +319,9 @@ def render_daemon_status(status: m.DaemonStatusResult) -> str:
         ("rss", format_bytes(status.rss_bytes)),
     ]
     width = max(len(key) for key, _ in pairs) + 1
-    return "".join(f"{key + ':':<{width}} {value}\n" for key, value in pairs)
+    return "".join(
+        f"{key + ':' if key else '':<{width}} {value}\n" for key, value in pairs
+    )
 
 
 def render_audit(records: Sequence[m.AuditRecord]) -> str:

@@ -121,6 +121,7 @@ async def running_daemon(
                 pool,
                 connections=lambda: sum(s.connections for s in servers),
                 in_flight=lambda: sum(s.in_flight for s in servers),
+                agent_sockets={item.name: item.path for item in listening[1:]},
                 auditor=auditor,
                 vault=vault,
                 book=book,

@@ -71,6 +71,7 @@ class Broker:
         *,
         connections: Callable[[], int],
         in_flight: Callable[[], int],
+        agent_sockets: Mapping[str, str] | None = None,
         auditor: Auditor,
         vault: CredentialStore,
         book: ApprovalBook,
@@ -87,6 +88,9 @@ class Broker:
         self._calls = 0  # tools/call in flight: the audit batches when it is > 1
         self._connections = connections
         self._in_flight = in_flight
+        self._agent_sockets = {  # profile -> its socket, as daemon/status shows it
+            name: os.path.abspath(path) for name, path in (agent_sockets or {}).items()
+        }
         self._started = time.monotonic()
         self._changing = anyio.Lock()
         self._oauth_service: OAuthService | None = None
@@ -324,14 +328,15 @@ class Broker:
             protocol_version=PROTOCOL_VERSION,
             pid=os.getpid(),
             uptime_s=round(time.monotonic() - self._started, 3),
-            socket=self._config.socket,
-            state_dir=self._config.state_dir,
+            socket=os.path.abspath(self._config.socket),
+            state_dir=os.path.abspath(self._config.state_dir),
             config_path=self._config.config_path,
             servers_total=len(upstreams),
             servers_ready=sum(u.state == "ready" for u in upstreams),
             connections=self._connections(),
             calls_in_flight=self._in_flight(),
             rss_bytes=_rss_bytes(),
+            agent_sockets=dict(self._agent_sockets),
         )
 
     async def ping(self, caller: Caller, p: m.PingParams) -> m.PingResult:

@@ -229,6 +229,8 @@ class DaemonStatusResult(Result, kw_only=True):
     connections: int
     calls_in_flight: int
     rss_bytes: int
+    agent_sockets: dict[str, str] = {}
+    """Profile name -> the path of its agent socket (``socket`` is the operator's)."""
 
 
 class ServerSpec(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
