@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 from mcp.server.auth.provider import (
     AccessToken,
     AuthorizationCode,
@@ -39,6 +40,9 @@ from tests.harness import serve_asgi
 
 PRE_CLIENT_ID = "memorizz-preregistered"
 PRE_CLIENT_SECRET = "pre-secret-marker-71c2e9"  # noqa: S105 - a test marker
+VALID_SCOPES = ("mcp", "admin")
+ADMIN_SCOPE = "mcp admin"
+"""What the ``admin`` tool's 403 asks for."""
 
 
 class TestAuthorizationServer:
@@ -59,6 +63,11 @@ class TestAuthorizationServer:
         self.resources: list[str | None] = []
         self.refuse_refresh = False
         self.tool_calls = 0
+        self.grantable: set[str] | None = None
+        """Scopes the server will grant (None: whatever is asked); a login that
+        asks for more gets less, as an authorization server that says no."""
+        self.scope_refusals = 0
+        """``403 insufficient_scope`` answers of the ``admin`` tool's gate."""
 
     def count(self, grant: str) -> int:
         return self.grants.count(grant)
@@ -83,6 +92,9 @@ class TestAuthorizationServer:
         return self.clients.get(client_id)
 
     async def register_client(self, client_info: OAuthClientInformationFull) -> None:
+        # Every registered client may ask for every scope; what is granted is
+        # the authorization server's decision (``grantable``).
+        client_info.scope = " ".join(VALID_SCOPES)
         self.clients[client_info.client_id] = client_info
         self.grants.append("register")
 
@@ -136,9 +148,10 @@ class TestAuthorizationServer:
     ) -> OAuthToken:
         del self.codes[authorization_code.code]
         self.grants.append("authorization_code")
-        return self._issue(
-            client.client_id, authorization_code.scopes, authorization_code.resource
-        )
+        scopes = authorization_code.scopes
+        if self.grantable is not None:
+            scopes = [scope for scope in scopes if scope in self.grantable]
+        return self._issue(client.client_id, scopes, authorization_code.resource)
 
     async def load_refresh_token(
         self, client: OAuthClientInformationFull, refresh_token: str
@@ -183,7 +196,7 @@ def protected_app(base: str, provider: TestAuthorizationServer) -> Any:
             validate_token_resource=True,
             required_scopes=["mcp"],
             client_registration_options=ClientRegistrationOptions(
-                enabled=True, valid_scopes=["mcp"], default_scopes=["mcp"]
+                enabled=True, valid_scopes=list(VALID_SCOPES), default_scopes=["mcp"]
             ),
             revocation_options=RevocationOptions(enabled=True),
         ),
@@ -202,7 +215,78 @@ def protected_app(base: str, provider: TestAuthorizationServer) -> Any:
         provider.tool_calls += 1
         return text
 
-    return server.streamable_http_app()
+    @server.tool()
+    def admin() -> str:
+        """Needs the ``admin`` scope (the gate answers 403 insufficient_scope)."""
+        provider.tool_calls += 1
+        return "admin done"
+
+    return _scope_gate(server.streamable_http_app(), provider, base)
+
+
+def _scope_gate(app: Any, provider: TestAuthorizationServer, base: str) -> Any:
+    """A ``tools/call`` of ``admin`` with a token without the ``admin`` scope
+    gets ``403`` and an RFC 6750 ``insufficient_scope`` challenge naming the
+    scope it needs (step-up authorization, as MCP describes it)."""
+    challenge = (
+        f'Bearer error="insufficient_scope", scope="{ADMIN_SCOPE}", '
+        f'resource_metadata="{base}/.well-known/oauth-protected-resource/mcp"'
+    )
+
+    async def gated(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        body = b"".join(chunks)
+        if _calls_admin(body) and not _has_admin(scope, provider):
+            provider.scope_refusals += 1
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": 403,
+                    "headers": [(b"www-authenticate", challenge.encode())],
+                }
+            )
+            await send({"type": "http.response.body", "body": b""})
+            return
+        replayed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal replayed
+            if replayed:
+                return dict(await receive())
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await app(scope, replay, send)
+
+    return gated
+
+
+class _Call(msgspec.Struct):
+    method: str = ""
+    params: dict[str, Any] = {}
+
+
+def _calls_admin(body: bytes) -> bool:
+    try:
+        call = msgspec.json.decode(body, type=_Call)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return False
+    return call.method == "tools/call" and call.params.get("name") == "admin"
+
+
+def _has_admin(scope: dict[str, Any], provider: TestAuthorizationServer) -> bool:
+    headers = dict(scope["headers"])
+    token = headers.get(b"authorization", b"").decode().removeprefix("Bearer ")
+    found = provider.access.get(token)
+    return found is not None and "admin" in found.scopes
 
 
 @contextlib.contextmanager

@@ -28,6 +28,7 @@ from tests.harness import (
     wait_until,
 )
 from tests.oauth_world import (
+    ADMIN_SCOPE,
     PRE_CLIENT_ID,
     PRE_CLIENT_SECRET,
     TestAuthorizationServer,
@@ -486,3 +487,97 @@ def test_a_pending_login_expires_and_is_single_use() -> None:
     with pytest.raises(LoginError):
         logins.take("cal", "s-1")
     assert logins.take("cal", "s-2").state == "s-2"
+
+
+def _call_admin_concurrently(d: DaemonHarness, callers: int) -> list[BaseException]:
+    """``callers`` connections call ``admin`` at once; what each one got."""
+    got: list[BaseException] = []
+    start = threading.Barrier(callers)
+
+    def caller() -> None:
+        with d.client() as c2:
+            start.wait()
+            try:
+                c2.call_tool("cal", "admin", {})
+            except BaseException as exc:  # noqa: BLE001 - collected for the assert
+                got.append(exc)
+
+    threads = [threading.Thread(target=caller) for _ in range(callers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return got
+
+
+def _insufficient_scope(errors: list[BaseException]) -> bool:
+    return all(
+        isinstance(e, AuthRequiredError)
+        and e.reason == "insufficient_scope"
+        and e.data == {"server": "cal", "scope": ADMIN_SCOPE}
+        for e in errors
+    )
+
+
+def test_step_up_under_load_asks_the_operator_never_widens_silently(
+    base: str,
+) -> None:
+    """SECURITY.md §6.2 #27: a 403 insufficient_scope while 30 calls are in
+    flight: every call gets a clear error, nothing is refreshed or widened
+    behind the operator's back, and one step-up login grants the scope."""
+    world = TestAuthorizationServer()
+    with world_and_daemon(world, base) as (url, d, c):
+        c.add_server(oauth_spec(url))
+        login(c, "cal")
+        d.wait_ready("cal")
+        grants = list(world.grants)
+
+        errors = _call_admin_concurrently(d, 30)
+        assert len(errors) == 30
+        assert _insufficient_scope(errors)
+        assert world.scope_refusals == 30  # each call sent once, none retried
+        assert world.grants == grants  # no refresh, no login: no loop, no widening
+        status = c.server_status("cal")[0]
+        assert status.state == "ready"
+        assert status.auth is not None
+        assert status.auth.scope == "mcp"  # unchanged until the operator says so
+        assert c.call_tool("cal", "whoami", {}).is_error is False  # the rest works
+
+        started = c.auth_login("cal")  # the step-up: asks for what was refused
+        assert started.scope == ADMIN_SCOPE
+        done = c.auth_complete("cal", browser(started.authorization_url))
+        assert done.auth.scope == ADMIN_SCOPE
+        d.wait_ready("cal")
+        assert c.call_tool("cal", "admin", {}).content[0]["text"] == "admin done"
+    assert world.grants == [*grants, "authorization_code"]
+
+
+def test_step_up_logins_are_bounded_when_the_server_keeps_refusing(
+    base: str,
+) -> None:
+    """The authorization server never grants ``admin``: two step-up logins
+    for that scope set are asked for, never a third; calls under load keep
+    getting a clear error in between, and nothing loops."""
+    world = TestAuthorizationServer()
+    world.grantable = {"mcp"}
+    with world_and_daemon(world, base) as (url, d, c):
+        c.add_server(oauth_spec(url))
+        login(c, "cal")
+        d.wait_ready("cal")
+        for _ in range(2):
+            assert _insufficient_scope(_call_admin_concurrently(d, 10))
+            started = c.auth_login("cal")
+            assert started.scope == ADMIN_SCOPE
+            done = c.auth_complete("cal", browser(started.authorization_url))
+            assert done.auth.scope == "mcp"  # the server said no to admin
+            d.wait_ready("cal")
+        assert _insufficient_scope(_call_admin_concurrently(d, 10))
+        with pytest.raises(LoginError, match="still refuses after 2 logins"):
+            c.auth_login("cal")
+        assert c.call_tool("cal", "whoami", {}).is_error is False
+        status = c.server_status("cal")[0]
+    assert world.scope_refusals == 30
+    assert world.count("authorization_code") == 3  # the first login and two step-ups
+    assert world.count("refresh_token") == 0
+    assert status.auth is not None
+    assert status.auth.scope == "mcp"
