@@ -50,7 +50,7 @@ def test_every_call_leaves_one_record_with_its_outcome(audited: DaemonHarness) -
         ("slow", "timeout", "timeout"),
         ("huge", "result_too_large", "result_too_large"),
         ("crash", "denied", "tool_blocked"),
-        ("echo", "failed", "unknown_server"),
+        ("echo", "denied", "unknown_server"),
     ]
     ok = calls[-1]
     assert ok.argument_keys == ["text"]

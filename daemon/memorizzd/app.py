@@ -126,7 +126,7 @@ async def running_daemon(
                 vault=vault,
                 book=book,
             )
-            dispatcher = Dispatcher(broker.handlers())
+            dispatcher = Dispatcher(broker.handlers(), on_error=broker.on_error)
             servers += [
                 SocketServer(
                     item.path,

@@ -21,6 +21,7 @@ import os
 import secrets
 import sqlite3
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -48,9 +49,53 @@ _OUTCOME_BY_REASON: Final = {
 }
 
 
+REFUSALS: Final = frozenset(
+    {"permission_denied", "method_not_found", "unknown_server", "tool_blocked"}
+)
+"""Reasons that say "not for you": recorded as ``denied``, within a budget per caller."""
+REFUSALS_PER_S: Final = 2.0
+REFUSAL_BURST: Final = 60
+_REFUSAL_BUCKETS_MAX: Final = 4096
+_NAME_MAX: Final = 128
+
+
 def outcome_for(reason: str) -> str:
     """The audit outcome of a call that raised an error with ``reason``."""
+    if reason in REFUSALS:
+        return "denied"
     return _OUTCOME_BY_REASON.get(reason, "failed")
+
+
+class RefusalBudget:
+    """How many refusals of one caller (socket, uid) are recorded: a token bucket.
+
+    A caller that floods refused requests gets ``REFUSAL_BURST`` records, then
+    ``REFUSALS_PER_S``; the rest are counted, and the count is logged with the
+    next one recorded, so a flood cannot fill the disk and is still seen."""
+
+    def __init__(
+        self,
+        *,
+        per_s: float = REFUSALS_PER_S,
+        burst: int = REFUSAL_BURST,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._per_s, self._burst, self._clock = per_s, burst, clock
+        self._buckets: dict[tuple[str, int], tuple[float, float, int]] = {}
+
+    def take(self, caller: Caller) -> int | None:
+        """None when over budget; else how many were left unrecorded before this one."""
+        key = (caller.socket, caller.uid)
+        now = self._clock()
+        tokens, last, missed = self._buckets.get(key, (float(self._burst), now, 0))
+        tokens = min(float(self._burst), tokens + (now - last) * self._per_s)
+        if tokens < 1.0:
+            self._buckets[key] = (tokens, now, missed + 1)
+            return None
+        if len(self._buckets) >= _REFUSAL_BUCKETS_MAX and key not in self._buckets:
+            self._buckets.clear()  # a bound, not a policy: forget old callers
+        self._buckets[key] = (tokens - 1.0, now, 0)
+        return missed
 
 
 def load_key(state_dir: str) -> bytes:
@@ -96,6 +141,50 @@ class Auditor:
         self._wake = anyio.Event()
         self._running = False
         self._writing = False
+        self._refusals = RefusalBudget()
+
+    async def refused(
+        self,
+        caller: Caller,
+        *,
+        action: str,
+        started: float,
+        reason: str,
+        server: str | None = None,
+        tool: str | None = None,
+        arguments: dict[str, Any] | None = None,
+        **verdict: Any,
+    ) -> None:
+        """Record a refusal (outcome ``denied``) and log it, within the caller's budget."""
+        missed = self._refusals.take(caller)
+        if missed is None:
+            return
+        # names an agent made up: bounded, as they reach the log and the trail
+        server = None if server is None else server[:_NAME_MAX]
+        tool = None if tool is None else tool[:_NAME_MAX]
+        log.warning(
+            "refused %s%s for uid %d pid %d on %s: %s%s",
+            action,
+            f" {server}" + (f"/{tool}" if tool else "") if server else "",
+            caller.uid,
+            caller.pid,
+            caller.socket,
+            reason,
+            f" ({missed} more refusals of this caller not recorded: rate limit)"
+            if missed
+            else "",
+        )
+        await self.record(
+            caller,
+            action=action,
+            started=started,
+            outcome="denied",
+            reason=reason,
+            server=server,
+            tool=tool,
+            arguments=arguments,
+            **verdict,
+        )
 
     def digest(self, arguments: dict[str, Any]) -> str:
         """HMAC-SHA-256 (hex) of the canonical JSON (sorted keys) of the arguments."""

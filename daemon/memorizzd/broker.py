@@ -33,7 +33,7 @@ from memorizz.api.protocol import PROTOCOL_VERSION
 from memorizzd import __version__
 from memorizzd.approval_methods import ApprovalMethods
 from memorizzd.approvals import ApprovalBook, approval_required
-from memorizzd.audit import Auditor, outcome_for
+from memorizzd.audit import REFUSALS, Auditor, outcome_for
 from memorizzd.config import Config, validate_server
 from memorizzd.egress.urls import check_server_url
 from memorizzd.execution import resolve_command
@@ -131,6 +131,27 @@ class Broker:
 
     # --- the audit trail ----------------------------------------------------
 
+    async def on_error(
+        self, caller: Caller, method: str, params: m.Params | None, error: RemoteError
+    ) -> None:
+        """The dispatcher's hook: an agent's refused request leaves a record.
+
+        tools/call records its own (it knows the risk and the verdict)."""
+        if (
+            caller.role != "agent"
+            or error.reason not in REFUSALS
+            or method == "tools/call"
+        ):
+            return
+        await self._auditor.refused(
+            caller,
+            action=method if method in m.METHODS else "unknown_method",
+            started=time.time(),
+            reason=error.reason,
+            server=getattr(params, "server", None),
+            tool=getattr(params, "name", None) if method == "prompts/get" else None,
+        )
+
     async def _audited_tools_call(
         self, caller: Caller, p: m.ToolsCallParams
     ) -> m.ToolsCallResult:
@@ -179,7 +200,21 @@ class Broker:
                 p.name, p.arguments, timeout_s=p.timeout_s
             )
         except RemoteError as exc:
-            await audit(outcome=outcome_for(exc.reason), reason=exc.reason, **verdict)
+            if exc.reason in REFUSALS:  # not for this caller: within its budget
+                await self._auditor.refused(
+                    caller,
+                    action="tools/call",
+                    started=started,
+                    reason=exc.reason,
+                    server=p.server,
+                    tool=p.name,
+                    arguments=p.arguments,
+                    **verdict,
+                )
+            else:
+                await audit(
+                    outcome=outcome_for(exc.reason), reason=exc.reason, **verdict
+                )
             raise
         except BaseException as exc:  # a bug, or cancelled (client gone, shutdown)
             reason = "internal" if isinstance(exc, Exception) else "cancelled"

@@ -15,7 +15,7 @@ fields are ignored by both sides. Anything else bumps ``PROTOCOL_VERSION``.
 
 from __future__ import annotations
 
-from typing import Any, Final, Literal
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 
@@ -43,6 +43,19 @@ TokenEndpointAuthMethod = Literal["none", "client_secret_basic", "client_secret_
 
 DEFAULT_TIMEOUT_S: Final = 60.0
 DEFAULT_MAX_RESULT_BYTES: Final = 2_000_000
+
+# Every number a caller sends is range-checked where it is decoded, so a
+# handler never sees one that SQLite, a timer or a sleep would choke on.
+Deadline = Annotated[float, msgspec.Meta(gt=0, le=3600)]
+"""Seconds in (0, 3600]: a call's own deadline (capped by the server's)."""
+WaitSeconds = Annotated[float, msgspec.Meta(ge=0, le=300)]
+"""Seconds in [0, 300]: how long a long-poll may wait."""
+PageLimit = Annotated[int, msgspec.Meta(ge=1, le=1000)]
+"""1..1000 items per page."""
+RowId = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+"""A record id: a non-negative signed 64-bit integer."""
+UnixTime = Annotated[float, msgspec.Meta(ge=0, le=1e11)]
+"""Seconds since the epoch."""
 
 
 class Params(msgspec.Struct, kw_only=True, frozen=True):
@@ -132,7 +145,7 @@ class ToolsListResult(Result, kw_only=True):
 class ToolsCallParams(ServerParams, kw_only=True, frozen=True):
     name: str
     arguments: dict[str, Any] = {}
-    timeout_s: float | None = None
+    timeout_s: Deadline | None = None
     """A shorter deadline for this call; capped by the server's ``timeout_s``."""
 
 
@@ -162,7 +175,7 @@ class ResourcesTemplatesListResult(Result, kw_only=True, rename="camel"):
 
 class ResourcesReadParams(ServerParams, kw_only=True, frozen=True):
     uri: str
-    timeout_s: float | None = None
+    timeout_s: Deadline | None = None
 
 
 class ResourcesReadResult(Result, kw_only=True):
@@ -181,7 +194,7 @@ class PromptsListResult(Result, kw_only=True):
 class PromptsGetParams(ServerParams, kw_only=True, frozen=True):
     name: str
     arguments: dict[str, str] = {}
-    timeout_s: float | None = None
+    timeout_s: Deadline | None = None
 
 
 class PromptsGetResult(Result, kw_only=True, omit_defaults=True):
@@ -393,7 +406,7 @@ class ServersStatusResult(Result, kw_only=True):
 
 class ServersTestParams(Params, kw_only=True, frozen=True):
     name: str
-    timeout_s: float | None = None
+    timeout_s: Deadline | None = None
 
 
 class ServersTestResult(Result, kw_only=True):
@@ -452,11 +465,11 @@ class AuditListParams(Params, kw_only=True, frozen=True):
     server: str | None = None
     tool: str | None = None
     outcome: str | None = None
-    since: float | None = None
+    since: UnixTime | None = None
     """Only records at or after this Unix time."""
-    before_id: int | None = None
+    before_id: RowId | None = None
     """Paging: only records older than this id (pass the last page's ``next_before_id``)."""
-    limit: int = 100
+    limit: PageLimit = 100
     """At most this many records (1..1000), newest first."""
 
 
@@ -560,7 +573,7 @@ class Proposal(msgspec.Struct, kw_only=True):
 
 class ApprovalsListParams(Params, kw_only=True, frozen=True):
     status: ProposalStatus | None = None
-    limit: int = 100
+    limit: PageLimit = 100
     """At most this many (1..1000), newest first."""
     show_arguments: bool = False
     """Include the argument values (operators only)."""
@@ -591,12 +604,12 @@ class ApprovalsDecisionResult(Result, kw_only=True):
 
 class ApprovalsResumeParams(Params, kw_only=True, frozen=True):
     id: str
-    timeout_s: float | None = None
+    timeout_s: Deadline | None = None
 
 
 class ApprovalsWaitParams(Params, kw_only=True, frozen=True):
     id: str
-    timeout_s: float = 30.0
+    timeout_s: WaitSeconds = 30.0
     """Return at the latest after this long (at most 300 s)."""
 
 

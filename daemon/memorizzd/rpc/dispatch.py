@@ -30,6 +30,8 @@ from memorizzd.rpc.peer import Caller
 log = logging.getLogger("memorizzd.rpc")
 
 Handler = Callable[[Caller, Any], Awaitable[Result]]
+ErrorHook = Callable[[Caller, str, Params | None, RemoteError], Awaitable[None]]
+"""Told of every request that ended in a wire error (the broker audits refusals)."""
 
 _encoder: Final = msgspec.json.Encoder()
 _request_decoder: Final = msgspec.json.Decoder(Request)
@@ -52,7 +54,9 @@ class _Method:
 
 
 class Dispatcher:
-    def __init__(self, handlers: Mapping[str, Handler]) -> None:
+    def __init__(
+        self, handlers: Mapping[str, Handler], *, on_error: ErrorHook | None = None
+    ) -> None:
         missing = METHODS.keys() - handlers.keys()
         if missing:
             raise ValueError(f"no handler for {sorted(missing)}")
@@ -60,14 +64,29 @@ class Dispatcher:
             name: _Method(name, spec.params, handlers[name])
             for name, spec in METHODS.items()
         }
+        self._on_error = on_error
 
-    async def handle(self, caller: Caller, line: bytes) -> bytes | None:
-        """One request line in, one reply line out (None for a notification)."""
-        request_id: RequestId | None = None
+    def parse(self, line: bytes) -> Request | bytes:
+        """The request on one line, or the error reply to send for it at once.
+
+        Malformed lines are answered here (with the id when it can be read), so
+        the connection can refuse them without starting a task."""
         try:
-            request = _decode_request(line)
-            request_id = request.id
-            method = self._methods.get(request.method)
+            return _decode_request(line)
+        except _WithId as exc:
+            return encode_error(exc.request_id, exc.to_wire())
+        except RemoteError as exc:
+            return encode_error(None, exc.to_wire())
+
+    async def run(
+        self,
+        caller: Caller,
+        request: Request,
+    ) -> bytes:
+        """Run one request to its reply line: the result, or the error it raised."""
+        method = self._methods.get(request.method)
+        params: Params | None = None
+        try:
             if method is None:
                 raise MethodNotFoundError(f"unknown method {request.method!r}")
             if not method_allowed(caller, method.name):
@@ -79,32 +98,19 @@ class Dispatcher:
             except msgspec.DecodeError:
                 raise InvalidParamsError("params must be a JSON object") from None
             result = await method.handler(caller, params)
-        except _WithId as exc:
-            request_id = exc.request_id
-            error = exc.to_wire()
         except RemoteError as exc:
-            error = exc.to_wire()
+            error = exc
         except Exception:  # the boundary; cancellation is a BaseException and passes
-            log.exception("internal error handling a request (id %r)", request_id)
-            error = InternalError("internal error").to_wire()
+            log.exception("internal error handling a request (id %r)", request.id)
+            error = InternalError("internal error")
         else:
-            if request_id is None:
-                return None
             return (
-                _encoder.encode(Reply(jsonrpc="2.0", id=request_id, result=result))
+                _encoder.encode(Reply(jsonrpc="2.0", id=request.id, result=result))
                 + b"\n"
             )
-        if (
-            request_id is None
-            and error.data
-            and error.data.get("reason")
-            not in (
-                "parse_error",
-                "invalid_request",
-            )
-        ):
-            return None  # a notification is never answered, not even with an error
-        return encode_error(request_id, error)
+        if self._on_error is not None:
+            await self._on_error(caller, request.method, params, error)
+        return encode_error(request.id, error.to_wire())
 
 
 def encode_error(request_id: RequestId | None, error: ErrorObject) -> bytes:
@@ -122,11 +128,6 @@ def _decode_request(line: bytes) -> Request:
         raise _WithId(error, request_id) from None
     except (msgspec.DecodeError, RecursionError, ValueError):
         raise ParseError("parse error: the line is not valid UTF-8 JSON") from None
-
-
-def request_id_of(line: bytes) -> RequestId | None:
-    """The id of a request line, if it has a usable one (for out-of-band replies)."""
-    return _probe_id(line)
 
 
 def _probe_id(line: bytes) -> RequestId | None:

@@ -1,11 +1,27 @@
 """The socket listener and the per-connection loop (NDJSON framing).
 
 A connection is a failure boundary: nothing one client sends can disturb
-another. Requests on one connection are pipelined: each line is dispatched in
-its own task (at most ``max_in_flight_per_connection`` at a time; past that the
-loop stops reading, which pushes back on the client) and answered when it
-finishes, matched by id. A client that half-closes still gets its replies. An
-oversize frame gets an error and closes that connection only.
+another, and nothing it sends grows the daemon without bound:
+
+* Before anything is read, a connection must pass its socket's rule (who) and
+  caps (how many on the socket, how many from that uid). A refused one gets
+  one error line and is closed at once: it holds its descriptor for
+  microseconds, never for a linger.
+* The accept loop survives descriptor exhaustion (EMFILE/ENFILE, which anyio
+  raises as ``BrokenResourceError``): it sheds the connections waiting in the
+  kernel's queue with a reserved descriptor, backs off, logs once per interval,
+  and keeps serving the connections it has.
+* Requests are pipelined: each admitted line runs in its own task and is
+  answered when it finishes, matched by id. A connection stops being read
+  while it has ``max_in_flight_per_connection`` requests pending or more than
+  ``MAX_UNSENT_BYTES`` of replies waiting for the client to read them; lines
+  refused at once (``overloaded``, a duplicate id, a malformed line) are
+  answered by the reader itself, so they cost no task and no memory.
+* A request without an id (a notification) is never run: every method of this
+  API has an effect or an answer, and nobody would learn either. It is logged.
+* A client that half-closes still gets its replies; one that stops reading is
+  cut off after ``_WRITE_TIMEOUT_S``; an oversize frame gets an error and
+  closes that connection only.
 """
 
 from __future__ import annotations
@@ -27,18 +43,25 @@ from memorizz.api.errors import (
     RemoteError,
     UnavailableError,
 )
-from memorizz.api.protocol import MAX_FRAME
+from memorizz.api.protocol import MAX_FRAME, Request, RequestId
 from memorizzd.config import Limits
 from memorizzd.rpc.authority import SocketRule
-from memorizzd.rpc.dispatch import Dispatcher, encode_error, request_id_of
+from memorizzd.rpc.dispatch import Dispatcher, encode_error
 from memorizzd.rpc.peer import Caller, peer_of
 
 log = logging.getLogger("memorizzd.rpc")
 
 _READ: Final = 1 << 16
 _WRITE_TIMEOUT_S: Final = 30.0
-_REFUSE_LINGER_S: Final = 1.0
 _OPERATOR_RULE: Final = SocketRule(role="operator")
+MAX_UNSENT_BYTES: Final = 8 << 20
+"""Replies waiting for one client to read them; past this it is not read."""
+OPERATOR_MAX_CONNECTIONS: Final = 128
+"""The operator socket's connection cap (its own, so agents cannot use it up)."""
+_ACCEPT_BACKOFF_MAX_S: Final = 1.0
+_LOG_EVERY_S: Final = 10.0
+_SHED_PER_ROUND: Final = 64
+_EXHAUSTED: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
 class SocketInUseError(Exception):
@@ -69,6 +92,48 @@ def prepare_socket_path(path: str) -> None:
         probe.close()
 
 
+class _Reserve:
+    """One descriptor held in reserve: when the process runs out, it is freed
+    to accept a waiting connection and close it at once (shedding the newest
+    connections instead of leaving them to hang in the kernel's queue)."""
+
+    def __init__(self) -> None:
+        self.fd: int | None = None
+        self.take()
+
+    def take(self) -> None:
+        if self.fd is None:
+            with suppress(OSError):
+                self.fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+
+    def shed(self, raw: socket.socket) -> int:
+        """Accept and close waiting connections; how many were shed."""
+        shed = 0
+        while shed < _SHED_PER_ROUND:
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
+            try:
+                conn, _ = raw.accept()
+            except OSError:  # nothing waiting (EAGAIN), or still no descriptor
+                break
+            finally:
+                self.take()
+            conn.close()
+            shed += 1
+        return shed
+
+
+_reserve: _Reserve | None = None
+
+
+def _reserve_fd() -> _Reserve:
+    global _reserve  # one per process, made on first use
+    if _reserve is None:
+        _reserve = _Reserve()
+    return _reserve
+
+
 async def open_listener(path: str) -> anyio.abc.SocketListener:
     """Bind the socket (0600; 0660 as root, for the operators' group)."""
     prepare_socket_path(path)
@@ -93,12 +158,25 @@ class SocketServer:
         self.limits = limits
         self._dispatcher = dispatcher
         self._max_in_flight = max_in_flight
+        if limits is None:
+            self.max_connections = OPERATOR_MAX_CONNECTIONS
+            self.max_connections_per_uid = OPERATOR_MAX_CONNECTIONS
+        else:
+            self.max_connections = limits.max_connections
+            self.max_connections_per_uid = limits.max_connections_per_uid
         self.connections = 0
+        self.by_uid: dict[int, int] = {}
         self.in_flight = 0
+        self.refused = 0
+        """Connections refused (rule or caps) since start."""
+        self.shed = 0
+        """Connections shed because the process had no descriptor to spare."""
         self._idle = anyio.Event()
         self._idle.set()
         self._readers: set[anyio.CancelScope] = set()
         self._draining = False
+        self._last_exhausted_log = -_LOG_EVERY_S
+        self._last_refusal_log = -_LOG_EVERY_S
 
     async def serve(
         self,
@@ -109,16 +187,95 @@ class SocketServer:
     ) -> None:
         """Accept until cancelled; connections live in ``connections`` so that a
         drain can stop accepting while in-flight calls finish."""
+        reserve = _reserve_fd()
+        raw_listener = listener.extra(anyio.abc.SocketAttribute.raw_socket)
+        backoff = 0.0
         async with listener:
             task_status.started()
             while True:
                 try:
                     stream = await listener.accept()
-                except OSError as exc:  # EMFILE and friends: back off, keep serving
-                    log.warning("accept failed: %s", exc)
-                    await anyio.sleep(0.1)
+                except (OSError, anyio.BrokenResourceError) as exc:
+                    # anyio wraps the accept()'s OSError in BrokenResourceError
+                    cause = exc if isinstance(exc, OSError) else exc.__cause__
+                    code = cause.errno if isinstance(cause, OSError) else None
+                    if code in (errno.ECONNABORTED, errno.EINTR, errno.EPROTO):
+                        continue  # the peer gave up before we took it: normal
+                    backoff = min(max(backoff * 2, 0.01), _ACCEPT_BACKOFF_MAX_S)
+                    shed = reserve.shed(raw_listener) if code in _EXHAUSTED else 0
+                    self.shed += shed
+                    self._log_accept_failure(cause or exc, shed, backoff)
+                    await anyio.sleep(backoff)
                     continue
-                connections.start_soon(self._connection, stream)
+                backoff = 0.0
+                self._admit(stream, connections)
+
+    def _log_accept_failure(
+        self, exc: BaseException, shed: int, backoff: float
+    ) -> None:
+        now = anyio.current_time()
+        if now - self._last_exhausted_log < _LOG_EVERY_S:
+            return
+        self._last_exhausted_log = now
+        log.error(
+            "%s: accept failed (%s); shed %d waiting connections, retrying in %.2f s"
+            " (%d shed since start; logged at most every %.0f s)",
+            self.path,
+            exc,
+            shed,
+            backoff,
+            self.shed,
+            _LOG_EVERY_S,
+        )
+
+    def _admit(
+        self, stream: anyio.abc.SocketStream, connections: anyio.abc.TaskGroup
+    ) -> None:
+        """Who and how many, before anything is read; refusals close at once."""
+        raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+        caller = peer_of(raw, self.path, profile=self.rule.profile, role=self.rule.role)
+        error: RemoteError | None = None
+        if not self.rule.admits(caller):
+            error = self.rule.refusal(caller)
+            self._log_refusal(caller, "not admitted by this socket's rule")
+        elif self.connections >= self.max_connections:
+            error = UnavailableError(
+                f"too many connections on this socket (max {self.max_connections})",
+                reason="overloaded",
+                data={"retry_after_s": 1.0},
+            )
+            self._log_refusal(caller, "socket at its connection cap")
+        elif self.by_uid.get(caller.uid, 0) >= self.max_connections_per_uid:
+            error = UnavailableError(
+                f"too many connections from uid {caller.uid} on this socket"
+                f" (max {self.max_connections_per_uid})",
+                reason="overloaded",
+                data={"retry_after_s": 1.0},
+            )
+            self._log_refusal(caller, "uid at its connection cap")
+        if error is not None:
+            self.refused += 1
+            _refuse(raw, error)
+            return
+        self.connections += 1
+        self.by_uid[caller.uid] = self.by_uid.get(caller.uid, 0) + 1
+        connections.start_soon(self._connection, stream, raw, caller)
+
+    def _log_refusal(self, caller: Caller, why: str) -> None:
+        now = anyio.current_time()
+        if now - self._last_refusal_log < _LOG_EVERY_S:
+            return
+        self._last_refusal_log = now
+        log.warning(
+            "%s: refused pid %d uid %d: %s (%d refused since start;"
+            " logged at most every %.0f s)",
+            self.path,
+            caller.pid,
+            caller.uid,
+            why,
+            self.refused + 1,
+            _LOG_EVERY_S,
+        )
 
     async def drain(self) -> None:
         """Stop reading new requests on every connection; wait until none is in flight."""
@@ -134,52 +291,37 @@ class SocketServer:
         elif self._idle.is_set():
             self._idle = anyio.Event()
 
-    async def _connection(self, stream: anyio.abc.SocketStream) -> None:
-        raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
-        caller = peer_of(raw, self.path, profile=self.rule.profile, role=self.rule.role)
-        if not self.rule.admits(caller):
-            log.warning(
-                "refused pid %d uid %d on %s", caller.pid, caller.uid, self.path
-            )
-            await _refuse(stream, self.rule.refusal(caller))
-            return
-        if self.limits is not None and self.connections >= self.limits.max_connections:
-            error = UnavailableError(
-                f"too many connections on this socket (max {self.limits.max_connections})",
-                reason="overloaded",
-                data={"retry_after_s": 1.0},
-            )
-            await _refuse(stream, error)
-            return
+    async def _connection(
+        self, stream: anyio.abc.SocketStream, raw: socket.socket, caller: Caller
+    ) -> None:
         connection = _Connection(self, stream, raw, caller)
-        self.connections += 1
         try:
             await connection.serve()
         except Exception:  # a connection must never take the server down
             log.exception("connection from pid %d failed", connection.caller.pid)
         finally:
             self.connections -= 1
+            left = self.by_uid.pop(caller.uid, 1) - 1
+            if left:
+                self.by_uid[caller.uid] = left
 
 
-async def _refuse(stream: anyio.abc.SocketStream, error: RemoteError) -> None:
-    """One error line, then close: after reading what the peer sent meanwhile
-    (closing a Unix socket with unread data resets the peer, which would lose
-    the line)."""
-    async with stream:
-        with anyio.move_on_after(_REFUSE_LINGER_S):
-            try:
-                await stream.send(encode_error(None, error.to_wire()))
-                await stream.send_eof()
-                while await stream.receive(_READ):
-                    pass
-            except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
-                pass
+def _refuse(raw: socket.socket, error: RemoteError) -> None:
+    """One error line, sent without waiting, then close at once.
+
+    On a Unix stream socket the line stays readable by the peer even though
+    the close may reset it: Linux delivers queued data before the reset."""
+    with suppress(OSError):
+        raw.send(encode_error(None, error.to_wire()), socket.MSG_DONTWAIT)
+    with suppress(OSError):
+        raw.shutdown(socket.SHUT_RDWR)
+    raw.close()
 
 
 class _Connection:
-    """One client: a reader that dispatches each line in its own task, and replies
-    written whole, one at a time. The per-request path avoids needless trips
-    through the event loop (it is the hot path of every call)."""
+    """One client: a reader that admits each line and runs it in its own task,
+    and replies written whole, one at a time. The per-request path avoids
+    needless trips through the event loop (it is the hot path of every call)."""
 
     def __init__(
         self,
@@ -199,10 +341,16 @@ class _Connection:
         self.socket_in_flight = None if limits is None else limits.max_in_flight
         self.first_frame_s = None if limits is None else limits.first_frame_timeout_s
         self.in_flight = 0
+        self.ids: set[RequestId] = set()
+        """Ids of this connection's requests in flight (a second one is refused)."""
+        self.unsent = 0
+        """Bytes of replies computed but not yet written."""
         self.room = anyio.Event()
         self.send_lock = anyio.Lock()
         self.writing_since: float | None = None
         self.broken = False
+        self.notifications = 0
+        self.last_notification_log = -_LOG_EVERY_S
 
     async def serve(self) -> None:
         async with self.stream, anyio.create_task_group() as tg:
@@ -244,22 +392,8 @@ class _Connection:
                         line = bytes(buffer[:end])
                         del buffer[: end + 1]
                         scanned = 0
-                        if not line.strip():
-                            continue
-                        if (
-                            self.socket_in_flight is not None
-                            and server.in_flight >= self.socket_in_flight
-                        ):
-                            calls.start_soon(self._overloaded, line)
-                            continue
-                        if (
-                            self.in_flight >= self.max_in_flight
-                        ):  # push back: stop reading
-                            self.room = anyio.Event()
-                            await self.room.wait()
-                        self.in_flight += 1
-                        server._track(+1)
-                        calls.start_soon(self._run_one, line)
+                        if line.strip():
+                            await self._admit(line, calls)
                     if len(buffer) > max_frame:
                         error = InvalidRequestError(
                             f"frame larger than {max_frame} bytes; closing the connection",
@@ -270,39 +404,89 @@ class _Connection:
             finally:
                 server._readers.discard(reader)
 
+    async def _admit(self, line: bytes, calls: anyio.abc.TaskGroup) -> None:
+        """Run one request line in a task of its own, or answer it here and now.
+
+        Past the connection's limits (requests pending, reply bytes unsent)
+        this waits, and so the connection is not read: that is the push-back."""
+        while self.in_flight >= self.max_in_flight or self.unsent > MAX_UNSENT_BYTES:
+            self.room = anyio.Event()
+            await self.room.wait()
+        if self.broken:
+            return
+        parsed = self.dispatcher.parse(line)
+        if isinstance(parsed, bytes):  # not a request: answered at once
+            await self._send(parsed)
+            return
+        if parsed.id is None:
+            self._drop_notification(parsed)
+            return
+        if parsed.id in self.ids:
+            duplicate = InvalidRequestError(
+                f"request id {parsed.id!r} is already in flight on this connection;"
+                " ids must be unique among a connection's pending requests"
+            )
+            await self._send(encode_error(parsed.id, duplicate.to_wire()))
+            return
+        server = self.server
+        if (
+            self.socket_in_flight is not None
+            and server.in_flight >= self.socket_in_flight
+        ):
+            error = UnavailableError(
+                f"too many requests in flight on this socket (max {self.socket_in_flight})",
+                reason="overloaded",
+                data={"retry_after_s": 0.1},
+            )
+            await self._send(encode_error(parsed.id, error.to_wire()))
+            return
+        self.in_flight += 1
+        self.ids.add(parsed.id)
+        server._track(+1)
+        calls.start_soon(self._run_one, parsed, parsed.id)
+
+    def _drop_notification(self, request: Request) -> None:
+        self.notifications += 1
+        now = anyio.current_time()
+        if now - self.last_notification_log < _LOG_EVERY_S:
+            return
+        self.last_notification_log = now
+        log.warning(
+            "pid %d uid %d sent %s without an id (a notification): not run, since"
+            " nobody would learn its outcome (%d dropped on this connection;"
+            " logged at most every %.0f s)",
+            self.caller.pid,
+            self.caller.uid,
+            request.method[:64],
+            self.notifications,
+            _LOG_EVERY_S,
+        )
+
     async def _slow_first_frame(self) -> None:
         error = DeadlineExceededError(
             f"no complete request within {self.first_frame_s:g} s; closing the connection"
         )
         await self._send(encode_error(None, error.to_wire()))
 
-    async def _overloaded(self, line: bytes) -> None:
-        if (request_id := request_id_of(line)) is None:
-            return
-        error = UnavailableError(
-            f"too many requests in flight on this socket (max {self.socket_in_flight})",
-            reason="overloaded",
-            data={"retry_after_s": 0.1},
-        )
-        await self._send(encode_error(request_id, error.to_wire()))
-
-    async def _run_one(self, line: bytes) -> None:
+    async def _run_one(self, request: Request, request_id: RequestId) -> None:
         try:
-            reply = await self.dispatcher.handle(self.caller, line)
-            if reply is not None:
+            reply = await self.dispatcher.run(self.caller, request)
+            self.unsent += len(reply)
+            try:
                 await self._send(reply)
+            finally:
+                self.unsent -= len(reply)
         except anyio.get_cancelled_exc_class():
-            # The drain timed out: say so instead of going silent (notifications
-            # are never answered).
-            if (request_id := request_id_of(line)) is not None:
-                error = UnavailableError(
-                    "memorizzd is shutting down", reason="shutting_down"
-                )
-                with anyio.CancelScope(shield=True), anyio.move_on_after(1):
-                    await self._send(encode_error(request_id, error.to_wire()))
+            # The drain timed out: say so instead of going silent.
+            error = UnavailableError(
+                "memorizzd is shutting down", reason="shutting_down"
+            )
+            with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                await self._send(encode_error(request_id, error.to_wire()))
             raise
         finally:
             self.in_flight -= 1
+            self.ids.discard(request_id)
             self.server._track(-1)
             self.room.set()
 
@@ -320,6 +504,7 @@ class _Connection:
             await self.stream.send(data)
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             self.broken = True  # the client went away; its replies have nowhere to go
+            self.room.set()
         finally:
             self.writing_since = None
             self.send_lock.release()

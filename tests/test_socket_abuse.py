@@ -1,0 +1,416 @@
+"""A local user against the sockets: descriptor storms, floods, odd JSON-RPC.
+
+Each test here was written against a defect found by outside testing (issue 9):
+the accept loop died on EMFILE, a flood of request lines grew the daemon to
+gigabytes, a notification ran a tool, duplicate ids were both answered, an
+out-of-range integer became an internal error, and refusals left no trace.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import select
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+import psutil
+import pytest
+
+from memorizz import Client
+from memorizz.api.errors import InvalidParamsError
+from memorizzd.config import Limits, Profile
+from tests.harness import (
+    MCP_SERVER,
+    DaemonHarness,
+    DaemonProcess,
+    rmtree,
+    short_tempdir,
+    wait_until,
+)
+from tests.peers import ME, agent_socket, profiles_config
+
+RSS_CAP = 150 * 1024 * 1024
+
+
+def rpc(request_id: object, method: str, **params: object) -> bytes:
+    body: dict[str, object] = {"jsonrpc": "2.0", "method": method, "params": params}
+    if request_id is not None:
+        body["id"] = request_id
+    return msgspec.json.encode(body) + b"\n"
+
+
+class Lines:
+    """A raw connection that reads reply lines (the client library sends one
+    request at a time; these tests pipeline)."""
+
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(10)
+        self.sock.connect(path)
+        self.buffer = b""
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def read(self) -> dict[str, object]:
+        while b"\n" not in self.buffer:
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise EOFError("closed")
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        decoded = msgspec.json.decode(line)
+        assert isinstance(decoded, dict)
+        return decoded
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def reason(reply: dict[str, object]) -> object:
+    error = reply["error"]
+    assert isinstance(error, dict)
+    return error["data"]["reason"]
+
+
+# --- a daemon in its own process, for descriptors and memory -----------------
+
+
+def _write_config(base: str, *, max_in_flight: int, max_connections: int) -> str:
+    os.chmod(base, 0o755)  # noqa: S103 - the agent directory lives below
+    path = os.path.join(base, "memorizzd.toml")
+    Path(path).write_text(
+        f"""
+agents_dir = "{base}/agents"
+
+[[servers]]
+name = "t"
+transport = "stdio"
+command = "{sys.executable}"
+args = ["{MCP_SERVER}", "stdio"]
+
+[[profiles]]
+name = "flood"
+servers = ["t"]
+uids = [{ME}]
+
+[profiles.limits]
+max_in_flight = {max_in_flight}
+max_connections = {max_connections}
+max_connections_per_uid = {max_connections}
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+@pytest.fixture
+def process_base() -> Iterator[str]:
+    path = short_tempdir("mz-abuse-")
+    yield path
+    rmtree(path)
+
+
+@pytest.fixture
+def flood_daemon(process_base: str) -> Iterator[DaemonProcess]:
+    config = _write_config(process_base, max_in_flight=2, max_connections=2000)
+    process = DaemonProcess(process_base, ["--config", config]).start()
+    try:
+        process.wait_ready("t")
+        yield process
+    finally:
+        if process.proc is not None and process.proc.poll() is None:
+            process.stop()
+
+
+def _fd_count(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def test_the_daemon_survives_descriptor_exhaustion_and_recovers(
+    flood_daemon: DaemonProcess, process_base: str
+) -> None:
+    """EMFILE on accept: the loop backs off and sheds, the daemon lives, the
+    connections it has keep working, and it serves again once fds come back."""
+    pid = flood_daemon.pid
+    limit = _fd_count(pid) + 24
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, limit))
+    agents = agent_socket(process_base, "flood")
+    kept = Lines(flood_daemon.socket)  # an operator connection made before the storm
+    kept.send(rpc(1, "ping"))
+    assert "result" in kept.read()
+
+    storm: list[socket.socket] = []
+    try:
+        for _ in range(300):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                sock.connect(agents)
+            except (BlockingIOError, ConnectionRefusedError):
+                pass  # the kernel's queue is full: that is part of the storm
+            storm.append(sock)
+        assert flood_daemon.proc is not None
+        wait_until(
+            lambda: (
+                "accept failed" in flood_daemon.log()
+                or flood_daemon.proc.poll() is not None
+            ),
+            what="the accept failure",
+        )
+        assert flood_daemon.proc.poll() is None, flood_daemon.log()[-2000:]
+        for i in range(3):  # the connection it had is still served, mid-storm
+            kept.send(rpc(10 + i, "ping"))
+            assert "result" in kept.read()
+    finally:
+        for sock in storm:
+            sock.close()
+    # descriptors came back: a new client is served again
+    wait_until(lambda: _answers(flood_daemon.socket), what="service after the storm")
+    assert flood_daemon.proc.poll() is None
+    assert "shed" in flood_daemon.log()
+    kept.close()
+
+
+def _answers(path: str) -> bool:
+    try:
+        with Client(path) as c:
+            c.ping()
+    except ConnectionError:
+        return False
+    return True
+
+
+def _flood(path: str, prelude: bytes, seconds: float, pid: int) -> tuple[int, int]:
+    """Pipeline pings as fast as the daemon reads them, never reading a reply;
+    the most bytes sent and the daemon's highest RSS seen."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(path)
+    sock.sendall(prelude)
+    sock.setblocking(False)
+    chunk = b"".join(rpc(i, "ping") for i in range(2000))
+    sent, peak = 0, 0
+    daemon = psutil.Process(pid)
+    stop = time.monotonic() + seconds
+    try:
+        while time.monotonic() < stop:
+            try:
+                sent += sock.send(chunk)
+            except BlockingIOError:
+                select.select([], [sock], [], 0.01)
+            except OSError:
+                break  # the daemon cut the connection off: also fine
+            peak = max(peak, daemon.memory_info().rss)
+    finally:
+        sock.close()
+    return sent, peak
+
+
+@pytest.mark.parametrize("socket_kind", ["agent", "operator"])
+def test_a_flood_of_request_lines_keeps_memory_bounded(
+    flood_daemon: DaemonProcess, process_base: str, socket_kind: str
+) -> None:
+    """With the profile at max_in_flight (two slow calls), every further line
+    was a task holding the line: 89 MiB of pings took RSS to 2.1 GiB. Now the
+    connection is not read while it is at its limit."""
+    path = (
+        agent_socket(process_base, "flood")
+        if socket_kind == "agent"
+        else flood_daemon.socket
+    )
+    prelude = rpc("s1", "tools/call", server="t", name="slow", arguments={"seconds": 5})
+    prelude += rpc(
+        "s2", "tools/call", server="t", name="slow", arguments={"seconds": 5}
+    )
+    peaks: list[int] = []
+    threads = [
+        threading.Thread(
+            target=lambda: peaks.append(_flood(path, prelude, 3.0, flood_daemon.pid)[1])
+        )
+        for _ in range(2)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert max(peaks) < RSS_CAP, f"RSS peaked at {max(peaks) / 2**20:.0f} MiB"
+    assert _answers(flood_daemon.socket)  # and it still serves everyone else
+
+
+def test_refused_connections_are_closed_at_once_and_capped_per_uid(
+    base_dir: str,
+) -> None:
+    """A connection over the socket's per-uid cap gets one ``overloaded`` line
+    and is closed there and then (it used to linger a second, holding its fd)."""
+    config = profiles_config(base_dir)
+    config.profiles.append(
+        Profile(
+            name="tight",
+            servers=["t"],
+            uids=[ME],
+            limits=Limits(max_connections=10, max_connections_per_uid=2),
+        )
+    )
+    with DaemonHarness.running(config) as harness:
+        path = agent_socket(base_dir, "tight")
+        held = [Lines(path) for _ in range(2)]
+        for lines in held:
+            lines.send(rpc(1, "ping"))
+            assert "result" in lines.read()
+        third = Lines(path)
+        refusal = third.read()
+        assert reason(refusal) == "overloaded"
+        assert "uid" in str(refusal["error"])
+        with pytest.raises(EOFError):
+            third.read()
+        # closed, not lingering: the daemon no longer reads what we send
+        wait_until(lambda: _send_fails(third.sock), timeout=2, what="a full close")
+        tight = next(s for s in harness.daemon.servers if s.rule.profile == "tight")
+        assert tight.connections == 2
+        assert tight.refused == 1
+        for lines in [*held, third]:
+            lines.close()
+        wait_until(lambda: tight.connections == 0, what="connections released")
+        with Client(path) as c:  # the uid's budget came back
+            c.ping()
+
+
+def _send_fails(sock: socket.socket) -> bool:
+    try:
+        sock.send(b"x")
+    except OSError:
+        return True
+    return False
+
+
+# --- JSON-RPC edge cases ----------------------------------------------------
+
+
+def test_a_notification_never_runs_a_tool(base_dir: str) -> None:
+    """A tools/call without an id ran the tool and threw the result away; a
+    destructive one made a proposal nobody would hear of. Now it is dropped."""
+    config = profiles_config(base_dir)
+    config.servers[0] = msgspec.structs.replace(
+        config.servers[0], require_approval=True
+    )
+    with DaemonHarness.running(config) as harness:
+        harness.wait_ready("t")
+        lines = Lines(agent_socket(base_dir, "alpha"))
+        lines.send(rpc(None, "tools/call", server="t", name="record", arguments={}))
+        lines.send(rpc(None, "tools/call", server="t", name="echo", arguments={}))
+        lines.send(rpc(1, "ping"))
+        reply = lines.read()
+        assert reply["id"] == 1
+        assert "result" in reply
+        lines.close()
+        with harness.client() as c:
+            assert c.list_approvals() == []
+            assert [r for r in c.audit().records if r.action == "tools/call"] == []
+
+
+def test_a_second_request_with_an_id_in_flight_is_refused(
+    stdio_daemon: DaemonHarness,
+) -> None:
+    lines = Lines(stdio_daemon.socket)
+    slow = rpc(7, "tools/call", server="t", name="slow", arguments={"seconds": 0.5})
+    lines.send(slow + rpc(7, "ping"))
+    first = lines.read()
+    assert first["id"] == 7
+    assert reason(first) == "invalid_request"
+    assert "already in flight" in str(first["error"])
+    second = lines.read()
+    assert second["id"] == 7
+    assert "result" in second  # the call that was in flight is unharmed
+    lines.send(rpc(7, "ping"))  # and once it is answered, the id is free again
+    assert "result" in lines.read()
+    lines.close()
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [
+        ("audit/list", '{"before_id": 9223372036854775813}'),
+        ("audit/list", '{"before_id": -1}'),
+        ("audit/list", '{"limit": 0}'),
+        ("audit/list", '{"since": 1e400}'),
+        ("audit/list", '{"since": 2e11}'),
+        ("approvals/list", '{"limit": 1000000000000000000000000000000}'),
+        ("approvals/wait", '{"id": "x", "timeout_s": 301}'),
+        ("tools/call", '{"server": "t", "name": "echo", "timeout_s": -1}'),
+        ("tools/call", '{"server": "t", "name": "echo", "timeout_s": 1e400}'),
+        ("resources/read", '{"server": "t", "uri": "x:", "timeout_s": 0}'),
+        ("prompts/get", '{"server": "t", "name": "x", "timeout_s": 1e20}'),
+        ("servers/test", '{"name": "t", "timeout_s": 7200}'),
+    ],
+)
+def test_numbers_out_of_range_are_invalid_params(
+    stdio_daemon: DaemonHarness,
+    caplog: pytest.LogCaptureFixture,
+    method: str,
+    params: str,
+) -> None:
+    """``before_id`` above 2**63 reached SQLite and came back ``internal`` with
+    a traceback in the log; every number is now range-checked where it is decoded."""
+    lines = Lines(stdio_daemon.socket)
+    lines.send(
+        b'{"jsonrpc":"2.0","id":1,"method":"%s","params":%s}\n'
+        % (method.encode(), params.encode())
+    )
+    reply = lines.read()
+    lines.close()
+    assert reason(reply) == "invalid_params", reply
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+
+
+def test_an_agents_refusals_are_audited_and_logged_within_a_budget(
+    base_dir: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = profiles_config(base_dir)
+    config.servers[0] = msgspec.structs.replace(
+        config.servers[0], block_tools=["crash"]
+    )
+    with DaemonHarness.running(config) as harness:
+        harness.wait_ready("t")
+        lines = Lines(agent_socket(base_dir, "alpha"))
+        lines.send(rpc(1, "servers/list"))  # an operator method
+        lines.send(rpc(2, "tools/list", server="u"))  # another profile's server
+        lines.send(rpc(3, "tools/call", server="t", name="crash"))  # blocked
+        lines.send(rpc(4, "no/such/method"))
+        got = {r["id"]: reason(r) for r in (lines.read() for _ in range(4))}
+        assert got == {
+            1: "permission_denied",
+            2: "unknown_server",
+            3: "tool_blocked",
+            4: "method_not_found",
+        }
+        with harness.client() as c:
+            records = list(reversed(c.audit().records))
+        assert [
+            (r.action, r.server, r.tool, r.outcome, r.reason, r.caller_profile)
+            for r in records
+        ] == [
+            ("servers/list", None, None, "denied", "permission_denied", "alpha"),
+            ("tools/list", "u", None, "denied", "unknown_server", "alpha"),
+            ("tools/call", "t", "crash", "denied", "tool_blocked", "alpha"),
+            ("unknown_method", None, None, "denied", "method_not_found", "alpha"),
+        ]
+        assert any("refused servers/list" in r.getMessage() for r in caplog.records)
+
+        # a flood of refusals: answered every time, recorded within the budget
+        lines.send(b"".join(rpc(100 + i, "servers/list") for i in range(500)))
+        for _ in range(500):
+            assert reason(lines.read()) == "permission_denied"
+        lines.close()
+        with harness.client() as c:
+            denied = [r for r in c.audit(limit=1000).records if r.outcome == "denied"]
+        assert 40 < len(denied) < 100, len(denied)
+
+        # the operator's own mistakes are not refusals
+        with harness.client() as c, pytest.raises(InvalidParamsError):
+            c.audit(limit=0)
