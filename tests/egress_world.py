@@ -241,7 +241,9 @@ async def _respond(
     await send({"type": "http.response.body", "body": body})
 
 
-async def answer_trap(action: str, scope: Scope, send: Send) -> None:
+async def answer_trap(
+    action: str, scope: Scope, send: Send, receive: Receive | None = None
+) -> None:
     """Answer one request the way ``action`` says."""
     if action == "headers":  # what the client sent, as JSON
         sent = {k.decode(): v.decode() for k, v in scope["headers"]}
@@ -261,11 +263,46 @@ async def answer_trap(action: str, scope: Scope, send: Send) -> None:
             (b"content-length", str(len(gzip_bomb())).encode()),
         ]
         await _respond(send, 200, headers, gzip_bomb())
+    elif action.startswith("sse_"):
+        await _sse_trap(action, scope, receive, send)
     elif action == "close":
         headers = [(b"content-type", b"text/plain"), (b"connection", b"close")]
         await _respond(send, 200, headers, b"ok")
     else:
         await _respond(send, 200, [(b"content-type", b"text/plain")], b"ok")
+
+
+SSE_TRAPS = {
+    # What a legacy SSE stream sends first; {origin} is the stream's own.
+    "sse_foreign": "event: endpoint\ndata: https://evil.example.test/messages/?s=1\n\n",
+    "sse_foreign_http": "event: endpoint\ndata: http://{host}/messages/?s=1\n\n",
+    "sse_foreign_port": "event: endpoint\ndata: https://{host}:8443/messages/?s=1\n\n",
+    "sse_foreign_relative": "event: endpoint\ndata: //evil.example.test/messages/\n\n",
+    "sse_message_first": (
+        'data: {{"jsonrpc":"2.0","method":"notifications/message",'
+        '"params":{{"level":"info","data":"x"}}}}\n\n'
+        "event: endpoint\ndata: /messages/?s=1\n\n"
+    ),
+    "sse_silent": ": ping\n\n",
+    "sse_closed": "",
+}
+"""``/trap/<name>``: an event stream that starts like this, then idles
+(``sse_closed`` ends at once)."""
+
+
+async def _sse_trap(
+    action: str, scope: Scope, receive: Receive | None, send: Send
+) -> None:
+    host = dict(scope["headers"]).get(b"host", b"").decode()
+    body = SSE_TRAPS[action].format(host=host).encode()
+    headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-store")]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": True})
+    if action == "sse_closed" or receive is None:
+        await send({"type": "http.response.body", "body": b""})
+        return
+    while (await receive())["type"] != "http.disconnect":
+        pass  # hold the stream open until the client goes
 
 
 def trap_app(inner: ASGIApp | None = None) -> ASGIApp:
@@ -279,7 +316,7 @@ def trap_app(inner: ASGIApp | None = None) -> ASGIApp:
             return
         path: str = scope["path"]
         if path.startswith("/trap/"):
-            await answer_trap(path.removeprefix("/trap/"), scope, send)
+            await answer_trap(path.removeprefix("/trap/"), scope, send, receive)
             return
         if inner is None:
             await _respond(send, 404, [(b"content-type", b"text/plain")], b"no")

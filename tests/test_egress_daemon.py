@@ -292,3 +292,68 @@ def test_config_servers_are_checked_again_at_connect(
         wait_for_refusal(harness, "plain", "scheme_not_allowed")
         harness.wait_ready("pub")
     assert "evil.example.org" not in world.dns.lookups
+
+
+# --- the legacy SSE stream's endpoint event (issue 9) ---------------------------------
+
+
+def wait_for_failure(daemon: DaemonHarness, name: str, text: str) -> tuple[str, float]:
+    """The server's ``last_error`` once it holds ``text``, and the seconds it took."""
+    started = time.monotonic()
+    error = wait_for_refusal(daemon, name, text)
+    return error, time.monotonic() - started
+
+
+@pytest.mark.parametrize(
+    ("trap", "shown"),
+    [
+        ("sse_foreign", "https://evil.example.test"),
+        ("sse_foreign_http", f"http://{SSE_NAME}"),
+        ("sse_foreign_port", f"https://{SSE_NAME}:8443"),
+        ("sse_foreign_relative", "https://evil.example.test"),
+    ],
+)
+def test_an_sse_endpoint_on_another_origin_fails_at_once(
+    daemon: DaemonHarness, world: World, trap: str, shown: str
+) -> None:
+    """It left the server ``connecting`` for as long as the stream stayed open."""
+    spec = ServerSpec(
+        name="s", transport="sse", url=f"https://{SSE_NAME}/trap/{trap}", timeout_s=60
+    )
+    with daemon.client() as c:
+        c.add_server(spec)
+    error, took = wait_for_failure(daemon, "s", "redirect_blocked")
+    assert took < 10  # generous: it fails on the first event, not on a timeout
+    assert error.startswith("redirect_blocked: the SSE endpoint event names")
+    assert repr(shown) in error
+    with daemon.client() as c:
+        assert c.test_server("s").outcome == "refused_by_policy"
+        c.remove_server("s")
+    assert {address for address, _ in world.dial.dialled} == {SSE_V4}
+
+
+@pytest.mark.parametrize(
+    ("trap", "timeout_s", "text"),
+    [
+        ("sse_message_first", 60, "a message before its endpoint event"),
+        ("sse_closed", 60, "closed before its endpoint event"),
+        ("sse_silent", 1, "within 1 s"),  # only keep-alives: bounded by timeout_s
+    ],
+)
+def test_an_sse_stream_without_a_usable_endpoint_fails_within_its_timeout(
+    daemon: DaemonHarness, trap: str, timeout_s: float, text: str
+) -> None:
+    spec = ServerSpec(
+        name="s",
+        transport="sse",
+        url=f"https://{SSE_NAME}/trap/{trap}",
+        timeout_s=timeout_s,
+    )
+    with daemon.client() as c:
+        c.add_server(spec)
+    error, took = wait_for_failure(daemon, "s", text)
+    assert took < 10
+    with daemon.client() as c:
+        assert c.server_status("s")[0].state in ("backoff", "failed")
+        c.remove_server("s")
+    assert error

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import httpx2
 
@@ -50,11 +50,15 @@ def hardened_client(
     bearer: BearerSource | None = None,
     challenges: bool = True,
     network: Network | None = None,
+    wrap: Callable[[httpx2.AsyncBaseTransport], httpx2.AsyncBaseTransport]
+    | None = None,
 ) -> httpx2.AsyncClient:
     """An HTTP client for one upstream, under the egress policy.
 
     ``bearer``: an OAuth token source for every request. ``challenges=False``
     (the OAuth client's own requests) hands 401/403 answers back as responses.
+    ``wrap``: an outermost transport layer that sees what the caller will see
+    (the legacy SSE stream's endpoint check, ``upstream/sse.py``).
     """
     network = network or DEFAULT_NETWORK
     backend = PinnedBackend(
@@ -69,6 +73,7 @@ def hardened_client(
     )
     if bearer is not None:
         guarded = BearerTransport(guarded, bearer)
+    outer: httpx2.AsyncBaseTransport = CappedTransport(RefusalReplies(guarded), limit)
     return HardenedClient(
         headers=headers,
         auth=auth,
@@ -76,7 +81,7 @@ def hardened_client(
         follow_redirects=False,
         max_redirects=0,
         trust_env=False,
-        transport=CappedTransport(RefusalReplies(guarded), limit),
+        transport=outer if wrap is None else wrap(outer),
     )
 
 

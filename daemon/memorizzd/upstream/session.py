@@ -41,6 +41,7 @@ from memorizzd.egress.replies import refusal_in
 from memorizzd.egress.transport import BearerSource
 from memorizzd.egress.urls import check_url, without_trailing_dot
 from memorizzd.upstream.limits import TOO_LARGE_MARKER
+from memorizzd.upstream.sse import EndpointWatch, opened_within
 from memorizzd.upstream.stdio import StdioProcess, stdio_transport
 from memorizzd.vault.server_secrets import ServerSecrets
 
@@ -210,6 +211,10 @@ async def open_client(
                 yield client
     else:
         url = _checked_url(spec, host_allowlist)
+        # The endpoint event is checked before the SDK reads it, and the open
+        # is bounded by timeout_s: the SDK hangs on any failure before it
+        # (upstream/sse.py).
+        watch = EndpointWatch(url)
         transport = sse_client(
             url,
             timeout=30.0,
@@ -223,10 +228,12 @@ async def open_client(
                     headers={**(headers or {}), **secrets.headers} or None,
                     auth=auth,
                     bearer=bearer,
+                    wrap=watch.wrap,
                 )
             ),
         )
-        async with _refusals_raised(Client(transport, **client_kwargs)) as client:
+        bounded = opened_within(transport, spec.timeout_s, watch)
+        async with _refusals_raised(Client(bounded, **client_kwargs)) as client:
             yield client
 
 
