@@ -104,6 +104,14 @@ uids = [{ME}]
 max_in_flight = {max_in_flight}
 max_connections = {max_connections}
 max_connections_per_uid = {max_connections}
+
+[[profiles]]
+name = "slow"
+servers = ["t"]
+uids = [{ME}]
+
+[profiles.limits]
+write_timeout_s = 1.0
 """,
         encoding="utf-8",
     )
@@ -241,6 +249,43 @@ def test_a_flood_of_request_lines_keeps_memory_bounded(
         thread.join()
     assert max(peaks) < RSS_CAP, f"RSS peaked at {max(peaks) / 2**20:.0f} MiB"
     assert _answers(flood_daemon.socket)  # and it still serves everyone else
+
+
+def test_a_client_that_never_reads_is_cut_off_and_memory_stays_bounded(
+    flood_daemon: DaemonProcess, process_base: str
+) -> None:
+    """SECURITY.md 6.2 #5: an agent asks for 1.4 MB results and never reads
+    them. The connection stops being read, is cut off after the profile's
+    write_timeout_s, and the daemon's memory stays bounded and comes back."""
+    daemon = psutil.Process(flood_daemon.pid)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(agent_socket(process_base, "slow"))
+    sock.setblocking(False)
+    big = {"n_bytes": 700_000}  # ~1.4 MB as text and structuredContent
+    lines = b"".join(
+        rpc(i, "tools/call", server="t", name="huge", arguments=big) for i in range(40)
+    )
+    sent, peak, cut = 0, 0, False
+    stop = time.monotonic() + 15
+    while time.monotonic() < stop and not cut:
+        try:
+            if sent < len(lines):
+                sent += sock.send(lines[sent:])
+            else:
+                select.select([], [], [], 0.05)
+        except BlockingIOError:
+            select.select([], [], [], 0.05)
+        except OSError:
+            cut = True  # the daemon shut the connection down
+        peak = max(peak, daemon.memory_info().rss)
+        with flood_daemon.client() as c:
+            cut = cut or c.daemon_status().connections == 1  # only this status call
+    sock.close()
+    assert cut, "the connection that never reads was not cut off"
+    assert peak < RSS_CAP, f"RSS peaked at {peak / 2**20:.0f} MiB"
+    assert "has not read its replies" in flood_daemon.log()
+    with flood_daemon.client() as c:  # healthy: others are served
+        assert c.call_tool("t", "echo", {"text": "still here"}).content
 
 
 def test_refused_connections_are_closed_at_once_and_capped_per_uid(

@@ -84,6 +84,9 @@ class Limits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     first_frame_timeout_s: float = 10.0
     """A connection that sends no complete request line this long after it was
     accepted is closed (slowloris)."""
+    write_timeout_s: float = 30.0
+    """A client that leaves a reply unread this long (its socket buffer full)
+    is cut off (a slow reader holds the daemon's memory)."""
 
 
 class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -438,6 +441,7 @@ def _check_access(config: Config, where: Path | None) -> None:
                 "max_in_flight",
                 "max_request_bytes",
                 "first_frame_timeout_s",
+                "write_timeout_s",
             ):
                 if not getattr(limits, key) > 0:
                     raise ValueError(f"profile {name!r}: limits.{key} must be > 0")

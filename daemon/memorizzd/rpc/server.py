@@ -20,7 +20,7 @@ another, and nothing it sends grows the daemon without bound:
 * A request without an id (a notification) is never run: every method of this
   API has an effect or an answer, and nobody would learn either. It is logged.
 * A client that half-closes still gets its replies; one that stops reading is
-  cut off after ``_WRITE_TIMEOUT_S``; an oversize frame gets an error and
+  cut off after ``write_timeout_s`` (30 s on the operator socket); an oversize frame gets an error and
   closes that connection only.
 """
 
@@ -340,6 +340,9 @@ class _Connection:
         self.max_frame = MAX_FRAME if limits is None else limits.max_request_bytes
         self.socket_in_flight = None if limits is None else limits.max_in_flight
         self.first_frame_s = None if limits is None else limits.first_frame_timeout_s
+        self.write_timeout_s = (
+            _WRITE_TIMEOUT_S if limits is None else limits.write_timeout_s
+        )
         self.in_flight = 0
         self.ids: set[RequestId] = set()
         """Ids of this connection's requests in flight (a second one is refused)."""
@@ -511,16 +514,16 @@ class _Connection:
 
     async def _watch_writes(self) -> None:
         while True:
-            await anyio.sleep(_WRITE_TIMEOUT_S / 4)
+            await anyio.sleep(self.write_timeout_s / 4)
             started = self.writing_since
             if (
                 started is not None
-                and anyio.current_time() - started > _WRITE_TIMEOUT_S
+                and anyio.current_time() - started > self.write_timeout_s
             ):
                 log.warning(
                     "pid %d has not read its replies for %.0f s; closing its connection",
                     self.caller.pid,
-                    _WRITE_TIMEOUT_S,
+                    self.write_timeout_s,
                 )
                 self.broken = True
                 with suppress(OSError):
