@@ -13,9 +13,7 @@ import pytest
 from memorizzd.config import Profile
 from tests.harness import MCP_SERVER, DaemonHarness, daemon_config
 
-HELLO_LINE = (
-    b'{"jsonrpc":"2.0","id":1,"method":"daemon/hello","params":{"protocol_version":1}}\n'
-)
+HELLO_LINE = b'{"jsonrpc":"2.0","id":1,"method":"daemon/hello","params":{"protocol_version":1}}\n'
 """The README's first line to socat."""
 
 
@@ -32,8 +30,10 @@ def test_the_tour(daemon: DaemonHarness, capsys: pytest.CaptureFixture[str]) -> 
         "stdio",
     ]
     assert daemon.ctl(*add) == 0
+    # What the README shows: the server starts in the background, and a call
+    # made meanwhile waits for it (connect_wait_s).
+    assert capsys.readouterr().out == "added demo (stdio, connecting)\n"
     daemon.wait_ready("demo")
-    capsys.readouterr()
 
     assert daemon.ctl("mcp", "list") == 0
     out = capsys.readouterr().out
