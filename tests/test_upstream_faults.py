@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import email.utils
+import os
 import sys
 import time
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from tests.harness import (
     serve_asgi,
     serve_http,
     stdio_spec,
+    wait_until,
 )
 
 BARE_SERVER = str(TESTS / "bare_server.py")
@@ -122,8 +124,11 @@ def dripping_server(d: DaemonHarness, transport: str) -> Iterator[str]:
 
 @pytest.fixture
 def quick_checks(base_dir: str) -> Iterator[DaemonHarness]:
-    """A daemon that gives a session 1 s to answer its health probe."""
-    with DaemonHarness.running(daemon_config(base_dir, health_timeout_s=1.0)) as d:
+    """A daemon that gives a session 1 s to answer its health probe, and a
+    caller up to 15 s to wait for a reconnect (a stuck stdio server takes a
+    few seconds to stop: stdin closed, 2 s, SIGTERM)."""
+    config = daemon_config(base_dir, health_timeout_s=1.0, connect_wait_s=15.0)
+    with DaemonHarness.running(config) as d:
         yield d
 
 
@@ -132,6 +137,7 @@ def test_a_slow_drip_fails_at_the_total_deadline_and_the_next_call_works(
     quick_checks: DaemonHarness, transport: str
 ) -> None:
     d = quick_checks
+    fds = _open_fds()
     with dripping_server(d, transport) as name, d.client() as c:
         started = time.monotonic()
         with pytest.raises(DeadlineExceededError) as err:
@@ -139,6 +145,8 @@ def test_a_slow_drip_fails_at_the_total_deadline_and_the_next_call_works(
             c.call_tool(name, "huge", {"n_bytes": 200_000}, timeout_s=1.0)
         assert err.value.reason == "timeout"
         assert time.monotonic() - started < 5.0
+        with d.client() as control:  # another connection is served meanwhile
+            assert control.daemon_status().calls_in_flight == 1
         # The next call is answered (a session stuck behind the drip is
         # found out by a probe and replaced; the others just go on).
         result = c.call_tool(name, "echo", {"text": "next"}, timeout_s=20)
@@ -150,6 +158,13 @@ def test_a_slow_drip_fails_at_the_total_deadline_and_the_next_call_works(
         status = c.server_status(name)[0]
     assert status.state == "ready"
     assert status.in_flight == 0
+    # Nothing of the stuck session is left: pipes, sockets (a little slack for
+    # what the event loop and the test server's thread keep).
+    wait_until(lambda: _open_fds() <= fds + 2, timeout=10, what="fds released")
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
 
 
 @pytest.mark.parametrize("transport", ["stdio", *HTTP])
