@@ -182,26 +182,35 @@ def test_a_new_state_directory_and_database_are_private_whatever_the_umask(
     assert {_mode(p) for p in state.iterdir()} == {0o600}
 
 
+def _a_file(p: Path) -> None:
+    p.write_text("x")
+
+
+def _a_link(p: Path) -> None:
+    p.symlink_to(p.parent / "elsewhere", target_is_directory=True)
+
+
+def _a_linked_key(p: Path) -> None:
+    p.mkdir()
+    (p / "vault.key").symlink_to("/etc/hostname")
+
+
+def _a_fifo_database(p: Path) -> None:
+    p.mkdir()
+    os.mkfifo(p / "state.db")
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda p: p.write_text("x"), "is not a directory; refusing to start"),
-        (
-            lambda p: p.symlink_to(p.parent / "elsewhere", target_is_directory=True),
-            "is a symbolic link; set state_dir to the directory itself",
-        ),
-        (
-            lambda p: (p.mkdir(), (p / "vault.key").symlink_to("/etc/hostname")),
-            "vault.key is a symbolic link",
-        ),
-        (
-            lambda p: (p.mkdir(), os.mkfifo(p / "state.db")),
-            "state.db is not a regular file",
-        ),
+        (_a_file, "is not a directory; refusing to start"),
+        (_a_link, "is a symbolic link; set state_dir to the directory itself"),
+        (_a_linked_key, r"vault\.key is a symbolic link"),
+        (_a_fifo_database, r"state\.db is not a regular file"),
     ],
 )
 def test_a_state_directory_that_is_not_a_private_directory_is_refused(
-    base_dir: str, make: Callable[[Path], object], message: str
+    base_dir: str, make: Callable[[Path], None], message: str
 ) -> None:
     state = Path(base_dir, "state")
     (state.parent / "elsewhere").mkdir(mode=0o755)
@@ -225,5 +234,5 @@ def test_a_state_directory_owned_by_another_uid_is_refused(base_dir: str) -> Non
     os.chown(state, 0, 0)
     (state / "audit.key").touch()
     os.chown(state / "audit.key", 4300, 4300)
-    with pytest.raises(StoreError, match="audit.key is owned by uid 4300"):
+    with pytest.raises(StoreError, match=r"audit\.key is owned by uid 4300"):
         Store(str(state))

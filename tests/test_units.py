@@ -19,8 +19,9 @@ SOCKET = UNITS / "memorizzd.socket"
 EXPOSURE_AT_MOST = 9.1
 """``systemd-analyze security --offline=yes`` of memorizzd.service: never worse."""
 
+ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(
-    shutil.which("systemd-analyze") is None, reason="systemd-analyze not installed"
+    ANALYZE is None, reason="systemd-analyze not installed"
 )
 
 
@@ -53,12 +54,15 @@ def test_the_units_verify_and_keep_their_exposure(tmp_path: Path) -> None:
     # The units as shipped, but ExecStart pointing at this checkout's memorizzd
     # (verify checks that the executable exists).
     text = re.sub(
-        r"^ExecStart=\S+", f"ExecStart={DAEMON_EXE}", SERVICE.read_text(), flags=re.M
+        r"^ExecStart=\S+",
+        f"ExecStart={DAEMON_EXE}",
+        SERVICE.read_text(),
+        flags=re.MULTILINE,
     )
     (tmp_path / SERVICE.name).write_text(text)
     shutil.copy(SOCKET, tmp_path / SOCKET.name)
     verified = subprocess.run(
-        ["systemd-analyze", "verify", SERVICE.name, SOCKET.name],
+        [str(ANALYZE), "verify", SERVICE.name, SOCKET.name],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -67,7 +71,7 @@ def test_the_units_verify_and_keep_their_exposure(tmp_path: Path) -> None:
     assert verified.returncode == 0, verified.stderr
     assert verified.stderr == "", verified.stderr
     security = subprocess.run(
-        ["systemd-analyze", "security", "--offline=yes", SERVICE.name],
+        [str(ANALYZE), "security", "--offline=yes", SERVICE.name],
         cwd=tmp_path,
         capture_output=True,
         text=True,

@@ -88,7 +88,12 @@ class Broker:
         self._calls = 0  # tools/call in flight: the audit batches when it is > 1
         self._connections = connections
         self._in_flight = in_flight
-        self._agent_sockets = {  # profile -> its socket, as daemon/status shows it
+        # Absolute, as daemon/status shows them (the daemon never changes directory).
+        self._paths = (
+            os.path.abspath(config.socket),
+            os.path.abspath(config.state_dir),
+        )
+        self._agent_sockets = {  # profile -> its socket
             name: os.path.abspath(path) for name, path in (agent_sockets or {}).items()
         }
         self._started = time.monotonic()
@@ -363,8 +368,8 @@ class Broker:
             protocol_version=PROTOCOL_VERSION,
             pid=os.getpid(),
             uptime_s=round(time.monotonic() - self._started, 3),
-            socket=os.path.abspath(self._config.socket),
-            state_dir=os.path.abspath(self._config.state_dir),
+            socket=self._paths[0],
+            state_dir=self._paths[1],
             config_path=self._config.config_path,
             servers_total=len(upstreams),
             servers_ready=sum(u.state == "ready" for u in upstreams),
