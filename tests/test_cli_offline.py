@@ -503,7 +503,10 @@ def test_render_daemon_status_lists_each_agent_socket_on_a_line() -> None:
     lines = _render.render_daemon_status(status).splitlines()
     at = lines.index("agent_sockets:   alpha: /run/memorizzd/agents/alpha/api.sock")
     assert lines[at - 1] == "socket:          /run/memorizzd/memorizzd.sock"
-    assert lines[at + 1] == "                 ci-bot: /run/memorizzd/agents/ci-bot/api.sock"
+    assert (
+        lines[at + 1]
+        == "                 ci-bot: /run/memorizzd/agents/ci-bot/api.sock"
+    )
     assert lines[at + 2].startswith("state_dir:")
 
 
