@@ -3,6 +3,11 @@
     python tests/mcp_server.py stdio
     python tests/mcp_server.py http PORT      # Streamable HTTP at /mcp
     python tests/mcp_server.py sse PORT       # legacy SSE at /sse
+    python tests/mcp_server.py stdio-id-last  # stdio, each message's id written last
+
+The id-last mode writes messages as the TypeScript SDK does (``{"result":...,
+"jsonrpc":"2.0","id":3}``, see :func:`id_last`); in it ``request_back`` writes a
+server-to-client request, reusing the call's id, straight onto the wire.
 
 Tools cover the daemon's paths: echo/add (happy), fail (isError), slow (deadline),
 chatty (progress notifications until it answers), huge (size cap), crash (dies
@@ -18,6 +23,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import IO, cast
 
 import anyio
 import mcp_types
@@ -128,6 +134,38 @@ async def change_tools(ctx: Context) -> str:
     return "ok"
 
 
+@mcp.tool(annotations=ToolAnnotations(read_only_hint=True))
+async def watched(seconds: float, tag: str) -> str:
+    """Read-only: log start:TAG to $CALL_LOG, sleep, log done:TAG (or cancelled:TAG)."""
+    _log_call(f"start:{tag}")
+    try:
+        await anyio.sleep(seconds)
+    except anyio.get_cancelled_exc_class():
+        _log_call(f"cancelled:{tag}")
+        raise
+    _log_call(f"done:{tag}")
+    return tag
+
+
+@mcp.tool(annotations=ToolAnnotations(destructive_hint=True))
+async def slow_record(seconds: float, tag: str) -> str:
+    """Destructive: sleep, then log TAG to $CALL_LOG (or cancelled:TAG)."""
+    try:
+        await anyio.sleep(seconds)
+    except anyio.get_cancelled_exc_class():
+        _log_call(f"cancelled:{tag}")
+        raise
+    _log_call(tag)
+    return tag
+
+
+def _log_call(line: str) -> None:
+    with open(os.environ["CALL_LOG"], "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
 @mcp.tool(annotations=ToolAnnotations(destructive_hint=True))
 def record(tag: str) -> str:
     """Destructive by annotation: append the tag to $CALL_LOG (one line per run)."""
@@ -213,6 +251,78 @@ def item(item_id: str) -> str:
     return f'{{"id": "{item_id}"}}'
 
 
+@mcp.resource("test://huge/{n_bytes}", mime_type="text/plain")
+def huge_resource(n_bytes: str) -> str:
+    return "y" * int(n_bytes)
+
+
+def id_last(message: bytes) -> bytes:
+    """A JSON-RPC message as the TypeScript SDK writes it: ``jsonrpc`` and ``id`` last."""
+    import msgspec
+
+    fields = msgspec.json.decode(message)
+    if not isinstance(fields, dict):
+        return message
+    tail = {k: fields.pop(k) for k in ("jsonrpc", "id") if k in fields}
+    return msgspec.json.encode(fields | tail)
+
+
+class _IdLastStdout:
+    """A text stdout for ``stdio_server`` that writes each line through :func:`id_last`."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self._lock = threading.Lock()
+        self._pending = ""
+
+    def write(self, text: str) -> int:
+        with self._lock:
+            self._pending += text
+            *lines, self._pending = self._pending.split("\n")
+            for line in lines:
+                self.raw(id_last(line.encode()))
+        return len(text)
+
+    def raw(self, line: bytes) -> None:
+        sys.stdout.buffer.write(line + b"\n")
+        sys.stdout.buffer.flush()
+
+    def flush(self) -> None:
+        sys.stdout.buffer.flush()
+
+
+_id_last_stdout: _IdLastStdout | None = None
+
+
+@mcp.tool()
+def request_back(n_bytes: int, ctx: Context) -> str:
+    """(stdio-id-last) Write a server-to-client request of about n_bytes that
+    reuses this call's id (written id first), then answer "answered"."""
+    import msgspec
+
+    if _id_last_stdout is None:
+        raise ToolError("only in stdio-id-last mode")
+    request_id: int | str = ctx.request_id
+    if isinstance(request_id, str) and request_id.isdigit():
+        request_id = int(request_id)
+    request: dict[str, object] = {"jsonrpc": "2.0", "id": request_id}
+    request |= {"method": "roots/list", "params": {"_meta": {"pad": "r" * n_bytes}}}
+    _id_last_stdout.raw(msgspec.json.encode(request))
+    return "answered"
+
+
+async def _serve_stdio_id_last() -> None:
+    global _id_last_stdout
+    from mcp.server.stdio import stdio_server
+
+    _id_last_stdout = _IdLastStdout()
+    stdout = anyio.wrap_file(cast("IO[str]", _id_last_stdout))  # write and flush
+    async with stdio_server(stdout=stdout) as (read, write):
+        lowlevel = mcp._lowlevel_server
+        await lowlevel.run(read, write, lowlevel.create_initialization_options())
+
+
 @mcp.prompt()
 def greet(name: str) -> str:
     """Greet someone."""
@@ -223,6 +333,8 @@ if __name__ == "__main__":
     mode = sys.argv[1] if len(sys.argv) > 1 else "stdio"
     if mode == "stdio":
         mcp.run("stdio")
+    elif mode == "stdio-id-last":
+        anyio.run(_serve_stdio_id_last)
     elif mode == "http":
         mcp.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
     elif mode == "sse":

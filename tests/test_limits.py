@@ -13,7 +13,6 @@ from memorizzd.upstream.limits import (
     TOO_LARGE_MARKER,
     _CappedEvents,
     _CappedJSON,
-    request_id_in,
 )
 
 
@@ -68,7 +67,77 @@ def test_a_json_body_over_the_cap_becomes_an_error_for_the_request_id() -> None:
     assert ok == body
 
 
-def test_request_ids_are_found_in_the_head_of_a_message() -> None:
-    assert request_id_in(b'{"jsonrpc":"2.0","id":17,"result":') == 17
-    assert request_id_in(b'{"jsonrpc":"2.0","id": "a\\"b","result":') == 'a\\"b'
-    assert request_id_in(b'{"jsonrpc":"2.0","result":{}}') is None
+class Hanging(httpx2.AsyncByteStream):
+    """Sends its chunks, then nothing more, ever (the rest of a slow message)."""
+
+    def __init__(self, *chunks: bytes) -> None:
+        self.chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for chunk in self.chunks:
+            yield chunk
+        await anyio.sleep_forever()
+
+
+async def first_error(stream: httpx2.AsyncByteStream) -> dict[str, object]:
+    """The first event out of ``stream`` (within a second), decoded."""
+    with anyio.fail_after(1):
+        async for out in stream:
+            data = out.split(b"data: ", 1)[1].strip()
+            decoded: dict[str, object] = msgspec.json.decode(data)
+            return decoded
+    raise AssertionError("the stream ended")
+
+
+def id_last_event(message_id: int, payload: str) -> bytes:
+    body = b'{"result":{"t":"' + payload.encode() + b'"},"jsonrpc":"2.0","id":'
+    return b"event: message\ndata: " + body + str(message_id).encode() + b"}\n\n"
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 100, 65536])
+def test_an_oversize_event_with_its_id_last_is_answered_for_that_id(
+    size: int,
+) -> None:
+    data = id_last_event(1, "a") + id_last_event(2, "x" * 5000) + id_last_event(3, "b")
+    out = anyio.run(collect, _CappedEvents(Chunks(data, size), 1000))
+    events = out.split(b"\n\n")
+    assert events[0] + b"\n\n" == id_last_event(1, "a")
+    error = msgspec.json.decode(events[1].split(b"data: ", 1)[1])
+    assert (error["id"], error["error"]["data"]) == (2, TOO_LARGE_MARKER)
+    assert events[2] + b"\n\n" == id_last_event(3, "b")
+
+
+def test_the_error_goes_out_once_the_id_has_passed_not_when_the_event_ends() -> None:
+    unfinished = id_last_event(7, "x" * 5000)[:-2]  # the event's last lines never come
+    error = anyio.run(first_error, _CappedEvents(Hanging(unfinished), 1000))
+    assert error["id"] == 7
+
+
+def test_a_streamable_http_reply_is_answered_for_its_post_at_the_cap() -> None:
+    """A POST's event stream carries the response to that POST: once the
+    oversize message shows it is a response, its id is known."""
+    head = b'event: message\ndata: {"result":{"t":"' + b"x" * 5000
+    error = anyio.run(first_error, _CappedEvents(Hanging(head), 1000, request_id=9))
+    assert error["id"] == 9
+
+
+def test_data_spread_over_several_lines_is_one_message() -> None:
+    event = (
+        b'id: 5\nevent: message\ndata: {"result":\ndata:"'
+        + b"x" * 5000
+        + b'"\r\n: a comment\r\ndata: ,"id":4}\n\n'
+    )
+    for size in (1, 5, 4096):
+        out = anyio.run(collect, _CappedEvents(Chunks(event, size), 1000))
+        assert msgspec.json.decode(out.split(b"data: ", 1)[1])["id"] == 4
+
+
+def test_an_oversize_request_from_the_server_is_dropped_without_an_answer() -> None:
+    """Its id is the server's; an error for it would fail our own request of that id."""
+    request = msgspec.json.encode(
+        {"jsonrpc": "2.0", "id": 1, "method": "sampling/createMessage", "params": {}}
+    )
+    request = request[:-1] + b',"pad":"' + b"x" * 5000 + b'"}'
+    data = b"event: message\ndata: " + request + b"\n\n" + event(3, "b")
+    out = anyio.run(collect, _CappedEvents(Chunks(data, 64), 1000))
+    assert out == event(3, "b")

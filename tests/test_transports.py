@@ -66,7 +66,10 @@ def test_resources_templates_and_read(daemon: DaemonHarness, server: str) -> Non
             "test://crash",
         }
         templates = c.list_resource_templates(server)
-        assert [t.uri_template for t in templates] == ["test://items/{item_id}"]
+        assert [t.uri_template for t in templates] == [
+            "test://items/{item_id}",
+            "test://huge/{n_bytes}",
+        ]
         read = c.read_resource(server, "test://static")
         assert read.contents == [
             {"uri": "test://static", "mimeType": "text/plain", "text": "static content"}

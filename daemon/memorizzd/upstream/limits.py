@@ -1,46 +1,42 @@
 """Result size caps on every transport, without buffering more than the cap.
 
 An upstream message larger than ``max_result_bytes`` is never assembled in
-memory. Each transport drops it as it streams and, in its place, hands the SDK
-a JSON-RPC error for the same request id carrying ``TOO_LARGE_MARKER``, so the
-one request fails with ``result_too_large`` and the session lives on.
+memory. Each transport drops it as it streams, and scans it on the way
+(:class:`~memorizzd.upstream.envelope.EnvelopeScanner`) for its ``id``, wherever
+it is: servers on the TypeScript SDK write it last. As soon as the message is
+known to be a response to one of our requests, the transport hands the SDK a
+JSON-RPC error for that id carrying ``TOO_LARGE_MARKER`` (:class:`OversizeMessage`),
+so the one request fails with ``result_too_large`` at once and the session
+lives on. A request or notification from the server is dropped, never
+answered: its id is the server's, not ours.
 
-* stdio: ``stdio.py`` uses :func:`too_large_reply` on an oversize line.
+* stdio: ``stdio.py`` feeds an oversize line to an :class:`OversizeMessage`.
 * HTTP (Streamable HTTP and legacy SSE): :class:`CappedTransport` wraps the
   transport of the hardened client (``memorizzd.egress.client``). A JSON body
-  is buffered up to the cap and replaced when it exceeds it; an event stream
-  is filtered event by event, and an oversize event is replaced by an error
-  event. Bodies are requested with ``Accept-Encoding: identity`` (and the
-  hardened client refuses any other coding), so the bytes counted are the
-  bytes decoded.
+  is buffered up to the cap and replaced when it exceeds it (the request says
+  which id it answers); an event stream is filtered event by event, and an
+  oversize event's ``data`` is scanned and replaced by an error event. Bodies
+  are requested with ``Accept-Encoding: identity`` (and the hardened client
+  refuses any other coding), so the bytes counted are the bytes decoded.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
 import httpx2
 import msgspec
 
+from memorizzd.upstream.envelope import EnvelopeScanner
+
+log = logging.getLogger("memorizzd.upstream.limits")
+
 TOO_LARGE_MARKER: Final = "memorizz.result_too_large"
 """``error.data`` of a synthesized reply to an oversize message."""
 
-_HEAD: Final = 4096
-_ID_RE: Final = re.compile(rb'"id"\s*:\s*("(?:[^"\\]|\\.){0,256}"|-?\d{1,20})')
 _encoder: Final = msgspec.json.Encoder()
-
-
-def request_id_in(head: bytes) -> int | str | None:
-    """The JSON-RPC id near the start of a message, if it is visible there."""
-    match = _ID_RE.search(head)
-    if match is None:
-        return None
-    raw = match.group(1)
-    if raw[:1] == b'"':
-        return raw[1:-1].decode(errors="replace")
-    return int(raw)
 
 
 def too_large_error(request_id: int | str | None, limit: int) -> bytes:
@@ -56,6 +52,48 @@ def too_large_error(request_id: int | str | None, limit: int) -> bytes:
             },
         }
     )
+
+
+class OversizeMessage:
+    """One message over the cap, fed to :meth:`feed` as it streams past and dropped.
+
+    ``reply`` is the error for the request it answers, set once, as soon as its
+    id is known and it is known to be a response; ``known_id`` (a transport
+    that knows which request the message answers) needs only the latter.
+    """
+
+    def __init__(self, limit: int, known_id: int | str | None = None) -> None:
+        self._scanner = EnvelopeScanner()
+        self._limit, self._known_id = limit, known_id
+        self.answered = False
+        self.reply: bytes | None = None
+
+    def feed(self, data: bytes) -> None:
+        if self.answered:
+            return  # nothing more to learn from the rest
+        scanner = self._scanner
+        scanner.feed(data)
+        if scanner.has_method or not scanner.is_response:
+            return
+        request_id = self._known_id if self._known_id is not None else scanner.id
+        if request_id is not None:
+            self.answered = True
+            self.reply = too_large_error(request_id, self._limit)
+
+    def take_reply(self) -> bytes | None:
+        reply, self.reply = self.reply, None
+        return reply
+
+    def what(self) -> str:
+        """What was dropped, for the log line."""
+        scanner = self._scanner
+        if self.answered:
+            return "a reply (its request fails with result_too_large)"
+        if scanner.has_method:
+            return "a request or notification from the server (not answered)"
+        if scanner.abandoned:
+            return "a message that is not JSON-RPC (its request times out)"
+        return "a message with no usable id (its request times out)"
 
 
 class _CappedJSON(httpx2.AsyncByteStream):
@@ -77,17 +115,75 @@ class _CappedJSON(httpx2.AsyncByteStream):
         await self._inner.aclose()
 
 
-class _CappedEvents(httpx2.AsyncByteStream):
-    """Passes a text/event-stream through event by event; replaces oversize events."""
+class _EventData:
+    """Feeds the ``data`` of one server-sent event to ``sink``, line piece by
+    line piece (a piece that ends a line ends with ``\n``); data lines are
+    joined with ``\n``, other fields are skipped."""
 
-    def __init__(self, inner: httpx2.AsyncByteStream, limit: int) -> None:
+    _NAME_MAX: Final = 16
+
+    def __init__(self, sink: Callable[[bytes], None]) -> None:
+        self._sink = sink
+        self._name = bytearray()  # the field name, until its colon
+        self._state = "name"  # name | space | data | other
+        self._data_lines = 0
+
+    def feed(self, piece: bytes) -> None:
+        ends = piece.endswith(b"\n")
+        if ends:
+            piece = piece[:-1]
+        if self._state == "name":
+            colon = piece.find(b":")
+            if colon >= 0:
+                self._field(bytes(self._name + piece[:colon]))
+                piece = piece[colon + 1 :]
+            else:
+                self._name += piece
+                piece = b""
+                if ends:  # a line without a colon names a field with an empty value
+                    self._field(bytes(self._name))
+                elif len(self._name) > self._NAME_MAX:
+                    self._state = "other"
+        if self._state == "space" and piece:
+            piece = piece[1:] if piece[:1] == b" " else piece
+            self._state = "data"
+        if self._state == "data" and piece:
+            self._sink(piece)
+        if ends:
+            self._name.clear()
+            self._state = "name"
+
+    def _field(self, name: bytes) -> None:
+        if name != b"data":
+            self._state = "other"
+            return
+        self._state = "space"
+        if self._data_lines:
+            self._sink(b"\n")
+        self._data_lines += 1
+
+
+class _CappedEvents(httpx2.AsyncByteStream):
+    """Passes a text/event-stream through event by event; replaces oversize
+    events by an error event, sent as soon as the id it answers is known."""
+
+    def __init__(
+        self,
+        inner: httpx2.AsyncByteStream,
+        limit: int,
+        *,
+        host: str = "",
+        request_id: int | str | None = None,
+    ) -> None:
         self._inner, self._limit = inner, limit
+        self._host, self._request_id = host, request_id
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         event = bytearray()  # complete lines of the current event
         line = bytearray()  # the current, incomplete line (empty while dropping)
         line_len, line_tail = 0, b""
-        dropping, head = False, b""
+        oversize: OversizeMessage | None = None
+        data: _EventData | None = None
         async for chunk in self._inner:
             pos = 0
             while pos < len(chunk):
@@ -97,21 +193,32 @@ class _CappedEvents(httpx2.AsyncByteStream):
                 pos = end
                 line_len += len(segment)
                 line_tail = (line_tail + segment)[-2:]
-                if not dropping:
+                if data is not None:
+                    data.feed(segment)
+                else:
                     line += segment
                     if len(event) + len(line) > self._limit:
-                        head = bytes((event + line)[:_HEAD])
+                        oversize = OversizeMessage(self._limit, self._request_id)
+                        data = _EventData(oversize.feed)
+                        for complete in bytes(event).split(b"\n")[:-1]:
+                            data.feed(complete + b"\n")
+                        data.feed(bytes(line))
                         event.clear()
                         line.clear()
-                        dropping = True
+                if oversize is not None and (reply := oversize.take_reply()):
+                    yield b"event: message\ndata: " + reply + b"\n\n"
                 if newline < 0:
                     continue
                 blank = line_len == 1 or (line_len == 2 and line_tail == b"\r\n")
-                if dropping:
+                if oversize is not None:
                     if blank:
-                        error = too_large_error(request_id_in(head), self._limit)
-                        yield b"event: message\ndata: " + error + b"\n\n"
-                        dropping = False
+                        log.warning(
+                            "%s: dropped %s larger than max_result_bytes (%d)",
+                            self._host,
+                            oversize.what(),
+                            self._limit,
+                        )
+                        oversize = data = None
                 else:
                     event += line
                     if blank:
@@ -119,7 +226,7 @@ class _CappedEvents(httpx2.AsyncByteStream):
                         event.clear()
                 line.clear()
                 line_len, line_tail = 0, b""
-        if not dropping and (event or line):
+        if oversize is None and (event or line):
             yield bytes(event + line)
 
     async def aclose(self) -> None:
@@ -139,7 +246,12 @@ class CappedTransport(httpx2.AsyncBaseTransport):
             return response
         capped: httpx2.AsyncByteStream
         if content_type.startswith("text/event-stream"):
-            capped = _CappedEvents(stream, self._limit)
+            capped = _CappedEvents(
+                stream,
+                self._limit,
+                host=request.url.host,
+                request_id=_request_id(request) if request.method == "POST" else None,
+            )
         elif content_type.startswith("application/json"):
             capped = _CappedJSON(stream, self._limit, _request_id(request))
         else:
@@ -159,8 +271,13 @@ class CappedTransport(httpx2.AsyncBaseTransport):
 
 
 def _request_id(request: httpx2.Request) -> Any:
+    """The id of the JSON-RPC request a POST carries (a Streamable HTTP reply
+    answers it), or None (a notification, a batch, a legacy SSE post)."""
     try:
         body = msgspec.json.decode(request.content)
     except (msgspec.DecodeError, httpx2.RequestNotRead):
         return None
-    return body.get("id") if isinstance(body, dict) else None
+    if not isinstance(body, dict) or "method" not in body:
+        return None
+    request_id = body.get("id")
+    return request_id if isinstance(request_id, int | str) else None

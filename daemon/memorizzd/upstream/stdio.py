@@ -8,8 +8,9 @@ exits by itself leak. This one
 * spawns the resolved argv directly (no shell), in its own session/process group,
   with exactly the environment it is given;
 * reads stdout with a linear, bounded line splitter: a line longer than
-  ``max_message_bytes`` is discarded as it streams (never buffered) and the
-  request it answered fails with ``result_too_large``;
+  ``max_message_bytes`` is discarded as it streams (never buffered) and, as
+  soon as it is known to answer one of our requests (its id may come last),
+  that request fails with ``result_too_large`` (``limits.OversizeMessage``);
 * logs stderr line by line under the server's name (lines truncated at 4 KiB,
   at most 50 lines a second; the rest are counted, not logged);
 * on exit closes stdin, waits, then SIGTERMs and SIGKILLs the whole process
@@ -34,7 +35,7 @@ import mcp_types as types
 from mcp.client._transport import TransportStreams
 from mcp.shared.message import SessionMessage
 
-from memorizzd.upstream.limits import request_id_in, too_large_error
+from memorizzd.upstream.limits import OversizeMessage
 
 log = logging.getLogger("memorizzd.upstream.stdio")
 stderr_log = logging.getLogger("memorizzd.upstream.stderr")
@@ -60,15 +61,8 @@ def _line(raw: bytes | bytearray) -> str:
     return raw.decode(errors="replace").rstrip()
 
 
-def _oversize_reply(head: bytes, limit: int) -> SessionMessage | None:
-    """The error answering the request whose reply was too large, if its id is visible."""
-    if request_id_in(head) is None:
-        return None
-    return SessionMessage(
-        types.jsonrpc_message_adapter.validate_json(
-            too_large_error(request_id_in(head), limit)
-        )
-    )
+def _message(reply: bytes) -> SessionMessage:
+    return SessionMessage(types.jsonrpc_message_adapter.validate_json(reply))
 
 
 @asynccontextmanager
@@ -106,43 +100,41 @@ async def stdio_transport(
 
     async def read_stdout() -> None:
         buffer = bytearray()
-        discarding = False  # inside an oversize line: drop bytes up to its newline
+        oversize: OversizeMessage | None = None  # the oversize line being dropped
         async with read_writer:
             try:
                 async for chunk in stdout:
                     start = 0
                     while True:
                         end = chunk.find(b"\n", start)
-                        if end < 0:
-                            if not discarding:
-                                buffer += chunk[start:]
-                                if len(buffer) > max_message_bytes:
-                                    await _drop_oversize(bytes(buffer[:4096]))
-                                    buffer.clear()
-                                    discarding = True
-                            break
-                        if discarding:
-                            discarding = False
+                        piece = chunk[start:] if end < 0 else chunk[start:end]
+                        if oversize is not None:
+                            oversize.feed(piece)
                         else:
-                            buffer += chunk[start:end]
+                            buffer += piece
                             if len(buffer) > max_message_bytes:
-                                await _drop_oversize(bytes(buffer[:4096]))
-                            elif buffer.strip():
-                                await read_writer.send(_parse(bytes(buffer)))
-                            buffer.clear()
+                                oversize = OversizeMessage(max_message_bytes)
+                                oversize.feed(bytes(buffer))
+                                buffer.clear()
+                        if oversize is not None and (reply := oversize.take_reply()):
+                            await read_writer.send(_message(reply))
+                        if end < 0:
+                            break
+                        if oversize is not None:
+                            log.warning(
+                                "%s: dropped %s larger than max_result_bytes (%d)",
+                                name,
+                                oversize.what(),
+                                max_message_bytes,
+                            )
+                            oversize = None
+                        elif buffer.strip():
+                            await read_writer.send(_parse(bytes(buffer)))
+                        buffer.clear()
                         start = end + 1
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
                 pass
         log.debug("%s: stdout closed", name)
-
-    async def _drop_oversize(head: bytes) -> None:
-        log.warning(
-            "%s: dropped a message larger than max_result_bytes (%d)",
-            name,
-            max_message_bytes,
-        )
-        if (reply := _oversize_reply(head, max_message_bytes)) is not None:
-            await read_writer.send(reply)
 
     def _parse(line: bytes) -> SessionMessage | Exception:
         try:
