@@ -459,3 +459,105 @@ def test_an_agents_refusals_are_audited_and_logged_within_a_budget(
         # the operator's own mistakes are not refusals
         with harness.client() as c, pytest.raises(InvalidParamsError):
             c.audit(limit=0)
+
+
+# --- a client that goes away mid-call ---------------------------------------
+
+
+def _calls_log(base: str) -> list[str]:
+    try:
+        return Path(base, "calls.log").read_text(encoding="utf-8").split()
+    except FileNotFoundError:
+        return []
+
+
+@pytest.fixture
+def watched_daemon(base_dir: str) -> Iterator[DaemonHarness]:
+    config = profiles_config(base_dir)
+    config.servers[0] = msgspec.structs.replace(
+        config.servers[0], risk={"slow_record": "write"}
+    )
+    with DaemonHarness.running(config) as harness:
+        harness.wait_ready("t")
+        yield harness
+
+
+def test_a_read_is_cancelled_when_its_client_closes(
+    watched_daemon: DaemonHarness, base_dir: str
+) -> None:
+    """SECURITY.md 6.2 #9: the upstream request is cancelled
+    (notifications/cancelled reaches the server), the task is freed within a
+    second, and the audit says ``client_aborted``."""
+    for tag, path in (
+        ("op", watched_daemon.socket),
+        ("agent", agent_socket(base_dir, "alpha")),
+    ):
+        _close_mid_read(watched_daemon, base_dir, path, tag)
+    with watched_daemon.client() as c:
+        records = c.audit(tool="watched").records
+    assert [(r.outcome, r.reason) for r in records] == [
+        ("client_aborted", "client_gone")
+    ] * 2
+
+
+def _close_mid_read(harness: DaemonHarness, base: str, path: str, tag: str) -> None:
+    lines = Lines(path)
+    arguments = {"seconds": 30, "tag": tag}
+    lines.send(rpc(1, "tools/call", server="t", name="watched", arguments=arguments))
+    wait_until(lambda: f"start:{tag}" in _calls_log(base), what="the call")
+    lines.close()
+    closed = time.monotonic()
+    wait_until(
+        lambda: f"cancelled:{tag}" in _calls_log(base),
+        timeout=5,
+        what="the upstream cancellation",
+    )
+    wait_until(lambda: harness.daemon.in_flight == 0, timeout=5)
+    assert time.monotonic() - closed < 1.5
+
+
+def test_a_half_closed_client_still_gets_its_reply(
+    watched_daemon: DaemonHarness, base_dir: str
+) -> None:
+    lines = Lines(watched_daemon.socket)
+    lines.send(
+        rpc(
+            1,
+            "tools/call",
+            server="t",
+            name="watched",
+            arguments={"seconds": 0.5, "tag": "h"},
+        )
+    )
+    lines.sock.shutdown(socket.SHUT_WR)
+    reply = lines.read()
+    assert reply["id"] == 1
+    assert "result" in reply
+    assert "done:h" in _calls_log(base_dir)
+    lines.close()
+
+
+def test_a_call_with_effects_runs_to_the_end_when_its_client_closes(
+    watched_daemon: DaemonHarness, base_dir: str
+) -> None:
+    """SECURITY.md 6.2 #10: a write already sent upstream is neither cancelled
+    nor repeated; its outcome is in the audit trail."""
+    lines = Lines(agent_socket(base_dir, "alpha"))
+    lines.send(
+        rpc(
+            "w-1",
+            "tools/call",
+            server="t",
+            name="slow_record",
+            arguments={"seconds": 0.5, "tag": "m1"},
+        )
+    )
+    wait_until(lambda: watched_daemon.daemon.in_flight == 1, what="the call in flight")
+    lines.close()
+    wait_until(lambda: "m1" in _calls_log(base_dir), timeout=5, what="the write")
+    wait_until(lambda: watched_daemon.daemon.in_flight == 0, timeout=5)
+    with watched_daemon.client() as c:
+        records = c.audit(tool="slow_record").records
+    assert _calls_log(base_dir).count("m1") == 1
+    assert "cancelled:m1" not in _calls_log(base_dir)
+    assert [(r.outcome, r.caller_profile) for r in records] == [("ok", "alpha")]

@@ -191,9 +191,6 @@ def test_servers_add_validates_its_input(daemon: DaemonHarness) -> None:
             ServerSpec(name="bad name!", transport="stdio", command="x"),
             ServerSpec(name="nocmd", transport="stdio"),
             ServerSpec(name="nourl", transport="sse"),
-            ServerSpec(
-                name="ftp", transport="streamable_http", url="ftp://example.invalid/"
-            ),
             ServerSpec(name="t0", transport="stdio", command="x", timeout_s=0),
         ):
             with pytest.raises(InvalidParamsError) as err:

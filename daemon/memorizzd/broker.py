@@ -39,6 +39,7 @@ from memorizzd.egress.urls import check_server_url
 from memorizzd.execution import resolve_command
 from memorizzd.policy import refusal
 from memorizzd.rpc.dispatch import Handler
+from memorizzd.rpc.lifetime import client_aborted, mark_abortable
 from memorizzd.rpc.peer import Caller
 from memorizzd.store import Store
 from memorizzd.upstream.actor import Upstream
@@ -201,6 +202,8 @@ class Broker:
                 raise approval_required(proposal)
             if decided.decision != "allow":
                 raise refusal(decided, server=p.server, tool=p.name)
+            # a read may be abandoned with its client; anything else runs to the end
+            mark_abortable(decided.risk == "read")
             result = await upstream.call_tool(
                 p.name, p.arguments, timeout_s=p.timeout_s
             )
@@ -222,6 +225,12 @@ class Broker:
                 )
             raise
         except BaseException as exc:  # a bug, or cancelled (client gone, shutdown)
+            if client_aborted():
+                with anyio.CancelScope(shield=True):
+                    await audit(
+                        outcome="client_aborted", reason="client_gone", **verdict
+                    )
+                raise
             reason = "internal" if isinstance(exc, Exception) else "cancelled"
             await audit(outcome="failed", reason=reason, **verdict)
             raise

@@ -30,6 +30,7 @@ AuditOutcome = Literal[
     "failed",
     "result_too_large",
     "approval_required",
+    "client_aborted",
 ]
 ProposalStatus = Literal[
     "pending", "approved", "rejected", "cancelled", "expired", "consumed", "invalidated"

@@ -29,6 +29,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import select
 import socket
 import stat
 from contextlib import suppress
@@ -45,8 +46,10 @@ from memorizz.api.errors import (
 )
 from memorizz.api.protocol import MAX_FRAME, Request, RequestId
 from memorizzd.config import Limits
+from memorizzd.rpc import lifetime
 from memorizzd.rpc.authority import SocketRule
 from memorizzd.rpc.dispatch import Dispatcher, encode_error
+from memorizzd.rpc.lifetime import CallLife
 from memorizzd.rpc.peer import Caller, peer_of
 
 log = logging.getLogger("memorizzd.rpc")
@@ -61,6 +64,7 @@ OPERATOR_MAX_CONNECTIONS: Final = 128
 _ACCEPT_BACKOFF_MAX_S: Final = 1.0
 _LOG_EVERY_S: Final = 10.0
 _SHED_PER_ROUND: Final = 64
+_HANGUP_POLL_S: Final = 0.1
 _EXHAUSTED: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
@@ -344,8 +348,8 @@ class _Connection:
             _WRITE_TIMEOUT_S if limits is None else limits.write_timeout_s
         )
         self.in_flight = 0
-        self.ids: set[RequestId] = set()
-        """Ids of this connection's requests in flight (a second one is refused)."""
+        self.lives: dict[RequestId, CallLife] = {}
+        """This connection's requests in flight, by id (a second id is refused)."""
         self.unsent = 0
         """Bytes of replies computed but not yet written."""
         self.room = anyio.Event()
@@ -359,10 +363,32 @@ class _Connection:
         async with self.stream, anyio.create_task_group() as tg:
             tg.start_soon(self._watch_writes)
             async with anyio.create_task_group() as calls:
-                await self._read(calls)
+                ended = await self._read(calls)
+                if ended == "gone":
+                    self._client_gone()
+                elif ended == "eof" and self.in_flight:
+                    calls.start_soon(self._watch_hangup)
             tg.cancel_scope.cancel()
 
-    async def _read(self, calls: anyio.abc.TaskGroup) -> None:
+    def _client_gone(self) -> None:
+        """Nobody will read the replies: abandon what may be abandoned."""
+        self.broken = True
+        for life in list(self.lives.values()):
+            life.client_gone()
+
+    async def _watch_hangup(self) -> None:
+        """After EOF: a half-closed client still reads its replies; one that
+        closed altogether (POLLHUP) does not."""
+        poller = select.poll()
+        poller.register(self.raw.fileno(), 0)  # POLLHUP/POLLERR are always reported
+        while self.in_flight and not self.broken:
+            await anyio.sleep(_HANGUP_POLL_S)
+            if poller.poll(0):
+                self._client_gone()
+
+    async def _read(self, calls: anyio.abc.TaskGroup) -> str | None:
+        """Read and admit lines until EOF (``"eof"``), a broken connection
+        (``"gone"``), or another reason to stop (None)."""
         server, buffer, max_frame = self.server, bytearray(), self.max_frame
         first_by = (
             None
@@ -383,9 +409,11 @@ class _Connection:
                                 chunk = await self.stream.receive(_READ)
                             if waited.cancelled_caught:
                                 await self._slow_first_frame()
-                                return
-                    except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
-                        return
+                                return None
+                    except anyio.EndOfStream:
+                        return "eof"
+                    except (anyio.BrokenResourceError, OSError):
+                        return "gone"
                     scanned = len(buffer)
                     buffer += chunk
                     while (end := buffer.find(b"\n", scanned)) >= 0:
@@ -403,9 +431,10 @@ class _Connection:
                             reason="frame_too_large",
                         )
                         await self._send(encode_error(None, error.to_wire()))
-                        return
+                        return None
             finally:
                 server._readers.discard(reader)
+        return None
 
     async def _admit(self, line: bytes, calls: anyio.abc.TaskGroup) -> None:
         """Run one request line in a task of its own, or answer it here and now.
@@ -424,7 +453,7 @@ class _Connection:
         if parsed.id is None:
             self._drop_notification(parsed)
             return
-        if parsed.id in self.ids:
+        if parsed.id in self.lives:
             duplicate = InvalidRequestError(
                 f"request id {parsed.id!r} is already in flight on this connection;"
                 " ids must be unique among a connection's pending requests"
@@ -444,9 +473,9 @@ class _Connection:
             await self._send(encode_error(parsed.id, error.to_wire()))
             return
         self.in_flight += 1
-        self.ids.add(parsed.id)
         server._track(+1)
-        calls.start_soon(self._run_one, parsed, parsed.id)
+        life = self.lives[parsed.id] = CallLife(parsed.method)
+        calls.start_soon(self._run_one, parsed, parsed.id, life)
 
     def _drop_notification(self, request: Request) -> None:
         self.notifications += 1
@@ -471,9 +500,15 @@ class _Connection:
         )
         await self._send(encode_error(None, error.to_wire()))
 
-    async def _run_one(self, request: Request, request_id: RequestId) -> None:
+    async def _run_one(
+        self, request: Request, request_id: RequestId, life: CallLife
+    ) -> None:
+        lifetime.current.set(life)  # this task's context only
         try:
-            reply = await self.dispatcher.run(self.caller, request)
+            with life.scope:
+                reply = await self.dispatcher.run(self.caller, request)
+            if life.aborted:
+                return  # its client left; nobody reads the reply
             self.unsent += len(reply)
             try:
                 await self._send(reply)
@@ -488,8 +523,8 @@ class _Connection:
                 await self._send(encode_error(request_id, error.to_wire()))
             raise
         finally:
+            del self.lives[request_id]
             self.in_flight -= 1
-            self.ids.discard(request_id)
             self.server._track(-1)
             self.room.set()
 

@@ -1,0 +1,80 @@
+"""How long a request lives when its client goes away.
+
+A client that closes its connection (not one that only half-closes: it still
+reads its replies) will never read the answer. A request without effects is
+then cancelled at once, which also cancels its upstream request
+(``notifications/cancelled``) and frees its task. A request with effects runs
+to the end and is audited, since cutting it off would leave its outcome
+unknown. The connection opens one :class:`CallLife` per request; the request's
+handler says whether it may be abandoned (the broker knows a tool's risk only
+once the policy has decided), and may ask whether it was.
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from typing import Final
+
+import anyio
+
+ABORTABLE_METHODS: Final = frozenset(
+    {
+        "daemon/hello",
+        "daemon/status",
+        "ping",
+        "servers/list",
+        "servers/status",
+        "servers/test",
+        "tools/list",
+        "resources/list",
+        "resources/templates/list",
+        "resources/read",
+        "prompts/list",
+        "prompts/get",
+        "audit/list",
+        "approvals/list",
+        "approvals/wait",
+    }
+)
+"""Methods without effects: abandoned when their client goes away.
+``tools/call`` is decided per call (see ``mark_abortable``)."""
+
+
+class CallLife:
+    """One request's scope: cancelled if its client leaves while it may be."""
+
+    __slots__ = ("abortable", "aborted", "gone", "scope")
+
+    def __init__(self, method: str) -> None:
+        self.abortable = method in ABORTABLE_METHODS
+        self.gone = False
+        self.aborted = False
+        self.scope = anyio.CancelScope()
+
+    def client_gone(self) -> None:
+        """The client went away: cancel the request if nothing is lost by it."""
+        self.gone = True
+        if self.abortable:
+            self.aborted = True
+            self.scope.cancel()
+
+    def set_abortable(self, abortable: bool) -> None:
+        self.abortable = abortable
+        if abortable and self.gone:
+            self.client_gone()
+
+
+current: ContextVar[CallLife | None] = ContextVar("memorizz_call_life", default=None)
+
+
+def mark_abortable(abortable: bool) -> None:
+    """Say whether the running request may be abandoned with its client."""
+    life = current.get()
+    if life is not None:
+        life.set_abortable(abortable)
+
+
+def client_aborted() -> bool:
+    """Whether the running request is being cancelled because its client left."""
+    life = current.get()
+    return life is not None and life.aborted
