@@ -45,6 +45,10 @@ PUBLIC_NAME = "mcp.example.test"
 PUBLIC_V4 = "8.8.8.8"
 """What ``mcp.example.test`` resolves to: a public address, never dialled for real."""
 PUBLIC_V6 = "2001:4860:4860::8888"
+SECOND_NAME = "second.example.test"
+"""Another allowlisted public name (in the certificate too): a redirect target
+that would work if a redirect were followed."""
+SECOND_V4 = "9.9.9.9"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -249,13 +253,9 @@ async def answer_trap(
         sent = {k.decode(): v.decode() for k, v in scope["headers"]}
         body = msgspec.json.encode(sent)
         await _respond(send, 200, [(b"content-type", b"application/json")], body)
-    elif action == "redirect_private":
-        location = b"http://169.254.169.254/latest/meta-data/"
-        await _respond(send, 302, [(b"location", location)])
-    elif action == "redirect_http":
-        await _respond(send, 302, [(b"location", b"http://mcp.example.test/mcp")])
-    elif action == "redirect_same_origin":
-        await _respond(send, 307, [(b"location", b"/mcp/")])
+    elif action.startswith("redirect_"):
+        status, location = redirect_of(action)
+        await _respond(send, status, [(b"location", location.encode())])
     elif action == "gzip":
         headers = [
             (b"content-type", b"application/json"),
@@ -270,6 +270,26 @@ async def answer_trap(
         await _respond(send, 200, headers, b"ok")
     else:
         await _respond(send, 200, [(b"content-type", b"text/plain")], b"ok")
+
+
+REDIRECT_TARGETS = {
+    "private": "http://169.254.169.254/latest/meta-data/",
+    "http": f"http://{PUBLIC_NAME}/mcp",
+    "same_origin": "/mcp/",
+    "allowed": f"https://{SECOND_NAME}/trap/ok",
+}
+"""Where ``/trap/redirect_<status>_<target>`` sends the client."""
+_REDIRECT_ALIASES = {
+    "redirect_private": "redirect_302_private",
+    "redirect_http": "redirect_302_http",
+    "redirect_same_origin": "redirect_307_same_origin",
+}
+
+
+def redirect_of(action: str) -> tuple[int, str]:
+    """``redirect_<status>_<target>`` (or an older alias): status and Location."""
+    _, status, target = _REDIRECT_ALIASES.get(action, action).split("_", 2)
+    return int(status), REDIRECT_TARGETS[target]
 
 
 SSE_TRAPS = {
@@ -305,9 +325,10 @@ async def _sse_trap(
         pass  # hold the stream open until the client goes
 
 
-def trap_app(inner: ASGIApp | None = None) -> ASGIApp:
+def trap_app(inner: ASGIApp | None = None, log: list[str] | None = None) -> ASGIApp:
     """``/trap/<action>`` answers with ``answer_trap``; a ``tools/call`` of a
-    ``TRAP_TOOLS`` name too; everything else goes to ``inner``."""
+    ``TRAP_TOOLS`` name too; everything else goes to ``inner``. ``log`` gets
+    ``"<method> <path>"`` of every HTTP request."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -315,6 +336,8 @@ def trap_app(inner: ASGIApp | None = None) -> ASGIApp:
                 await inner(scope, receive, send)
             return
         path: str = scope["path"]
+        if log is not None:
+            log.append(f"{scope['method']} {path}")
         if path.startswith("/trap/"):
             await answer_trap(path.removeprefix("/trap/"), scope, send, receive)
             return

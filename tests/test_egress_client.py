@@ -27,6 +27,9 @@ from tests.egress_world import (
     PUBLIC_NAME,
     PUBLIC_V4,
     PUBLIC_V6,
+    REDIRECT_TARGETS,
+    SECOND_NAME,
+    SECOND_V4,
     TLS,
     FakeDNS,
     LoopbackDial,
@@ -40,6 +43,7 @@ pytestmark = pytest.mark.anyio
 
 ANSWERS: dict[str, Any] = {
     PUBLIC_NAME: [PUBLIC_V4],
+    SECOND_NAME: [SECOND_V4],
     "other.example.org": [PUBLIC_V4],  # not in the certificate
     "dual.example.test": [PUBLIC_V6, PUBLIC_V4],
     "mixed.example.test": [PUBLIC_V4, "10.0.0.1"],
@@ -69,7 +73,7 @@ ANSWERS: dict[str, Any] = {
 PRIVATE_NAMES = [
     name
     for name, answer in ANSWERS.items()
-    if name not in (PUBLIC_NAME, "other.example.org", "dual.example.test")
+    if name not in (PUBLIC_NAME, SECOND_NAME, "other.example.org", "dual.example.test")
     and not isinstance(answer[0], list)
 ]
 
@@ -85,10 +89,14 @@ def tls() -> Iterator[TLS]:
         yield material
 
 
+SERVED: list[str] = []
+"""``"<method> <path>"`` of every request the HTTPS server got (this test's)."""
+
+
 @pytest.fixture(scope="module")
 def https_port(tls: TLS) -> Iterator[int]:
     """A loopback HTTPS server answering ``/trap/<action>``."""
-    with serve(trap_app(), tls, lifespan="off") as port:
+    with serve(trap_app(log=SERVED), tls, lifespan="off") as port:
         yield port
 
 
@@ -97,6 +105,8 @@ def world(tls: TLS, https_port: int) -> World:
     world = World(tls, FakeDNS(dict(ANSWERS)), LoopbackDial())
     world.route(PUBLIC_V4, 443, https_port)
     world.route("8.8.4.4", 443, https_port)
+    world.route(SECOND_V4, 443, https_port)
+    SERVED.clear()
     return world
 
 
@@ -261,10 +271,26 @@ async def test_numeric_and_local_hosts_are_refused_before_any_lookup(
     assert world.dial.dialled == []
 
 
-async def test_a_host_httpx_cannot_parse_fails_safely(world: World) -> None:
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://0177.0.0.1/",  # inet_aton would take it
+        "https://\u24dbocalhost/",  # ⓛocalhost: UTS 46 maps it to localhost
+        "https://\uff4c\uff4f\uff43\uff41\uff4c\uff48\uff4f\uff53\uff54/",
+    ],
+)
+async def test_a_host_httpx_cannot_parse_is_refused_with_its_reason(
+    world: World, url: str
+) -> None:
+    """httpx raises ``InvalidURL`` for these, which is no ``HTTPError``: a server's
+    ``resource_metadata`` naming one made ``auth/login`` an internal error."""
     async with client(world) as http:
-        with pytest.raises(httpx2.InvalidURL):
-            await http.get("https://0177.0.0.1/")  # inet_aton would take it
+        with pytest.raises(PermissionDeniedError) as err:
+            await http.get(url)
+        assert err.value.reason == "address_not_allowed"
+        with pytest.raises(PermissionDeniedError):
+            async with http.stream("GET", url):
+                pass
     assert world.dns.lookups == []
     assert world.dial.dialled == []
 
@@ -319,22 +345,37 @@ async def test_the_pinned_backend_checks_hosts_itself(world: World) -> None:
 # --- responses: redirects and content codings ---------------------------------------
 
 
+@pytest.mark.parametrize("method", ["GET", "POST"])
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
 @pytest.mark.parametrize(
-    ("action", "where"),
+    ("target", "where"),
     [
-        ("redirect_private", "http://169.254.169.254/latest/meta-data/"),
-        ("redirect_http", f"http://{PUBLIC_NAME}/mcp"),
-        ("redirect_same_origin", f"https://{PUBLIC_NAME}/mcp/"),
+        ("private", "http://169.254.169.254/latest/meta-data/"),
+        ("http", f"http://{PUBLIC_NAME}/mcp"),
+        ("same_origin", f"https://{PUBLIC_NAME}/mcp/"),
+        ("allowed", f"https://{SECOND_NAME}/trap/ok"),  # would work if followed
     ],
 )
 async def test_a_redirect_is_refused_not_followed(
-    world: World, action: str, where: str
+    world: World, method: str, status: int, target: str, where: str
 ) -> None:
-    error = await refused(world, f"https://{PUBLIC_NAME}/trap/{action}")
-    assert isinstance(error, PermissionDeniedError)
-    assert error.reason == "redirect_blocked"
-    assert where in error.message
-    assert world.dial.dialled == [(PUBLIC_V4, 443)]  # one request, no second hop
+    """SECURITY.md §6.2 #20: every 3xx, to a metadata address, to plain http,
+    to the same origin or to another allowlisted host, is refused; the one
+    request is all that is sent (a POST body never reaches a second host)."""
+    assert REDIRECT_TARGETS[target] in (where, "/mcp/")
+    path = f"/trap/redirect_{status}_{target}"
+    async with client(world, allowlist=["*.example.test"]) as http:
+        with pytest.raises(PermissionDeniedError) as err:
+            await http.request(
+                method, f"https://{PUBLIC_NAME}{path}", content=b"code=secret"
+            )
+    assert err.value.reason == "redirect_blocked"
+    assert err.value.data == {"status": status}
+    assert f"answered {status} (to {where})" in err.value.message
+    assert "secret" not in err.value.message
+    assert [f"{method} {path}"] == SERVED  # one request, no second hop
+    assert world.dns.lookups == [PUBLIC_NAME]
+    assert world.dial.dialled == [(PUBLIC_V4, 443)]
 
 
 async def test_a_compressed_body_is_refused_unread(world: World) -> None:

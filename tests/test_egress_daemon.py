@@ -36,6 +36,7 @@ from tests.egress_world import (
     trap_app,
 )
 from tests.harness import DaemonHarness, daemon_config, wait_until
+from tests.test_egress import ADDRESS_NOT_ALLOWED
 
 SSE_NAME = "sse.example.test"
 SSE_V4 = "8.8.4.4"
@@ -147,12 +148,17 @@ def test_a_redirect_or_a_compressed_body_fails_one_call_not_the_session(
         (f"ftp://{PUBLIC_NAME}/mcp", "scheme_not_allowed"),
         (f"FTP://{PUBLIC_NAME}/mcp", "scheme_not_allowed"),
         ("file:///etc/passwd", "scheme_not_allowed"),
+        ("FILE:///etc/passwd", "scheme_not_allowed"),
         ("file:/etc/passwd", "scheme_not_allowed"),
         ("javascript:alert(1)", "scheme_not_allowed"),
         (f"HTTP://{PUBLIC_NAME}/mcp", "scheme_not_allowed"),
         (f"https://user:secret@{PUBLIC_NAME}/mcp", "credentials_in_url"),
         (f"https://{PUBLIC_NAME}@evil.example.org/mcp", "credentials_in_url"),
         ("https://evil.example.org/mcp", "host_not_allowed"),
+        # HTTPS:// is https (test_a_trailing_dot_or_an_upper_case_url_connects):
+        # past the scheme, the host rules apply as usual.
+        ("HTTPS://evil.example.org/mcp", "host_not_allowed"),
+        ("HTTPS://127.0.0.1/mcp", "address_not_allowed"),
         ("https://example.test/mcp", "host_not_allowed"),
         (f"https://{PUBLIC_NAME}.evil.example.org/mcp", "host_not_allowed"),
         ("https://127.0.0.1/mcp", "address_not_allowed"),
@@ -178,6 +184,28 @@ def test_servers_add_refuses_with_the_reason(
         )
         assert "secret" not in err.value.message
         assert [s.name for s in c.list_servers()] == []
+    assert world.dns.lookups == []
+    assert world.dial.dialled == []
+
+
+def test_servers_add_refuses_the_whole_bypass_table(
+    daemon: DaemonHarness, world: World
+) -> None:
+    """SECURITY.md §6.2 #18: every address literal and local name of §2.6
+    (``test_egress.ADDRESS_NOT_ALLOWED``), through the operator's
+    ``servers/add``, on both transports; test_oauth_discovery runs the same
+    table through discovery URLs."""
+    reasons: dict[str, str] = {}
+    with daemon.client() as c:
+        for transport in ("streamable_http", "sse"):
+            for url in ADDRESS_NOT_ALLOWED:
+                spec = ServerSpec(name="bad", transport=transport, url=url)
+                with pytest.raises(PermissionDeniedError) as err:
+                    c.add_server(spec)
+                reasons[f"{transport} {url}"] = err.value.reason
+        assert c.list_servers() == []
+    assert reasons == dict.fromkeys(reasons, "address_not_allowed")
+    assert len(reasons) == 2 * len(ADDRESS_NOT_ALLOWED)
     assert world.dns.lookups == []
     assert world.dial.dialled == []
 

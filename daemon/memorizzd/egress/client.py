@@ -6,7 +6,8 @@ The layers, outermost first:
 1. ``HardenedClient`` (an ``httpx2.AsyncClient``): no redirects followed, no
    proxy or TLS settings from the environment (``trust_env=False``); a URL's
    scheme is judged before httpx reads a host-less URL (``file:``,
-   ``javascript:``) as a path.
+   ``javascript:``) as a path, and a URL httpx cannot parse is refused by the
+   policy with its reason (``https://0177.0.0.1/``: ``address_not_allowed``).
 2. ``CappedTransport`` (``upstream/limits.py``): response bodies counted raw
    against the server's ``max_result_bytes``.
 3. ``RefusalReplies``: a refused MCP request fails alone, with its reason.
@@ -21,9 +22,11 @@ from __future__ import annotations
 import functools
 import ssl
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import httpx2
 
+from memorizz.api.errors import InvalidParamsError
 from memorizzd.egress.backend import Network, PinnedBackend
 from memorizzd.egress.replies import RefusalReplies
 from memorizzd.egress.transport import (
@@ -32,7 +35,7 @@ from memorizzd.egress.transport import (
     GuardTransport,
     PinnedTransport,
 )
-from memorizzd.egress.urls import check_scheme
+from memorizzd.egress.urls import check_scheme, check_url
 from memorizzd.upstream.limits import CappedTransport
 
 DEFAULT_NETWORK = Network()
@@ -75,6 +78,8 @@ def hardened_client(
         guarded = BearerTransport(guarded, bearer)
     outer: httpx2.AsyncBaseTransport = CappedTransport(RefusalReplies(guarded), limit)
     return HardenedClient(
+        allowlist=allowlist,
+        allow_private_network=allow_private_network,
         headers=headers,
         auth=auth,
         timeout=timeout,
@@ -90,13 +95,32 @@ class HardenedClient(httpx2.AsyncClient):
     ``javascript:x``) as a path relative to ``base_url``, so the transport
     would see ``/etc/passwd``; its scheme is judged here first and refused as
     such (``scheme_not_allowed``). The full URL policy runs per request, in
-    ``GuardTransport``."""
+    ``GuardTransport``; here only for a URL httpx cannot parse (a server's
+    ``resource_metadata`` of ``https://0177.0.0.1/`` or ``https://ⓛocalhost/``),
+    which must be refused with its reason, not fail as an internal error."""
+
+    def __init__(
+        self,
+        *,
+        allowlist: Sequence[str],
+        allow_private_network: bool,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self._allowlist = tuple(allowlist)
+        self._private = allow_private_network
 
     def _merge_url(self, url: httpx2.URL | str) -> httpx2.URL:
         # httpx2's one funnel for request URLs (build_request, stream); private,
         # but pinned, and test_egress_client covers it.
         check_scheme(str(url))
-        return super()._merge_url(url)
+        try:
+            return super()._merge_url(url)
+        except httpx2.InvalidURL as exc:
+            check_url(
+                str(url), allowlist=self._allowlist, allow_private_network=self._private
+            )
+            raise InvalidParamsError(f"the url cannot be sent: {exc}"[:300]) from None
 
 
 @functools.cache
