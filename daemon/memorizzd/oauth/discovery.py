@@ -35,9 +35,10 @@ from pydantic import ValidationError
 
 from memorizz.api.errors import LoginError
 from memorizzd.config import LOOPBACK_HOSTS
-from memorizzd.oauth.endpoints import EndpointError, get_json
+from memorizzd.oauth.endpoints import EndpointError, get_json, printable
 
 _PARAM = r'{name}=(?:"([^"]*)"|([^\s,]+))'
+_SHELL_UNSAFE = re.compile(r"""[#$`;()|'"!*\\<>{}\s]|[^\x21-\x7e]""")
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,12 +153,22 @@ async def discover(
 
 def check_authorization_endpoint(url: str) -> None:
     """The URL the operator will open: https, or http on loopback (a local
-    test server); never ``javascript:``, ``file:`` or anything else."""
+    test server); never ``javascript:``, ``file:`` or anything else; no
+    fragment (RFC 6749 §3.1) and none of the characters a shell acts on, so
+    that the URL printed for the operator is plain text wherever it is pasted
+    (``https://login.example/a;$(id)``)."""
     parts = urlsplit(url)
     loopback = parts.scheme == "http" and (parts.hostname or "") in LOOPBACK_HOSTS
     if not (parts.scheme == "https" or loopback) or not parts.netloc:
         raise LoginError(
             f"the authorization endpoint {url[:200]!r} is not an https URL; refused"
+        )
+    unsafe = sorted(set(_SHELL_UNSAFE.findall(url)))
+    if unsafe:
+        raise LoginError(
+            f"the authorization endpoint of {parts.scheme}://{parts.netloc[:100]} "
+            f"contains {', '.join(repr(c) for c in unsafe)}: a fragment or "
+            "characters a shell would act on; refused"
         )
 
 
@@ -165,11 +176,16 @@ M = TypeVar("M", ProtectedResourceMetadata, OAuthMetadata)
 
 
 async def _documents(
-    http: httpx2.AsyncClient, urls: list[str], kind: type[M], what: str
+    http: httpx2.AsyncClient,
+    urls: list[str],
+    kind: type[M],
+    what: str,
+    unreadable: list[str] | None = None,
 ) -> AsyncGenerator[tuple[str, M], None]:
     """Each URL's metadata document that parses, in order; a URL that is not
-    there (4xx), unreachable or unreadable is skipped; a 5xx stops discovery
-    (it says nothing about where the metadata is)."""
+    there (4xx), unreachable or unreadable is skipped (``unreadable`` gets what
+    was wrong with a document that was there); a 5xx stops discovery (it says
+    nothing about where the metadata is)."""
     for url in urls:
         try:
             response = await get_json(http, url)
@@ -182,9 +198,19 @@ async def _documents(
         if response.status_code != 200:
             continue
         try:
-            yield url, kind.model_validate_json(response.content)
-        except ValidationError:
+            document = kind.model_validate_json(response.content)
+        except ValidationError as exc:
+            if unreadable is not None:
+                unreadable.append(f"{url}: {_first_problem(exc)}")
             continue
+        yield url, document
+
+
+def _first_problem(exc: ValidationError) -> str:
+    """``field: what is wrong`` (pydantic's words, never the document's value)."""
+    error = exc.errors(include_url=False, include_input=False)[0]
+    where = ".".join(str(part) for part in error["loc"]) or "the document"
+    return printable(f"{where}: {error['msg']}")
 
 
 async def _resource_metadata(
@@ -212,7 +238,10 @@ async def _resource_metadata(
 async def _server_metadata(
     http: httpx2.AsyncClient, urls: list[str], issuer: str
 ) -> OAuthMetadata:
-    documents = _documents(http, urls, OAuthMetadata, "authorization server metadata")
+    unreadable: list[str] = []
+    documents = _documents(
+        http, urls, OAuthMetadata, "authorization server metadata", unreadable
+    )
     async with aclosing(documents):
         async for url, metadata in documents:
             if not issuers_match(str(metadata.issuer), issuer):
@@ -221,6 +250,11 @@ async def _server_metadata(
                     f"{str(metadata.issuer)!r}, not {issuer!r} (RFC 8414 §3.3); refused"
                 )
             return metadata
+    if unreadable:
+        raise LoginError(
+            f"the authorization server metadata of {issuer} is not usable "
+            f"({unreadable[0]}); refused"
+        )
     raise LoginError(
         f"no authorization server metadata found for {issuer} "
         "(tried RFC 8414 and OpenID Connect discovery)"
