@@ -49,6 +49,17 @@ def test_the_service_sets_its_open_files_limit() -> None:
     assert _settings(SERVICE)["LimitNOFILE"] == ["65536"]
 
 
+def test_the_service_has_a_watchdog_the_daemon_pings() -> None:
+    """systemd kills and restarts a daemon whose event loop stops pinging
+    (tests/test_watchdog.py shows the pings stop when the loop blocks).
+    NotifyAccess=main: the pings come from the main process itself."""
+    service = _settings(SERVICE)
+    assert service["Type"] == ["notify"]
+    assert service["NotifyAccess"] == ["main"]
+    assert service["WatchdogSec"] == ["30s"]
+    assert service["Restart"] == ["on-failure"]  # a watchdog timeout is a failure
+
+
 @needs_analyze
 def test_the_units_verify_and_keep_their_exposure(tmp_path: Path) -> None:
     # The units as shipped, but ExecStart pointing at this checkout's memorizzd

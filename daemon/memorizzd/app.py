@@ -22,7 +22,7 @@ from memorizzd.execution.admission import Admission
 from memorizzd.listeners import close_all, open_all
 from memorizzd.rpc.dispatch import Dispatcher
 from memorizzd.rpc.server import SocketServer
-from memorizzd.sdnotify import journal_available, notify
+from memorizzd.sdnotify import journal_available, notify, run_watchdog
 from memorizzd.store import Store
 from memorizzd.upstream.pool import Pool, running_pool
 from memorizzd.upstream.session import FailureKind
@@ -140,6 +140,9 @@ async def running_daemon(
             server = servers[0]
             try:
                 async with anyio.create_task_group() as connections:
+                    # systemd's watchdog, pinged by a task of this loop (until the
+                    # drain ends): a blocked loop stops the pings.
+                    await connections.start(run_watchdog)
                     async with anyio.create_task_group() as acceptor:
                         await acceptor.start(auditor.run)
                         await acceptor.start(book.run)

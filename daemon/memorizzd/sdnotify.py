@@ -1,4 +1,4 @@
-"""systemd integration: sd_notify and journald logging; no-ops off systemd.
+"""systemd integration: sd_notify, the watchdog and journald logging; no-ops off systemd.
 
 Uses systemd-python when it is installed; otherwise speaks the (tiny) notify
 protocol over ``$NOTIFY_SOCKET`` itself and logs to stderr.
@@ -11,7 +11,11 @@ import logging
 import os
 import socket
 import sys
+from collections.abc import Mapping
 from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
 
 
 def _optional(module: str) -> Any:
@@ -21,6 +25,8 @@ def _optional(module: str) -> Any:
     except ImportError:  # pragma: no cover - depends on the install
         return None
 
+
+log = logging.getLogger("memorizzd")
 
 _sd_daemon = _optional("systemd.daemon")
 _sd_journal = _optional("systemd.journal")
@@ -41,6 +47,46 @@ def notify(state: str) -> None:
             sock.sendto(state.encode(), address)
         except OSError:
             pass
+
+
+def watchdog_interval(environ: Mapping[str, str] | None = None) -> float | None:
+    """Seconds between ``WATCHDOG=1`` pings, or None when systemd asks for none.
+
+    systemd sets ``WATCHDOG_USEC`` (the unit's ``WatchdogSec=``) and
+    ``WATCHDOG_PID`` (the main process; a variable inherited by another
+    process is not for it). The daemon pings three times per period, so one
+    late ping is not a restart (``sd_watchdog_enabled(3)`` asks for at least two).
+    """
+    env = os.environ if environ is None else environ
+    pid = env.get("WATCHDOG_PID")
+    if pid and pid != str(os.getpid()):
+        return None
+    try:
+        usec = int(env.get("WATCHDOG_USEC", ""))
+    except ValueError:
+        return None
+    if usec <= 0:
+        return None
+    return usec / 1_000_000 / 3
+
+
+async def run_watchdog(
+    *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+) -> None:
+    """Ping the systemd watchdog from the event loop for as long as it runs.
+
+    A task, never a thread: a loop that is blocked (or busy forever) stops
+    pinging, and systemd kills and restarts the daemon after ``WatchdogSec=``.
+    Returns at once when systemd asks for no watchdog.
+    """
+    interval = watchdog_interval()
+    task_status.started()
+    if interval is None:
+        return
+    log.info("systemd watchdog: pinging every %.3g s", interval)
+    while True:
+        notify("WATCHDOG=1")
+        await anyio.sleep(interval)
 
 
 def journal_available() -> bool:
