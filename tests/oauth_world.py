@@ -6,18 +6,30 @@ The provider records what it was asked (``grants``: register,
 authorization_code, refresh_token; ``revoked``) so tests can count requests
 at the authorization server itself. It auto-approves ``/authorize`` with a
 302 to the redirect URI, as a browser session with a remembered consent would.
+
+It rotates refresh tokens and detects reuse (RFC 9700 §4.14.2): a refresh
+token presented again after it was rotated revokes its whole family, access
+tokens included. Fault switches for the OAuth lifecycle tests: a refresh held
+at a gate (``refresh_gate``), refresh responses lost after the rotation
+(``lose_refresh_responses``: the client gets a 502), every access token
+refused (``reject_access``), RFC 9207 ``iss`` advertised (``advertise_iss``)
+and sent (``send_iss``); ``token_posts`` lists every ``POST /token`` at the
+HTTP level (its ``grant_type``), before the SDK's handler can refuse it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import secrets
+import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import parse_qs
 
+import anyio
 import msgspec
 from mcp.server.auth.provider import (
     AccessToken,
@@ -68,6 +80,30 @@ class TestAuthorizationServer:
         asks for more gets less, as an authorization server that says no."""
         self.scope_refusals = 0
         """``403 insufficient_scope`` answers of the ``admin`` tool's gate."""
+        self.family: dict[str, int] = {}
+        """Token (access or refresh) -> the login it descends from."""
+        self.rotated: dict[str, int] = {}
+        """Refresh tokens already exchanged -> their family (reuse detection)."""
+        self.reuse_detected = 0
+        self.refresh_gate: threading.Event | None = None
+        """Set: a refresh waits here (after ``refresh_arrived``) until it is set."""
+        self.refresh_arrived = threading.Event()
+        self.lose_refresh_responses = 0
+        """This many refresh responses are lost after the rotation (a 502)."""
+        self.reject_access = False
+        """Every access token is refused (401), fresh or not."""
+        self.advertise_iss = False
+        """Metadata says ``authorization_response_iss_parameter_supported``."""
+        self.send_iss = False
+        """The authorization response carries ``iss`` (RFC 9207)."""
+        self.issuer = ""
+        self.token_posts: list[str] = []
+        """``grant_type`` of every ``POST /token``, as it arrived."""
+        self.token_forms: list[dict[str, str]] = []
+        """Every ``POST /token`` form (the PKCE verifier among it)."""
+        self.on_bearer: Callable[[str], None] | None = None
+        """Called with the access token of every MCP request (the server's thread)."""
+        self._families = 0
 
     def count(self, grant: str) -> int:
         return self.grants.count(grant)
@@ -112,8 +148,9 @@ class TestAuthorizationServer:
             redirect_uri_provided_explicitly=params.redirect_uri_provided_explicitly,
             resource=params.resource,
         )
+        extra = {"iss": self.issuer} if self.send_iss else {}
         return construct_redirect_uri(
-            str(params.redirect_uri), code=code, state=params.state
+            str(params.redirect_uri), code=code, state=params.state, **extra
         )
 
     async def load_authorization_code(
@@ -122,9 +159,17 @@ class TestAuthorizationServer:
         return self.codes.get(authorization_code)
 
     def _issue(
-        self, client_id: str, scopes: list[str], resource: str | None
+        self,
+        client_id: str,
+        scopes: list[str],
+        resource: str | None,
+        family: int | None = None,
     ) -> OAuthToken:
         at, rt = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
+        if family is None:
+            self._families += 1
+            family = self._families
+        self.family[at] = self.family[rt] = family
         self.resources.append(resource)
         self.access[at] = AccessToken(
             token=at,
@@ -156,6 +201,14 @@ class TestAuthorizationServer:
     async def load_refresh_token(
         self, client: OAuthClientInformationFull, refresh_token: str
     ) -> RefreshToken | None:
+        family = self.rotated.get(refresh_token)
+        if family is not None:
+            # Reuse of a rotated refresh token: the family is compromised.
+            self.reuse_detected += 1
+            for token in [t for t, f in self.family.items() if f == family]:
+                self.access.pop(token, None)
+                self.refresh.pop(token, None)
+            return None
         token = self.refresh.get(refresh_token)
         return token if token and token.client_id == client.client_id else None
 
@@ -166,15 +219,27 @@ class TestAuthorizationServer:
         scopes: list[str],
     ) -> OAuthToken:
         self.grants.append("refresh_token")
+        gate = self.refresh_gate
+        self.refresh_arrived.set()
+        if gate is not None:
+            await anyio.to_thread.run_sync(gate.wait, 30)
         if self.refuse_refresh:
             raise TokenError("invalid_grant", "the grant was revoked")
-        if self.rotate and self.refresh.pop(refresh_token.token, None) is None:
-            raise TokenError("invalid_grant", "refresh token already used")
+        family = self.family.get(refresh_token.token)
+        if self.rotate:
+            if self.refresh.pop(refresh_token.token, None) is None:
+                raise TokenError("invalid_grant", "refresh token already used")
+            self.rotated[refresh_token.token] = family or 0
         return self._issue(
-            client.client_id, scopes or refresh_token.scopes, refresh_token.resource
+            client.client_id,
+            scopes or refresh_token.scopes,
+            refresh_token.resource,
+            family,
         )
 
     async def load_access_token(self, token: str) -> AccessToken | None:
+        if self.reject_access:
+            return None
         found = self.access.get(token)
         if found is not None and found.expires_at and found.expires_at < time.time():
             return None
@@ -221,7 +286,8 @@ def protected_app(base: str, provider: TestAuthorizationServer) -> Any:
         provider.tool_calls += 1
         return "admin done"
 
-    return _scope_gate(server.streamable_http_app(), provider, base)
+    provider.issuer = base
+    return _faults(_scope_gate(server.streamable_http_app(), provider, base), provider)
 
 
 def _scope_gate(app: Any, provider: TestAuthorizationServer, base: str) -> Any:
@@ -267,6 +333,94 @@ def _scope_gate(app: Any, provider: TestAuthorizationServer, base: str) -> Any:
         await app(scope, replay, send)
 
     return gated
+
+
+async def _body(receive: Any) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def _replaying(body: bytes, receive: Any) -> Any:
+    replayed = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal replayed
+        if replayed:
+            return dict(await receive())
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+async def _respond(send: Any, status: int, body: bytes, content_type: bytes) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", content_type),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _faults(app: Any, provider: TestAuthorizationServer) -> Any:
+    """The fault switches of ``TestAuthorizationServer`` at the HTTP level."""
+
+    async def faulty(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        path, method = scope["path"], scope["method"]
+        if path == "/token" and method == "POST":
+            body = await _body(receive)
+            form = {k: v[0] for k, v in parse_qs(body.decode()).items()}
+            provider.token_forms.append(form)
+            grant_type = form.get("grant_type", "")
+            provider.token_posts.append(grant_type)
+            replay = _replaying(body, receive)
+            if grant_type == "refresh_token" and provider.lose_refresh_responses:
+                provider.lose_refresh_responses -= 1
+
+                async def lost(message: dict[str, Any]) -> None:
+                    return None  # processed (and rotated), never delivered
+
+                await app(scope, replay, lost)
+                await _respond(send, 502, b"bad gateway", b"text/plain")
+                return
+            await app(scope, replay, send)
+            return
+        if (
+            path == "/.well-known/oauth-authorization-server"
+            and provider.advertise_iss
+        ):
+            captured: list[dict[str, Any]] = []
+
+            async def capture(message: dict[str, Any]) -> None:
+                captured.append(message)
+
+            await app(scope, receive, capture)
+            status = captured[0]["status"]
+            doc = msgspec.json.decode(
+                b"".join(m.get("body", b"") for m in captured[1:])
+            )
+            doc["authorization_response_iss_parameter_supported"] = True
+            await _respond(send, status, msgspec.json.encode(doc), b"application/json")
+            return
+        if path.startswith("/mcp") and provider.on_bearer is not None:
+            headers = dict(scope["headers"])
+            token = headers.get(b"authorization", b"").decode()
+            provider.on_bearer(token.removeprefix("Bearer "))
+        await app(scope, receive, send)
+
+    return faulty
 
 
 class _Call(msgspec.Struct):
