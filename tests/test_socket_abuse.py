@@ -8,6 +8,7 @@ out-of-range integer became an internal error, and refusals left no trace.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import select
@@ -33,7 +34,7 @@ from tests.harness import (
     short_tempdir,
     wait_until,
 )
-from tests.peers import ME, agent_socket, profiles_config
+from tests.peers import ME, NOBODY, agent_socket, profiles_config
 
 RSS_CAP = 150 * 1024 * 1024
 
@@ -561,3 +562,115 @@ def test_a_call_with_effects_runs_to_the_end_when_its_client_closes(
     assert _calls_log(base_dir).count("m1") == 1
     assert "cancelled:m1" not in _calls_log(base_dir)
     assert [(r.outcome, r.caller_profile) for r in records] == [("ok", "alpha")]
+
+
+# --- slowloris: idle and half-sent connections ------------------------------
+
+
+@pytest.fixture
+def idle_daemon(base_dir: str) -> Iterator[DaemonHarness]:
+    config = profiles_config(base_dir)
+    config.profiles += [
+        Profile(
+            name="idle",
+            servers=["t"],
+            uids=[ME],
+            limits=Limits(idle_timeout_s=0.5),
+        ),
+        Profile(
+            name="loris",
+            servers=["t"],
+            uids=[ME],
+            limits=Limits(
+                max_connections=50,
+                max_connections_per_uid=50,
+                first_frame_timeout_s=0.5,
+            ),
+        ),
+        Profile(name="others", servers=["t"], uids=[NOBODY]),
+    ]
+    with DaemonHarness.running(config) as harness:
+        yield harness
+
+
+def test_an_idle_or_dripping_connection_is_closed_and_the_client_reconnects(
+    idle_daemon: DaemonHarness, base_dir: str
+) -> None:
+    """SECURITY.md 6.2 #3: a connection that completes no request line for
+    idle_timeout_s is closed, even while it drips bytes; the Python client
+    hears why and reconnects by itself."""
+    path = agent_socket(base_dir, "idle")
+    lines = Lines(path)
+    lines.send(rpc(1, "ping"))
+    assert "result" in lines.read()
+    opened = time.monotonic()
+    for _ in range(40):  # 1 byte every 0.1 s: never a complete line
+        lines.send(b"{")
+        if select.select([lines.sock], [], [], 0.1)[0]:
+            break
+    notice = lines.read()
+    assert notice["id"] is None
+    assert reason(notice) == "idle_timeout"
+    with pytest.raises(EOFError):
+        lines.read()
+    assert time.monotonic() - opened < 2.5
+    lines.close()
+    with Client(path) as c:
+        c.ping()
+        select.select([], [], [], 1.0)  # idle past the limit: the daemon closes it
+        c.ping()  # sent again on a new connection, transparently
+
+
+def test_a_slowloris_flood_is_shed_and_the_operator_is_still_served(
+    idle_daemon: DaemonHarness, base_dir: str
+) -> None:
+    """200 connections that send one byte and stop: 150 are refused at once
+    (the profile's cap), 50 are closed at the first-frame deadline, and the
+    operator socket answers quickly all along."""
+    path = agent_socket(base_dir, "loris")
+    loris = next(s for s in idle_daemon.daemon.servers if s.rule.profile == "loris")
+    socks = []
+    for _ in range(200):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(path)
+        sock.send(b"{")
+        socks.append(sock)
+    slowest = 0.0
+    with idle_daemon.client() as c:
+        for _ in range(20):
+            started = time.monotonic()
+            c.ping()
+            slowest = max(slowest, time.monotonic() - started)
+    assert slowest < 0.25
+    reasons = []
+    for sock in socks:
+        sock.settimeout(5)
+        data = b""
+        with contextlib.suppress(ConnectionResetError):  # a refusal closed at once
+            while chunk := sock.recv(65536):
+                data += chunk
+        reasons.append(reason(msgspec.json.decode(data.split(b"\n")[0])))
+        sock.close()
+    assert reasons.count("overloaded") == 150
+    assert reasons.count("timeout") == 50
+    wait_until(lambda: loris.connections == 0, timeout=3, what="all closed")
+
+
+def test_a_refused_connection_is_audited_and_nothing_it_sent_is_read(
+    idle_daemon: DaemonHarness, base_dir: str
+) -> None:
+    """SECURITY.md 6.2 #6: refused before any request is read, and the
+    refusal is in the audit trail with the peer's uid and pid."""
+    lines = Lines(agent_socket(base_dir, "others"))  # a profile for nobody only
+    lines.send(rpc(7, "tools/call", server="t", name="record", arguments={"tag": "x"}))
+    refusal = lines.read()
+    assert refusal["id"] is None
+    assert reason(refusal) == "permission_denied"
+    lines.close()
+    assert _calls_log(base_dir) == []
+    with idle_daemon.client() as c:
+        records = c.audit().records
+    assert [
+        (r.action, r.outcome, r.reason, r.caller_uid, r.caller_pid, r.caller_profile)
+        for r in records
+    ] == [("connect", "denied", "permission_denied", ME, os.getpid(), "others")]

@@ -20,6 +20,7 @@ import msgspec
 from memorizz.api import methods as m
 from memorizz.api.errors import (
     DaemonUnreachableError,
+    DeadlineExceededError,
     ProtocolError,
     RemoteError,
     SocketPermissionError,
@@ -109,7 +110,19 @@ class Client:
         return sock
 
     def request(self, method: str, params: m.Params, result_type: type[R]) -> R:
-        """Send one request and wait for its reply; raise the wire error as an exception."""
+        """Send one request and wait for its reply; raise the wire error as an exception.
+
+        A connection the daemon closed for being idle is opened again and the
+        request sent again: the daemon says so only when it read no request."""
+        try:
+            return self._request(method, params, result_type)
+        except DeadlineExceededError as exc:
+            if exc.reason != "idle_timeout":
+                raise
+            self.close()
+            return self._request(method, params, result_type)
+
+    def _request(self, method: str, params: m.Params, result_type: type[R]) -> R:
         with self._lock:
             if self._sock is None:
                 self._sock = self._connect()

@@ -26,7 +26,7 @@ from memorizzd.sdnotify import journal_available, notify, run_watchdog
 from memorizzd.store import Store
 from memorizzd.upstream.pool import Pool, running_pool
 from memorizzd.upstream.session import FailureKind
-from memorizzd.vault import FernetCredentialStore, KeySource, load_keys
+from memorizzd.vault import FernetCredentialStore, KeySource, keys_for
 
 log = logging.getLogger("memorizzd")
 
@@ -56,7 +56,7 @@ async def running_daemon(
     """Everything up and serving inside the block; drained and stopped after it.
 
     ``keys``: the vault's key source, read by ``__main__`` before the
-    environment was scrubbed; by default read here (``vault.load_keys``). A key
+    environment was scrubbed; by default read here (``vault.keys_for``). A key
     that does not decrypt the vault's canary raises ``VaultKeyError``.
 
     On exit: stop accepting, stop reading new requests, let in-flight calls finish
@@ -74,7 +74,7 @@ async def running_daemon(
         raise
     try:
         if keys is None:
-            keys = await anyio.to_thread.run_sync(load_keys, config.state_dir)
+            keys = await anyio.to_thread.run_sync(keys_for, store, config.state_dir)
         vault = await anyio.to_thread.run_sync(FernetCredentialStore.open, store, keys)
     except BaseException:
         await close_all(listening)
@@ -134,6 +134,7 @@ async def running_daemon(
                     max_in_flight=config.max_in_flight_per_connection,
                     rule=item.rule,
                     limits=item.limits,
+                    on_refused=broker.on_refused_connection,
                 )
                 for item in listening
             ]

@@ -158,6 +158,12 @@ class Broker:
             tool=getattr(params, "name", None) if method == "prompts/get" else None,
         )
 
+    async def on_refused_connection(self, caller: Caller, error: RemoteError) -> None:
+        """A connection refused before it was read: recorded as ``connect``."""
+        await self._auditor.refused(
+            caller, action="connect", started=time.time(), reason=error.reason
+        )
+
     async def _audited_tools_call(
         self, caller: Caller, p: m.ToolsCallParams
     ) -> m.ToolsCallResult:

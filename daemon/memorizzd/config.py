@@ -87,6 +87,10 @@ class Limits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     write_timeout_s: float = 30.0
     """A client that leaves a reply unread this long (its socket buffer full)
     is cut off (a slow reader holds the daemon's memory)."""
+    idle_timeout_s: float = 600.0
+    """A connection with no request in flight that completes no request line
+    this long is closed, with an ``idle_timeout`` line first (the Python client
+    then reconnects by itself). Slow-drip connections cannot hold a slot."""
 
 
 class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -442,6 +446,7 @@ def _check_access(config: Config, where: Path | None) -> None:
                 "max_request_bytes",
                 "first_frame_timeout_s",
                 "write_timeout_s",
+                "idle_timeout_s",
             ):
                 if not getattr(limits, key) > 0:
                     raise ValueError(f"profile {name!r}: limits.{key} must be > 0")

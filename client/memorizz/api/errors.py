@@ -20,7 +20,7 @@ The tree (one class per code; ``reason`` refines it and is what clients branch o
     |                                         upstream_busy
     |   +-- AuthRequiredError          -32004 authorization_required, login_required,
     |                                         insufficient_scope
-    |   +-- DeadlineExceededError      -32005 timeout
+    |   +-- DeadlineExceededError      -32005 timeout, idle_timeout
     |   +-- UpstreamError              -32006 upstream_error
     |   +-- TooLargeError              -32007 result_too_large
     |   +-- ConflictError              -32008 server_exists, not_approved
@@ -98,6 +98,7 @@ REASONS: Final = frozenset(
         "shutting_down",
         "authorization_required",
         "timeout",
+        "idle_timeout",
         "upstream_error",
         "result_too_large",
         "server_exists",

@@ -32,8 +32,9 @@ import os
 import select
 import socket
 import stat
+from collections.abc import Callable, Coroutine
 from contextlib import suppress
-from typing import Final
+from typing import Any, Final
 
 import anyio
 import anyio.abc
@@ -53,6 +54,9 @@ from memorizzd.rpc.lifetime import CallLife
 from memorizzd.rpc.peer import Caller, peer_of
 
 log = logging.getLogger("memorizzd.rpc")
+
+RefusedConnection = Callable[[Caller, RemoteError], Coroutine[Any, Any, None]]
+"""Told of every connection refused before it was read (the broker audits them)."""
 
 _READ: Final = 1 << 16
 _WRITE_TIMEOUT_S: Final = 30.0
@@ -156,8 +160,10 @@ class SocketServer:
         max_in_flight: int,
         rule: SocketRule = _OPERATOR_RULE,
         limits: Limits | None = None,
+        on_refused: RefusedConnection | None = None,
     ) -> None:
         self.path = path
+        self._on_refused = on_refused
         self.rule = rule
         self.limits = limits
         self._dispatcher = dispatcher
@@ -260,6 +266,8 @@ class SocketServer:
         if error is not None:
             self.refused += 1
             _refuse(raw, error)
+            if self._on_refused is not None:
+                connections.start_soon(self._on_refused, caller, error)
             return
         self.connections += 1
         self.by_uid[caller.uid] = self.by_uid.get(caller.uid, 0) + 1
@@ -347,6 +355,8 @@ class _Connection:
         self.write_timeout_s = (
             _WRITE_TIMEOUT_S if limits is None else limits.write_timeout_s
         )
+        self.idle_timeout_s = None if limits is None else limits.idle_timeout_s
+        self.last_activity = anyio.current_time()
         self.in_flight = 0
         self.lives: dict[RequestId, CallLife] = {}
         """This connection's requests in flight, by id (a second id is refused)."""
@@ -361,7 +371,7 @@ class _Connection:
 
     async def serve(self) -> None:
         async with self.stream, anyio.create_task_group() as tg:
-            tg.start_soon(self._watch_writes)
+            tg.start_soon(self._watch)
             async with anyio.create_task_group() as calls:
                 ended = await self._read(calls)
                 if ended == "gone":
@@ -423,6 +433,7 @@ class _Connection:
                         line = bytes(buffer[:end])
                         del buffer[: end + 1]
                         scanned = 0
+                        self.last_activity = anyio.current_time()
                         if line.strip():
                             await self._admit(line, calls)
                     if len(buffer) > max_frame:
@@ -540,6 +551,7 @@ class _Connection:
                 return
             self.writing_since = anyio.current_time()
             await self.stream.send(data)
+            self.last_activity = anyio.current_time()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             self.broken = True  # the client went away; its replies have nowhere to go
             self.room.set()
@@ -547,20 +559,46 @@ class _Connection:
             self.writing_since = None
             self.send_lock.release()
 
-    async def _watch_writes(self) -> None:
+    async def _watch(self) -> None:
+        """Cut off a client that does not read its replies, and close a
+        connection that sits idle (nothing in flight, no request line)."""
+        period = self.write_timeout_s / 4
+        if self.idle_timeout_s is not None:
+            period = min(period, self.idle_timeout_s / 4)
         while True:
-            await anyio.sleep(self.write_timeout_s / 4)
+            await anyio.sleep(period)
+            now = anyio.current_time()
             started = self.writing_since
-            if (
-                started is not None
-                and anyio.current_time() - started > self.write_timeout_s
-            ):
+            if started is not None and now - started > self.write_timeout_s:
                 log.warning(
                     "pid %d has not read its replies for %.0f s; closing its connection",
                     self.caller.pid,
                     self.write_timeout_s,
                 )
-                self.broken = True
-                with suppress(OSError):
-                    self.raw.shutdown(socket.SHUT_RDWR)
+                self._shut()
                 return
+            if (
+                self.idle_timeout_s is not None
+                and not self.in_flight
+                and started is None
+                and now - self.last_activity > self.idle_timeout_s
+            ):
+                self._close_idle()
+                return
+
+    def _close_idle(self) -> None:
+        """Say why, without waiting (nothing is queued), then close: the
+        client knows no request of it was read, so it may send it again."""
+        error = DeadlineExceededError(
+            f"connection idle for {self.idle_timeout_s:g} s; closed"
+            " (no request was lost: reconnect to go on)",
+            reason="idle_timeout",
+        )
+        with suppress(OSError):
+            self.raw.send(encode_error(None, error.to_wire()), socket.MSG_DONTWAIT)
+        self._shut()
+
+    def _shut(self) -> None:
+        self.broken = True
+        with suppress(OSError):
+            self.raw.shutdown(socket.SHUT_RDWR)
