@@ -4,6 +4,7 @@ and a wrong key refused at startup by the real executable."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import stat
 import subprocess
 from collections.abc import Iterator
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 from cryptography.fernet import Fernet
 
+from memorizz.api.errors import UnavailableError
 from memorizzd.store import Store
 from memorizzd.vault import (
     CANARY_REF,
@@ -28,6 +30,7 @@ from tests.harness import (
     daemon_config,
     daemon_process,
     stdio_spec,
+    wait_until,
 )
 
 SECRET = "vault-marker-4e9a1c7b3f"  # noqa: S105 - a test marker
@@ -262,3 +265,102 @@ def test_rotate_through_the_daemon(base_dir: str) -> None:
             assert [r.action for r in audit[:2]] == ["vault/rotate", "vault/rotate"]
     keys = Path(base_dir, "state", KEY_FILE).read_text().strip().split(",")
     assert len(keys) == 2
+
+
+def test_a_deleted_key_file_in_front_of_secrets_stops_the_start_and_makes_no_key(
+    base_dir: str,
+) -> None:
+    """A lost key file is not a first start: the daemon used to generate a new
+    key (announcing "BACK IT UP"), fail against the canary, and leave that
+    useless key where the operator would restore the old one."""
+    with daemon_process(base_dir) as d, d.client() as c:
+        c.add_server(stdio_spec("s", secret_env={"API_KEY": SECRET}))
+    key_file = Path(base_dir, "state", KEY_FILE)
+    lost = key_file.read_bytes().strip().decode()
+    key_file.unlink()
+    env = {k: v for k, v in os.environ.items() if k != ENV_KEY}
+    refused = _start(base_dir, env)
+    assert refused.returncode == 78
+    expected = (
+        f"memorizzd: vault: key file {key_file} is missing, and"
+        f" {Path(base_dir, 'state', 'state.db')} holds secrets encrypted with it:"
+        " restore it from your backup (or set the key that encrypted them), or run"
+        " memorizzd --forget-secrets and re-add the credentials (see docs/auth.md)"
+    )
+    assert refused.stderr.strip().splitlines() == [expected]
+    assert not key_file.exists()
+    for secret in (SECRET, lost):
+        assert secret not in refused.stderr
+    key_file.write_text(lost + "\n")  # restored from the backup
+    os.chmod(key_file, 0o600)
+    with daemon_process(base_dir) as d:
+        d.wait_ready("s")
+        with d.client() as c:
+            text = c.call_tool("s", "env", {"name": "API_KEY"}).content[0]["text"]
+            assert text == SECRET
+
+
+def test_a_truncated_ciphertext_fails_its_server_only_and_says_so(
+    base_dir: str,
+) -> None:
+    config = daemon_config(base_dir)
+    with DaemonHarness.running(config) as d:
+        d.add(stdio_spec("cut", secret_env={"API_KEY": SECRET}))
+        d.add(stdio_spec("whole", secret_env={"API_KEY": "whole"}))
+    s = Store(config.state_dir)
+    try:
+        (token,) = [t for ref, t in s.all_secrets() if ref == "server/cut/env/API_KEY"]
+        s.put_secrets([("server/cut/env/API_KEY", token[: len(token) // 2])])
+    finally:
+        s.close()
+    with DaemonHarness.running(config) as d:
+        d.wait_ready("whole")
+        with d.client() as c:
+            wait_until(
+                lambda: c.server_status("cut")[0].state == "failed",
+                what="cut failed",
+            )
+            (status,) = c.server_status("cut")
+            assert status.last_error == (
+                "credentials: secret 'server/cut/env/API_KEY' is damaged"
+                " (truncated or not a Fernet token): set it again"
+            )
+            with pytest.raises(UnavailableError) as refused:
+                c.call_tool("cut", "echo", {"text": "x"})
+            assert SECRET not in str(refused.value)
+            assert c.call_tool("whole", "env", {"name": "API_KEY"}).content[0][
+                "text"
+            ] == ("whole")
+
+
+def test_a_rotation_cut_short_resumes_and_then_needs_no_old_key(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old, new = Fernet.generate_key(), Fernet.generate_key()
+    secrets = {f"server/s{i}/token": f"{SECRET}-{i}" for i in range(6)}
+    FernetCredentialStore.open(store, source(old)).put_many(secrets)
+    vault = FernetCredentialStore.open(store, source(new, old))
+    write = store.put_secrets
+
+    def crash_half_way(tokens: list[tuple[str, bytes]]) -> None:
+        # What a crash between two writes leaves (the store writes a rotation
+        # in one transaction; a store that cannot must still be safe).
+        monkeypatch.setattr(store, "put_secrets", write)
+        write(tokens[: len(tokens) // 2])
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(store, "put_secrets", crash_half_way)
+    with pytest.raises(sqlite3.OperationalError):
+        vault.rotate()
+    # Half under the new key, half under the old: both still read.
+    reopened = FernetCredentialStore.open(store, source(new, old))
+    assert {ref: reopened.get(ref) for ref in secrets} == secrets
+    new_only = FernetCredentialStore.open(store, source(new))
+    last = max(secrets)  # rows go in ref order: the last is still old
+    with pytest.raises(VaultError, match="cannot be decrypted"):
+        new_only.get(last)
+    # Resumed: idempotent, all under the new key.
+    assert reopened.rotate() == len(secrets) + 1  # and the canary
+    assert reopened.rotate() == len(secrets) + 1
+    new_only = FernetCredentialStore.open(store, source(new))
+    assert {ref: new_only.get(ref) for ref in secrets} == secrets

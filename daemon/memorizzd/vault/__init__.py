@@ -7,7 +7,7 @@ ref, a canary checked at start), ``keys`` (where the key comes from), and
 secrets out of a spec and resolving them again at connect).
 """
 
-from memorizzd.vault.fernet import CANARY_REF, FernetCredentialStore
+from memorizzd.vault.fernet import CANARY_REF, FernetCredentialStore, keys_for
 from memorizzd.vault.keys import KeySource, VaultKeyError, find_keys, load_keys
 from memorizzd.vault.protocol import CredentialStore, SecretNotFoundError, VaultError
 from memorizzd.vault.server_secrets import (
@@ -29,6 +29,7 @@ __all__ = [
     "VaultKeyError",
     "extract_secrets",
     "find_keys",
+    "keys_for",
     "load_keys",
     "resolve_secrets",
     "server_refs",

@@ -11,6 +11,8 @@ about 1.2 MB of the daemon's memory, which a host without secrets need not pay).
 
 from __future__ import annotations
 
+import base64
+import os
 import threading
 from typing import Final
 
@@ -18,11 +20,21 @@ import msgspec
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 from memorizzd.store import Store
-from memorizzd.vault.keys import KeySource, VaultKeyError, new_primary
+from memorizzd.vault.keys import (
+    KEY_FILE,
+    KeySource,
+    VaultKeyError,
+    find_keys,
+    load_keys,
+    new_primary,
+)
 from memorizzd.vault.protocol import SecretNotFoundError, VaultError
 
 CANARY_REF: Final = "__canary__"
 _CANARY_VALUE: Final = "memorizzd vault canary"
+_FERNET_OVERHEAD: Final = 1 + 8 + 16 + 32
+"""Version, timestamp, IV and HMAC around a Fernet token's ciphertext."""
+_AES_BLOCK: Final = 16
 
 
 class _Record(msgspec.Struct, frozen=True):
@@ -75,8 +87,14 @@ class FernetCredentialStore:
         try:
             record = _decoder.decode(self._fernet.decrypt(token))
         except InvalidToken:
+            if not _whole_token(token):
+                raise VaultError(
+                    f"secret {ref!r} is damaged (truncated or not a Fernet token):"
+                    " set it again"
+                ) from None
             raise VaultError(
                 f"secret {ref!r} cannot be decrypted with the vault key"
+                " (written under another key, or altered)"
             ) from None
         except msgspec.DecodeError:
             raise VaultError(f"secret {ref!r} is malformed") from None
@@ -126,6 +144,39 @@ class FernetCredentialStore:
             ]
             self._store.put_secrets(tokens)
         return len(tokens)
+
+
+def keys_for(store: Store, state_dir: str) -> KeySource:
+    """``load_keys``, except that a key file is generated only for a vault that
+    holds nothing yet.
+
+    A missing key file in front of stored secrets is a lost (or misplaced)
+    key, not a first start: a fresh key would not decrypt them, and its "back
+    it up" note would mislead whoever restores the old one.
+    """
+    source = find_keys(state_dir, create=False)
+    if source is not None:
+        return source
+    if store.secret_refs():
+        raise VaultKeyError(
+            f"key file {os.path.join(state_dir, KEY_FILE)} is missing, and"
+            f" {store.path} holds secrets encrypted with it: restore it from your"
+            " backup (or set the key that encrypted them), or run"
+            " memorizzd --forget-secrets and re-add the credentials"
+            " (see docs/auth.md)"
+        )
+    return load_keys(state_dir)
+
+
+def _whole_token(token: bytes) -> bool:
+    """Whether ``token`` has a Fernet token's shape: version byte, timestamp,
+    IV, whole AES blocks and the HMAC (a cut-off one has not, mostly)."""
+    try:
+        data = base64.urlsafe_b64decode(token)
+    except (ValueError, TypeError):
+        return False
+    body = len(data) - _FERNET_OVERHEAD
+    return data[:1] == b"\x80" and body >= _AES_BLOCK and body % _AES_BLOCK == 0
 
 
 def _multi(source: KeySource) -> MultiFernet:
