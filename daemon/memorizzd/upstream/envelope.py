@@ -45,7 +45,8 @@ _ID_RAW_MAX: Final = 12 * MAX_ID_CHARS  # a character is at most 12 bytes escape
 _KEY_RAW_MAX: Final = 64  # "method", every character escaped, is 36 bytes
 _SCALAR_RAW_MAX: Final = 24  # -9223372036854775808 is 20 bytes
 _WINDOW_MIN: Final = 256
-_WINDOW_MAX: Final = 1 << 20
+_WINDOW_MAX: Final = 1 << 16
+_FIND_ESCAPES: Final = 8
 _LINEAR: Final = 64
 _SQUARE: Final = bytes.maketrans(b"{}", b"[]")
 _SIGNS: Final = bytes.maketrans(b"[]", b"\x01\xff")  # +1, -1 as signed bytes
@@ -144,12 +145,12 @@ class EnvelopeScanner:
     def _top(self, chunk: bytes, pos: int, end: int) -> int:
         mode = self._mode
         if mode == _AFTER:
-            pos = _boring.match(chunk, pos, end).end()  # type: ignore[union-attr]
+            pos = _stop(_boring, chunk, pos, end)
             if pos == end:
                 return pos
         byte = chunk[pos]
         if byte in _WS:
-            pos = _ws.match(chunk, pos, end).end()  # type: ignore[union-attr]
+            pos = _stop(_ws, chunk, pos, end)
             if pos == end:
                 return pos
             byte = chunk[pos]
@@ -214,7 +215,7 @@ class EnvelopeScanner:
         if self._escape:  # the character after a backslash that ended a chunk
             self._escape = False
             pos += 1
-        stop = _body.match(chunk, pos, end).end()  # type: ignore[union-attr]
+        stop = _string_stop(chunk, pos, end)
         closed = stop < end and chunk[stop] == 0x22
         if stop < end and not closed:  # a backslash, the chunk's last byte
             self._escape = True
@@ -242,7 +243,7 @@ class EnvelopeScanner:
         return stop + 1
 
     def _scalar(self, chunk: bytes, pos: int, end: int) -> int:
-        stop = _scalar.match(chunk, pos, end).end()  # type: ignore[union-attr]
+        stop = _stop(_scalar, chunk, pos, end)
         if self._role == _R_ID:
             self._keep(chunk[pos:stop], _SCALAR_RAW_MAX)
         if stop < end:
@@ -256,20 +257,41 @@ class EnvelopeScanner:
     def _deep(self, chunk: bytes, pos: int, end: int) -> int:
         while pos < end:
             window_end = min(end, pos + self._window)
-            stop = _run.match(chunk, pos, window_end).end()  # type: ignore[union-attr]
-            if stop == pos:  # a string that does not end inside the window
+            if chunk[pos] == 0x22:  # '"': a string (perhaps a long one) by find
                 self._mode, self._role = _STRING, _R_DEEP
                 return pos + 1
+            stop = _stop(_run, chunk, pos, window_end)  # > pos: not at a quote
             found, self._depth = _search(chunk, pos, stop, self._depth)
-            if found is None:
+            if found is None:  # a long value: take it in larger windows
                 pos = stop
-                if stop == window_end:
-                    self._window = min(2 * self._window, _WINDOW_MAX)
+                self._window = min(2 * self._window, _WINDOW_MAX)
                 continue
             self._window = _WINDOW_MIN
             self._mode = _AFTER
             return found
         return pos
+
+
+def _stop(pattern: re.Pattern[bytes], chunk: bytes, pos: int, end: int) -> int:
+    """Where ``pattern`` (one that also matches nothing) stops, from ``pos``."""
+    match = pattern.match(chunk, pos, end)
+    return pos if match is None else match.end()
+
+
+def _string_stop(chunk: bytes, pos: int, end: int) -> int:
+    """Where the string body from ``pos`` stops: its closing quote, a lone
+    backslash that ends the chunk, or ``end``. ``bytes.find`` skips plain runs
+    (a long text costs next to nothing); dense escapes go to the regex."""
+    for _ in range(_FIND_ESCAPES):
+        quote = chunk.find(b'"', pos, end)
+        limit = end if quote < 0 else quote
+        slash = chunk.find(b"\\", pos, limit)
+        if slash < 0:
+            return limit
+        if slash + 1 == end:
+            return slash
+        pos = slash + 2
+    return _stop(_body, chunk, pos, end)
 
 
 def _search(chunk: bytes, start: int, stop: int, depth: int) -> tuple[int | None, int]:
@@ -281,9 +303,11 @@ def _search(chunk: bytes, start: int, stop: int, depth: int) -> tuple[int | None
     if depth - closers > 1:
         return None, depth + openers - closers
     while stop - start > _LINEAR:
-        middle = _run.match(chunk, start, (start + stop) // 2).end()  # type: ignore[union-attr]
+        middle = _stop(_run, chunk, start, (start + stop) // 2)
         if middle == start:  # a string from start to beyond the middle
-            middle = _string.match(chunk, start, stop).end()  # type: ignore[union-attr]
+            middle = _stop(_string, chunk, start, stop)
+            if middle == start:
+                raise AssertionError("unreachable")  # the run has complete strings
         closers, openers = _summary(_brackets(chunk[start:middle]), depth)
         if depth - closers > 1:
             depth += openers - closers
