@@ -2,18 +2,34 @@
 ``server/discover`` with "method not found", speaks 2025-11-25 after
 ``initialize``, appends every method it receives to $METHOD_LOG, and lists
 its tools in $PAGES pages (cursors "2", "3", ...). With $CALL_LOG, every
-tools/call appends its ``tag`` argument there (fsynced): a count of executions."""
+tools/call appends its ``tag`` argument there (fsynced): a count of executions.
+
+Faults, each off unless its environment variable is set (SECURITY.md 6.2 #17):
+
+* ``NOISE=1``: two junk lines (not JSON, and JSON that is not JSON-RPC) on
+  stdout before every reply;
+* ``STDERR_FLOOD=1``: a ``flood`` tool whose call starts a thread writing
+  ``lines`` lines of ``size`` bytes to stderr, and answers at once;
+* ``IGNORE_TERM=1``: SIGTERM is ignored, and the server stays up after stdin
+  closes (only SIGKILL ends it);
+* ``EXIT_AT_ONCE=1``: exits with status 3 before reading anything."""
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 
 import msgspec
 
 LOG = os.environ.get("METHOD_LOG")
 PAGES = int(os.environ.get("PAGES", "1"))  # tools/list answers in this many pages
 CALLS = os.environ.get("CALL_LOG")
+NOISE = os.environ.get("NOISE") == "1"
+FLOOD = os.environ.get("STDERR_FLOOD") == "1"
+IGNORE_TERM = os.environ.get("IGNORE_TERM") == "1"
+EXIT_AT_ONCE = os.environ.get("EXIT_AT_ONCE") == "1"
 
 
 def tool(name: str) -> dict[str, object]:
@@ -26,11 +42,31 @@ def reply(message_id: object, result: object = None, error: object = None) -> No
         body["error"] = error
     else:
         body["result"] = result
+    if NOISE:
+        sys.stdout.write('noise: this line is not JSON\n{"not": "json-rpc"}\n')
     sys.stdout.write(msgspec.json.encode(body).decode() + "\n")
     sys.stdout.flush()
 
 
+def flood(lines: int, size: int) -> None:
+    line = b"e" * (size - 1) + b"\n"
+    for _ in range(lines):
+        sys.stderr.buffer.write(line)
+    sys.stderr.buffer.flush()
+
+
 def main() -> None:
+    if EXIT_AT_ONCE:
+        sys.stderr.write("exiting at once\n")
+        sys.exit(3)
+    if IGNORE_TERM:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    serve()
+    while IGNORE_TERM:  # stdin is closed: stay up until SIGKILL
+        signal.pause()
+
+
+def serve() -> None:
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -55,10 +91,18 @@ def main() -> None:
             result: dict[str, object] = {
                 "tools": [tool("hello" if page == 1 else f"p{page}")]
             }
+            if FLOOD and page == 1:
+                result["tools"] = [tool("hello"), tool("flood")]
             if page < PAGES:
                 result["nextCursor"] = str(page + 1)
             reply(message["id"], result)
         elif method == "tools/call":
+            params = message.get("params") or {}
+            if FLOOD and params.get("name") == "flood":
+                arguments = params.get("arguments") or {}
+                size = int(arguments.get("size", 10_240))
+                lines = int(arguments.get("lines", 2000))
+                threading.Thread(target=flood, args=(lines, size), daemon=True).start()
             if CALLS:
                 arguments = (message.get("params") or {}).get("arguments") or {}
                 with open(CALLS, "a", encoding="utf-8") as f:

@@ -12,7 +12,10 @@ exits by itself leak. This one
   soon as it is known to answer one of our requests (its id may come last),
   that request fails with ``result_too_large`` (``limits.OversizeMessage``);
 * logs stderr line by line under the server's name (lines truncated at 4 KiB,
-  at most 50 lines a second; the rest are counted, not logged);
+  at most 50 lines a second; the rest are counted, not logged, and the count
+  is logged when its second ends, even if the server then falls silent);
+* fails alone a message the SDK cannot serialize (JSON nested deeper than
+  pydantic's limit): a request gets an error reply, the session lives on;
 * on exit closes stdin, waits, then SIGTERMs and SIGKILLs the whole process
   group, and always kills the group at the end, so no descendant survives.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import math
 import os
 import shutil
 import signal
@@ -152,13 +156,17 @@ async def stdio_transport(
         skipping = False  # inside an overlong line: drop it up to its newline
         window_start, lines_in_window, dropped = anyio.current_time(), 0, 0
 
-        def emit(text: str) -> None:
+        def new_window(now: float) -> None:
             nonlocal window_start, lines_in_window, dropped
+            if dropped:
+                stderr_log.warning("%s: %d stderr lines not logged", name, dropped)
+            window_start, lines_in_window, dropped = now, 0, 0
+
+        def emit(text: str) -> None:
+            nonlocal lines_in_window, dropped
             now = anyio.current_time()
             if now - window_start >= 1.0:
-                if dropped:
-                    stderr_log.warning("%s: %d stderr lines not logged", name, dropped)
-                window_start, lines_in_window, dropped = now, 0, 0
+                new_window(now)
             lines_in_window += 1
             if lines_in_window <= STDERR_LINES_PER_S:
                 stderr_log.info("%s: %s", name, text, extra={"MEMORIZZ_SERVER": name})
@@ -166,7 +174,15 @@ async def stdio_transport(
                 dropped += 1
 
         try:
-            async for chunk in stderr:
+            while True:
+                # Lines were dropped in this second: say so when it ends, even
+                # if the server falls silent (not only at its next line or exit).
+                deadline = window_start + 1.0 if dropped else math.inf
+                with anyio.move_on_at(deadline) as waited:
+                    chunk = await stderr.receive()
+                if waited.cancelled_caught:
+                    new_window(anyio.current_time())
+                    continue
                 buffer += chunk
                 while True:
                     end = buffer.find(b"\n")
@@ -182,7 +198,12 @@ async def stdio_transport(
                         emit(text + (" [truncated]" if end > STDERR_LINE_MAX else ""))
                     skipping = False
                     del buffer[: end + 1]
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+        except (
+            anyio.EndOfStream,
+            anyio.ClosedResourceError,
+            anyio.BrokenResourceError,
+            OSError,
+        ):
             pass
         if dropped:
             stderr_log.warning("%s: %d stderr lines not logged", name, dropped)
@@ -191,12 +212,37 @@ async def stdio_transport(
         try:
             async with write_reader:
                 async for message in write_reader:
-                    data = message.message.model_dump_json(
-                        by_alias=True, exclude_unset=True
-                    )
+                    try:
+                        data = message.message.model_dump_json(
+                            by_alias=True, exclude_unset=True
+                        )
+                    except (ValueError, RecursionError):
+                        await refuse_unencodable(message)
+                        continue
                     await stdin.send(data.encode() + b"\n")
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             await read_writer.aclose()
+
+    async def refuse_unencodable(message: SessionMessage) -> None:
+        """Not sent: pydantic refuses JSON nested deeper than ~254 levels. Raising
+        would end the session every caller shares; a request is answered here."""
+        unsent = message.message
+        log.warning(
+            "%s: a %s could not be encoded as JSON (nested too deeply?); not sent",
+            name,
+            type(unsent).__name__,
+        )
+        if isinstance(unsent, types.JSONRPCRequest):
+            error = types.ErrorData(
+                code=types.INVALID_PARAMS,
+                message="the request could not be encoded as JSON"
+                " (nested too deeply?); not sent to the server",
+            )
+            await read_writer.send(
+                SessionMessage(
+                    types.JSONRPCError(jsonrpc="2.0", id=unsent.id, error=error)
+                )
+            )
 
     async def watch_exit() -> None:
         # Not process.wait(): on asyncio it also waits for pipe EOF, which a
