@@ -14,6 +14,14 @@ on the state database (synchronous=FULL, so durable when it returns), checked
 by its rowcount. ``resume`` consumes the proposal *before* the upstream call is
 sent: a crash after the consume burns the approval, it never runs twice.
 
+Time (SECURITY.md §6.2 #25): expiries are wall-clock times (they must survive
+a restart), but moving the wall clock back never extends a proposal. In the
+process, the book's time never runs slower than the monotonic clock; across
+a restart, the last time the book saw (persisted while proposals are open)
+is where it starts again, and a wall clock found further back than
+``SKEW_BUDGET_S`` expires every open proposal (fail closed) before the book
+follows the new clock.
+
 A proposal holds the exact call: server, tool, the arguments (encrypted in
 the vault under ``proposal/<id>/arguments``, the ciphertext bound to that ref;
 an HMAC under the audit key guards them again at resume), the tool's schema
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import os
 import pwd
 import secrets
@@ -55,6 +64,11 @@ _SWEEP_MAX_S: Final = 30.0
 RETENTION_S: Final = 7 * 86400.0
 """Ended proposals are forgotten this long after they were made (the audit stays)."""
 _canonical: Final = msgspec.json.Encoder(order="sorted")
+SKEW_BUDGET_S: Final = 60.0
+"""How far back the wall clock may be found at start before open proposals,
+whose time can no longer be told, are expired."""
+CLOCK_REF: Final = "approvals/last_seen"
+"""The vault entry holding the book's last-seen time (while proposals are open)."""
 
 
 def arguments_ref(proposal_id: str) -> str:
@@ -124,11 +138,67 @@ class ApprovalBook:
         self._auditor = auditor
         self._ttl_s = ttl_s
         self._clock = clock
+        """The wall clock (tests move it); the book reads time through ``_now``."""
+        self._seen: float | None = None
+        self._seen_mono = 0.0
+        self._behind = False
         self._changed: dict[str, anyio.Event] = {}
         self._new = anyio.Event()
         self._self = Caller(
             pid=os.getpid(), uid=os.getuid(), gid=os.getgid(), socket="memorizzd"
         )
+
+    # --- time -------------------------------------------------------------------
+
+    def _now(self) -> float:
+        """Wall-clock time that never runs slower than the monotonic clock: a
+        wall clock moved back (by hand, by NTP) cannot extend a proposal."""
+        wall, mono = self._clock(), time.monotonic()
+        now = wall
+        if self._seen is not None:
+            floor = self._seen + (mono - self._seen_mono)
+            behind = floor - wall > SKEW_BUDGET_S
+            if behind and not self._behind:
+                log.warning(
+                    "the wall clock went back %.0f s; proposals keep their own time",
+                    floor - wall,
+                )
+            self._behind = behind
+            now = max(wall, floor)
+        self._seen, self._seen_mono = now, mono
+        return now
+
+    def _persist_time(self, now: float) -> None:
+        self._vault.put(CLOCK_REF, repr(now))
+
+    def _last_seen(self) -> float | None:
+        try:
+            return float(self._vault.get(CLOCK_REF))
+        except (VaultError, ValueError):
+            return None
+
+    async def _resume_time(self) -> None:
+        """At start: carry on from the last time seen; a wall clock further
+        back than ``SKEW_BUDGET_S`` expires every open proposal first."""
+        last = await anyio.to_thread.run_sync(self._last_seen)
+        wall = self._clock()
+        if last is None or last <= wall:
+            return
+        if last - wall <= SKEW_BUDGET_S:
+            self._seen, self._seen_mono = last, time.monotonic()
+            return
+        why = (
+            f"the wall clock is {last - wall:.0f} s behind the time memorizzd last "
+            "saw: this proposal's age cannot be told"
+        )
+        log.warning("%s; every open proposal expires", why.split(":", 1)[0])
+        expired = await anyio.to_thread.run_sync(
+            self._store.expire_proposals, math.inf
+        )
+        for proposal in expired:
+            await self._finished(proposal.id)
+            await self._audit(self._self, "approvals/expire", proposal, reason=why)
+        await anyio.to_thread.run_sync(self._persist_time, wall)
 
     # --- scope ------------------------------------------------------------------
 
@@ -191,7 +261,7 @@ class ApprovalBook:
         schema: dict[str, Any] | None,
     ) -> m.Proposal:
         """Store the exact call (durably) and return the pending proposal."""
-        now = self._clock()
+        now = self._now()
         proposal = m.Proposal(
             id="p_" + secrets.token_hex(12),
             status="pending",
@@ -216,6 +286,7 @@ class ApprovalBook:
             msgspec.json.encode(arguments).decode(),
         )
         await anyio.to_thread.run_sync(self._store.insert_proposal, proposal)
+        await anyio.to_thread.run_sync(self._persist_time, now)
         self._new.set()
         log.info(
             "proposal %s: %s/%s by uid %d (%s)",
@@ -239,7 +310,7 @@ class ApprovalBook:
             decided_by_uid=caller.uid,
             decided_by_user=user_name(caller.uid),
             approver_label=label,
-            decided_at=self._clock(),
+            decided_at=self._now(),
         )
 
     async def reject(
@@ -253,7 +324,7 @@ class ApprovalBook:
             to_status="rejected",
             decided_by_uid=caller.uid,
             decided_by_user=user_name(caller.uid),
-            decided_at=self._clock(),
+            decided_at=self._now(),
             reason=reason,
         )
 
@@ -275,7 +346,7 @@ class ApprovalBook:
                 proposal.id,
                 from_status=("pending", "approved"),
                 to_status="invalidated",
-                now=self._clock(),
+                now=self._now(),
                 reason=why,
             )
         )
@@ -298,7 +369,7 @@ class ApprovalBook:
             await self.invalidate(proposal, "the stored arguments do not verify")
             raise not_approved(await self._reread(proposal))
         if not await anyio.to_thread.run_sync(
-            self._store.consume_proposal, proposal.id, self._clock()
+            self._store.consume_proposal, proposal.id, self._now()
         ):
             raise not_approved(await self._reread(proposal))
         await self._finished(proposal.id)
@@ -321,7 +392,7 @@ class ApprovalBook:
                 proposal_id,
                 from_status=from_status,
                 to_status=to_status,
-                now=self._clock(),
+                now=self._now(),
                 **fields,
             )
         )
@@ -346,7 +417,7 @@ class ApprovalBook:
         if proposal.status != "pending":
             return proposal
         changed = self._changed.setdefault(proposal_id, anyio.Event())
-        until_expiry = max(0.0, proposal.expires_at - self._clock()) + 0.05
+        until_expiry = max(0.0, proposal.expires_at - self._now()) + 0.05
         with anyio.move_on_after(min(timeout_s, until_expiry)):
             await changed.wait()
         return await self.get(caller, proposal_id)
@@ -356,7 +427,7 @@ class ApprovalBook:
     async def sweep(self) -> None:
         """Expire what is due (each gets an audit record; its waiters wake)."""
         expired = await anyio.to_thread.run_sync(
-            self._store.expire_proposals, self._clock()
+            self._store.expire_proposals, self._now()
         )
         for proposal in expired:
             await self._finished(proposal.id)
@@ -367,17 +438,20 @@ class ApprovalBook:
     ) -> None:
         """Expire proposals on time (so waiters and the audit hear of it)."""
         await anyio.to_thread.run_sync(self._forget_leftovers)
+        await self._resume_time()
         task_status.started()
         next_prune = 0.0
         while True:
-            if self._clock() >= next_prune:
+            if self._now() >= next_prune:
                 await anyio.to_thread.run_sync(
-                    self._store.prune_proposals, self._clock() - RETENTION_S
+                    self._store.prune_proposals, self._now() - RETENTION_S
                 )
-                next_prune = self._clock() + 3600
+                next_prune = self._now() + 3600
             await self.sweep()
             due = await anyio.to_thread.run_sync(self._store.next_expiry)
-            pause = _SWEEP_MAX_S if due is None else due - self._clock() + 0.01
+            if due is not None:  # open proposals: remember how late it is
+                await anyio.to_thread.run_sync(self._persist_time, self._now())
+            pause = _SWEEP_MAX_S if due is None else due - self._now() + 0.01
             self._new = anyio.Event()
             with anyio.move_on_after(min(max(pause, 0.01), _SWEEP_MAX_S)):
                 await self._new.wait()
@@ -440,7 +514,7 @@ class ApprovalBook:
         await self._auditor.record(
             caller,
             action=action,
-            started=self._clock(),
+            started=self._now(),
             outcome=outcome,
             reason=reason,
             server=proposal.server,

@@ -11,6 +11,10 @@
   token above all) is written to the vault, durably, before anyone uses the
   new access token: a refresh token the authorization server rotated is never
   lost to a caller who gave up waiting.
+* A 401 on a token that a 401 made the keeper refresh moments ago is not
+  refreshed again (``FORCED_HOLD_S``): a server that refuses every token,
+  fresh ones too, gets one forced refresh, and its callers a clear error,
+  never a refresh per call (SECURITY.md §3.2, item 3).
 * ``invalid_grant`` (and ``invalid_client``) is final: the grant is marked
   ``login_required`` (in the vault too, so a restart does not try again) and
   callers get ``authorization_required`` / ``login_required`` at once.
@@ -50,6 +54,8 @@ EXPIRED_SLACK_S: Final = 1.0
 REFRESH_TIMEOUT_S: Final = 30.0
 RETRY_MAX_S: Final = 60.0
 MAX_STEP_UPS: Final = 2
+FORCED_HOLD_S: Final = 60.0
+"""A token a 401 made us fetch is not refreshed on a 401 again this long."""
 """Step-up logins that may ask one server for the same widened scope (bounded)."""
 
 KeeperState = Literal["logged_out", "ok", "login_required"]
@@ -107,6 +113,8 @@ class TokenKeeper:
         """Step-up logins so far, by the scope set they asked for."""
         self._wanted_for: int | None = None
         """A refresh is asked for, to replace the grant of this generation."""
+        self._forced: tuple[int, float] | None = None
+        """The generation a 401 made us refresh to, and when (monotonic)."""
         self._kick = anyio.Event()
         self._done = anyio.Event()
         self._logged_in = anyio.Event()
@@ -219,10 +227,20 @@ class TokenKeeper:
             )
         if parsed.status != 401:
             return
+        if self._forced is not None:
+            forced, at = self._forced
+            if generation == forced and time.monotonic() - at < FORCED_HOLD_S:
+                # Refused although fresh: another refresh would not help.
+                self.last_refresh_error = (
+                    "the server refuses even a freshly refreshed access token (401)"
+                )
+                return
         try:
             await self.refreshed(generation)
         except RemoteError:
             return  # the caller's 401 stands; the state says the rest
+        if self._forced is None or self._forced[0] != self.generation:
+            self._forced = (self.generation, time.monotonic())
 
     async def refreshed(self, seen_generation: int) -> None:
         """Return once a grant newer than ``seen_generation`` is in place
