@@ -9,11 +9,16 @@ Two ways in, whichever comes first:
 * a pasted URL on standard input, when the browser is elsewhere (it shows a
   "cannot connect" page whose address holds ``code`` and ``state``).
 
+A redirect URI whose port another program holds is refused
+(``CallbackPortError``): that program would receive the browser's callback
+while memorizzctl waits for nothing.
+
 Standard library only.
 """
 
 from __future__ import annotations
 
+import errno
 import http.server
 import queue
 import sys
@@ -21,10 +26,16 @@ import threading
 from typing import Final
 from urllib.parse import urlsplit
 
+from memorizz.api.errors import MemorizzError
+
 _PAGE: Final = (
     b"<!doctype html><meta charset=utf-8><title>memorizz login</title>"
     b"<p>memorizzctl received the login. You can close this tab.</p>"
 )
+
+
+class CallbackPortError(MemorizzError):
+    """The redirect URI's port is taken: the callback would go elsewhere."""
 
 
 class CallbackListener:
@@ -94,13 +105,21 @@ def read_pasted(found: queue.Queue[str]) -> None:
 def open_listener(
     redirect_uri: str, found: queue.Queue[str]
 ) -> tuple[CallbackListener | None, str | None]:
-    """A started listener on a loopback ``http`` redirect URI, or why not."""
+    """A started listener on a loopback ``http`` redirect URI, or why not;
+    raises ``CallbackPortError`` when another program holds the port."""
     parts = urlsplit(redirect_uri)
     if parts.scheme != "http":
         return None, "the redirect URI is not a loopback http address"
     try:
         listener = CallbackListener(redirect_uri, found)
     except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            raise CallbackPortError(
+                f"cannot listen on {parts.netloc}: another program holds that port,"
+                " and the browser's callback would go to it; stop it, or run again"
+                " with --redirect-uri http://127.0.0.1:PORT/callback (a free port),"
+                " or with --no-listen to paste the callback address"
+            ) from None
         return None, f"cannot listen on {parts.netloc} ({exc.strerror or exc})"
     listener.start()
     return listener, None
