@@ -205,9 +205,9 @@ class TestAuthorizationServer:
         if family is not None:
             # Reuse of a rotated refresh token: the family is compromised.
             self.reuse_detected += 1
-            for token in [t for t, f in self.family.items() if f == family]:
-                self.access.pop(token, None)
-                self.refresh.pop(token, None)
+            for member in [t for t, f in self.family.items() if f == family]:
+                self.access.pop(member, None)
+                self.refresh.pop(member, None)
             return None
         token = self.refresh.get(refresh_token)
         return token if token and token.client_id == client.client_id else None
@@ -397,10 +397,7 @@ def _faults(app: Any, provider: TestAuthorizationServer) -> Any:
                 return
             await app(scope, replay, send)
             return
-        if (
-            path == "/.well-known/oauth-authorization-server"
-            and provider.advertise_iss
-        ):
+        if path == "/.well-known/oauth-authorization-server" and provider.advertise_iss:
             captured: list[dict[str, Any]] = []
 
             async def capture(message: dict[str, Any]) -> None:

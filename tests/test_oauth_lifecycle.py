@@ -15,6 +15,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -300,6 +301,10 @@ def _propose(c: Client, tag: str) -> str:
     return proposal_id
 
 
+def _moved_back(seconds: float) -> float:
+    return time.time() - seconds
+
+
 def _ran(base: str) -> str:
     path = Path(base, "calls.log")
     return path.read_text() if path.exists() else ""
@@ -317,7 +322,7 @@ def test_moving_the_clock_back_does_not_extend_an_approval(base_dir: str) -> Non
                 pending = _propose(c, f"late-pending-{back_s:g}")
                 approved = _propose(c, f"late-approved-{back_s:g}")
                 c.approve(approved)
-                book._clock = lambda back_s=back_s: time.time() - back_s
+                book._clock = partial(_moved_back, back_s)
                 threading.Event().wait(1.5)
                 with pytest.raises(ConflictError) as refused:
                     c.approve(pending)
@@ -497,11 +502,15 @@ def test_a_redirect_port_held_by_another_program_is_a_clear_failure(
         port = squatter.getsockname()[1]
         redirect = f"http://127.0.0.1:{port}/callback"
         with daemon_with_cal(world, base_dir, oauth_redirect_uri=redirect) as (d, _c):
+            argv = ["--socket", d.socket, "mcp", "login", "cal", "--timeout", "20"]
             ctl = subprocess.run(
-                [sys.executable, "-m", "memorizz.cli", "--socket", d.socket,
-                 "mcp", "login", "cal", "--timeout", "20"],
-                capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
-            )  # fmt: skip
+                [sys.executable, "-m", "memorizz.cli", *argv],
+                check=False,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                stdin=subprocess.DEVNULL,
+            )
     assert ctl.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in ctl.stderr
     assert "another program holds that port" in ctl.stderr

@@ -192,9 +192,7 @@ class ApprovalBook:
             "saw: this proposal's age cannot be told"
         )
         log.warning("%s; every open proposal expires", why.split(":", 1)[0])
-        expired = await anyio.to_thread.run_sync(
-            self._store.expire_proposals, math.inf
-        )
+        expired = await anyio.to_thread.run_sync(self._store.expire_proposals, math.inf)
         for proposal in expired:
             await self._finished(proposal.id)
             await self._audit(self._self, "approvals/expire", proposal, reason=why)
