@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import sqlite3
 import stat
@@ -108,9 +110,14 @@ def test_proposal_steps_are_atomic_and_single_use(base_dir: str) -> None:
         store.insert_proposal(_proposal("p_old", created=now - 30 * 86400, ttl=1))
         assert store.proposal("p_a") == _proposal("p_a", created=now)
         assert not store.consume_proposal("p_a", now)  # pending: not yet
-        step = {"from_status": ("pending",), "to_status": "approved", "now": now}
-        assert store.transition_proposal("p_a", decided_by_uid=7, **step)
-        assert not store.transition_proposal("p_a", **step)  # only once
+        approve = functools.partial(
+            store.transition_proposal,
+            from_status=("pending",),
+            to_status="approved",
+            now=now,
+        )
+        assert approve("p_a", decided_by_uid=7)
+        assert not approve("p_a")  # only once
         assert store.consume_proposal("p_a", now)
         assert not store.consume_proposal("p_a", now)
         assert [p.id for p in store.expire_proposals(now)] == ["p_old"]
@@ -236,3 +243,24 @@ def test_a_state_directory_owned_by_another_uid_is_refused(base_dir: str) -> Non
     os.chown(state / "audit.key", 4300, 4300)
     with pytest.raises(StoreError, match=r"audit\.key is owned by uid 4300"):
         Store(str(state))
+
+
+def test_wal_and_full_sync_where_a_lost_write_would_matter(base_dir: str) -> None:
+    """SECURITY.md §6.2 #29. The main connection writes what must survive a
+    power cut: server specs, the vault's ciphertexts (bearer and OAuth tokens,
+    the rotated refresh token before it is used) and approval proposals, at
+    ``synchronous=FULL``. The audit trail has its own connection at NORMAL: in
+    WAL mode a committed record survives a crash of the daemon (see
+    tests/test_crash_consistency.py), though not a power cut."""
+    s = Store(os.path.join(base_dir, "state"))
+    try:
+        assert s._db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert s._db.execute("PRAGMA synchronous").fetchone() == (2,)  # FULL
+        assert s._audit.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        assert s._audit.execute("PRAGMA synchronous").fetchone() == (1,)  # NORMAL
+        assert s._audit.execute("PRAGMA wal_autocheckpoint").fetchone() == (0,)
+    finally:
+        s.close()
+    # WAL is a property of the file: whoever opens it next is in WAL mode too.
+    with contextlib.closing(sqlite3.connect(Path(base_dir, "state", "state.db"))) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)

@@ -1,0 +1,240 @@
+"""Crash consistency (SECURITY.md §6.2 #29): SIGKILL the real daemon at the
+points that matter, start it again, and check what it finds.
+
+* Mid audit append, under load: the trail is rows of the state database, each
+  batch committed in one SQLite transaction (WAL) before the replies go out,
+  so a kill can lose an unacknowledged batch but never tear a record. Every
+  call acknowledged before the kill is in the trail, every record is whole,
+  ids keep increasing. (There is no log file, so no HMAC chain and no torn
+  last line to truncate; tests/test_store.py checks the journal modes.)
+* Around an OAuth refresh: killed after the authorization server rotated the
+  refresh token but before the daemon stored the answer, the grant is
+  ``login_required`` after the restart; killed once the daemon used the new
+  access token, the rotated grant is there. Never a refresh loop.
+* The socket file a SIGKILL leaves behind is replaced at the next start (as
+  tests/test_lifecycle.py::test_a_stale_socket_is_replaced_and_a_live_one_is_not_stolen
+  shows for a socket bound by someone else).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import hmac
+import os
+import signal
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import psutil
+import pytest
+from mcp.server.auth.provider import AccessToken, RefreshToken
+from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
+
+from memorizz.api import methods as m
+from memorizz.api.errors import AuthRequiredError, MemorizzError
+from memorizz.client import Client
+from memorizzd.audit import load_key
+from tests.harness import DaemonProcess, daemon_process, stdio_spec, wait_until
+from tests.oauth_world import TestAuthorizationServer, browser, serve_protected
+
+CALLERS = 8
+ACKNOWLEDGED_BEFORE_THE_KILL = 300
+
+
+def _kill(d: DaemonProcess) -> None:
+    os.kill(d.pid, signal.SIGKILL)
+    assert d.proc is not None
+    assert d.proc.wait(10) == -signal.SIGKILL
+
+
+def _all_records(c: Client) -> list[m.AuditRecord]:
+    records: list[m.AuditRecord] = []
+    before: int | None = None
+    while True:
+        page = c.audit(before_id=before, limit=1000)
+        records += page.records
+        if page.next_before_id is None:
+            return records
+        before = page.next_before_id
+
+
+def _digest(key: bytes, arguments: dict[str, Any]) -> str:
+    canonical = msgspec.json.Encoder(order="sorted").encode(arguments)
+    return hmac.new(key, canonical, hashlib.sha256).hexdigest()
+
+
+def test_sigkill_under_audit_load_loses_no_acknowledged_record_and_tears_none(
+    base_dir: str,
+) -> None:
+    state = os.path.join(base_dir, "state")
+    acknowledged: list[str] = []
+    stop = threading.Event()
+
+    def caller(d: DaemonProcess, i: int) -> None:
+        with contextlib.suppress(MemorizzError, OSError), d.client() as c:
+            for n in range(100_000):
+                if stop.is_set():
+                    return
+                text = f"{i}-{n}"
+                c.call_tool("t", "echo", {"text": text})
+                acknowledged.append(text)  # the reply came: its record is committed
+
+    with daemon_process(base_dir) as d:
+        with d.client() as c:
+            c.add_server(stdio_spec("t"))
+        d.wait_ready("t")
+        callers = [threading.Thread(target=caller, args=(d, i)) for i in range(CALLERS)]
+        for t in callers:
+            t.start()
+        wait_until(
+            lambda: len(acknowledged) >= ACKNOWLEDGED_BEFORE_THE_KILL,
+            what="calls under load",
+        )
+        _kill(d)  # CALLERS calls in flight, records queued and being committed
+        stop.set()
+        for t in callers:
+            t.join(10)
+        assert Path(d.socket).exists()  # what a SIGKILL leaves behind
+    acked = list(acknowledged)
+
+    with contextlib.closing(sqlite3.connect(Path(state, "state.db"))) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+    with daemon_process(base_dir) as d, d.client() as c:  # the stale socket replaced
+        records = _all_records(c)
+        calls = [r for r in records if r.action == "tools/call"]
+        ids = [r.id for r in records]
+        assert ids == sorted(set(ids), reverse=True)  # unique, newest first
+        for r in calls:  # whole records only
+            assert (r.server, r.tool, r.outcome) == ("t", "echo", "ok")
+            assert r.argument_keys == ["text"]
+            assert r.arguments_hmac is not None
+            assert r.duration_ms >= 0
+            assert r.caller_uid == os.getuid()
+        key = load_key(state)
+        recorded = {r.arguments_hmac for r in calls}
+        missing = [t for t in acked if _digest(key, {"text": t}) not in recorded]
+        assert missing == []
+        assert len(calls) >= len(acked)  # plus calls whose reply the kill ate
+        d.wait_ready("t")
+        c.call_tool("t", "echo", {"text": "after"})
+        (latest,) = c.audit(limit=1).records
+        assert latest.arguments_hmac == _digest(key, {"text": "after"})
+        assert latest.id > ids[0]
+
+
+class _KillingAuthorizationServer(TestAuthorizationServer):
+    """Kills the daemon (``victim``) at one point of a refresh:
+
+    * ``before_commit``: the refresh token is rotated here, the answer is
+      never read (the daemon dies before it can store it);
+    * ``after_commit``: at the first use of the refreshed access token, which
+      the daemon sends only once it has stored the rotated grant.
+    """
+
+    __test__ = False
+
+    def __init__(self, point: str) -> None:
+        super().__init__(access_ttl=3600)
+        self.point = point
+        self.victim: DaemonProcess | None = None
+        self.refreshed: set[str] = set()
+
+    def _strike(self) -> None:
+        victim, self.victim = self.victim, None
+        if victim is not None:
+            os.kill(victim.pid, signal.SIGKILL)
+            wait_until(
+                lambda: psutil.Process(victim.pid).status() == psutil.STATUS_ZOMBIE,
+                what="the daemon killed",
+            )
+
+    async def exchange_refresh_token(
+        self,
+        client: OAuthClientInformationFull,
+        refresh_token: RefreshToken,
+        scopes: list[str],
+    ) -> OAuthToken:
+        token = await super().exchange_refresh_token(client, refresh_token, scopes)
+        self.refreshed.add(token.access_token)
+        if self.point == "before_commit":
+            self._strike()
+        return token
+
+    async def load_access_token(self, token: str) -> AccessToken | None:
+        if self.point == "after_commit" and token in self.refreshed:
+            self._strike()
+        return await super().load_access_token(token)
+
+
+@contextlib.contextmanager
+def _logged_in(world: TestAuthorizationServer, base: str) -> Iterator[str]:
+    with serve_protected(world) as url:
+        with daemon_process(base) as d, d.client() as c:
+            c.add_server(
+                m.ServerSpec(
+                    name="cal",
+                    transport="streamable_http",
+                    url=url,
+                    allow_private_network=True,
+                    auth="oauth",
+                )
+            )
+            started = c.auth_login("cal")
+            c.auth_complete("cal", browser(started.authorization_url))
+            d.wait_ready("cal")
+            assert c.call_tool("cal", "whoami", {}).is_error is False
+            d.stop()
+        yield url
+
+
+@pytest.mark.parametrize("point", ["before_commit", "after_commit"])
+def test_sigkill_around_a_refresh_leaves_the_rotated_grant_or_login_required(
+    base_dir: str, point: str
+) -> None:
+    world = _KillingAuthorizationServer(point)
+    with _logged_in(world, base_dir):
+        with daemon_process(base_dir) as d:
+            d.wait_ready("cal")
+            world.victim = d
+            world.expire_access_tokens()
+            with d.client() as c:
+                # The first call gets a 401 and the daemon refreshes (the call
+                # fails: a 401 is not retried); the second uses the new token.
+                for _ in range(2):
+                    with contextlib.suppress(MemorizzError):
+                        c.call_tool("cal", "whoami", {})
+            assert d.proc is not None
+            assert d.proc.wait(10) == -signal.SIGKILL
+        assert world.count("refresh_token") == 1
+
+        with daemon_process(base_dir) as d, d.client() as c:
+            if point == "after_commit":
+                d.wait_ready("cal")  # the rotated grant, stored before its use
+                assert c.call_tool("cal", "whoami", {}).is_error is False
+                (status,) = c.server_status("cal")
+                assert status.auth is not None
+                assert status.auth.state == "ok"
+            else:
+                # The stored refresh token was rotated away: one refresh finds
+                # it spent (invalid_grant), and that is final.
+                wait_until(
+                    lambda: c.server_status("cal")[0].state == "login_required",
+                    what="login required",
+                )
+                for _ in range(3):
+                    with pytest.raises(AuthRequiredError) as refused:
+                        c.call_tool("cal", "whoami", {})
+                    assert refused.value.reason == "login_required"
+            refreshes = world.count("refresh_token")
+            assert c.server_status("cal")[0].state in ("ready", "login_required")
+    # One refresh before the kill; after it, one more that finds the token
+    # spent, or none (the stored access token is still good). No loop.
+    assert world.count("refresh_token") == refreshes
+    assert refreshes == {"before_commit": 2, "after_commit": 1}[point]
+    assert world.count("authorization_code") == 1
