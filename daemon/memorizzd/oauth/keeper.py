@@ -54,9 +54,9 @@ EXPIRED_SLACK_S: Final = 1.0
 REFRESH_TIMEOUT_S: Final = 30.0
 RETRY_MAX_S: Final = 60.0
 MAX_STEP_UPS: Final = 2
+"""Step-up logins that may ask one server for the same widened scope (bounded)."""
 FORCED_HOLD_S: Final = 60.0
 """A token a 401 made us fetch is not refreshed on a 401 again this long."""
-"""Step-up logins that may ask one server for the same widened scope (bounded)."""
 
 KeeperState = Literal["logged_out", "ok", "login_required"]
 
