@@ -84,16 +84,23 @@ class OversizeMessage:
         reply, self.reply = self.reply, None
         return reply
 
-    def what(self) -> str:
-        """What was dropped, for the log line."""
-        scanner = self._scanner
+    def outcome(self) -> str:
+        """What was dropped and what follows, for the log line."""
+        scanner, limit = self._scanner, self._limit
         if self.answered:
-            return "a reply (its request fails with result_too_large)"
+            return (
+                f"dropped a reply larger than max_result_bytes ({limit}); "
+                "its request fails with result_too_large"
+            )
         if scanner.has_method:
-            return "a request or notification from the server (not answered)"
-        if scanner.abandoned:
-            return "a message that is not JSON-RPC (its request times out)"
-        return "a message with no usable id (its request times out)"
+            return (
+                "dropped a request or notification from the server larger than "
+                f"max_result_bytes ({limit}), unanswered (its id is the server's)"
+            )
+        return (
+            f"dropped a message larger than max_result_bytes ({limit}) with no "
+            "usable id (not JSON-RPC, or no id): a request it answers times out"
+        )
 
 
 class _CappedJSON(httpx2.AsyncByteStream):
@@ -212,12 +219,7 @@ class _CappedEvents(httpx2.AsyncByteStream):
                 blank = line_len == 1 or (line_len == 2 and line_tail == b"\r\n")
                 if oversize is not None:
                     if blank:
-                        log.warning(
-                            "%s: dropped %s larger than max_result_bytes (%d)",
-                            self._host,
-                            oversize.what(),
-                            self._limit,
-                        )
+                        log.warning("%s: %s", self._host, oversize.outcome())
                         oversize = data = None
                 else:
                     event += line

@@ -125,12 +125,7 @@ async def stdio_transport(
                         if end < 0:
                             break
                         if oversize is not None:
-                            log.warning(
-                                "%s: dropped %s larger than max_result_bytes (%d)",
-                                name,
-                                oversize.what(),
-                                max_message_bytes,
-                            )
+                            log.warning("%s: %s", name, oversize.outcome())
                             oversize = None
                         elif buffer.strip():
                             await read_writer.send(_parse(bytes(buffer)))
