@@ -41,6 +41,8 @@ SEED = 0
 FRAMES_PER_SOCKET = 1500
 CHUNK = 100
 READ_TIMEOUT_S = 10.0
+CONTROL_BOUND_S = 2.0
+"""Generous: a control ping takes milliseconds (about 20 ms at worst here)."""
 STANDARD_CODES = frozenset({-32700, -32600, -32601, -32602})
 OUR_BAND = range(-32099, -31999)
 
@@ -439,6 +441,8 @@ def test_fuzzed_frames_get_clean_errors_and_leave_the_daemon_healthy(
                 assert not ag.failures
     assert not op.failures, op.failures
     assert not ag.failures, ag.failures
+    slowest = max(op.latencies + ag.latencies)
+    assert slowest < CONTROL_BOUND_S, f"a control ping took {slowest:.2f} s"
     assert frames >= 3000
     assert replies > frames // 2, (frames, replies)  # most frames are answered
     assert {
