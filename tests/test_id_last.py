@@ -125,8 +125,8 @@ def http_spec(name: str, transport: str, url: str) -> ServerSpec:
 
 @contextlib.contextmanager
 def id_last_server(daemon: DaemonHarness, kind: str) -> Iterator[str]:
-    """One of the servers that write the id last, added to the daemon; yields
-    (its name) the tool and the resource that answer n bytes."""
+    """A server that writes the id last, added to the daemon; yields its name
+    (``big_call`` knows its tool and resource of n bytes)."""
     name = kind.replace("-", "_")
     if kind == "python-stdio":
         daemon.add(
