@@ -1,6 +1,8 @@
 """Faults at the edge of the world, between the daemon and a real MCP server
-(what Toxiproxy would do, in-process): a slow drip on stdio and over HTTP,
-and an HTTP upstream that answers 429/503 with ``Retry-After``.
+(what Toxiproxy would do, in-process): a slow drip on stdio and over HTTP, an
+HTTP upstream that answers 429/503 with ``Retry-After``, a listener that
+accepts and never answers, requests that hang, responses cut mid-way, a
+server that forgets its sessions (404) and SSE streams dropped mid-response.
 
     python tests/faults.py drip RATE -- CMD ARG...   # stdio: CMD's big lines at RATE bytes/s
 
@@ -12,11 +14,14 @@ wait (one pipe). stdin and stderr are the child's own.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import select
+import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,8 +71,79 @@ class _Call(msgspec.Struct):
     params: dict[str, Any] = {}
 
 
+Match = Callable[[str, dict[str, Any]], bool]
+
+
+def _never(method: str, params: dict[str, Any]) -> bool:
+    return False
+
+
+def _decoded(body: bytes) -> _Call | None:
+    try:
+        return msgspec.json.decode(body, type=_Call)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks: list[bytes] = []
+    while True:
+        message = await receive()
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body"):
+            return b"".join(chunks)
+
+
+def _replaying(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that hands the app the body already read, then the rest."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if replayed:
+            return await receive()
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
 @dataclass
-class Busy:
+class _PostFault:
+    """What the faults on POSTs share: which JSON-RPC requests they match
+    (``tool``, ``method``), and ``seen``, how many matching ones arrived."""
+
+    matches: Match = _never
+    seen: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def tool(self, name: str) -> Any:
+        self.matches = lambda method, params: (
+            method == "tools/call" and params.get("name") == name
+        )
+        return self
+
+    def method(self, name: str) -> Any:
+        self.matches = lambda method, params: method == name
+        return self
+
+    def _arrived(self, body: bytes) -> bool:
+        """Whether ``body`` matches (counted in ``seen``)."""
+        call = _decoded(body)
+        if call is None or not self.matches(call.method, call.params):
+            return False
+        with self._lock:
+            self.seen += 1
+        return True
+
+
+@dataclass
+class Busy(_PostFault):
     """ASGI: answer ``status`` with ``Retry-After: retry_after`` to the next
     ``times`` POSTs whose JSON-RPC request ``matches`` (e.g. a tool name);
     everything else reaches the real server. ``seen`` counts the matching
@@ -76,33 +152,14 @@ class Busy:
     status: int = 429
     retry_after: str | None = "1"
     times: int = 1
-    matches: Callable[[str, dict[str, Any]], bool] = lambda method, params: False
-    seen: int = 0
     busy_answers: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def tool(self, name: str) -> Busy:
-        self.matches = lambda method, params: (
-            method == "tools/call" and params.get("name") == name
-        )
-        return self
-
-    def method(self, name: str) -> Busy:
-        self.matches = lambda method, params: method == name
-        return self
 
     def wrap(self, app: App) -> App:
         async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] != "http" or scope["method"] != "POST":
                 await app(scope, receive, send)
                 return
-            chunks: list[bytes] = []
-            while True:
-                message = await receive()
-                chunks.append(message.get("body", b""))
-                if not message.get("more_body"):
-                    break
-            body = b"".join(chunks)
+            body = await _read_body(receive)
             if self._busy_now(body):
                 headers = [(b"content-type", b"text/plain")]
                 if self.retry_after is not None:
@@ -116,32 +173,281 @@ class Busy:
                 )
                 await send({"type": "http.response.body", "body": b"busy"})
                 return
-            replayed = False
-
-            async def replay() -> Message:
-                nonlocal replayed
-                if replayed:
-                    return await receive()
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-
-            await app(scope, replay, send)
+            await app(scope, _replaying(body, receive), send)
 
         return wrapped
 
     def _busy_now(self, body: bytes) -> bool:
-        try:
-            call = msgspec.json.decode(body, type=_Call)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return False
-        if not self.matches(call.method, call.params):
+        if not self._arrived(body):
             return False
         with self._lock:
-            self.seen += 1
             if self.busy_answers >= self.times:
                 return False
             self.busy_answers += 1
             return True
+
+
+@dataclass
+class Hang(_PostFault):
+    """ASGI: a POST whose JSON-RPC request ``matches`` is read and never
+    answered, not one byte, until the client goes away (Toxiproxy's
+    ``timeout=0`` after connect). While ``everything`` is set, every request
+    hangs so (GET streams, pings, handshakes included): a server that is up
+    but stuck. ``seen`` counts the matching requests that arrived."""
+
+    everything: bool = False
+    times: int | None = None
+    """Hang only the first ``times`` matching requests (None: all of them)."""
+    accept: bool = False
+    """Answer the POST ``202 Accepted`` at once and drop the request (legacy
+    SSE: the answer would come on the stream, and never does)."""
+
+    def wrap(self, app: App) -> App:
+        async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+            if self.everything:
+                await _wait_disconnect(receive)
+                return
+            if scope["method"] != "POST":
+                await app(scope, receive, send)
+                return
+            body = await _read_body(receive)
+            if self._arrived(body) and (self.times is None or self.seen <= self.times):
+                if self.accept:
+                    await send({"type": "http.response.start", "status": 202})
+                    await send({"type": "http.response.body", "body": b"Accepted"})
+                    return
+                await _wait_disconnect(receive)
+                return
+            await app(scope, _replaying(body, receive), send)
+
+        return wrapped
+
+
+@dataclass
+class Cut(_PostFault):
+    """ASGI: the response to the next ``times`` POSTs whose request
+    ``matches`` is cut mid-way (Toxiproxy's ``limit_data``): the server runs
+    the request and answers, the client gets the status line and headers
+    (a JSON answer's ``content-length`` included) and the first half of the
+    first body part (an SSE answer: half its ``data:`` line), then the
+    connection is closed. ``seen`` counts the matching requests that arrived."""
+
+    times: int = 1
+    cuts: int = 0
+
+    def wrap(self, app: App) -> App:
+        async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http" or scope["method"] != "POST":
+                await app(scope, receive, send)
+                return
+            body = await _read_body(receive)
+            if not self._cut_now(body):
+                await app(scope, _replaying(body, receive), send)
+                return
+            cut = False
+
+            async def cutting(message: Message) -> None:
+                nonlocal cut
+                part = message.get("body", b"")
+                if cut or (message["type"] == "http.response.body" and not part):
+                    return
+                if message["type"] != "http.response.body":
+                    await send(message)
+                    return
+                cut = True
+                half = {"type": "http.response.body", "body": part[: len(part) // 2]}
+                await send(half | {"more_body": True})
+
+            # The rest of the answer is thrown away; returning with the
+            # response incomplete makes the server close the connection.
+            await app(scope, _replaying(body, receive), cutting)
+
+        return wrapped
+
+    def _cut_now(self, body: bytes) -> bool:
+        if not self._arrived(body):
+            return False
+        with self._lock:
+            if self.cuts >= self.times:
+                return False
+            self.cuts += 1
+            return True
+
+
+SESSION_NOT_FOUND = {
+    # What a server answers for a session it no longer knows (HTTP 404).
+    "python_sdk": (
+        b"application/json",
+        (
+            b'{"jsonrpc":"2.0","id":null,"error":'
+            b'{"code":-32600,"message":"Session not found"}}'
+        ),
+    ),
+    "typescript_sdk": (
+        b"application/json",
+        (
+            b'{"jsonrpc":"2.0","error":{"code":-32001,"message":"Session not found"},'
+            b'"id":null}'
+        ),
+    ),
+    "bare": (b"text/plain", b"Not Found"),
+}
+
+
+@dataclass
+class SessionLoss(_PostFault):
+    """ASGI: after ``forget()``, every request that carries a session id the
+    server had issued is answered 404 with ``answer`` (a key of
+    ``SESSION_NOT_FOUND``), as by a server that restarted or expired the
+    session; a new session (``initialize``) is served. ``seen`` counts the
+    matching requests that reached the server; ``refused``, the 404s."""
+
+    answer: str = "python_sdk"
+    refused: int = 0
+    issued: set[str] = field(default_factory=set)
+    forgotten: set[str] = field(default_factory=set)
+
+    def forget(self) -> None:
+        with self._lock:
+            self.forgotten |= self.issued
+
+    def wrap(self, app: App) -> App:
+        async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+            headers = dict(scope["headers"])
+            if headers.get(b"mcp-session-id", b"").decode() in self.forgotten:
+                with self._lock:
+                    self.refused += 1
+                content_type, text = SESSION_NOT_FOUND[self.answer]
+                start = {"type": "http.response.start", "status": 404}
+                await send(start | {"headers": [(b"content-type", content_type)]})
+                await send({"type": "http.response.body", "body": text})
+                return
+
+            async def noting(message: Message) -> None:
+                if message["type"] == "http.response.start":
+                    for name, value in message.get("headers", []):
+                        if name.lower() == b"mcp-session-id":
+                            with self._lock:
+                                self.issued.add(value.decode())
+                await send(message)
+
+            if scope["method"] != "POST":
+                await app(scope, receive, noting)
+                return
+            body = await _read_body(receive)
+            self._arrived(body)
+            await app(scope, _replaying(body, receive), noting)
+
+        return wrapped
+
+
+@dataclass
+class DropStream(_PostFault):
+    """ASGI: the SSE answer to the next POST whose request ``matches`` ends
+    after its first event (with an event store, the priming event, which
+    carries an id): the client must resume with GET and ``Last-Event-ID``.
+    ``abrupt``: the connection is closed without ending the response
+    (a dropped stream) instead of the stream being closed cleanly. The server
+    goes on and its events land in its event store. ``seen`` counts the
+    matching requests that arrived; ``resumed``, GETs with a Last-Event-ID."""
+
+    abrupt: bool = False
+    dropped: int = 0
+    resumed: int = 0
+
+    def wrap(self, app: App) -> App:
+        async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http":
+                await app(scope, receive, send)
+                return
+            if scope["method"] != "POST":
+                if b"last-event-id" in dict(scope["headers"]):
+                    with self._lock:
+                        self.resumed += 1
+                await app(scope, receive, send)
+                return
+            body = await _read_body(receive)
+            if not self._arrived(body) or self.dropped:
+                await app(scope, _replaying(body, receive), send)
+                return
+            self.dropped += 1
+            pending = bytearray()  # the first event, until it is whole
+            ended = False
+
+            async def dropping(message: Message) -> None:
+                nonlocal ended
+                if ended:
+                    return
+                if message["type"] != "http.response.body":
+                    await send(message)
+                    return
+                pending.extend(message.get("body", b""))
+                end = _first_event_end(bytes(pending))
+                if end is None:
+                    return
+                ended = True
+                part = {"type": "http.response.body", "body": bytes(pending[:end])}
+                await send(part | {"more_body": True})
+                if not self.abrupt:
+                    await send({"type": "http.response.body", "body": b""})
+
+            await app(scope, _replaying(body, receive), dropping)
+
+        return wrapped
+
+
+def _first_event_end(stream: bytes) -> int | None:
+    """Where the first SSE event in ``stream`` ends (after its blank line)."""
+    ends = [
+        i + len(sep) for sep in (b"\r\n\r\n", b"\n\n") if (i := stream.find(sep)) >= 0
+    ]
+    return min(ends) if ends else None
+
+
+@contextlib.contextmanager
+def silent_listener() -> Iterator[tuple[str, list[socket.socket]]]:
+    """A TCP listener on 127.0.0.1 that accepts every connection and never
+    answers (reads and drops what it is sent); yields ``http://127.0.0.1:PORT``
+    and the connections accepted so far."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    port = listener.getsockname()[1]
+    accepted: list[socket.socket] = []
+    stop_r, stop_w = os.pipe()
+
+    def serve() -> None:
+        watched: list[Any] = [listener, stop_r]
+        while True:
+            readable, _, _ = select.select(watched, [], [])
+            if stop_r in readable:
+                return
+            for ready in readable:
+                if ready is listener:
+                    conn, _ = listener.accept()
+                    accepted.append(conn)
+                    watched.append(conn)
+                elif not ready.recv(65536):
+                    watched.remove(ready)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}", accepted
+    finally:
+        os.write(stop_w, b"x")
+        thread.join(5)
+        for conn in accepted:
+            conn.close()
+        listener.close()
+        os.close(stop_r)
+        os.close(stop_w)
 
 
 def _drip_main(rate: int, argv: list[str]) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import random
 import statistics
 import time
@@ -36,7 +37,7 @@ from memorizzd.config import Config
 from memorizzd.policy import ToolPolicy, ToolsView, ToolVerdict
 from memorizzd.store import Negotiated, Store, fingerprint
 from memorizzd.upstream import session as sdk
-from memorizzd.upstream.retry import RetryBudget, busy_wait
+from memorizzd.upstream.retry import LOST_SENDS, RetryBudget, busy_wait, lost_wait
 from memorizzd.upstream.stdio import StdioProcess
 from memorizzd.vault import CredentialStore, VaultError, resolve_secrets
 
@@ -48,7 +49,6 @@ log = logging.getLogger("memorizzd.upstream")
 T = TypeVar("T")
 FAILED_AFTER: Final = 5
 """Consecutive failed connects after which the state reads ``failed`` (it still retries)."""
-SAFE_READ_ATTEMPTS: Final = 3
 PROBE_TIMEOUT_S: Final = 10.0
 LATENCY_WINDOW: Final = 1024
 METHOD_NOT_FOUND: Final = -32601
@@ -107,6 +107,8 @@ class Upstream:
         self._checking: anyio.Event | None = None
         """While such a probe runs: set when it has its answer."""
         self._budget = RetryBudget()
+        self._handshake_next = False
+        """The next auto-mode connect uses the handshake era (the probe timed out)."""
         """Retries after busy answers (429/503), for the whole server."""
         self.keeper: TokenKeeper | None = None
         """OAuth servers: the grant and its refresher."""
@@ -205,6 +207,34 @@ class Upstream:
         if mode == "auto" and known is not None:
             # Never pay the slow probe twice: a known-legacy server gets the handshake.
             mode = "legacy" if known.protocol_version != sdk.MODERN else "auto"
+        elif mode == "auto" and self._handshake_next:
+            mode = "legacy"  # the probe found no answer last time
+        # Over HTTP the connect and the handshake are answers like any other,
+        # bounded by timeout_s (not by the SDK's 30 s connect timeout and 10 s
+        # server/discover probe; a legacy SSE stream first has timeout_s to
+        # open, sse.py). A stdio server's start-up counts against its
+        # handshake, so there the SDK's own per-request bounds apply.
+        handshake = anyio.CancelScope()
+        budget = self.spec.timeout_s * (2 if self.spec.transport == "sse" else 1)
+        if self.spec.transport != "stdio":
+            handshake.deadline = anyio.current_time() + budget
+        with handshake:
+            await self._open_and_serve(mode, known, handshake)
+        if handshake.cancelled_caught:
+            # An auto-mode server that left the probe unanswered is tried next
+            # in the handshake era (it may ignore methods it does not know),
+            # then in auto mode again, and so on.
+            self._handshake_next = mode == "auto"
+            raise DeadlineExceededError(
+                f"no answer to the handshake within {budget:g} s (timed out)"
+            )
+
+    async def _open_and_serve(
+        self,
+        mode: str,
+        known: Negotiated | None,
+        handshake: anyio.CancelScope,
+    ) -> None:
         # The secrets, from the vault right before connecting (never kept longer
         # than the connect; a missing one fails the attempt, naming its ref).
         secrets = await anyio.to_thread.run_sync(
@@ -219,6 +249,8 @@ class Upstream:
             secrets=secrets,
             bearer=self.keeper,
         ) as client:
+            handshake.deadline = math.inf
+            self._handshake_next = False
             del secrets
             version, self.server_name, self.server_version = sdk.describe(client)
             self.protocol_version = version
@@ -404,7 +436,8 @@ class Upstream:
         """Send one request over the warm session, under a deadline of ``timeout_s``.
 
         ``safe`` reads are retried after a transport failure (bounded by the
-        deadline); anything else, ``tools/call`` above all, never is.
+        deadline); anything else, ``tools/call`` above all, never is, unless
+        the server said it did not run it (an expired session).
         ``repeatable`` (default: ``safe``) requests are sent again after a busy
         answer (429/503) within ``retry.py``'s bounds: a tool classified
         ``read`` is repeatable though not ``safe`` (a busy answer says the
@@ -423,7 +456,7 @@ class Upstream:
         sent = ok = False
         try:
             attempt = busy_sends = 0
-            auth_retried = False
+            auth_retried = resent = False
             while True:
                 checked = await self._wait_checked(deadline)
                 client = await self._wait_ready(
@@ -440,12 +473,16 @@ class Upstream:
                     if self._client is client:
                         self._mark_dead(str(exc))
                     attempt += 1
-                    if not safe or attempt == SAFE_READ_ATTEMPTS:
+                    # Sent again on the new session: a safe request, or any
+                    # request the server did not run, once (retry.py).
+                    unrun = isinstance(exc, sdk.SessionExpired) and not resent
+                    resent = resent or unrun
+                    if not (safe or unrun) or attempt == LOST_SENDS:
                         raise UnavailableError(
                             f"server {self.name!r}: connection lost during the request",
                             data={"server": self.name, "retry_after_s": 0.5},
                         ) from None
-                    await anyio.sleep(0.05 * 2**attempt)
+                    await anyio.sleep(lost_wait(attempt))
                     continue
                 except UnavailableError as exc:
                     if exc.reason != "upstream_busy":

@@ -1,4 +1,13 @@
-"""When to send a request again after the upstream said it is busy (429/503).
+"""When to send a request again: after a lost connection, and after the
+upstream said it is busy (429/503).
+
+After a lost connection (the outcome is unknown), only a request that is safe
+to repeat (a listing, a read, a prompt) is sent again, on a new session, at
+most ``LOST_SENDS`` times in all, after a jittered, doubling pause
+(``lost_wait``) and within the caller's deadline. A request that the server
+says it did not run (its session had expired: HTTP 404) is sent once more,
+whatever it is. A request that timed out is never sent again: its deadline
+is spent.
 
 Bounded honouring of ``Retry-After``:
 
@@ -17,8 +26,11 @@ Bounded honouring of ``Retry-After``:
 
 from __future__ import annotations
 
+import random
 from typing import Final
 
+LOST_SENDS: Final = 3
+LOST_PAUSE_S: Final = 0.05
 MAX_WAIT_S: Final = 60.0
 MAX_ATTEMPTS: Final = 3
 MAX_TOKENS: Final = 10.0
@@ -54,3 +66,11 @@ def busy_wait(
     if wait > MAX_WAIT_S or wait >= remaining_s:
         return None
     return wait
+
+
+def lost_wait(attempt: int) -> float:
+    """The pause before sending a safe request again after its connection was
+    lost ``attempt`` times: ``LOST_PAUSE_S`` doubling, times a random factor in
+    [0.5, 1] (many callers must not hit a restarted server at once)."""
+    jitter: float = random.uniform(0.5, 1.0)  # noqa: S311 - not cryptographic
+    return LOST_PAUSE_S * 2.0**attempt * jitter

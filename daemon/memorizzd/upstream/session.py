@@ -40,6 +40,7 @@ from memorizzd.egress.client import hardened_client
 from memorizzd.egress.replies import refusal_in
 from memorizzd.egress.transport import BearerSource
 from memorizzd.egress.urls import check_url, without_trailing_dot
+from memorizzd.upstream.expired import SESSION_EXPIRED, expired_answers
 from memorizzd.upstream.limits import TOO_LARGE_MARKER
 from memorizzd.upstream.sse import EndpointWatch, opened_within
 from memorizzd.upstream.stdio import StdioProcess, stdio_transport
@@ -65,6 +66,11 @@ _SSE_TOO_LARGE: Final = "Server-sent event exceeded"
 
 class ConnectionLost(Exception):
     """The transport to the upstream broke; the session must be rebuilt."""
+
+
+class SessionExpired(ConnectionLost):
+    """The server no longer knows the session (HTTP 404 for its id): the
+    session must be rebuilt, and the request was not run (``expired.py``)."""
 
 
 FailureKind = Literal[
@@ -200,6 +206,7 @@ async def open_client(
             allow_private_network=spec.allow_private_network,
             headers=dict(secrets.headers) or None,
             bearer=bearer,
+            wrap=expired_answers,
         )
         async with http:
             transport = streamable_http_client(
@@ -303,6 +310,8 @@ async def guarded(call: Callable[[], Awaitable[T]], *, server: str) -> T:
 def translate_mcp_error(exc: MCPError, *, server: str) -> RemoteError | ConnectionLost:
     if (refusal := refusal_in(exc.error.data)) is not None:
         return refusal  # the hardened client refused this request (egress)
+    if exc.error.data == SESSION_EXPIRED:
+        return SessionExpired("the server no longer knows the session (HTTP 404)")
     if exc.code == types.CONNECTION_CLOSED and exc.error.data != TOO_LARGE_MARKER:
         if _SSE_TOO_LARGE in exc.message:
             return TooLargeError(f"{server}: result larger than max_result_bytes")
