@@ -190,6 +190,7 @@ class Broker:
         )
         verdict: dict[str, Any] = {}  # what the audit records of the policy's answer
         try:
+            _check_depth(p.arguments)
             upstream = self._get(caller, p.server)
             # Policy: anything but allow is refused here, before the upstream sees it.
             decided = await upstream.tool_verdict(p.name, timeout_s=p.timeout_s)
@@ -568,6 +569,20 @@ class Broker:
     ) -> m.PromptsGetResult:
         upstream = self._get(caller, p.server)
         return await upstream.get_prompt(p.name, p.arguments, timeout_s=p.timeout_s)
+
+
+def _check_depth(arguments: dict[str, Any]) -> None:
+    """Refuse arguments nested deeper than ``MAX_ARGUMENT_DEPTH`` (no recursion)."""
+    stack: list[tuple[Any, int]] = [(arguments, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > m.MAX_ARGUMENT_DEPTH:
+            raise InvalidParamsError(
+                f"invalid params: arguments nested deeper than {m.MAX_ARGUMENT_DEPTH}"
+                " levels"
+            )
+        children = value.values() if isinstance(value, dict) else value
+        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
 
 
 def _rss_bytes() -> int:

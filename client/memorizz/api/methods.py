@@ -57,6 +57,10 @@ RowId = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 """A record id: a non-negative signed 64-bit integer."""
 UnixTime = Annotated[float, msgspec.Meta(ge=0, le=1e11)]
 """Seconds since the epoch."""
+MAX_ARGUMENT_DEPTH: Final = 64
+"""How deeply ``tools/call`` arguments may nest (objects and arrays); deeper is
+``invalid_params``: the MCP SDKs cannot encode much deeper, and a request they
+cannot encode would fail the whole upstream session, not just the call."""
 
 
 class Params(msgspec.Struct, kw_only=True, frozen=True):
