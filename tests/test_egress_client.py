@@ -14,6 +14,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import httpcore2
 import httpx2
 import msgspec
@@ -525,3 +526,54 @@ async def test_the_tripwire_catches_a_connect_beyond_loopback(
         socket.getaddrinfo("example.com", 443)
     assert len(network_tripwire) == 3
     network_tripwire.clear()  # expected: do not fail this test at teardown
+
+
+# --- a cancelled connection is closed, not left to the garbage collector --------------
+
+
+@pytest.fixture
+def silent_listener() -> Iterator[tuple[int, threading.Event]]:
+    """A loopback listener that accepts, reads and never answers (a TLS
+    handshake that never ends); the event is set when the peer closes."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    closed = threading.Event()
+
+    def serve() -> None:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        with conn:
+            conn.settimeout(10)
+            try:
+                while conn.recv(4096):
+                    pass
+            except OSError:
+                return
+            closed.set()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1], closed
+    finally:
+        listener.close()
+        thread.join(timeout=15)
+
+
+async def test_a_cancelled_tls_handshake_closes_its_socket(
+    world: World, silent_listener: tuple[int, threading.Event]
+) -> None:
+    """httpcore closes the socket when a handshake fails, not when it is
+    cancelled (a stopping daemon, a caller's deadline): it was left open to the
+    garbage collector, an unclosed-resource warning at best."""
+    port, closed = silent_listener
+    world.route(PUBLIC_V4, 443, port)
+    async with client(world) as http:
+        with anyio.move_on_after(0.3) as scope:
+            await http.get(f"https://{PUBLIC_NAME}/trap/ok")
+        assert scope.cancelled_caught
+        assert await anyio.to_thread.run_sync(closed.wait, 5)
+    assert world.dial.dialled == [(PUBLIC_V4, 443)]

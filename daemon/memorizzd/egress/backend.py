@@ -87,13 +87,17 @@ class PinnedBackend(httpcore2.AsyncNetworkBackend):
         # Each address in turn (they all passed); the last failure is the answer.
         for address in addresses[:-1]:
             try:
-                return await self._network.dial.connect_tcp(
-                    str(address), port, timeout, local_address, socket_options
+                return _Dialled(
+                    await self._network.dial.connect_tcp(
+                        str(address), port, timeout, local_address, socket_options
+                    )
                 )
             except (httpcore2.ConnectError, httpcore2.ConnectTimeout):
                 continue
-        return await self._network.dial.connect_tcp(
-            str(addresses[-1]), port, timeout, local_address, socket_options
+        return _Dialled(
+            await self._network.dial.connect_tcp(
+                str(addresses[-1]), port, timeout, local_address, socket_options
+            )
         )
 
     async def checked_addresses(
@@ -149,3 +153,39 @@ class PinnedBackend(httpcore2.AsyncNetworkBackend):
 
     async def sleep(self, seconds: float) -> None:
         await anyio.sleep(seconds)
+
+
+class _Dialled(httpcore2.AsyncNetworkStream):
+    """A dialled connection whose TLS handshake closes it on any way out.
+
+    httpcore closes the socket when the handshake raises an ``Exception``, not
+    when it is cancelled (a daemon stopping, a caller's deadline): the socket
+    was left to the garbage collector, open."""
+
+    def __init__(self, inner: httpcore2.AsyncNetworkStream) -> None:
+        self._inner = inner
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:  # noqa: ASYNC109 - httpcore's interface
+        return await self._inner.read(max_bytes, timeout)
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:  # noqa: ASYNC109 - httpcore's interface
+        await self._inner.write(buffer, timeout)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,  # noqa: ASYNC109 - httpcore's interface
+    ) -> httpcore2.AsyncNetworkStream:
+        try:
+            return await self._inner.start_tls(ssl_context, server_hostname, timeout)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self._inner.aclose()
+            raise
+
+    def get_extra_info(self, info: str) -> object:
+        return self._inner.get_extra_info(info)
