@@ -34,7 +34,13 @@ from tests.egress_world import (
     serve,
     tls_material,
 )
-from tests.harness import DaemonHarness, daemon_config, rmtree, short_tempdir
+from tests.harness import (
+    DaemonHarness,
+    daemon_config,
+    rmtree,
+    short_tempdir,
+    wait_until,
+)
 from tests.test_egress import ADDRESS_NOT_ALLOWED
 
 BASE = f"https://{PUBLIC_NAME}"
@@ -53,6 +59,8 @@ class Documents:
         self.docs: dict[str, Any] = {}
         self.redirects: dict[str, tuple[int, str]] = {}
         """``path -> (status, Location)``: answered instead of anything else."""
+        self.posts: dict[str, Any] = {}
+        """``path -> JSON``: the answer to a POST there (a token endpoint)."""
         self.challenge: str | None = None
         """The ``WWW-Authenticate`` value of the MCP endpoint's 401 (None: the
         usual one, naming ``PRM_PATH``); sent as UTF-8 bytes."""
@@ -60,6 +68,7 @@ class Documents:
 
     def reset(self) -> None:
         self.docs.clear()
+        self.posts.clear()
         self.redirects.clear()
         self.challenge = None
         self.requests.clear()
@@ -80,8 +89,9 @@ class Documents:
             if path in self.redirects:
                 status, location = self.redirects[path]
                 return Response(status_code=status, headers={"Location": location})
-            doc = self.docs.get(path)
-            if doc is None or request.method != "GET":
+            answers = self.docs if request.method == "GET" else self.posts
+            doc = answers.get(path)
+            if doc is None:
                 return Response(status_code=404)
             return JSONResponse(doc)
 
@@ -173,9 +183,13 @@ def as_metadata(**fields: Any) -> dict[str, Any]:
     return {k: v for k, v in doc.items() if v is not None}
 
 
-def login_error(daemon: DaemonHarness) -> LoginError:
+def login_error(daemon: DaemonHarness, documents: tuple[Documents, int]) -> LoginError:
+    """The refusal of ``auth/login``; it came before anything was sent onwards
+    (no registration: the only POST is the challenge probe)."""
     with daemon.client() as c, pytest.raises(LoginError) as refused:
         c.auth_login("cal")
+    posts = {r for r in documents[0].requests if r.startswith("POST")}
+    assert posts == {"POST /mcp"}
     return refused.value
 
 
@@ -190,7 +204,7 @@ def test_an_issuer_that_does_not_match_is_refused(
         documents,
         {PRM_PATH: prm(), AS_PATH: as_metadata(issuer=f"{BASE}/someone-else")},
     )
-    error = login_error(daemon)
+    error = login_error(daemon, documents)
     assert "names issuer" in error.message
     assert "RFC 8414" in error.message
 
@@ -205,9 +219,9 @@ def test_an_authorization_server_without_pkce_s256_is_refused(
             AS_PATH: as_metadata(code_challenge_methods_supported=["plain"]),
         },
     )
-    assert "PKCE S256" in login_error(daemon).message
+    assert "PKCE S256" in login_error(daemon, documents).message
     documents[0].docs[AS_PATH] = as_metadata(code_challenge_methods_supported=None)
-    assert "PKCE S256" in login_error(daemon).message
+    assert "PKCE S256" in login_error(daemon, documents).message
 
 
 def test_resource_metadata_for_another_resource_is_refused(
@@ -220,7 +234,7 @@ def test_resource_metadata_for_another_resource_is_refused(
             AS_PATH: as_metadata(),
         },
     )
-    assert "not this server" in login_error(daemon).message
+    assert "not this server" in login_error(daemon, documents).message
 
 
 def test_an_authorization_endpoint_that_is_not_https_is_refused(
@@ -233,7 +247,7 @@ def test_an_authorization_endpoint_that_is_not_https_is_refused(
             AS_PATH: as_metadata(authorization_endpoint="http://login.example.test/a"),
         },
     )
-    assert "not an https URL" in login_error(daemon).message
+    assert "not an https URL" in login_error(daemon, documents).message
 
 
 def test_no_registration_and_no_client_id_says_what_to_do(
@@ -242,7 +256,7 @@ def test_no_registration_and_no_client_id_says_what_to_do(
     serve_docs(
         documents, {PRM_PATH: prm(), AS_PATH: as_metadata(registration_endpoint=None)}
     )
-    assert "oauth_client_id" in login_error(daemon).message
+    assert "oauth_client_id" in login_error(daemon, documents).message
 
 
 @pytest.mark.parametrize(
@@ -258,6 +272,7 @@ def test_no_registration_and_no_client_id_says_what_to_do(
 )
 def test_the_egress_guard_covers_the_authorization_server(
     daemon: DaemonHarness,
+    world: World,
     documents: tuple[Documents, int],
     issuer: str,
     reason: str,
@@ -266,6 +281,8 @@ def test_the_egress_guard_covers_the_authorization_server(
     with daemon.client() as c, pytest.raises(PermissionDeniedError) as refused:
         c.auth_login("cal")
     assert refused.value.reason == reason
+    assert documents[0].requests == ["POST /mcp", f"GET {PRM_PATH}"]
+    assert set(world.dial.dialled) == {(PUBLIC_V4, 443)}  # ours only
 
 
 def test_a_good_server_gets_a_login_url(
@@ -400,6 +417,36 @@ def test_a_token_endpoint_redirect_is_not_followed(
         assert c.server_status("cal")[0].auth == before  # no grant
 
 
+def test_a_refresh_redirected_elsewhere_keeps_the_refresh_token_home(
+    daemon: DaemonHarness, world: World, documents: tuple[Documents, int]
+) -> None:
+    """The keeper's refresh goes through the same guard: a 307 from the token
+    endpoint is a failed refresh, and the refresh token goes nowhere else."""
+    serve_docs(documents, {PRM_PATH: prm(), AS_PATH: as_metadata()})
+    documents[0].posts["/token"] = {
+        "access_token": "at-one",
+        "token_type": "Bearer",
+        "refresh_token": "rt-one",
+        "expires_in": 2,  # refreshed about a second from now
+    }
+    callback = pending_login(daemon)
+    with daemon.client() as c:
+        assert c.auth_complete("cal", callback).auth.refreshable
+    documents[0].redirects["/token"] = (307, f"https://{OTHER_NAME}/token")
+    with daemon.client() as c:
+
+        def refused() -> bool:
+            error = c.server_status("cal")[0].auth.last_refresh_error or ""
+            return "redirect_blocked" in error
+
+        wait_until(refused, timeout=10, what="a refresh refused as redirect_blocked")
+        error = c.server_status("cal")[0].auth.last_refresh_error or ""
+    assert f"answered 307 (to https://{OTHER_NAME}/token)" in error
+    assert "rt-one" not in error
+    assert OTHER_NAME not in world.dns.lookups
+    assert set(world.dial.dialled) == {(PUBLIC_V4, 443)}
+
+
 INTERNAL_AS = "https://10.0.0.1"
 
 
@@ -487,7 +534,7 @@ def test_a_resource_metadata_url_elsewhere_is_refused_unfetched(
         "metadata.example.test",
         "private.example.test",
     }
-    assert world.dial.dialled == [(PUBLIC_V4, 443)]
+    assert set(world.dial.dialled) == {(PUBLIC_V4, 443)}
 
 
 @pytest.mark.parametrize(
@@ -512,7 +559,7 @@ def test_a_hostile_authorization_endpoint_is_refused_before_registration(
         documents,
         {PRM_PATH: prm(), AS_PATH: as_metadata(authorization_endpoint=endpoint)},
     )
-    error = login_error(daemon)
+    error = login_error(daemon, documents)
     assert error.reason == "login_failed"
     assert said in error.message
     assert "$(id)" not in error.message
