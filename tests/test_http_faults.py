@@ -278,6 +278,7 @@ def test_an_answer_cut_mid_way_fails_the_call_which_is_never_sent_again(
         assert c.call_tool(name, "echo", {"text": "next"}).content[0]["text"] == "next"
         after = c.server_status(name)[0]
     assert err.value.reason == "server_unavailable"
+    assert "it may have run" in err.value.message  # the outcome is unknown
     assert before.protocol_version == (
         LEGACY if protocol == "legacy" else after.protocol_version
     )
@@ -424,3 +425,22 @@ def test_a_dropped_sse_answer_is_resumed_and_delivered_once(
     assert status.restarts == 0
     assert status.calls_ok == 2
     assert status.calls_failed == 0
+
+
+def test_a_dropped_sse_answer_without_sessions_fails_cleanly_and_is_not_sent_again(
+    daemon: DaemonHarness,
+) -> None:
+    """2026-07-28 has no sessions and no resumption (a request's stream is
+    its POST): a dropped answer fails the call, once, and the next works."""
+    drop = DropStream().tool("chatty")
+    with resumable_server(daemon, drop, "auto") as name, daemon.client() as c:
+        with pytest.raises(UnavailableError) as err:
+            c.call_tool(name, "chatty", {"seconds": 0.5}, timeout_s=10)
+        daemon.wait_ready(name)
+        assert c.call_tool(name, "echo", {"text": "next"}).content[0]["text"] == "next"
+        status = c.server_status(name)[0]
+    assert status.protocol_version != LEGACY
+    assert err.value.reason == "server_unavailable"
+    assert drop.dropped == 1
+    assert drop.seen == 1
+    assert drop.resumed == 0

@@ -1,7 +1,8 @@
 """Upstream faults (SECURITY.md §6.2 B) against real MCP servers, with the fault
 injected at the edge (``tests/faults.py``): lists on servers without the
 capability, a slow drip and progress floods (#12), 429/503 with Retry-After
-(#16)."""
+(#16). Hangs, cut answers and lost sessions over HTTP (#11, #13, #15):
+test_http_faults.py."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import pytest
 from memorizz.api.errors import DeadlineExceededError, UnavailableError
 from memorizz.api.methods import ServerSpec
 from memorizzd.egress.busy import DEFAULT_RETRY_AFTER_S, retry_after_s
+from memorizzd.upstream.retry import LOST_PAUSE_S, LOST_SENDS, lost_wait
 from tests.bare_server import server as bare_server
 from tests.faults import Busy, dripping
 from tests.harness import (
@@ -313,3 +315,16 @@ def test_retry_after_values() -> None:
         pytest.approx(30, abs=1)
     )
     assert retry_after_s(email.utils.formatdate(now - 30, usegmt=True), now=now) == 0
+
+
+def test_lost_connection_pauses_double_with_jitter() -> None:
+    # A safe request is sent again after a lost connection at most
+    # LOST_SENDS times in all (test_reliability: three sessions for a read),
+    # after a pause that doubles and is jittered so that many callers do not
+    # hit a restarted server at the same moment.
+    assert LOST_SENDS == 3
+    for attempt in (1, 2):
+        pauses = {lost_wait(attempt) for _ in range(50)}
+        top = LOST_PAUSE_S * 2**attempt
+        assert all(top / 2 <= pause <= top for pause in pauses)
+        assert len(pauses) > 1  # jittered

@@ -479,7 +479,8 @@ class Upstream:
                     resent = resent or unrun
                     if not (safe or unrun) or attempt == LOST_SENDS:
                         raise UnavailableError(
-                            f"server {self.name!r}: connection lost during the request",
+                            f"server {self.name!r}: connection lost during the request"
+                            + ("" if safe else " (it may have run; not sent again)"),
                             data={"server": self.name, "retry_after_s": 0.5},
                         ) from None
                     await anyio.sleep(lost_wait(attempt))
