@@ -143,6 +143,22 @@ class _PostFault:
 
 
 @dataclass
+class Seen(_PostFault):
+    """ASGI: no fault, a count: ``seen`` of the POSTs whose request matches."""
+
+    def wrap(self, app: App) -> App:
+        async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http" or scope["method"] != "POST":
+                await app(scope, receive, send)
+                return
+            body = await _read_body(receive)
+            self._arrived(body)
+            await app(scope, _replaying(body, receive), send)
+
+        return wrapped
+
+
+@dataclass
 class Busy(_PostFault):
     """ASGI: answer ``status`` with ``Retry-After: retry_after`` to the next
     ``times`` POSTs whose JSON-RPC request ``matches`` (e.g. a tool name);

@@ -16,7 +16,7 @@ from mcp_types import JSONRPCMessage
 
 from memorizz.api.errors import DeadlineExceededError, UnavailableError
 from memorizz.api.methods import ServerSpec
-from tests.faults import Cut, DropStream, Hang, SessionLoss, silent_listener
+from tests.faults import Cut, DropStream, Hang, Seen, SessionLoss, silent_listener
 from tests.harness import (
     DaemonHarness,
     daemon_config,
@@ -303,7 +303,7 @@ def test_a_read_whose_answer_is_cut_is_sent_again(
     assert status.calls_failed == 0
 
 
-# --- #15 Streamable HTTP session loss ---------------------------------------------------
+# --- #15 Streamable HTTP session loss ----------------------------------------
 
 
 @pytest.mark.parametrize("answer", ["python_sdk", "typescript_sdk", "bare"])
@@ -311,20 +311,24 @@ def test_a_lost_session_is_initialized_again_and_the_call_succeeds(
     daemon: DaemonHarness, answer: str
 ) -> None:
     loss = SessionLoss(answer=answer).tool("echo")
+    listed = Seen().method("tools/list")
     with (
-        faulty_server(daemon, loss.wrap, protocol="legacy") as name,
+        faulty_server(
+            daemon, lambda app: loss.wrap(listed.wrap(app)), protocol="legacy"
+        ) as name,
         daemon.client() as c,
     ):
         assert c.list_tools(name)
+        assert listed.seen == 1  # at connect
         loss.forget()  # the server restarted, or expired the session
         result = c.call_tool(name, "echo", {"text": "again"}, timeout_s=10)
         status = c.server_status(name)[0]
     assert result.content[0]["text"] == "again"
     assert loss.refused >= 1  # the 404 was seen ...
     assert loss.seen == 1  # ... and the call ran exactly once, on the new session
+    assert listed.seen == 2  # initialized and listed again
     assert status.restarts == 1
     assert status.calls_failed == 0
-    assert status.tool_count  # listed again on the new session
 
 
 def test_a_read_on_a_lost_session_succeeds(daemon: DaemonHarness) -> None:

@@ -6,6 +6,18 @@ warm; any number of caller tasks send requests over the shared session
 concurrently. When the session dies (process exit, broken pipe, transport
 fault, failed health probe) ``run`` reconnects with jittered exponential
 backoff while callers get ``server_unavailable`` at once.
+
+This is the circuit breaker (SECURITY.md §6.2 #11), per server, with no
+separate failure counter: a request that times out has the session probed at
+once (``_suspect``), and a lost connection or a probe that gets no answer
+within ``health_timeout_s`` drops the session (open); while it is open,
+calls fail at once with ``server_unavailable`` and ``retry_after_s``; after
+the jittered backoff, doubling up to ``backoff_max_s`` with every failed
+connect in a row (state ``backoff``, then ``failed`` after ``FAILED_AFTER``),
+one connect is tried (half-open: ``connecting``, bounded by ``timeout_s`` over
+HTTP), and a ready session closes it. A session that still answers its probe
+stays, even if one tool hangs: the failure is that tool's, and each call's
+deadline bounds what it costs.
 """
 
 from __future__ import annotations
