@@ -17,8 +17,15 @@ from collections.abc import Iterator
 
 import pytest
 
+from memorizz import Client
 from memorizzd.sdnotify import watchdog_interval
-from tests.harness import DAEMON_EXE, DaemonHarness, daemon_config
+from tests.harness import (
+    DAEMON_EXE,
+    DaemonHarness,
+    daemon_config,
+    stdio_spec,
+    wait_until,
+)
 
 PERIOD_USEC = 300_000
 """``WatchdogSec=0.3s``: a ping every 0.1 s."""
@@ -86,7 +93,30 @@ def test_the_event_loop_pings_and_a_blocked_loop_stops_the_pings(
             assert c.hello().protocol_version == 1
 
 
-def test_the_real_daemon_pings_after_ready_until_it_stops(
+def test_a_systemd_that_reads_nothing_never_blocks_the_loop(
+    base_dir: str, systemd: socket.socket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The notify socket's queue holds 10 datagrams (net.unix.max_dgram_qlen);
+    sd_notify(3) then blocks, and so did the event loop, for good."""
+    monkeypatch.setenv("NOTIFY_SOCKET", systemd.getsockname())
+    monkeypatch.setenv("WATCHDOG_USEC", str(PERIOD_USEC))
+    monkeypatch.delenv("WATCHDOG_PID", raising=False)
+    with DaemonHarness.running(daemon_config(base_dir)) as d:
+        threading.Event().wait(2.0)  # 20 pings, none read
+        answered = threading.Event()
+
+        def hello() -> None:
+            with d.client() as c:
+                c.hello()
+            answered.set()
+
+        threading.Thread(target=hello, daemon=True).start()
+        assert answered.wait(10)
+        assert len(_queued(systemd)) >= 10  # the queue was full
+        assert systemd.recv(4096) == b"WATCHDOG=1"  # and the pings go on
+
+
+def test_the_real_daemon_pings_after_ready_and_its_children_cannot(
     base_dir: str, systemd: socket.socket
 ) -> None:
     env = {
@@ -111,6 +141,14 @@ def test_the_real_daemon_pings_after_ready_until_it_stops(
         while messages[-1] != b"READY=1":
             messages.append(systemd.recv(4096))
         assert _pings_within(systemd, 1.0) >= 3
+        # A stdio child inherits none of it (SECURITY.md §5.2: a child that
+        # pinged would keep a wedged daemon alive).
+        with Client(os.path.join(base_dir, "d.sock")) as c:
+            c.add_server(stdio_spec("t"))
+            wait_until(lambda: c.server_status("t")[0].state == "ready")
+            for name in ("WATCHDOG_USEC", "WATCHDOG_PID", "NOTIFY_SOCKET"):
+                seen = c.call_tool("t", "env", {"name": name}).content[0]["text"]
+                assert seen == "<unset>", name
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
     finally:

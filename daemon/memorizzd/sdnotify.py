@@ -1,7 +1,8 @@
 """systemd integration: sd_notify, the watchdog and journald logging; no-ops off systemd.
 
-Uses systemd-python when it is installed; otherwise speaks the (tiny) notify
-protocol over ``$NOTIFY_SOCKET`` itself and logs to stderr.
+Speaks the (tiny) notify protocol over ``$NOTIFY_SOCKET`` itself, without
+blocking the event loop (systemd-python only for addresses other than a
+path). Logs to journald with systemd-python, else to stderr.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 import socket
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import anyio
 from anyio.abc import TaskStatus
@@ -33,20 +34,36 @@ _sd_journal = _optional("systemd.journal")
 
 
 def notify(state: str) -> None:
-    """Send e.g. ``READY=1``, ``STATUS=...``, ``STOPPING=1``; silent when not under systemd."""
+    """Send e.g. ``READY=1``, ``STATUS=...``, ``STOPPING=1``; silent when not under systemd.
+
+    Never blocks the event loop for long: the datagram queue of a busy (or
+    hung) systemd fills after a few messages (``net.unix.max_dgram_qlen``, 10
+    by default), and ``sd_notify(3)`` then blocks. ``WATCHDOG=1`` and
+    ``STATUS=`` are dropped when the queue is full (the next one follows
+    shortly; a ping that never arrives is what the watchdog is for); the
+    others wait at most a second.
+    """
     address = os.environ.get("NOTIFY_SOCKET")
     if not address:
         return
-    if _sd_daemon is not None:
-        _sd_daemon.notify(state)
+    if not address.startswith(("/", "@")):  # e.g. vsock: (systemd 253+)
+        if _sd_daemon is not None:
+            _sd_daemon.notify(state)
         return
     if address.startswith("@"):
         address = "\0" + address[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        droppable = state.startswith(_DROPPABLE)
+        sock.settimeout(0.0 if droppable else 1.0)
         try:
             sock.sendto(state.encode(), address)
-        except OSError:
-            pass
+        except OSError as exc:
+            (log.debug if droppable else log.warning)(
+                "sd_notify %s not sent: %s", state.partition("=")[0], exc
+            )
+
+
+_DROPPABLE: Final = ("WATCHDOG=", "STATUS=")
 
 
 def watchdog_interval(environ: Mapping[str, str] | None = None) -> float | None:
