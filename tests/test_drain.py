@@ -1,6 +1,6 @@
 """Graceful drain on SIGTERM (SECURITY.md §6.2 #28), all at once, with the real
 executable: idle connections, a short read and a long write in flight, a stdio
-child and a Streamable HTTP upstream. The drain is bounded
+child, a Streamable HTTP upstream and a legacy SSE one (its event stream open). The drain is bounded
 (``drain_timeout_s``) and the daemon exits 0 well before systemd's
 ``TimeoutStopSec=`` would SIGKILL it."""
 
@@ -83,7 +83,10 @@ def test_sigterm_drains_everything_in_flight_and_exits_zero_in_time(
 ) -> None:
     calls = Path(base_dir, "calls.log")
     upstream = _Requests()
-    with serve_http("streamable_http", wrap=upstream.wrap) as url:
+    with (
+        serve_http("streamable_http", wrap=upstream.wrap) as url,
+        serve_http("sse") as sse_url,
+    ):
         config = Path(base_dir, "memorizzd.toml")
         config.write_text(
             f"""
@@ -102,11 +105,18 @@ name = "web"
 transport = "streamable_http"
 url = {url!r}
 allow_private_network = true
+
+[[servers]]
+name = "stream"
+transport = "sse"
+url = {sse_url!r}
+allow_private_network = true
 """
         )
         with daemon_process(base_dir, "--config", str(config)) as d:
             d.wait_ready("t")
             d.wait_ready("web")
+            d.wait_ready("stream")  # a legacy SSE stream, open until the end
             with d.client() as c:
                 child = c.server_status("t")[0].pid
                 assert child is not None
