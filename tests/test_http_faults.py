@@ -180,11 +180,13 @@ def test_a_legacy_sse_post_never_answered_holds_the_session_until_it_is_replaced
     quick_checks: DaemonHarness,
 ) -> None:
     """mcp 2.3's legacy SSE client sends its POSTs one at a time: a POST the
-    server never answers holds every later message, and the SDK's courtesy
-    ``notifications/cancelled`` waits up to 5 s for it (its
-    ``_ABANDON_WRITE_TIMEOUT``). So the caller gets ``timeout`` up to 5 s
-    after its deadline; the probe that follows cannot get through either, the
-    session is replaced, and the next call works. Never sent twice."""
+    server never answers holds every later message. The caller whose request
+    hung gets ``timeout`` up to 5 s after its deadline: the SDK holds it while
+    it tries to write the courtesy ``notifications/cancelled`` (its
+    ``_ABANDON_WRITE_TIMEOUT``, shielded). The probe that follows gets no
+    answer within ``health_timeout_s`` (it sends no courtesy cancel of its
+    own, which would hold it 5 s more) and the session is replaced. Never sent
+    twice; the next call works."""
     d = quick_checks
     hang = Hang(times=1).tool("echo")
     with (

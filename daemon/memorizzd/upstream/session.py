@@ -431,11 +431,22 @@ async def get_prompt(
 
 
 async def probe(client: Client) -> None:
-    """A cheap liveness round trip: ``ping`` (2025-11-25) or ``server/discover`` (2026-07-28)."""
+    """A cheap liveness round trip: ``ping`` (2025-11-25) or ``server/discover`` (2026-07-28).
+
+    A probe that gets no answer in time sends no ``notifications/cancelled``
+    (the SDK sends none for ``server/discover`` either): on a wedged transport
+    (a legacy SSE POST the server never answers holds every later message)
+    the SDK would wait up to 5 s to write it, holding back the verdict that
+    replaces the session, and the callers that wait for it.
+    """
+    session = client.session
     if is_modern(client):
-        await client.session.send_discover(MODERN)
-    else:
-        await client.session.send_request(types.PingRequest(), types.EmptyResult)
+        await session.send_discover(MODERN)
+        return
+    data: dict[str, Any] = {"method": "ping", "params": {}}
+    opts: CallOptions = {"cancel_on_abandon": False}
+    session._stamp(data, opts)
+    await session._dispatcher.send_raw_request("ping", data["params"], opts)
 
 
 def describe(client: Client) -> tuple[str | None, str | None, str | None]:
