@@ -382,6 +382,7 @@ def test_an_sse_stream_without_a_usable_endpoint_fails_within_its_timeout(
     error, took = wait_for_failure(daemon, "s", text)
     assert took < 10
     with daemon.client() as c:
-        assert c.server_status("s")[0].state in ("backoff", "failed")
+        # never ready; after a 0.05 s backoff it may already be trying again
+        assert c.server_status("s")[0].state != "ready"
         c.remove_server("s")
     assert error
