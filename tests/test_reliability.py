@@ -14,7 +14,13 @@ import pytest
 from memorizz import Client
 from memorizz.api.errors import DeadlineExceededError, TooLargeError, UnavailableError
 from memorizz.api.methods import ServerSpec
-from tests.harness import DaemonHarness, serve_http, stdio_spec, wait_until
+from tests.harness import (
+    DaemonHarness,
+    daemon_config,
+    serve_http,
+    stdio_spec,
+    wait_until,
+)
 
 
 def test_200_concurrent_calls_from_20_connections_share_one_warm_session(
@@ -278,8 +284,15 @@ def test_an_http_server_that_goes_away_is_reconnected_when_it_returns(
 
 
 def test_safe_reads_are_retried_after_a_crash_and_tool_calls_never_are(
-    daemon: DaemonHarness, base_dir: str
+    base_dir: str,
 ) -> None:
+    # each attempt waits for a fresh Python server: on a loaded machine that
+    # takes longer than the default connect_wait_s of 5 s
+    with DaemonHarness.running(daemon_config(base_dir, connect_wait_s=30)) as daemon:
+        _crash_and_count(daemon, base_dir)
+
+
+def _crash_and_count(daemon: DaemonHarness, base_dir: str) -> None:
     starts = Path(base_dir, "starts.log")
     daemon.add(stdio_spec("t", env={"START_LOG": str(starts)}))
 
