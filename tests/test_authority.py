@@ -20,11 +20,11 @@ import pytest
 from memorizz import Client
 from memorizz.api.errors import NotFoundError, PermissionDeniedError, UnavailableError
 from memorizz.api.methods import METHODS
+from memorizzd.caller import Caller
 from memorizzd.config import ConfigError, Limits, Profile, load
 from memorizzd.listeners import activated_sockets, close_all, open_all
 from memorizzd.rpc import authority
 from memorizzd.rpc.authority import AGENT_METHODS, ROLES, SocketRule
-from memorizzd.rpc.peer import Caller
 from tests.harness import (
     DAEMON_EXE,
     DaemonHarness,

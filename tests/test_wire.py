@@ -15,8 +15,8 @@ from memorizz.api.errors import ErrorCode, InvalidParamsError, UnsupportedProtoc
 from memorizz.api.methods import METHODS, ServerSpec
 from memorizz.api.protocol import MAX_FRAME, PROTOCOL_VERSION
 from memorizz.api.schema import SCHEMA_PATH, generate
+from memorizzd.caller import Caller
 from memorizzd.rpc.dispatch import Dispatcher
-from memorizzd.rpc.peer import Caller
 from tests.harness import DaemonHarness
 
 

@@ -20,9 +20,8 @@ from memorizz.api import methods as m
 from memorizz.api.errors import InvalidParamsError, PermissionDeniedError, RemoteError
 from memorizzd.approvals import MAX_WAIT_S, ApprovalBook, not_approved, schema_hash
 from memorizzd.audit import outcome_for
+from memorizzd.caller import Caller, Handler
 from memorizzd.policy import refusal
-from memorizzd.rpc.dispatch import Handler
-from memorizzd.rpc.peer import Caller
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.pool import Pool
 

@@ -52,7 +52,7 @@ from anyio.abc import TaskStatus
 from memorizz.api import methods as m
 from memorizz.api.errors import ApprovalRequiredError, ConflictError, NotFoundError
 from memorizzd.audit import Auditor
-from memorizzd.rpc.peer import Caller
+from memorizzd.caller import Caller
 from memorizzd.store import Store
 from memorizzd.vault import CredentialStore, VaultError
 

@@ -30,7 +30,7 @@ import msgspec
 from anyio.abc import TaskStatus
 
 from memorizz.api import methods as m
-from memorizzd.rpc.peer import Caller
+from memorizzd.caller import Caller
 from memorizzd.store import Store
 
 log = logging.getLogger("memorizzd.audit")

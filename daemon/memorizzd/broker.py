@@ -34,13 +34,12 @@ from memorizzd import __version__
 from memorizzd.approval_methods import ApprovalMethods
 from memorizzd.approvals import ApprovalBook, approval_required
 from memorizzd.audit import REFUSALS, Auditor, outcome_for
+from memorizzd.caller import Caller, Handler
+from memorizzd.calllife import client_aborted, mark_abortable
 from memorizzd.config import Config, validate_server
 from memorizzd.egress.urls import check_server_url
 from memorizzd.execution import resolve_command
 from memorizzd.policy import refusal
-from memorizzd.rpc.dispatch import Handler
-from memorizzd.rpc.lifetime import client_aborted, mark_abortable
-from memorizzd.rpc.peer import Caller
 from memorizzd.store import Store
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.pool import Pool, unknown_server

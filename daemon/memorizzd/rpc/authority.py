@@ -24,8 +24,8 @@ import msgspec
 
 from memorizz.api.errors import PermissionDeniedError
 from memorizz.api.methods import METHODS
+from memorizzd.caller import Caller, Role
 from memorizzd.config import Operators, Profile, gid_of
-from memorizzd.rpc.peer import Caller, Role
 
 AGENT_METHODS: Final = frozenset(
     {

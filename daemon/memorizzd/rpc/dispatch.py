@@ -22,14 +22,13 @@ from memorizz.api.errors import (
     ParseError,
     RemoteError,
 )
-from memorizz.api.methods import METHODS, Params, Result
+from memorizz.api.methods import METHODS, Params
 from memorizz.api.protocol import ErrorObject, Reply, Request, RequestId
+from memorizzd.caller import Caller, Handler
 from memorizzd.rpc.authority import method_allowed, refuse_method
-from memorizzd.rpc.peer import Caller
 
 log = logging.getLogger("memorizzd.rpc")
 
-Handler = Callable[[Caller, Any], Awaitable[Result]]
 ErrorHook = Callable[[Caller, str, Params | None, RemoteError], Awaitable[None]]
 """Told of every request that ended in a wire error (the broker audits refusals)."""
 

@@ -12,33 +12,13 @@ import array
 import errno
 import socket
 import struct
-from typing import Final, Literal
+from typing import Final
 
-import msgspec
+from memorizzd.caller import Caller, Role
 
 _UCRED: Final = struct.Struct("3i")
 SO_PEERGROUPS: Final = getattr(socket, "SO_PEERGROUPS", 59)
 _MAX_GROUPS: Final = 65536
-
-Role = Literal["operator", "agent"]
-
-
-class Caller(msgspec.Struct, frozen=True, kw_only=True):
-    """A connected peer as the kernel reports it, and the socket it came in on."""
-
-    pid: int
-    uid: int
-    gid: int
-    socket: str
-    groups: tuple[int, ...] = ()
-    """Supplementary groups at connect time."""
-    profile: str | None = None
-    """The agent profile of the socket; None on the operator socket."""
-    role: Role = "operator"
-
-    @property
-    def all_gids(self) -> frozenset[int]:
-        return frozenset((self.gid, *self.groups))
 
 
 def peer_of(

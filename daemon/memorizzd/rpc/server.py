@@ -46,12 +46,13 @@ from memorizz.api.errors import (
     UnavailableError,
 )
 from memorizz.api.protocol import MAX_FRAME, Request, RequestId
+from memorizzd import calllife
+from memorizzd.caller import Caller
+from memorizzd.calllife import CallLife
 from memorizzd.config import Limits
-from memorizzd.rpc import lifetime
 from memorizzd.rpc.authority import SocketRule
 from memorizzd.rpc.dispatch import Dispatcher, encode_error
-from memorizzd.rpc.lifetime import CallLife
-from memorizzd.rpc.peer import Caller, peer_of
+from memorizzd.rpc.peer import peer_of
 
 log = logging.getLogger("memorizzd.rpc")
 
@@ -514,7 +515,7 @@ class _Connection:
     async def _run_one(
         self, request: Request, request_id: RequestId, life: CallLife
     ) -> None:
-        lifetime.current.set(life)  # this task's context only
+        calllife.current.set(life)  # this task's context only
         try:
             with life.scope:
                 reply = await self.dispatcher.run(self.caller, request)

@@ -7,7 +7,9 @@ then cancelled at once, which also cancels its upstream request
 to the end and is audited, since cutting it off would leave its outcome
 unknown. The connection opens one :class:`CallLife` per request; the request's
 handler says whether it may be abandoned (the broker knows a tool's risk only
-once the policy has decided), and may ask whether it was.
+once the policy has decided), and may ask whether it was. It lives at the
+bottom of the daemon, beside ``memorizzd.caller``, so that the broker can ask
+without importing ``rpc``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,42 @@
+"""Who is calling, and the shape of a handler: the bottom of the daemon.
+
+Every layer speaks of the caller (the broker scopes by it, approvals own
+proposals by it, the audit trail records it), so its type lives here, below
+all of them, and not in ``rpc`` where it is read from the kernel
+(``memorizzd.rpc.peer``). A caller's role comes from the socket it connected
+to; a caller built without one has no role, and no role is refused everywhere
+(``memorizzd.rpc.authority``), never taken for an operator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
+
+import msgspec
+
+from memorizz.api.methods import Result
+
+Role = Literal["operator", "agent"]
+
+
+class Caller(msgspec.Struct, frozen=True, kw_only=True):
+    """A connected peer as the kernel reports it, and the socket it came in on."""
+
+    pid: int
+    uid: int
+    gid: int
+    socket: str
+    groups: tuple[int, ...] = ()
+    """Supplementary groups at connect time."""
+    profile: str | None = None
+    """The agent profile of the socket; None on the operator socket."""
+    role: Role = "operator"
+
+    @property
+    def all_gids(self) -> frozenset[int]:
+        return frozenset((self.gid, *self.groups))
+
+
+Handler = Callable[[Caller, Any], Awaitable[Result]]
+"""One method's implementation: the caller and its decoded Params -> Result."""
