@@ -14,7 +14,7 @@ import time
 
 import msgspec
 
-from memorizzd.upstream.envelope import EnvelopeScanner
+from memorizzd.egress.envelope import EnvelopeScanner
 
 TAIL = b',"jsonrpc":"2.0","id":77}'
 

@@ -12,7 +12,7 @@ import random
 import msgspec
 import pytest
 
-from memorizzd.upstream.envelope import MAX_ID_CHARS, EnvelopeScanner
+from memorizzd.egress.envelope import MAX_ID_CHARS, EnvelopeScanner
 
 Envelope = tuple[object, bool, bool]
 

@@ -9,7 +9,7 @@ import httpx2
 import msgspec
 import pytest
 
-from memorizzd.upstream.limits import (
+from memorizzd.egress.limits import (
     TOO_LARGE_MARKER,
     _CappedEvents,
     _CappedJSON,

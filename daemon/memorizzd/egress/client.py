@@ -28,6 +28,7 @@ import httpx2
 
 from memorizz.api.errors import InvalidParamsError
 from memorizzd.egress.backend import Network, PinnedBackend
+from memorizzd.egress.limits import CappedTransport
 from memorizzd.egress.replies import RefusalReplies
 from memorizzd.egress.transport import (
     BearerSource,
@@ -36,7 +37,6 @@ from memorizzd.egress.transport import (
     PinnedTransport,
 )
 from memorizzd.egress.urls import check_scheme, check_url
-from memorizzd.upstream.limits import CappedTransport
 
 DEFAULT_NETWORK = Network()
 """The system's resolver, sockets and CA store (tests substitute their own)."""

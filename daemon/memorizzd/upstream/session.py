@@ -37,11 +37,11 @@ from memorizz.api.errors import (
 )
 from memorizzd import __version__
 from memorizzd.egress.client import hardened_client
+from memorizzd.egress.limits import TOO_LARGE_MARKER
 from memorizzd.egress.replies import refusal_in
 from memorizzd.egress.transport import BearerSource
 from memorizzd.egress.urls import check_url, without_trailing_dot
 from memorizzd.upstream.expired import SESSION_EXPIRED, expired_answers
-from memorizzd.upstream.limits import TOO_LARGE_MARKER
 from memorizzd.upstream.sse import EndpointWatch, opened_within
 from memorizzd.upstream.stdio import StdioProcess, stdio_transport
 from memorizzd.vault.server_secrets import ServerSecrets

@@ -39,7 +39,7 @@ import mcp_types as types
 from mcp.client._transport import TransportStreams
 from mcp.shared.message import SessionMessage
 
-from memorizzd.upstream.limits import OversizeMessage
+from memorizzd.egress.limits import OversizeMessage
 
 log = logging.getLogger("memorizzd.upstream.stdio")
 stderr_log = logging.getLogger("memorizzd.upstream.stderr")

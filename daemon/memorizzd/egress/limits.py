@@ -2,7 +2,7 @@
 
 An upstream message larger than ``max_result_bytes`` is never assembled in
 memory. Each transport drops it as it streams, and scans it on the way
-(:class:`~memorizzd.upstream.envelope.EnvelopeScanner`) for its ``id``, wherever
+(:class:`~memorizzd.egress.envelope.EnvelopeScanner`) for its ``id``, wherever
 it is: servers on the TypeScript SDK write it last. As soon as the message is
 known to be a response to one of our requests, the transport hands the SDK a
 JSON-RPC error for that id carrying ``TOO_LARGE_MARKER`` (:class:`OversizeMessage`),
@@ -29,9 +29,9 @@ from typing import Any, Final
 import httpx2
 import msgspec
 
-from memorizzd.upstream.envelope import EnvelopeScanner
+from memorizzd.egress.envelope import EnvelopeScanner
 
-log = logging.getLogger("memorizzd.upstream.limits")
+log = logging.getLogger("memorizzd.egress.limits")
 
 TOO_LARGE_MARKER: Final = "memorizz.result_too_large"
 """``error.data`` of a synthesized reply to an oversize message."""
