@@ -11,10 +11,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import anyio
 import pytest
 
 from memorizz.api.methods import Proposal
 from memorizzd import audit, state_dir
+from memorizzd.caller import Caller
 from memorizzd.store import (
     _MIGRATIONS,
     SCHEMA_VERSION,
@@ -264,3 +266,23 @@ def test_wal_and_full_sync_where_a_lost_write_would_matter(base_dir: str) -> Non
     # WAL is a property of the file: whoever opens it next is in WAL mode too.
     with contextlib.closing(sqlite3.connect(Path(base_dir, "state", "state.db"))) as db:
         assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+
+
+def test_a_failing_database_is_a_store_error_to_its_callers(
+    base_dir: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only the store knows SQLite: what fails inside it reaches its callers as
+    a StoreError, and the audit trail logs a record it could not write and goes on."""
+    s = Store(os.path.join(base_dir, "state"))
+    s.close()  # every statement now fails inside sqlite3
+    with pytest.raises(StoreError) as failed:
+        s.servers()
+    assert isinstance(failed.value.__cause__, sqlite3.Error)
+    auditor = audit.Auditor(s, b"k" * 32, mirror_to_journal=False)
+    caller = Caller(pid=1, uid=2, gid=3, socket="/s", role="operator")
+    record = functools.partial(
+        auditor.record, caller, action="ping", started=time.time(), outcome="ok"
+    )
+    with caplog.at_level("ERROR", logger="memorizzd.audit"):
+        anyio.run(record)
+    assert "could not write an audit record" in caplog.text

@@ -4,7 +4,6 @@ and a wrong key refused at startup by the real executable."""
 from __future__ import annotations
 
 import os
-import sqlite3
 import stat
 import subprocess
 from collections.abc import Iterator
@@ -14,7 +13,7 @@ import pytest
 from cryptography.fernet import Fernet
 
 from memorizz.api.errors import UnavailableError
-from memorizzd.store import Store
+from memorizzd.store import Store, StoreError
 from memorizzd.vault import (
     CANARY_REF,
     FernetCredentialStore,
@@ -347,10 +346,10 @@ def test_a_rotation_cut_short_resumes_and_then_needs_no_old_key(
         # in one transaction; a store that cannot must still be safe).
         monkeypatch.setattr(store, "put_secrets", write)
         write(tokens[: len(tokens) // 2])
-        raise sqlite3.OperationalError("disk I/O error")
+        raise StoreError("state database: disk I/O error")
 
     monkeypatch.setattr(store, "put_secrets", crash_half_way)
-    with pytest.raises(sqlite3.OperationalError):
+    with pytest.raises(StoreError):
         vault.rotate()
     # Half under the new key, half under the old: both still read.
     reopened = FernetCredentialStore.open(store, source(new, old))

@@ -19,7 +19,6 @@ import hmac
 import logging
 import os
 import secrets
-import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,7 +30,7 @@ from anyio.abc import TaskStatus
 
 from memorizz.api import methods as m
 from memorizzd.caller import Caller
-from memorizzd.store import Store
+from memorizzd.store import Store, StoreError
 
 log = logging.getLogger("memorizzd.audit")
 
@@ -282,7 +281,7 @@ class Auditor:
     def _write(self, batch: list[m.AuditRecord]) -> None:
         try:
             self._store.append_audit(batch)
-        except sqlite3.Error as exc:
+        except StoreError as exc:
             for lost in batch:
                 log.error(
                     "could not write an audit record (%s): %s", exc, _summary(lost)
@@ -295,7 +294,7 @@ class Auditor:
     async def _checkpoint(self) -> None:
         try:
             await anyio.to_thread.run_sync(self._store.checkpoint)
-        except sqlite3.Error as exc:
+        except StoreError as exc:
             log.warning("audit checkpoint failed: %s", exc)
 
     def _mirror_record(self, record: m.AuditRecord) -> None:

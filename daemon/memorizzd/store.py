@@ -1,8 +1,11 @@
 """The SQLite state database: run-time servers, negotiated versions, the audit
 trail, the vault's ciphertexts, approval proposals.
 
-The only module that knows SQL. Calls are short and synchronous; async callers
-run them with ``anyio.to_thread.run_sync``, except ``append_audit`` (below).
+The only module that knows SQL, and the only one that imports ``sqlite3``:
+every error SQLite raises leaves a ``Store`` method as :class:`StoreError`
+(the ``sqlite3`` error is its ``__cause__``, for the log). Calls are short and
+synchronous; async callers run them with ``anyio.to_thread.run_sync``, except
+``append_audit`` (below).
 WAL mode; ``synchronous=FULL`` so an acknowledged ``servers/add`` survives a
 power cut.
 
@@ -21,8 +24,10 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
+from functools import wraps
 from pathlib import Path
-from typing import Final
+from typing import Final, ParamSpec, TypeVar
 
 import msgspec
 
@@ -124,7 +129,24 @@ _ACTIVE: Final = ("pending", "approved")
 
 
 class StoreError(Exception):
-    """The state database cannot be opened or written."""
+    """The state database cannot be opened, read or written."""
+
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _sqlite_errors(method: Callable[P, R]) -> Callable[P, R]:
+    """``sqlite3.Error`` out of ``method`` becomes :class:`StoreError`."""
+
+    @wraps(method)
+    def translated(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except sqlite3.Error as exc:
+            raise StoreError(f"state database: {exc}") from exc
+
+    return translated
 
 
 class Negotiated(msgspec.Struct, frozen=True):
@@ -188,12 +210,14 @@ class Store:
                 f"BEGIN; {_MIGRATIONS[i]} PRAGMA user_version={i + 1}; COMMIT;"
             )
 
+    @_sqlite_errors
     def close(self) -> None:
         self._audit.close()
         self._db.close()
 
     # --- the audit trail ----------------------------------------------------
 
+    @_sqlite_errors
     def append_audit(self, records: list[AuditRecord]) -> None:
         """Append records in one transaction and set their ids. Durable when it
         returns (see above); all or none are written."""
@@ -234,6 +258,7 @@ class Store:
         )
         return cursor.lastrowid or 0
 
+    @_sqlite_errors
     def list_audit(
         self,
         *,
@@ -288,16 +313,19 @@ class Store:
             for row in rows
         ]
 
+    @_sqlite_errors
     def checkpoint(self) -> None:
         """Fold the WAL back into the database (PASSIVE: never blocks writers)."""
         with self._lock:
             self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
+    @_sqlite_errors
     def servers(self) -> list[ServerSpec]:
         with self._lock:
             rows = self._db.execute("SELECT spec FROM servers ORDER BY name").fetchall()
         return [self._decoder.decode(row[0]) for row in rows]
 
+    @_sqlite_errors
     def add_server(self, spec: ServerSpec) -> bool:
         """Insert; False when the name is taken."""
         with self._lock:
@@ -310,12 +338,14 @@ class Store:
                 return False
         return True
 
+    @_sqlite_errors
     def remove_server(self, name: str) -> bool:
         with self._lock:
             cursor = self._db.execute("DELETE FROM servers WHERE name = ?", (name,))
             self._db.execute("DELETE FROM negotiated WHERE name = ?", (name,))
         return cursor.rowcount > 0
 
+    @_sqlite_errors
     def negotiated(self, name: str) -> Negotiated | None:
         with self._lock:
             row = self._db.execute(
@@ -324,6 +354,7 @@ class Store:
             ).fetchone()
         return Negotiated(row[0], row[1]) if row else None
 
+    @_sqlite_errors
     def set_negotiated(self, name: str, negotiated: Negotiated) -> None:
         with self._lock:
             self._db.execute(
@@ -341,6 +372,7 @@ class Store:
 
     # --- the vault's ciphertexts (memorizzd.vault encrypts; this only stores) --
 
+    @_sqlite_errors
     def secret(self, ref: str) -> bytes | None:
         with self._lock:
             row = self._db.execute(
@@ -348,6 +380,7 @@ class Store:
             ).fetchone()
         return bytes(row[0]) if row else None
 
+    @_sqlite_errors
     def put_secrets(self, tokens: list[tuple[str, bytes]]) -> None:
         """Insert or replace, all in one transaction (durable: synchronous=FULL)."""
         now = time.time()
@@ -365,6 +398,7 @@ class Store:
                 raise
             self._db.execute("COMMIT")
 
+    @_sqlite_errors
     def delete_secrets(self, refs: list[str]) -> int:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
@@ -381,11 +415,13 @@ class Store:
             self._db.execute("COMMIT")
         return deleted
 
+    @_sqlite_errors
     def secret_refs(self) -> list[str]:
         with self._lock:
             rows = self._db.execute("SELECT ref FROM secrets ORDER BY ref").fetchall()
         return [row[0] for row in rows]
 
+    @_sqlite_errors
     def all_secrets(self) -> list[tuple[str, bytes]]:
         with self._lock:
             rows = self._db.execute(
@@ -393,6 +429,7 @@ class Store:
             ).fetchall()
         return [(row[0], bytes(row[1])) for row in rows]
 
+    @_sqlite_errors
     def clear_secrets(self) -> int:
         with self._lock:
             cursor = self._db.execute("DELETE FROM secrets")
@@ -400,6 +437,7 @@ class Store:
 
     # --- approval proposals (memorizzd.approvals decides; this only stores) --
 
+    @_sqlite_errors
     def insert_proposal(self, p: Proposal) -> None:
         """Durable when it returns (synchronous=FULL)."""
         with self._lock:
@@ -430,6 +468,7 @@ class Store:
                 ),
             )
 
+    @_sqlite_errors
     def proposal(self, proposal_id: str) -> Proposal | None:
         with self._lock:
             row = self._db.execute(
@@ -438,6 +477,7 @@ class Store:
             ).fetchone()
         return _proposal(row) if row else None
 
+    @_sqlite_errors
     def proposals(
         self,
         *,
@@ -468,6 +508,7 @@ class Store:
             rows = self._db.execute(sql, (*args, limit)).fetchall()
         return [_proposal(row) for row in rows]
 
+    @_sqlite_errors
     def transition_proposal(
         self,
         proposal_id: str,
@@ -491,6 +532,7 @@ class Store:
             )
         return cursor.rowcount == 1
 
+    @_sqlite_errors
     def consume_proposal(self, proposal_id: str, now: float) -> bool:
         """approved -> consumed, exactly once, before the call is sent."""
         with self._lock:
@@ -501,6 +543,7 @@ class Store:
             )
         return cursor.rowcount == 1
 
+    @_sqlite_errors
     def expire_proposals(self, now: float) -> list[Proposal]:
         """Mark every pending or approved proposal past its expiry; return them."""
         with self._lock:
@@ -524,6 +567,7 @@ class Store:
             msgspec.structs.replace(_proposal(row), status="expired") for row in rows
         ]
 
+    @_sqlite_errors
     def prune_proposals(self, before: float) -> int:
         """Forget proposals that ended (any state but pending/approved) and were
         made before ``before``; the audit trail keeps their story."""
@@ -534,6 +578,7 @@ class Store:
             )
         return cursor.rowcount
 
+    @_sqlite_errors
     def next_expiry(self) -> float | None:
         with self._lock:
             (value,) = self._db.execute(

@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import sqlite3
 import time
 from collections.abc import Callable
 from typing import Final, Literal
@@ -45,6 +44,7 @@ from memorizzd.oauth import endpoints
 from memorizzd.oauth.discovery import Challenge
 from memorizzd.oauth.endpoints import ClientAuth, EndpointError
 from memorizzd.oauth.grant import Grant, delete_grant, load_grant, save_grant
+from memorizzd.store import StoreError
 from memorizzd.vault import CredentialStore, VaultError
 
 log = logging.getLogger("memorizzd.oauth")
@@ -385,7 +385,7 @@ class TokenKeeper:
         """
         try:
             await anyio.to_thread.run_sync(save_grant, self._vault, self.server, grant)
-        except (OSError, VaultError, sqlite3.Error) as exc:
+        except (OSError, VaultError, StoreError) as exc:
             log.error(
                 "%s: the OAuth grant could not be stored: %s: %s; it is used from "
                 "memory until the daemon restarts",
