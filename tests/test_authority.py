@@ -25,6 +25,7 @@ from memorizzd.config import ConfigError, Limits, Profile, load
 from memorizzd.listeners import activated_sockets, close_all, open_all
 from memorizzd.rpc import authority
 from memorizzd.rpc.authority import AGENT_METHODS, ROLES, SocketRule
+from memorizzd.rpc.dispatch import Dispatcher
 from tests.harness import (
     DAEMON_EXE,
     DaemonHarness,
@@ -306,6 +307,30 @@ def test_systemd_socket_activation(base_dir: str) -> None:
         assert proc.wait(30) == 0
         listener.close()
     assert os.path.exists(path)  # systemd's socket: not unlinked by the daemon
+
+
+def test_a_caller_without_a_role_is_refused_every_method() -> None:
+    """A connection's role comes from its socket's rule; one built without a
+    role is refused, never taken for an operator (not even the daemon's uid)."""
+    ran: list[str] = []
+
+    async def handler(caller: Caller, params: object) -> object:
+        ran.append(type(params).__name__)
+        raise AssertionError("unreachable")
+
+    dispatcher = Dispatcher(dict.fromkeys(METHODS, handler))
+    nobody = Caller(pid=1, uid=os.getuid(), gid=os.getgid(), socket="/s")
+    assert nobody.role is None
+    for name in METHODS:
+        assert not authority.method_allowed(nobody, name)
+        line = msgspec.json.encode(
+            {"jsonrpc": "2.0", "id": 1, "method": name, "params": {}}
+        )
+        request = dispatcher.parse(line)
+        assert not isinstance(request, bytes)
+        reply = msgspec.json.decode(anyio.run(dispatcher.run, nobody, request))
+        assert reply["error"]["data"]["reason"] == "permission_denied", name
+    assert ran == []
 
 
 def test_caller_struct_round_trips() -> None:

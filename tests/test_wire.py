@@ -206,7 +206,7 @@ def test_an_internal_error_never_leaks_its_text() -> None:
         raise KeyError(secret)
 
     dispatcher = Dispatcher(dict.fromkeys(METHODS, broken))
-    caller = Caller(pid=1, uid=0, gid=0, socket="/test")
+    caller = Caller(pid=1, uid=0, gid=0, socket="/test", role="operator")
     request = dispatcher.parse(b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{}}')
     assert not isinstance(request, bytes)
     reply = anyio.run(dispatcher.run, caller, request)

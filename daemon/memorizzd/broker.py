@@ -127,9 +127,11 @@ class Broker:
         return table
 
     def _get(self, caller: Caller, name: str) -> Upstream:
-        """The caller's server: an agent's profile names it, else it does not exist."""
-        if caller.profile is not None and name not in self._scopes.get(
-            caller.profile, frozenset()
+        """The caller's server: an operator's any, an agent's where its profile
+        names it; else (and for a caller without a role) it does not exist."""
+        if caller.role != "operator" and (
+            caller.profile is None
+            or name not in self._scopes.get(caller.profile, frozenset())
         ):
             raise unknown_server(name)
         return self._pool.get(name)
@@ -139,11 +141,12 @@ class Broker:
     async def on_error(
         self, caller: Caller, method: str, params: m.Params | None, error: RemoteError
     ) -> None:
-        """The dispatcher's hook: an agent's refused request leaves a record.
+        """The dispatcher's hook: a refused request of anyone but an operator
+        (an agent, or a caller without a role) leaves a record.
 
         tools/call records its own (it knows the risk and the verdict)."""
         if (
-            caller.role != "agent"
+            caller.role == "operator"
             or error.reason not in REFUSALS
             or method == "tools/call"
         ):

@@ -31,7 +31,8 @@ class Caller(msgspec.Struct, frozen=True, kw_only=True):
     """Supplementary groups at connect time."""
     profile: str | None = None
     """The agent profile of the socket; None on the operator socket."""
-    role: Role = "operator"
+    role: Role | None = None
+    """What the socket's rule made this caller; None (no role) is refused."""
 
     @property
     def all_gids(self) -> frozenset[int]:

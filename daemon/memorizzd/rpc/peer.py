@@ -25,8 +25,8 @@ def peer_of(
     sock: socket.socket,
     socket_path: str,
     *,
-    profile: str | None = None,
-    role: Role = "operator",
+    profile: str | None,
+    role: Role,
 ) -> Caller:
     try:
         raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size)

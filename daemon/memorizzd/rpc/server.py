@@ -61,7 +61,6 @@ RefusedConnection = Callable[[Caller, RemoteError], Coroutine[Any, Any, None]]
 
 _READ: Final = 1 << 16
 _WRITE_TIMEOUT_S: Final = 30.0
-_OPERATOR_RULE: Final = SocketRule(role="operator")
 MAX_UNSENT_BYTES: Final = 8 << 20
 """Replies waiting for one client to read them; past this it is not read."""
 OPERATOR_MAX_CONNECTIONS: Final = 128
@@ -143,13 +142,6 @@ def _reserve_fd() -> _Reserve:
     return _reserve
 
 
-async def open_listener(path: str) -> anyio.abc.SocketListener:
-    """Bind the socket (0600; 0660 as root, for the operators' group)."""
-    prepare_socket_path(path)
-    mode = 0o660 if os.geteuid() == 0 else 0o600
-    return await anyio.create_unix_listener(path, mode=mode)
-
-
 class SocketServer:
     """One listening socket: its rule (who may connect, as which role) and limits."""
 
@@ -159,7 +151,7 @@ class SocketServer:
         dispatcher: Dispatcher,
         *,
         max_in_flight: int,
-        rule: SocketRule = _OPERATOR_RULE,
+        rule: SocketRule,
         limits: Limits | None = None,
         on_refused: RefusedConnection | None = None,
     ) -> None:
