@@ -24,18 +24,20 @@ from typing import TypeVar
 from urllib.parse import urlsplit
 
 import httpx2
-from mcp.client.auth.utils import (
-    build_oauth_authorization_server_metadata_discovery_urls,
-    build_protected_resource_metadata_discovery_urls,
-    issuers_match,
-)
-from mcp.shared.auth import OAuthMetadata, ProtectedResourceMetadata
-from mcp.shared.auth_utils import check_resource_allowed, resource_url_from_server_url
 from pydantic import ValidationError
 
 from memorizz.api.errors import LoginError
 from memorizzd.config import LOOPBACK_HOSTS
 from memorizzd.oauth.endpoints import EndpointError, get_json, printable
+from memorizzd.oauth.mcp_sdk import (
+    OAuthMetadata,
+    ProtectedResourceMetadata,
+    build_oauth_authorization_server_metadata_discovery_urls,
+    build_protected_resource_metadata_discovery_urls,
+    check_resource_allowed,
+    issuers_match,
+    resource_url_from_server_url,
+)
 
 _PARAM = r'{name}=(?:"([^"]*)"|([^\s,]+))'
 _SHELL_UNSAFE = re.compile(r"""[#$`;()|'"!*\\<>{}\s]|[^\x21-\x7e]""")

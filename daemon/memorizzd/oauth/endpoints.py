@@ -17,8 +17,13 @@ from urllib.parse import quote
 
 import httpx2
 import msgspec
-from mcp.shared.auth import OAuthClientInformationFull, OAuthClientMetadata, OAuthToken
 from pydantic import ValidationError
+
+from memorizzd.oauth.mcp_sdk import (
+    OAuthClientInformationFull,
+    OAuthClientMetadata,
+    OAuthToken,
+)
 
 MAX_DESCRIPTION: Final = 200
 AUTH_METHODS: Final = ("none", "client_secret_basic", "client_secret_post")

@@ -34,7 +34,6 @@ import anyio
 import anyio.abc
 import httpx2
 import msgspec
-from mcp.client.auth.utils import union_scopes
 
 from memorizz.api import methods as m
 from memorizz.api.errors import AuthRequiredError, RemoteError, UnavailableError
@@ -44,6 +43,7 @@ from memorizzd.oauth import endpoints
 from memorizzd.oauth.discovery import Challenge
 from memorizzd.oauth.endpoints import ClientAuth, EndpointError
 from memorizzd.oauth.grant import Grant, delete_grant, load_grant, save_grant
+from memorizzd.oauth.mcp_sdk import union_scopes
 from memorizzd.store import StoreError
 from memorizzd.vault import CredentialStore, VaultError
 

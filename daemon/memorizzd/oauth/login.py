@@ -28,12 +28,6 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import anyio
 import httpx2
-from mcp.client.auth.utils import (
-    get_client_metadata_scopes,
-    issuers_match,
-    union_scopes,
-)
-from mcp.shared.auth import OAuthClientMetadata
 from pydantic import AnyUrl, ValidationError
 
 from memorizz.api import methods as m
@@ -49,6 +43,12 @@ from memorizzd.oauth.grant import (
     save_registration,
 )
 from memorizzd.oauth.keeper import expiry_of
+from memorizzd.oauth.mcp_sdk import (
+    OAuthClientMetadata,
+    get_client_metadata_scopes,
+    issuers_match,
+    union_scopes,
+)
 from memorizzd.vault import CredentialStore
 
 DEFAULT_REDIRECT_URI: Final = "http://127.0.0.1:33418/callback"

@@ -13,7 +13,6 @@ from typing import Literal
 
 import anyio
 import httpx2
-from mcp.client.auth.utils import union_scopes
 
 from memorizz.api import methods as m
 from memorizz.api.errors import InvalidParamsError, LoginError, RemoteError
@@ -32,6 +31,7 @@ from memorizzd.oauth.login import (
     redirect_uri_of,
     select_scope,
 )
+from memorizzd.oauth.mcp_sdk import union_scopes
 from memorizzd.vault import CredentialStore, VaultError
 from memorizzd.vault.server_secrets import oauth_client_secret_ref
 

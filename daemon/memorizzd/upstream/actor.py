@@ -34,8 +34,6 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 import anyio
 import anyio.abc
-from mcp import Client
-from mcp.shared.exceptions import MCPError
 
 from memorizz.api import methods as m
 from memorizz.api.errors import (
@@ -49,6 +47,7 @@ from memorizzd.config import Config
 from memorizzd.policy import ToolPolicy, ToolsView, ToolVerdict
 from memorizzd.store import Negotiated, Store, fingerprint
 from memorizzd.upstream import session as sdk
+from memorizzd.upstream.mcp_sdk import Client, MCPError
 from memorizzd.upstream.retry import LOST_SENDS, RetryBudget, busy_wait, lost_wait
 from memorizzd.upstream.stdio import StdioProcess
 from memorizzd.vault import CredentialStore, VaultError, resolve_secrets

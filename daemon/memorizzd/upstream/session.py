@@ -15,16 +15,8 @@ from typing import Any, Final, Literal, TypeVar
 
 import anyio
 import httpx2
-import mcp_types as types
 import msgspec
 import pydantic
-from mcp import Client
-from mcp.client.session import ClientSession
-from mcp.client.sse import sse_client
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.dispatcher import CallOptions
-from mcp.shared.exceptions import MCPError
-from mcp.shared.inbound import MCP_NAME_HEADER, encode_header_value
 
 from memorizz.api import methods as m
 from memorizz.api.errors import (
@@ -42,6 +34,17 @@ from memorizzd.egress.replies import refusal_in
 from memorizzd.egress.transport import BearerSource
 from memorizzd.egress.urls import check_url, without_trailing_dot
 from memorizzd.upstream.expired import SESSION_EXPIRED, expired_answers
+from memorizzd.upstream.mcp_sdk import (
+    MCP_NAME_HEADER,
+    CallOptions,
+    Client,
+    ClientSession,
+    MCPError,
+    encode_header_value,
+    sse_client,
+    streamable_http_client,
+    types,
+)
 from memorizzd.upstream.sse import EndpointWatch, opened_within
 from memorizzd.upstream.stdio import StdioProcess, stdio_transport
 from memorizzd.vault.server_secrets import ServerSecrets

@@ -35,11 +35,9 @@ from typing import Final
 
 import anyio
 import anyio.abc
-import mcp_types as types
-from mcp.client._transport import TransportStreams
-from mcp.shared.message import SessionMessage
 
 from memorizzd.egress.limits import OversizeMessage
+from memorizzd.upstream.mcp_sdk import SessionMessage, TransportStreams, types
 
 log = logging.getLogger("memorizzd.upstream.stdio")
 stderr_log = logging.getLogger("memorizzd.upstream.stderr")
