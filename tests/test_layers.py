@@ -1,0 +1,149 @@
+"""The walls between the rooms (docs/architecture.md), so that a change cannot
+quietly break them.
+
+The direction of imports between packages is import-linter's: the contracts
+are in pyproject.toml (``[tool.importlinter]``) and ``lint-imports`` checks
+them, indirect imports and ``TYPE_CHECKING`` imports included. What it cannot
+say is read here from the AST of every module, imports inside functions too:
+which modules may import ``sqlite3`` and the MCP SDK, and that the wire
+contract and the policy import only what is pure.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = {
+    "memorizz": ROOT / "client" / "memorizz",
+    "memorizzd": ROOT / "daemon" / "memorizzd",
+}
+
+SDK = frozenset({"mcp", "mcp_types"})
+SDK_ADAPTERS = frozenset({"memorizzd.upstream.mcp_sdk", "memorizzd.oauth.mcp_sdk"})
+"""One adapter per concern: the MCP sessions, and OAuth's metadata models."""
+
+PURE_STDLIB = frozenset(
+    {
+        "__future__",
+        "collections",
+        "dataclasses",
+        "enum",
+        "fnmatch",
+        "functools",
+        "itertools",
+        "re",
+        "types",
+        "typing",
+        "urllib",
+    }
+)
+"""What the policy may import from the standard library: nothing that does I/O."""
+
+
+def _modules() -> Iterator[tuple[str, Path]]:
+    for package, base in SOURCES.items():
+        for path in sorted(base.rglob("*.py")):
+            parts = path.relative_to(base).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            yield ".".join((package, *parts)), path
+
+
+def _imports(module: str, path: Path) -> set[str]:
+    """Every module ``path`` imports (absolute names), wherever the import is."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                found.add(".".join([*base, *([node.module] if node.module else [])]))
+            else:
+                assert node.module is not None
+                found.add(node.module)
+    return found
+
+
+IMPORTS = {module: _imports(module, path) for module, path in _modules()}
+
+
+def _top(name: str) -> str:
+    return name.partition(".")[0]
+
+
+def _importers(top_level: frozenset[str]) -> set[str]:
+    return {
+        module
+        for module, imported in IMPORTS.items()
+        if any(_top(name) in top_level for name in imported)
+    }
+
+
+def test_the_import_contracts_hold() -> None:
+    """rpc -> broker -> services -> {egress, store} -> caller; the client never
+    imports the daemon; the policy imports nothing that does I/O."""
+    lint = Path(sys.executable).with_name("lint-imports")
+    run = subprocess.run(
+        [str(lint), "--no-cache", str(ROOT / "pyproject.toml")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "0 broken" in run.stdout
+
+
+def test_only_the_store_imports_sqlite3() -> None:
+    """Callers see ``StoreError``, never SQLite's own errors."""
+    assert _importers(frozenset({"sqlite3"})) == {"memorizzd.store"}
+
+
+def test_only_the_two_adapters_import_the_mcp_sdk() -> None:
+    assert _importers(SDK) == SDK_ADAPTERS
+
+
+def test_the_wire_contract_imports_only_the_standard_library_and_msgspec() -> None:
+    allowed = sys.stdlib_module_names | {"msgspec", "memorizz"}
+    for module, imported in IMPORTS.items():
+        if module == "memorizz.api" or module.startswith("memorizz.api."):
+            outside = {name for name in imported if _top(name) not in allowed}
+            assert not outside, f"{module} imports {sorted(outside)}"
+            assert all(
+                name == "memorizz.api" or name.startswith("memorizz.api.")
+                for name in imported
+                if _top(name) == "memorizz"
+            ), f"{module} imports the client beyond memorizz.api"
+
+
+def test_the_client_imports_only_the_standard_library_and_msgspec() -> None:
+    """What a thin client in a container installs: no daemon dependency."""
+    allowed = sys.stdlib_module_names | {"msgspec", "memorizz"}
+    for module, imported in IMPORTS.items():
+        if _top(module) == "memorizz":
+            outside = {name for name in imported if _top(name) not in allowed}
+            assert not outside, f"{module} imports {sorted(outside)}"
+
+
+@pytest.mark.parametrize("package", ["memorizzd.policy", "memorizzd.presets"])
+def test_the_policy_imports_nothing_that_does_io(package: str) -> None:
+    allowed = PURE_STDLIB | {"msgspec", "memorizz"}
+    for module, imported in IMPORTS.items():
+        if module == package or module.startswith(package + "."):
+            outside = {
+                name
+                for name in imported
+                if _top(name) not in allowed
+                and name not in {"memorizzd.policy", "memorizzd.presets"}
+                and not name.startswith(("memorizzd.policy.", "memorizzd.presets."))
+            }
+            assert not outside, f"{module} imports {sorted(outside)}"
