@@ -8,7 +8,7 @@ The layers, outermost first:
    scheme is judged before httpx reads a host-less URL (``file:``,
    ``javascript:``) as a path, and a URL httpx cannot parse is refused by the
    policy with its reason (``https://0177.0.0.1/``: ``address_not_allowed``).
-2. ``CappedTransport`` (``upstream/limits.py``): response bodies counted raw
+2. ``CappedTransport`` (``egress/limits.py``): response bodies counted raw
    against the server's ``max_result_bytes``.
 3. ``RefusalReplies``: a refused MCP request fails alone, with its reason.
 4. ``BearerTransport`` (OAuth servers only): the current access token.
