@@ -92,6 +92,7 @@ def test_the_import_contracts_hold() -> None:
     """rpc -> broker -> services -> {egress, store} -> caller; the client never
     imports the daemon; the policy imports nothing that does I/O."""
     lint = Path(sys.executable).with_name("lint-imports")
+    assert lint.exists(), "import-linter is missing: scripts/bootstrap installs it"
     run = subprocess.run(
         [str(lint), "--no-cache", str(ROOT / "pyproject.toml")],
         cwd=ROOT,
