@@ -20,10 +20,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from memorizz import _args, _render, cli
+from memorizz import cli
 from memorizz.api import methods as m
 from memorizz.api.errors import ErrorCode
 from memorizz.client import Client
+from memorizz.ctl import args as _args
+from memorizz.ctl import render as _render
+from memorizz.ctl import text as _text
 
 DAEMON_ONLY = {"anyio", "uvloop", "mcp", "cryptography", "systemd", "memorizzd"}
 
@@ -277,7 +280,7 @@ def test_split_trailing_only_splits_mcp_add(
 
 
 def test_format_table_pads_columns_and_upcases_the_header() -> None:
-    table = _render.format_table(["name", "x"], [["a", "1"], ["longer", "22"]])
+    table = _text.format_table(["name", "x"], [["a", "1"], ["longer", "22"]])
     assert table == "NAME    X\na       1\nlonger  22\n"
 
 
@@ -287,15 +290,15 @@ def test_format_table_pads_columns_and_upcases_the_header() -> None:
      (3599, "59m"), (3600, "1h"), (86399, "23h"), (86400, "1d"), (10 * 86400, "10d")],
 )  # fmt: skip
 def test_format_age(seconds: float, age: str) -> None:
-    assert _render.format_age(seconds) == age
+    assert _text.format_age(seconds) == age
 
 
 def test_one_line_takes_the_first_line_strips_controls_and_truncates() -> None:
-    assert _render.one_line("  first\x1b[31m line\nsecond") == "first?[31m line"
-    long = _render.one_line("x" * 100)
-    assert len(long) == _render.DESCRIPTION_WIDTH
+    assert _text.one_line("  first\x1b[31m line\nsecond") == "first?[31m line"
+    long = _text.one_line("x" * 100)
+    assert len(long) == _text.DESCRIPTION_WIDTH
     assert long.endswith("...")
-    assert _render.one_line(None) == ""
+    assert _text.one_line(None) == ""
 
 
 def test_render_servers_shows_url_or_quoted_command() -> None:
@@ -363,7 +366,7 @@ def test_render_tools_uses_the_first_line_of_the_description() -> None:
     assert lines[0] == "NAME    RISK  DECISION  DESCRIPTION"
     assert lines[1] == "search  read  allow     Search."
     assert lines[2] == "bare    -     -"
-    assert len(lines[3]) == len("wordy   -     -         ") + _render.DESCRIPTION_WIDTH
+    assert len(lines[3]) == len("wordy   -     -         ") + _text.DESCRIPTION_WIDTH
     assert _render.render_tools([]) == "no tools\n"
 
 

@@ -18,7 +18,8 @@ import pytest
 from memorizz.api import methods as m
 from memorizz.api.errors import AuthRequiredError, InvalidParamsError
 from memorizz.api.methods import ServerSpec
-from memorizz.cli import build_parser, build_server_spec
+from memorizz.ctl.add import build_server_spec
+from memorizz.ctl.parser import build_parser
 from memorizzd.config import validate_server
 from tests.harness import (
     MCP_SERVER,

@@ -1,9 +1,9 @@
 """Pure renderers for memorizzctl: result structs in, terminal text out.
 
-No I/O and no clock here (the caller passes ``now``). Tables are left-aligned
-columns two spaces apart; text that comes from upstream servers goes through
-``one_line``, so control characters never reach the terminal. ``to_json`` is
-what ``--json`` prints: the result struct under its wire names.
+One function per result: tables of servers, tools, resources, prompts,
+approvals and audit records; a tool's content; the daemon's status. No I/O and
+no clock here (the caller passes ``now``); the text primitives (tables, ages,
+``one_line``, ``to_json``) are in ``memorizz.ctl.text``.
 
 Standard library and msgspec only, like the rest of the client.
 """
@@ -13,84 +13,19 @@ from __future__ import annotations
 import shlex
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Final
-
-import msgspec
+from typing import Any
 
 from memorizz.api import methods as m
-
-DESCRIPTION_WIDTH: Final = 60
-
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    """Left-aligned columns, two spaces apart, header in caps; ends with a newline."""
-    header = [h.upper() for h in headers]
-    widths = [len(h) for h in header]
-    for row in rows:
-        for i, cell in enumerate(row):
-            widths[i] = max(widths[i], len(cell))
-    lines = [
-        "  ".join(
-            cell.ljust(width) for cell, width in zip(line, widths, strict=True)
-        ).rstrip()
-        for line in (header, *rows)
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def format_age(seconds: float) -> str:
-    """A short age: ``3s``, ``2m``, ``1h``, ``4d`` (rounded down; never negative)."""
-    s = max(0, int(seconds))
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m"
-    if s < 86400:
-        return f"{s // 3600}h"
-    return f"{s // 86400}d"
-
-
-def format_ms(ms: float) -> str:
-    """``0.42 ms``, ``3.1 ms``, ``120 ms``."""
-    if ms < 1:
-        return f"{ms:.2f} ms"
-    if ms < 10:
-        return f"{ms:.1f} ms"
-    return f"{ms:.0f} ms"
-
-
-def format_bytes(n: int) -> str:
-    """``512 B``, ``1.5 KiB``, ``12.3 MiB``."""
-    value, unit = float(n), "B"
-    for bigger in ("KiB", "MiB", "GiB", "TiB"):
-        if value < 1024:
-            break
-        value, unit = value / 1024, bigger
-    return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-
-
-def one_line(text: str | None, limit: int = DESCRIPTION_WIDTH) -> str:
-    """The first line of ``text``, control characters replaced, cut to ``limit``."""
-    if not text:
-        return ""
-    first = text.strip().split("\n", 1)[0].strip()
-    clean = "".join(c if c.isprintable() else "?" for c in first)
-    if len(clean) > limit:
-        return clean[: limit - 3].rstrip() + "..."
-    return clean
-
-
-def _dash(value: object) -> str:
-    return "-" if value is None else str(value)
-
-
-def _blocks(parts: Sequence[str]) -> str:
-    """Concatenate output blocks so each ends with exactly the newline it needs."""
-    return "".join(p if p.endswith("\n") else p + "\n" for p in parts)
-
-
-def to_json(value: object) -> str:
-    return msgspec.json.format(msgspec.json.encode(value), indent=2).decode() + "\n"
+from memorizz.ctl.text import (
+    blocks,
+    dash,
+    format_age,
+    format_bytes,
+    format_ms,
+    format_table,
+    one_line,
+    to_json,
+)
 
 
 def server_target(server: m.ServerInfo) -> str:
@@ -123,9 +58,9 @@ def render_status(statuses: Sequence[m.ServerStatus], now: float) -> str:
             s.name,
             s.state,
             format_age(now - s.since),
-            _dash(s.pid),
-            _dash(s.protocol_version),
-            _dash(s.tool_count),
+            dash(s.pid),
+            dash(s.protocol_version),
+            dash(s.tool_count),
             str(s.in_flight),
             str(s.calls_ok),
             str(s.calls_failed),
@@ -187,8 +122,8 @@ def render_tools(tools: Sequence[m.Tool]) -> str:
     rows = [
         [
             one_line(t.name, 200),
-            _dash(t.risk),
-            _dash(t.decision),
+            dash(t.risk),
+            dash(t.decision),
             one_line(t.description or t.title),
         ]
         for t in tools
@@ -265,7 +200,7 @@ def render_content(item: Mapping[str, Any]) -> str:
 def render_call(result: m.ToolsCallResult) -> str:
     """The result's content; its structuredContent only when there is no content."""
     if result.content:
-        return _blocks([render_content(item) for item in result.content])
+        return blocks([render_content(item) for item in result.content])
     if result.structured_content is not None:
         return to_json(result.structured_content)
     return ""
@@ -282,7 +217,7 @@ def render_contents(contents: Sequence[Mapping[str, Any]]) -> str:
             parts.append(
                 f"[blob {uri} {mime}, {_base64_size(c.get('blob'))} bytes base64]"
             )
-    return _blocks(parts)
+    return blocks(parts)
 
 
 def render_messages(result: m.PromptsGetResult) -> str:
@@ -296,7 +231,7 @@ def render_messages(result: m.PromptsGetResult) -> str:
             for item in items
         )
         parts.append(f"{role}: {text}")
-    return _blocks(parts)
+    return blocks(parts)
 
 
 def render_daemon_status(status: m.DaemonStatusResult) -> str:
@@ -336,17 +271,17 @@ def render_audit(records: Sequence[m.AuditRecord]) -> str:
             str(r.id),
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r.time)),
             r.action,
-            _dash(r.server),
-            _dash(r.tool),
-            _dash(r.risk),
-            _dash(r.decision),
+            dash(r.server),
+            dash(r.tool),
+            dash(r.risk),
+            dash(r.decision),
             r.outcome,
-            _dash(r.reason),
+            dash(r.reason),
             f"{r.duration_ms:.1f}",
             str(r.caller_uid),
             str(r.caller_pid),
-            _dash(r.caller_profile),
-            _dash(r.proposal_id),
+            dash(r.caller_profile),
+            dash(r.proposal_id),
             ",".join(r.argument_keys) or "-",
         ]
         for r in records
@@ -381,7 +316,7 @@ def render_proposals(
             p.status,
             one_line(p.server, 200),
             one_line(p.tool, 200),
-            _dash(p.risk),
+            dash(p.risk),
             one_line(",".join(p.argument_keys), 200) or "-",
             _asked_by(p),
             format_age(now - p.created),

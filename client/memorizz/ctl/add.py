@@ -1,0 +1,271 @@
+"""``memorizzctl mcp add``: its options, and the ``ServerSpec`` they describe.
+
+``add_options`` declares the options; ``build_server_spec`` turns the parsed
+line into the spec the daemon is sent, or raises ``UsageError`` (exit 2) for a
+combination that cannot work (a stdio server with a URL, a token without
+``--auth bearer``, ...). Secrets given as ``-`` are read from standard input so
+they stay out of ``ps`` and the shell's history.
+
+Standard library, msgspec and memorizz only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import cast, get_args
+
+from memorizz.api import methods as m
+from memorizz.ctl.args import (
+    header,
+    key_value,
+    positive_float,
+    positive_int,
+    secret_key_value,
+)
+from memorizz.ctl.exits import UsageError
+
+
+def add_options(add: argparse.ArgumentParser) -> None:
+    """Declare ``mcp add``'s arguments on its subparser."""
+    add.add_argument("name", metavar="NAME")
+    add.add_argument(
+        "--transport",
+        choices=get_args(m.Transport),
+        help="default: stdio with --command, streamable_http with --url",
+    )
+    add.add_argument(
+        "--command", metavar="CMD", help="stdio: the executable (no shell)"
+    )
+    add.add_argument(
+        "--arg",
+        metavar="A",
+        action="append",
+        default=[],
+        help="stdio: one argument (repeatable; use --arg=-x for a leading '-')",
+    )
+    add.add_argument(
+        "--env",
+        metavar="K=V",
+        action="append",
+        type=key_value,
+        default=[],
+        help="stdio: an environment variable (repeatable)",
+    )
+    add.add_argument(
+        "--cwd", metavar="DIR", help="stdio: the working directory (made absolute here)"
+    )
+    add.add_argument("--url", metavar="URL", help="streamable_http/sse: the endpoint")
+    add.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=positive_float,
+        help=f"default and maximum deadline of one request (default {m.DEFAULT_TIMEOUT_S:g})",
+    )
+    add.add_argument(
+        "--max-result-bytes",
+        metavar="N",
+        type=positive_int,
+        help=f"largest accepted result (default {m.DEFAULT_MAX_RESULT_BYTES})",
+    )
+    add.add_argument(
+        "--protocol",
+        choices=get_args(m.ProtocolMode),
+        default="auto",
+        help="MCP protocol mode (default auto)",
+    )
+    add.add_argument(
+        "--auth",
+        choices=get_args(m.AuthMode),
+        help="HTTP: bearer sends the token as 'Authorization: Bearer' (default"
+        " bearer with --token, else none)",
+    )
+    add.add_argument(
+        "--token",
+        metavar="TOKEN",
+        help="HTTP: the bearer token; '-' reads it from stdin (kept out of ps"
+        " and shell history); moved into the daemon's vault",
+    )
+    add.add_argument(
+        "--token-file", metavar="PATH", help="HTTP: read the bearer token from PATH"
+    )
+    add.add_argument(
+        "--header",
+        metavar="'NAME: VALUE'",
+        action="append",
+        type=header,
+        default=[],
+        help="HTTP: a custom header whose value is a secret (repeatable)",
+    )
+    add.add_argument(
+        "--secret-env",
+        metavar="K=V",
+        action="append",
+        type=secret_key_value,
+        default=[],
+        help="stdio: an environment variable whose value is a secret (repeatable)",
+    )
+    add.add_argument(
+        "--allow-private-network",
+        action="store_true",
+        help="HTTP: allow http:// and private/loopback addresses for this server"
+        " alone (an intentional local service)",
+    )
+    add.add_argument(
+        "--oauth",
+        action="store_true",
+        help="HTTP: OAuth 2.1 (same as --auth oauth); then `mcp login NAME`",
+    )
+    add.add_argument(
+        "--client-id", metavar="ID", help="OAuth: a pre-registered client's id"
+    )
+    add.add_argument(
+        "--client-secret",
+        metavar="SECRET",
+        help="OAuth: the pre-registered client's secret; '-' reads it from stdin;"
+        " moved into the daemon's vault",
+    )
+    add.add_argument(
+        "--token-endpoint-auth-method",
+        choices=get_args(m.TokenEndpointAuthMethod),
+        help="OAuth, pre-registered client: how it authenticates at the token"
+        " endpoint (default: from the authorization server's metadata)",
+    )
+    add.add_argument(
+        "--client-metadata-url",
+        metavar="URL",
+        help="OAuth: an https URL of this client's metadata document (CIMD)",
+    )
+    add.add_argument(
+        "--scope",
+        metavar="SCOPE",
+        action="append",
+        default=[],
+        help="OAuth: a scope to ask for (repeatable; default: what the server advertises)",
+    )
+    add.add_argument(
+        "--redirect-uri",
+        metavar="URI",
+        help="OAuth: the redirect URI (default http://127.0.0.1:33418/callback)",
+    )
+    add.set_defaults(trailing=[])
+
+
+def build_server_spec(args: argparse.Namespace) -> m.ServerSpec:
+    """The ``ServerSpec`` for ``mcp add``; raise ``UsageError`` if it cannot work."""
+    command: str | None = args.command
+    url: str | None = args.url
+    server_args: list[str] = [*args.arg, *args.trailing]
+    env: dict[str, str] = dict(args.env)
+    cwd: str | None = args.cwd
+    transport: str | None = args.transport
+    if transport is None:
+        if command is not None and url is None:
+            transport = "stdio"
+        elif url is not None and command is None:
+            transport = "streamable_http"
+        else:
+            raise UsageError("give --command (stdio) or --url (streamable_http, sse)")
+    if transport == "stdio":
+        if command is None:
+            raise UsageError("--transport stdio requires --command")
+        if url is not None:
+            raise UsageError("--url does not apply to --transport stdio")
+    else:
+        if url is None:
+            raise UsageError(f"--transport {transport} requires --url")
+        extra = [
+            flag
+            for flag, given in (
+                ("--command", command is not None),
+                ("--arg", bool(server_args)),
+                ("--env", bool(env)),
+                ("--cwd", cwd is not None),
+                ("--secret-env", bool(args.secret_env)),
+            )
+            if given
+        ]
+        if extra:
+            raise UsageError(
+                f"--transport {transport} does not take {', '.join(extra)}"
+            )
+    token = _read_token(args)
+    if args.oauth and args.auth not in (None, "oauth"):
+        raise UsageError("--oauth and --auth are given with different values")
+    auth = (
+        "oauth"
+        if args.oauth
+        else args.auth or ("bearer" if token is not None else "none")
+    )
+    oauth_given = [
+        flag
+        for flag, given in (
+            ("--client-id", args.client_id is not None),
+            ("--client-secret", args.client_secret is not None),
+            (
+                "--token-endpoint-auth-method",
+                args.token_endpoint_auth_method is not None,
+            ),
+            ("--client-metadata-url", args.client_metadata_url is not None),
+            ("--scope", bool(args.scope)),
+            ("--redirect-uri", args.redirect_uri is not None),
+        )
+        if given
+    ]
+    if oauth_given and auth != "oauth":
+        raise UsageError(f"{', '.join(oauth_given)} need --oauth")
+    client_secret = args.client_secret
+    if client_secret == "-":  # noqa: S105 - "-" means stdin
+        client_secret = sys.stdin.read().strip()
+    if transport == "stdio" and (auth != "none" or args.header):
+        raise UsageError("--auth, --token and --header are for HTTP servers")
+    if auth == "bearer" and token is None:
+        raise UsageError("--auth bearer needs --token or --token-file")
+    if auth == "none" and token is not None:
+        raise UsageError("--token needs --auth bearer")
+    return m.ServerSpec(
+        name=args.name,
+        transport=cast(m.Transport, transport),
+        command=command,
+        args=server_args,
+        env=env,
+        cwd=os.path.abspath(cwd) if cwd is not None else None,
+        url=url,
+        timeout_s=m.DEFAULT_TIMEOUT_S if args.timeout is None else args.timeout,
+        max_result_bytes=(
+            m.DEFAULT_MAX_RESULT_BYTES
+            if args.max_result_bytes is None
+            else args.max_result_bytes
+        ),
+        protocol=cast(m.ProtocolMode, args.protocol),
+        auth=cast(m.AuthMode, auth),
+        token=token,
+        headers=dict(args.header),
+        secret_env=dict(args.secret_env),
+        allow_private_network=args.allow_private_network,
+        oauth_client_id=args.client_id,
+        oauth_client_secret=client_secret,
+        oauth_client_metadata_url=args.client_metadata_url,
+        oauth_token_endpoint_auth_method=args.token_endpoint_auth_method,
+        oauth_scopes=list(args.scope),
+        oauth_redirect_uri=args.redirect_uri,
+    )
+
+
+def _read_token(args: argparse.Namespace) -> str | None:
+    """--token VALUE, --token - (stdin) or --token-file PATH; stripped."""
+    if args.token is not None and args.token_file is not None:
+        raise UsageError("give --token or --token-file, not both")
+    if args.token == "-":  # noqa: S105 - "-" means stdin
+        return sys.stdin.read().strip()
+    if args.token_file is not None:
+        try:
+            with open(args.token_file, encoding="utf-8") as f:
+                return f.read().strip()
+        except OSError as exc:
+            raise UsageError(
+                f"cannot read --token-file {args.token_file}: {exc.strerror}"
+            ) from None
+    token: str | None = args.token
+    return token

@@ -1,0 +1,277 @@
+"""memorizzctl's commands: each is parse -> one ``Client`` call -> render -> exit status.
+
+A ``Command`` takes the connected ``Client`` and the parsed line and returns the
+exit status (``memorizz.ctl.exits``). ``--json`` prints the result struct itself
+(field names equal the struct's wire names); otherwise a renderer from
+``memorizz.ctl.render`` writes text. Errors are not caught here: ``main`` maps
+them to a message and an exit status.
+
+Standard library, msgspec and memorizz only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import sys
+import time
+from collections.abc import Callable
+
+from memorizz.api import methods as m
+from memorizz.client import Client
+from memorizz.ctl.add import build_server_spec
+from memorizz.ctl.exits import EXIT_ERROR, EXIT_OK, EXIT_TEMPFAIL
+from memorizz.ctl.login import open_listener, start_paste_reader
+from memorizz.ctl.render import (
+    render_audit,
+    render_call,
+    render_contents,
+    render_daemon_status,
+    render_login_done,
+    render_messages,
+    render_prompts,
+    render_proposal,
+    render_proposals,
+    render_resources,
+    render_servers,
+    render_status,
+    render_templates,
+    render_test,
+    render_tools,
+)
+from memorizz.ctl.text import format_ms, to_json
+
+Command = Callable[[Client, argparse.Namespace], int]
+
+
+def _show(args: argparse.Namespace, result: m.Result, text: str) -> None:
+    sys.stdout.write(to_json(result) if args.json else text)
+
+
+def cmd_mcp_list(client: Client, args: argparse.Namespace) -> int:
+    servers = client.list_servers()
+    _show(args, m.ServersListResult(servers=servers), render_servers(servers))
+    return EXIT_OK
+
+
+def cmd_mcp_add(client: Client, args: argparse.Namespace) -> int:
+    spec = build_server_spec(args)
+    info = client.add_server(spec)
+    text = f"added {info.name} ({info.transport}, {info.state})\n"
+    _show(args, m.ServersAddResult(server=info), text)
+    return EXIT_OK
+
+
+def cmd_mcp_login(client: Client, args: argparse.Namespace) -> int:
+    if args.callback_url is not None:
+        url = (
+            sys.stdin.readline().strip()
+            if args.callback_url == "-"
+            else args.callback_url
+        )
+        done = client.auth_complete(args.name, url)
+        _show(args, done, render_login_done(done, time.time()))
+        return EXIT_OK
+    started = client.auth_login(args.name, redirect_uri=args.redirect_uri)
+    if args.print_url:
+        _show(args, started, started.authorization_url + "\n")
+        return EXIT_OK
+    found: queue.Queue[str] = queue.Queue()
+    listener, note = (
+        (None, "--no-listen")
+        if args.no_listen
+        else open_listener(started.redirect_uri, found)
+    )
+    try:
+        err = sys.stderr
+        err.write(
+            f"Open this URL in a browser to log in to {args.name} ({started.issuer}):\n\n"
+        )
+        err.write(f"  {started.authorization_url}\n\n")
+        if listener is not None:
+            err.write(f"Waiting for the browser at {started.redirect_uri} ...\n")
+            err.write(
+                "If the browser is on another machine, paste the full address of the page it ends on:\n"
+            )
+        else:
+            err.write(
+                f"({note}) Paste the full address of the page the browser ends on:\n"
+            )
+        err.flush()
+        start_paste_reader(found)
+        wait = started.expires_at - time.time()
+        if args.timeout is not None:
+            wait = min(wait, args.timeout)
+        try:
+            callback = found.get(timeout=max(1.0, wait))
+        except queue.Empty:
+            err.write("the login timed out; run the command again\n")
+            return EXIT_ERROR
+    finally:
+        if listener is not None:
+            listener.close()
+    done = client.auth_complete(args.name, callback)
+    _show(args, done, render_login_done(done, time.time()))
+    return EXIT_OK
+
+
+def cmd_mcp_logout(client: Client, args: argparse.Namespace) -> int:
+    result = client.auth_logout(args.name)
+    _show(args, result, f"logged out of {result.server}: {result.message}\n")
+    return EXIT_OK
+
+
+def cmd_mcp_remove(client: Client, args: argparse.Namespace) -> int:
+    client.remove_server(args.name)
+    _show(args, m.ServersRemoveResult(name=args.name), f"removed {args.name}\n")
+    return EXIT_OK
+
+
+def cmd_mcp_status(client: Client, args: argparse.Namespace) -> int:
+    statuses = client.server_status(args.name)
+    text = render_status(statuses, time.time())
+    _show(args, m.ServersStatusResult(servers=statuses), text)
+    return EXIT_OK
+
+
+def cmd_mcp_test(client: Client, args: argparse.Namespace) -> int:
+    result = client.test_server(args.name, timeout_s=args.timeout)
+    _show(args, result, render_test(result))
+    return EXIT_OK if result.outcome == "ok" else EXIT_ERROR
+
+
+def cmd_mcp_tools(client: Client, args: argparse.Namespace) -> int:
+    tools = client.list_tools(args.server, refresh=args.refresh)
+    _show(args, m.ToolsListResult(tools=tools), render_tools(tools))
+    return EXIT_OK
+
+
+def cmd_mcp_resources(client: Client, args: argparse.Namespace) -> int:
+    resources = client.list_resources(args.server)
+    _show(args, m.ResourcesListResult(resources=resources), render_resources(resources))
+    return EXIT_OK
+
+
+def cmd_mcp_templates(client: Client, args: argparse.Namespace) -> int:
+    templates = client.list_resource_templates(args.server)
+    result = m.ResourcesTemplatesListResult(resource_templates=templates)
+    _show(args, result, render_templates(templates))
+    return EXIT_OK
+
+
+def cmd_mcp_prompts(client: Client, args: argparse.Namespace) -> int:
+    prompts = client.list_prompts(args.server)
+    _show(args, m.PromptsListResult(prompts=prompts), render_prompts(prompts))
+    return EXIT_OK
+
+
+def cmd_mcp_call(client: Client, args: argparse.Namespace) -> int:
+    result = client.call_tool(
+        args.server, args.tool, args.arguments, timeout_s=args.timeout
+    )
+    if args.json:
+        sys.stdout.write(to_json(result))
+    elif result.is_error:
+        text = render_call(result) or "the tool reported an error\n"
+        sys.stderr.write("error: " + text)
+    else:
+        sys.stdout.write(render_call(result))
+    return EXIT_ERROR if result.is_error else EXIT_OK
+
+
+def cmd_mcp_read(client: Client, args: argparse.Namespace) -> int:
+    result = client.read_resource(args.server, args.uri, timeout_s=args.timeout)
+    _show(args, result, render_contents(result.contents))
+    return EXIT_OK
+
+
+def cmd_mcp_prompt(client: Client, args: argparse.Namespace) -> int:
+    result = client.get_prompt(
+        args.server, args.prompt, dict(args.arg), timeout_s=args.timeout
+    )
+    _show(args, result, render_messages(result))
+    return EXIT_OK
+
+
+def cmd_mcp_approvals(client: Client, args: argparse.Namespace) -> int:
+    proposals = client.list_approvals(
+        status=args.status, limit=args.limit, show_arguments=args.show_arguments
+    )
+    text = render_proposals(proposals, time.time(), values=args.show_arguments)
+    _show(args, m.ApprovalsListResult(proposals=proposals), text)
+    return EXIT_OK
+
+
+def _decided(args: argparse.Namespace, proposal: m.Proposal) -> int:
+    result = m.ApprovalsDecisionResult(proposal=proposal)
+    _show(args, result, render_proposal(proposal, time.time()))
+    return EXIT_OK
+
+
+def cmd_mcp_approve(client: Client, args: argparse.Namespace) -> int:
+    return _decided(args, client.approve(args.id, approver=args.approver))
+
+
+def cmd_mcp_reject(client: Client, args: argparse.Namespace) -> int:
+    return _decided(args, client.reject(args.id, reason=args.reason))
+
+
+def cmd_mcp_cancel(client: Client, args: argparse.Namespace) -> int:
+    return _decided(args, client.cancel_approval(args.id))
+
+
+def cmd_mcp_resume(client: Client, args: argparse.Namespace) -> int:
+    result = client.resume(args.id, timeout_s=args.timeout)
+    if args.json:
+        sys.stdout.write(to_json(result))
+    elif result.is_error:
+        text = render_call(result) or "the tool reported an error\n"
+        sys.stderr.write("error: " + text)
+    else:
+        sys.stdout.write(render_call(result))
+    return EXIT_ERROR if result.is_error else EXIT_OK
+
+
+def cmd_mcp_wait(client: Client, args: argparse.Namespace) -> int:
+    result = client.wait_approval(args.id, timeout_s=args.timeout)
+    _show(args, result, render_proposal(result.proposal, time.time()))
+    return EXIT_OK if result.decided else EXIT_TEMPFAIL
+
+
+def cmd_daemon_status(client: Client, args: argparse.Namespace) -> int:
+    status = client.daemon_status()
+    _show(args, status, render_daemon_status(status))
+    return EXIT_OK
+
+
+def cmd_vault_rotate(client: Client, args: argparse.Namespace) -> int:
+    result = client.rotate_vault(new_key=args.new_key)
+    text = (
+        f"re-encrypted {result.reencrypted} secrets under the primary key"
+        f" from {result.key_source}"
+        + (" (a new key was generated: back the key file up)" if result.new_key else "")
+        + "\n"
+    )
+    _show(args, result, text)
+    return EXIT_OK
+
+
+def cmd_audit(client: Client, args: argparse.Namespace) -> int:
+    since = None if args.since is None else time.time() - args.since
+    result = client.audit(
+        server=args.server,
+        tool=args.tool,
+        outcome=args.outcome,
+        since=since,
+        before_id=args.before,
+        limit=args.limit,
+    )
+    _show(args, result, render_audit(result.records))
+    return EXIT_OK
+
+
+def cmd_ping(client: Client, args: argparse.Namespace) -> int:
+    result = client.ping(args.server)
+    target = args.server or "memorizzd"
+    _show(args, result, f"{target}: {format_ms(result.latency_ms)}\n")
+    return EXIT_OK
