@@ -26,8 +26,8 @@ import pytest
 
 from memorizz.api.errors import UnavailableError
 from memorizz.api.methods import ServerSpec
-from memorizzd.upstream.actor import FAILED_AFTER
 from memorizzd.upstream.stdio import STDERR_LINE_MAX, STDERR_LINES_PER_S
+from memorizzd.upstream.supervisor import FAILED_AFTER
 from tests.harness import (
     LEGACY_SERVER,
     DaemonHarness,

@@ -1,0 +1,109 @@
+"""The diagnosis behind ``servers/test``: one honest connection test.
+
+``ok`` only after a fresh ``tools/list``; anything else is a failure kind
+(``session.FailureKind``, the result's ``outcome``) with a message saying
+what to do about it.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import anyio
+
+from memorizz.api import methods as m
+from memorizz.api.errors import (
+    AuthRequiredError,
+    DeadlineExceededError,
+    PermissionDeniedError,
+    RemoteError,
+    UnavailableError,
+)
+from memorizzd.upstream import session as sdk
+
+if TYPE_CHECKING:
+    from memorizzd.upstream.actor import Upstream
+
+
+async def diagnose(upstream: Upstream, timeout_s: float | None) -> m.ServersTestResult:
+    """Test ``upstream``'s connection within ``timeout_s`` (at most its own).
+
+    A server that is not connected is not waited for past the connect
+    wait: in backoff or failed, the recorded failure is the answer.
+    """
+    timeout = upstream.timeout_for(timeout_s)
+    deadline = anyio.current_time() + timeout
+    keeper = upstream.keeper
+    if keeper is not None and not keeper.logged_in:
+        return failed(upstream, "login_required", keeper.login_required_error().message)
+    if not upstream.connected and upstream.state == "connecting":
+        with anyio.move_on_after(timeout):
+            await upstream.wait_settled()
+    if not upstream.connected:
+        if upstream.state == "connecting":
+            return failed(upstream, "timeout", "still connecting")
+        return failed(
+            upstream,
+            upstream.last_failure or "unreachable",
+            upstream.last_error or f"not connected ({upstream.state})",
+        )
+    started = time.perf_counter()
+    try:
+        with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
+            tools = await upstream.list_tools(refresh=True)
+    except TimeoutError:
+        return failed(upstream, "timeout", "no answer within the deadline")
+    except AuthRequiredError as exc:
+        kind: sdk.FailureKind = (
+            "login_required"
+            if exc.reason == "login_required"
+            else "authorization_required"
+        )
+        return failed(upstream, kind, exc.message)
+    except PermissionDeniedError as exc:
+        return failed(upstream, "refused_by_policy", exc.message)
+    except DeadlineExceededError as exc:
+        return failed(upstream, "timeout", exc.message)
+    except UnavailableError as exc:
+        return failed(upstream, upstream.last_failure or "unreachable", exc.message)
+    except RemoteError as exc:
+        return failed(upstream, "upstream_error", exc.message)
+    except sdk.ConnectionLost as exc:
+        return failed(upstream, "unreachable", str(exc) or "connection lost")
+    latency = round((time.perf_counter() - started) * 1000, 3)
+    return m.ServersTestResult(
+        name=upstream.name,
+        outcome="ok",
+        message=f"tools/list answered with {len(tools)} tools",
+        tool_count=len(tools),
+        latency_ms=latency,
+    )
+
+
+def failed(
+    upstream: Upstream, kind: sdk.FailureKind, message: str
+) -> m.ServersTestResult:
+    """A failed test's result: ``kind`` as the outcome, ``message`` with a hint."""
+    name = upstream.name
+    if kind == "authorization_required" and upstream.keeper is not None:
+        message = (
+            f"{message}; the server refused the OAuth grant: log in again "
+            f"(`memorizzctl mcp login {name}`)"
+        )
+    elif kind == "authorization_required":
+        where = (
+            'set `token` (or auth = "oauth") in its [[servers]] entry in the config file'
+            if upstream.source == "config"
+            else f"remove it and add it again with a token or OAuth (`memorizzctl mcp remove {name}`, then `memorizzctl mcp add {name} ... --token -` or `... --oauth`)"
+        )
+        message = f"{message}; the server asks for credentials: {where}"
+    elif kind == "tls_error":
+        message = f"TLS failed: {message}"
+    return m.ServersTestResult(
+        name=name,
+        outcome=kind,
+        message=message,
+        tool_count=None,
+        latency_ms=None,
+    )

@@ -1,0 +1,397 @@
+"""Supervision: one task keeps one server's MCP session warm.
+
+``Supervisor.run`` enters and exits the SDK client (cancel scopes must exit in
+the task that entered them) and keeps it warm; caller tasks send requests over
+the shared session concurrently (``actor.Upstream``). When the session dies
+(process exit, broken pipe, transport fault, failed health probe) ``run``
+reconnects with jittered exponential backoff while callers get
+``server_unavailable`` at once.
+
+This is the circuit breaker (SECURITY.md §6.2 #11), per server, with no
+separate failure counter: a request that times out has the session probed at
+once (``_suspect``), and a lost connection or a probe that gets no answer
+within ``health_timeout_s`` drops the session (open); while it is open,
+calls fail at once with ``server_unavailable`` and ``retry_after_s``; after
+the jittered backoff, doubling up to ``backoff_max_s`` with every failed
+connect in a row (state ``backoff``, then ``failed`` after ``FAILED_AFTER``),
+one connect is tried (half-open: ``connecting``, bounded by ``timeout_s`` over
+HTTP), and a ready session closes it. A session that still answers its probe
+stays, even if one tool hangs: the failure is that tool's, and each call's
+deadline bounds what it costs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from functools import partial
+from typing import TYPE_CHECKING, Any, Final
+
+import anyio
+import anyio.abc
+
+from memorizz.api import methods as m
+from memorizz.api.errors import DeadlineExceededError, RemoteError
+from memorizzd.config import Config
+from memorizzd.store import Negotiated, Store, fingerprint
+from memorizzd.upstream import session as sdk
+from memorizzd.upstream.mcp_sdk import Client
+from memorizzd.upstream.stdio import StdioProcess
+from memorizzd.upstream.tools import ToolCache, ToolsListener
+from memorizzd.vault import CredentialStore, VaultError, resolve_secrets
+
+if TYPE_CHECKING:
+    from memorizzd.oauth.keeper import TokenKeeper
+
+log = logging.getLogger("memorizzd.upstream")
+
+FAILED_AFTER: Final = 5
+"""Consecutive failed connects after which the state reads ``failed`` (it still retries)."""
+
+
+class Supervisor:
+    """One server's session and its life: connect, stay warm, probe, replace
+    (``actor.Upstream`` adds the requests)."""
+
+    def __init__(
+        self,
+        spec: m.ServerSpec,
+        *,
+        source: str,
+        config: Config,
+        store: Store,
+        vault: CredentialStore,
+        on_tools: ToolsListener | None = None,
+    ) -> None:
+        self.spec = spec
+        self._vault = vault
+        self.name = spec.name
+        self.source = source
+        self._config = config
+        self._store = store
+        self.state: m.ServerState = "connecting"
+        self.since = time.time()
+        self.last_error: str | None = None
+        self.last_failure: sdk.FailureKind | None = None
+        """Why the last connect failed, machine-readable (None once ready)."""
+        self.restarts = 0
+        self.protocol_version: str | None = None
+        self.server_name: str | None = None
+        self.server_version: str | None = None
+        self._client: Client | None = None
+        self._ready = anyio.Event()
+        self._settled = anyio.Event()
+        """Set while the state is anything but ``connecting``."""
+        self._dead = anyio.Event()
+        self._process: StdioProcess | None = None
+        self._tools = ToolCache(spec, config=config, on_tools=on_tools)
+        """The warm tools cache: the listing as policy shows it, verdicts precomputed."""
+        self._next_attempt = 0.0
+        self._last_ok = 0.0
+        self._scope: anyio.CancelScope | None = None
+        self._stopped = anyio.Event()
+        self._was_ready = False
+        self._check = anyio.Event()
+        """Set: the health loop probes the session now (a request timed out)."""
+        self._checking: anyio.Event | None = None
+        """While such a probe runs: set when it has its answer."""
+        self._handshake_next = False
+        """The next auto-mode connect uses the handshake era (the probe timed out)."""
+        self.keeper: TokenKeeper | None = None
+        """OAuth servers: the grant and its refresher."""
+        if spec.auth == "oauth" and spec.transport != "stdio":
+            # Imported here: a host without OAuth servers never loads the
+            # SDK's OAuth client modules (about a megabyte of the daemon).
+            from memorizzd.oauth.keeper import TokenKeeper, http_client_for
+
+            self.keeper = TokenKeeper(
+                spec.name,
+                vault=vault,
+                http=partial(http_client_for, spec, config.host_allowlist),
+            )
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Connect, stay warm, reconnect; until ``stop()``. Started = first attempt begun."""
+        try:
+            with anyio.CancelScope() as self._scope:
+                if self.keeper is None:
+                    task_status.started()
+                    await self._supervise()
+                else:
+                    async with anyio.create_task_group() as tg:
+                        await tg.start(self.keeper.run)
+                        task_status.started()
+                        await self._supervise()
+        finally:
+            self._publish(None)
+            self._set_state("stopped")
+            self._stopped.set()
+
+    async def _supervise(self) -> None:
+        failures = 0
+        while True:
+            if self.keeper is not None and not self.keeper.logged_in:
+                self._set_state("login_required")
+                self.last_failure = "login_required"
+                self.last_error = self.keeper.login_required_error().message
+                await self.keeper.wait_logged_in()
+                failures = 0
+            self._set_state("connecting")
+            self._was_ready = False
+            try:
+                await self._connect_and_serve()
+            except Exception as exc:  # noqa: BLE001 - the supervision boundary
+                if not self._dead.is_set():  # else _mark_dead said why
+                    self.last_error = _describe_failure(exc)
+                    self.last_failure = sdk.failure_kind(exc)
+                log.warning("%s: connection failed: %s", self.name, self.last_error)
+            finally:
+                self._publish(None)
+            # A session that was ready starts the backoff ladder afresh.
+            failures = 1 if self._was_ready else failures + 1
+            self.restarts += 1
+            delay = self._backoff(max(failures, 1))
+            self._next_attempt = anyio.current_time() + delay
+            self._set_state("failed" if failures >= FAILED_AFTER else "backoff")
+            if self.keeper is None:
+                await anyio.sleep(delay)
+            else:  # a login ends the wait: connect with the new grant at once
+                with anyio.move_on_after(delay):
+                    await self.keeper.wait_installed()
+
+    def refuse(
+        self, reason: str, *, kind: sdk.FailureKind = "refused_by_policy"
+    ) -> None:
+        """Never run (instead of ``run``): ``failed`` with ``reason`` as last_error."""
+        self._set_state("failed")
+        self.last_error = reason
+        self.last_failure = kind
+        self._stopped.set()
+
+    async def stop(self) -> None:
+        if self._scope is not None:
+            self._scope.cancel()
+        await self._stopped.wait()
+
+    def _backoff(self, failures: int) -> float:
+        base = self._config.backoff_initial_s * float(2 ** min(failures - 1, 30))
+        jitter: float = random.uniform(0.5, 1.0)  # noqa: S311 - not cryptographic
+        return min(self._config.backoff_max_s, base) * jitter
+
+    async def _connect_and_serve(self) -> None:
+        self._process = (
+            StdioProcess(self.name) if self.spec.transport == "stdio" else None
+        )
+        self._dead = anyio.Event()
+        known = await anyio.to_thread.run_sync(self._store.negotiated, self.name)
+        if known is not None and known.fingerprint != fingerprint(self.spec):
+            known = None  # reached differently now: negotiate afresh
+        mode = self.spec.protocol
+        if mode == "auto" and known is not None:
+            # Never pay the slow probe twice: a known-legacy server gets the handshake.
+            mode = "legacy" if known.protocol_version != sdk.MODERN else "auto"
+        elif mode == "auto" and self._handshake_next:
+            mode = "legacy"  # the probe found no answer last time
+        # Over HTTP the connect and the handshake are answers like any other,
+        # bounded by timeout_s (not by the SDK's 30 s connect timeout and 10 s
+        # server/discover probe; a legacy SSE stream first has timeout_s to
+        # open, sse.py). A stdio server's start-up counts against its
+        # handshake, so there the SDK's own per-request bounds apply.
+        handshake = anyio.CancelScope()
+        budget = self.spec.timeout_s * (2 if self.spec.transport == "sse" else 1)
+        if self.spec.transport != "stdio":
+            handshake.deadline = anyio.current_time() + budget
+        with handshake:
+            await self._open_and_serve(mode, known, handshake)
+        if handshake.cancelled_caught:
+            # An auto-mode server that left the probe unanswered is tried next
+            # in the handshake era (it may ignore methods it does not know),
+            # then in auto mode again, and so on.
+            self._handshake_next = mode == "auto"
+            raise DeadlineExceededError(
+                f"no answer to the handshake within {budget:g} s (timed out)"
+            )
+
+    async def _open_and_serve(
+        self,
+        mode: str,
+        known: Negotiated | None,
+        handshake: anyio.CancelScope,
+    ) -> None:
+        # The secrets, from the vault right before connecting (never kept longer
+        # than the connect; a missing one fails the attempt, naming its ref).
+        secrets = await anyio.to_thread.run_sync(
+            resolve_secrets, self.spec, self._vault
+        )
+        async with sdk.open_client(
+            self.spec,
+            mode=mode,
+            process=self._process,
+            message_handler=self._on_message,
+            host_allowlist=self._config.host_allowlist,
+            secrets=secrets,
+            bearer=self.keeper,
+        ) as client:
+            handshake.deadline = math.inf
+            self._handshake_next = False
+            del secrets
+            version, self.server_name, self.server_version = sdk.describe(client)
+            self.protocol_version = version
+            if version and (known is None or known.protocol_version != version):
+                negotiated = Negotiated(version, fingerprint(self.spec))
+                await anyio.to_thread.run_sync(
+                    self._store.set_negotiated, self.name, negotiated
+                )
+            try:
+                await self._tools.refresh(client, server_name=self.server_name)
+            except RemoteError as exc:
+                log.info("%s: no tool listing at connect: %s", self.name, exc.message)
+            except TimeoutError:
+                log.info("%s: no tool listing at connect: it timed out", self.name)
+            self.last_error = None
+            self.last_failure = None
+            self._last_ok = anyio.current_time()
+            self._publish(client)
+            self._was_ready = True
+            self._set_state("ready")
+            log.info(
+                "%s: ready (%s, protocol %s)",
+                self.name,
+                self.server_name or "unnamed server",
+                version,
+            )
+            async with anyio.create_task_group() as tg:
+                if self._process is not None:
+                    tg.start_soon(self._watch_process, self._process)
+                tg.start_soon(self._health_loop, client)
+                tg.start_soon(self._watch_tool_changes, client)
+                await self._dead.wait()
+                tg.cancel_scope.cancel()
+            self._publish(None)
+
+    async def _watch_process(self, process: StdioProcess) -> None:
+        await process.exited.wait()
+        self._mark_dead(f"process exited with code {process.returncode}")
+
+    async def _health_loop(self, client: Client) -> None:
+        """Probe an idle session every ``health_interval_s``, and at once after
+        a request timed out (``_suspect``): a session that cannot answer a
+        ping (a reply dripping slowly ahead of every other on one stdio pipe
+        or SSE stream, a frozen process) is replaced. Requests wait for the
+        verdict of such a check instead of queueing behind the stuck reply."""
+        interval = self._config.health_interval_s
+        self._check = anyio.Event()
+        while True:
+            with anyio.move_on_after(interval):
+                await self._check.wait()
+            suspect = self._check.is_set()
+            if not suspect and anyio.current_time() - self._last_ok < interval:
+                continue
+            try:
+                if suspect:
+                    self._check, self._checking = anyio.Event(), anyio.Event()
+                with anyio.fail_after(self._config.health_timeout_s):
+                    await sdk.guarded(partial(sdk.probe, client), server=self.name)
+            except (RemoteError, sdk.ConnectionLost, TimeoutError) as exc:
+                self._mark_dead(
+                    f"health probe failed: {str(exc) or 'no answer in time'}"
+                    + (" (after a request timed out)" if suspect else "")
+                )
+                return
+            finally:
+                checking, self._checking = self._checking, None
+                if checking is not None:
+                    checking.set()
+            self._last_ok = anyio.current_time()
+
+    def _suspect(self) -> None:
+        """A request timed out: have the health loop probe the session now."""
+        self._check.set()
+
+    async def _wait_checked(self, deadline: float) -> bool:
+        """Wait (within ``deadline``) for a check of the session that a timeout
+        started; whether there was one."""
+        checking = self._checking
+        if checking is None:
+            return False
+        with anyio.move_on_after(max(0.0, deadline - anyio.current_time())):
+            await checking.wait()
+        return True
+
+    async def _on_message(self, message: Any) -> None:
+        if sdk.is_tool_list_changed(message):
+            self._tools_changed()
+
+    def _tools_changed(self) -> None:
+        self._tools.invalidate()  # the next tools/list fetches afresh
+
+    async def _watch_tool_changes(self, client: Client) -> None:
+        try:
+            await sdk.watch_tool_changes(client, self._tools_changed)
+        except Exception as exc:  # noqa: BLE001 - best effort; refresh=true still works
+            log.info("%s: no tools/list_changed subscription: %s", self.name, exc)
+
+    def _mark_dead(self, reason: str) -> None:
+        if not self._dead.is_set():
+            self.last_error = reason
+            self.last_failure = "unreachable"
+            log.warning("%s: session lost: %s", self.name, reason)
+            self._publish(None)
+            self._dead.set()
+
+    async def wait_ready(self) -> None:
+        """Return once the session is ready (the caller bounds the wait)."""
+        while self._current() is None:
+            await self._ready.wait()
+
+    def _current(self) -> Client | None:
+        return self._client
+
+    @property
+    def connected(self) -> bool:
+        """Whether there is a session now."""
+        return self._client is not None
+
+    async def wait_settled(self) -> None:
+        """Wait until a connect under way has ended, at most ``connect_wait_s``."""
+        with anyio.move_on_after(self._config.connect_wait_s):
+            await self._settled.wait()
+
+    def _publish(self, client: Client | None) -> None:
+        self._client = client
+        if client is not None:
+            self._ready.set()
+        elif self._ready.is_set():
+            self._ready = anyio.Event()
+
+    def _set_state(self, state: m.ServerState) -> None:
+        if state != self.state:
+            self.state = state
+            self.since = time.time()
+        if state == "connecting":
+            if self._settled.is_set():
+                self._settled = anyio.Event()
+        else:
+            self._settled.set()
+
+
+def _describe_failure(exc: BaseException) -> str:
+    """A short, secret-free description: the innermost exception's type and
+    message (our own error first, where a group holds one)."""
+    found = sdk.leaves(exc) or [exc]
+    exc = next((e for e in found if isinstance(e, RemoteError)), found[0])
+    if isinstance(exc, RemoteError):
+        return exc.message
+    if isinstance(exc, VaultError):
+        return f"credentials: {exc}"
+    if isinstance(exc, FileNotFoundError):
+        return f"executable not found: {exc.filename}"
+    if isinstance(exc, PermissionError):
+        return f"permission denied: {exc.filename}"
+    text = str(exc).strip()
+    name = type(exc).__name__
+    return f"{name}: {text[:200]}" if text else name

@@ -1,0 +1,106 @@
+"""One server's warm tool cache: the listing as policy shows it, every verdict
+decided once per listing.
+
+The supervisor fills it at connect (``refresh``) and empties it on
+``notifications/tools/list_changed`` (``invalidate``); callers look verdicts
+up in it without I/O (``verdict``, ``tool``). An empty cache is refilled by
+the next ``tools/list`` or ``tools/call`` (``Upstream.list_tools`` and
+``Upstream.tool_verdict``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Final, TypeVar
+
+import anyio
+
+from memorizz.api import methods as m
+from memorizzd.config import Config
+from memorizzd.policy import ToolPolicy, ToolsView, ToolVerdict
+from memorizzd.upstream import session as sdk
+from memorizzd.upstream.mcp_sdk import Client, MCPError
+
+log = logging.getLogger("memorizzd.upstream")
+
+T = TypeVar("T")
+METHOD_NOT_FOUND: Final = -32601
+"""JSON-RPC's code for a method the server does not have."""
+
+ToolsListener = Callable[[str, list[m.Tool]], Awaitable[None]]
+"""Told each fresh listing (server name, visible tools): approvals re-check."""
+
+
+class ToolCache:
+    def __init__(
+        self,
+        spec: m.ServerSpec,
+        *,
+        config: Config,
+        on_tools: ToolsListener | None = None,
+    ) -> None:
+        self._spec = spec
+        self._config = config
+        self._on_tools = on_tools
+        self.view: ToolsView | None = None
+        """The listing as policy shows it, verdicts precomputed (None: none yet)."""
+        self.count: int | None = None
+        """How many tools callers saw in the last listing (kept on invalidation)."""
+
+    async def refresh(self, client: Client, *, server_name: str | None) -> ToolsView:
+        """Fetch the listing and decide every tool once; calls look verdicts up."""
+        name = self._spec.name
+        limit = self._config.list_page_limit
+        with anyio.fail_after(self._spec.timeout_s):
+            tools = await sdk.guarded(
+                partial(
+                    listed, client, "tools", partial(sdk.list_tools, page_limit=limit)
+                ),
+                server=name,
+            )
+        policy = ToolPolicy.for_server(
+            self._spec, self._config.decisions, server_name=server_name
+        )
+        self.view = view = policy.view(tools)
+        self.count = len(view.tools)  # what callers see
+        if self._on_tools is not None:
+            try:
+                await self._on_tools(name, view.tools)
+            except Exception:  # the listing stands; resume re-checks anyway
+                log.exception("%s: the tools listener failed", name)
+        return view
+
+    def invalidate(self) -> None:
+        """The server's tools changed: the next listing is fetched afresh."""
+        log.info("%s: tools/list_changed", self._spec.name)
+        self.view = None
+
+    def tool(self, name: str) -> m.Tool | None:
+        """A visible tool (None: not listed, or no cache)."""
+        view = self.view
+        if view is None:
+            return None
+        return next((tool for tool in view.tools if tool.name == name), None)
+
+    def verdict(self, name: str) -> ToolVerdict | None:
+        """The verdict on calling ``name``, or None when there is no cache."""
+        view = self.view
+        return None if view is None else view.verdict(name)
+
+
+async def listed(
+    client: Client, capability: str, fetch: Callable[[Client], Awaitable[list[T]]]
+) -> list[T]:
+    """A listing; empty, without asking, from a server that does not declare
+    ``capability``, and empty from one that answers that it has no such method
+    (``-32601``): nothing to list is not an error."""
+    if getattr(client.server_capabilities, capability, None) is None:
+        return []
+    try:
+        return await fetch(client)
+    except MCPError as exc:
+        if exc.code != METHOD_NOT_FOUND:
+            raise
+        return []
