@@ -29,7 +29,7 @@ from tests.harness import LEGACY_SERVER, DaemonProcess, rmtree, short_tempdir
 
 LANES = 2
 KILLS_PER_LANE = 12
-BUDGET_S = 180.0  # a bound against a hang, not a speed target: about 30 s on two idle cores
+BUDGET_S = 180.0  # bounds a hang, not the speed: about 30 s on two idle cores
 
 
 def _config(base: str) -> str:
