@@ -142,49 +142,6 @@ class Auditor:
         self._writing = False
         self._refusals = RefusalBudget()
 
-    async def refused(
-        self,
-        caller: Caller,
-        *,
-        action: str,
-        started: float,
-        reason: str,
-        server: str | None = None,
-        tool: str | None = None,
-        arguments: dict[str, Any] | None = None,
-        **verdict: Any,
-    ) -> None:
-        """Record a refusal (outcome ``denied``) and log it, within the caller's budget."""
-        missed = self._refusals.take(caller)
-        if missed is None:
-            return
-        # names an agent made up: bounded, as they reach the log and the trail
-        server = None if server is None else server[:_NAME_MAX]
-        tool = None if tool is None else tool[:_NAME_MAX]
-        log.warning(
-            "refused %s%s for uid %d pid %d on %s: %s%s",
-            action,
-            f" {server}" + (f"/{tool}" if tool else "") if server else "",
-            caller.uid,
-            caller.pid,
-            caller.socket,
-            reason,
-            f" ({missed} more refusals of this caller not recorded: rate limit)"
-            if missed
-            else "",
-        )
-        await self.record(
-            caller,
-            action=action,
-            started=started,
-            outcome="denied",
-            reason=reason,
-            server=server,
-            tool=tool,
-            arguments=arguments,
-            **verdict,
-        )
-
     def digest(self, arguments: dict[str, Any]) -> str:
         """HMAC-SHA-256 (hex) of the canonical JSON (sorted keys) of the arguments."""
         return hmac.new(
@@ -207,13 +164,25 @@ class Auditor:
         result_bytes: int | None = None,
         busy: bool = False,
         proposal_id: str | None = None,
+        refusal: bool | None = None,
     ) -> None:
         """Write one record and return once it is committed. ``started`` is the
         ``time.time()`` the action began; ``busy`` says other calls are running.
 
         A record that cannot be written (a full disk) is logged as an error and
         the daemon keeps serving: the action it describes has already happened.
+
+        A refusal (``refusal``; by default, ``reason`` in ``REFUSALS``) is also
+        logged, and both happen only within the caller's ``RefusalBudget``.
         """
+        if refusal if refusal is not None else reason in REFUSALS:
+            missed = self._refusals.take(caller)
+            if missed is None:
+                return
+            # names an agent made up: bounded, as they reach the log and the trail
+            server = None if server is None else server[:_NAME_MAX]
+            tool = None if tool is None else tool[:_NAME_MAX]
+            _log_refusal(caller, action, reason or "-", server, tool, missed)
         now = time.time()
         record = m.AuditRecord(
             id=0,
@@ -325,4 +294,27 @@ def _summary(record: m.AuditRecord) -> str:
         f"#{record.id} {record.action} {target} {record.outcome}"
         + (f" ({record.reason})" if record.reason else "")
         + f" uid={record.caller_uid} pid={record.caller_pid} {record.duration_ms:g} ms"
+    )
+
+
+def _log_refusal(
+    caller: Caller,
+    action: str,
+    reason: str,
+    server: str | None,
+    tool: str | None,
+    missed: int,
+) -> None:
+    target = (f" {server}" + (f"/{tool}" if tool else "")) if server else ""
+    log.warning(
+        "refused %s%s for uid %d pid %d on %s: %s%s",
+        action,
+        target,
+        caller.uid,
+        caller.pid,
+        caller.socket,
+        reason,
+        f" ({missed} more refusals of this caller not recorded: rate limit)"
+        if missed
+        else "",
     )

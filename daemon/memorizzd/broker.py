@@ -151,9 +151,10 @@ class Broker:
             or method == "tools/call"
         ):
             return
-        await self._auditor.refused(
+        await self._auditor.record(
             caller,
             action=method if method in m.METHODS else "unknown_method",
+            outcome="denied",
             started=time.time(),
             reason=error.reason,
             server=getattr(params, "server", None),
@@ -162,8 +163,13 @@ class Broker:
 
     async def on_refused_connection(self, caller: Caller, error: RemoteError) -> None:
         """A connection refused before it was read: recorded as ``connect``."""
-        await self._auditor.refused(
-            caller, action="connect", started=time.time(), reason=error.reason
+        await self._auditor.record(
+            caller,
+            action="connect",
+            started=time.time(),
+            outcome="denied",
+            reason=error.reason,
+            refusal=True,  # also when over a cap (overloaded): within the budget
         )
 
     async def _audited_tools_call(
@@ -217,21 +223,8 @@ class Broker:
                 p.name, p.arguments, timeout_s=p.timeout_s
             )
         except RemoteError as exc:
-            if exc.reason in REFUSALS:  # not for this caller: within its budget
-                await self._auditor.refused(
-                    caller,
-                    action="tools/call",
-                    started=started,
-                    reason=exc.reason,
-                    server=p.server,
-                    tool=p.name,
-                    arguments=p.arguments,
-                    **verdict,
-                )
-            else:
-                await audit(
-                    outcome=outcome_for(exc.reason), reason=exc.reason, **verdict
-                )
+            # a refusal is recorded as denied, within the caller's budget
+            await audit(outcome=outcome_for(exc.reason), reason=exc.reason, **verdict)
             raise
         except BaseException as exc:  # a bug, or cancelled (client gone, shutdown)
             if client_aborted():

@@ -100,6 +100,22 @@ def prepare_socket_path(path: str) -> None:
         probe.close()
 
 
+class _Every:
+    """A gate for a log line that a flood would repeat: open at most once per period."""
+
+    __slots__ = ("last",)
+
+    def __init__(self) -> None:
+        self.last = -_LOG_EVERY_S
+
+    def open(self) -> bool:
+        now = anyio.current_time()
+        if now - self.last < _LOG_EVERY_S:
+            return False
+        self.last = now
+        return True
+
+
 class _Reserve:
     """One descriptor held in reserve: when the process runs out, it is freed
     to accept a waiting connection and close it at once (shedding the newest
@@ -178,8 +194,7 @@ class SocketServer:
         self._idle.set()
         self._readers: set[anyio.CancelScope] = set()
         self._draining = False
-        self._last_exhausted_log = -_LOG_EVERY_S
-        self._last_refusal_log = -_LOG_EVERY_S
+        self._accept_log = _Every()
 
     async def serve(
         self,
@@ -216,10 +231,8 @@ class SocketServer:
     def _log_accept_failure(
         self, exc: BaseException, shed: int, backoff: float
     ) -> None:
-        now = anyio.current_time()
-        if now - self._last_exhausted_log < _LOG_EVERY_S:
+        if not self._accept_log.open():
             return
-        self._last_exhausted_log = now
         log.error(
             "%s: accept failed (%s); shed %d waiting connections, retrying in %.2f s"
             " (%d shed since start; logged at most every %.0f s)",
@@ -234,28 +247,20 @@ class SocketServer:
     def _admit(
         self, stream: anyio.abc.SocketStream, connections: anyio.abc.TaskGroup
     ) -> None:
-        """Who and how many, before anything is read; refusals close at once."""
+        """Who and how many, before anything is read; refusals close at once
+        (and are logged and audited by ``on_refused``, within a budget)."""
         raw = stream.extra(anyio.abc.SocketAttribute.raw_socket)
         caller = peer_of(raw, self.path, profile=self.rule.profile, role=self.rule.role)
         error: RemoteError | None = None
         if not self.rule.admits(caller):
             error = self.rule.refusal(caller)
-            self._log_refusal(caller, "not admitted by this socket's rule")
         elif self.connections >= self.max_connections:
-            error = UnavailableError(
-                f"too many connections on this socket (max {self.max_connections})",
-                reason="overloaded",
-                data={"retry_after_s": 1.0},
-            )
-            self._log_refusal(caller, "socket at its connection cap")
+            error = _too_many("connections on this socket", self.max_connections)
         elif self.by_uid.get(caller.uid, 0) >= self.max_connections_per_uid:
-            error = UnavailableError(
-                f"too many connections from uid {caller.uid} on this socket"
-                f" (max {self.max_connections_per_uid})",
-                reason="overloaded",
-                data={"retry_after_s": 1.0},
+            error = _too_many(
+                f"connections from uid {caller.uid} on this socket",
+                self.max_connections_per_uid,
             )
-            self._log_refusal(caller, "uid at its connection cap")
         if error is not None:
             self.refused += 1
             _refuse(raw, error)
@@ -265,22 +270,6 @@ class SocketServer:
         self.connections += 1
         self.by_uid[caller.uid] = self.by_uid.get(caller.uid, 0) + 1
         connections.start_soon(self._connection, stream, raw, caller)
-
-    def _log_refusal(self, caller: Caller, why: str) -> None:
-        now = anyio.current_time()
-        if now - self._last_refusal_log < _LOG_EVERY_S:
-            return
-        self._last_refusal_log = now
-        log.warning(
-            "%s: refused pid %d uid %d: %s (%d refused since start;"
-            " logged at most every %.0f s)",
-            self.path,
-            caller.pid,
-            caller.uid,
-            why,
-            self.refused + 1,
-            _LOG_EVERY_S,
-        )
 
     async def drain(self) -> None:
         """Stop reading new requests on every connection; wait until none is in flight."""
@@ -309,6 +298,14 @@ class SocketServer:
             left = self.by_uid.pop(caller.uid, 1) - 1
             if left:
                 self.by_uid[caller.uid] = left
+
+
+def _too_many(what: str, limit: int) -> UnavailableError:
+    return UnavailableError(
+        f"too many {what} (max {limit})",
+        reason="overloaded",
+        data={"retry_after_s": 1.0},
+    )
 
 
 def _refuse(raw: socket.socket, error: RemoteError) -> None:
@@ -360,7 +357,7 @@ class _Connection:
         self.writing_since: float | None = None
         self.broken = False
         self.notifications = 0
-        self.last_notification_log = -_LOG_EVERY_S
+        self.notification_log = _Every()
 
     async def serve(self) -> None:
         async with self.stream, anyio.create_task_group() as tg:
@@ -483,10 +480,8 @@ class _Connection:
 
     def _drop_notification(self, request: Request) -> None:
         self.notifications += 1
-        now = anyio.current_time()
-        if now - self.last_notification_log < _LOG_EVERY_S:
+        if not self.notification_log.open():
             return
-        self.last_notification_log = now
         log.warning(
             "pid %d uid %d sent %s without an id (a notification): not run, since"
             " nobody would learn its outcome (%d dropped on this connection;"
