@@ -52,6 +52,18 @@ def stdio_spec(name: str = "t", **overrides: Any) -> ServerSpec:
     return ServerSpec(**fields)
 
 
+def http_spec(name: str, url: str, transport: str, **overrides: Any) -> ServerSpec:
+    """An HTTP server entry for a loopback test server (``allow_private_network``)."""
+    fields: dict[str, Any] = {
+        "name": name,
+        "transport": transport,
+        "url": url,
+        "allow_private_network": True,  # a loopback test server
+    }
+    fields.update(overrides)
+    return ServerSpec(**fields)
+
+
 def short_tempdir(prefix: str = "mz-") -> str:
     """Under /tmp: AF_UNIX paths must stay under 108 bytes."""
     return tempfile.mkdtemp(prefix=prefix, dir="/tmp")

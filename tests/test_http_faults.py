@@ -20,23 +20,13 @@ from tests.faults import Cut, DropStream, Hang, Seen, SessionLoss, silent_listen
 from tests.harness import (
     DaemonHarness,
     daemon_config,
+    http_spec,
     serve_asgi,
     serve_http,
     wait_until,
 )
 
 LEGACY = "2025-11-25"
-
-
-def http_spec(name: str, url: str, transport: str, **overrides: Any) -> ServerSpec:
-    fields: dict[str, Any] = {
-        "name": name,
-        "transport": transport,
-        "url": url,
-        "allow_private_network": True,  # a loopback test server
-    }
-    fields.update(overrides)
-    return ServerSpec(**fields)
 
 
 @contextlib.contextmanager

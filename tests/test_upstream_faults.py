@@ -27,6 +27,7 @@ from tests.harness import (
     TESTS,
     DaemonHarness,
     daemon_config,
+    http_spec,
     serve_asgi,
     serve_http,
     stdio_spec,
@@ -36,17 +37,6 @@ from tests.harness import (
 BARE_SERVER = str(TESTS / "bare_server.py")
 FAULTS = str(TESTS / "faults.py")
 HTTP = ["streamable_http", "sse"]
-
-
-def http_spec(name: str, url: str, transport: str, **overrides: Any) -> ServerSpec:
-    fields: dict[str, Any] = {
-        "name": name,
-        "transport": transport,
-        "url": url,
-        "allow_private_network": True,  # a loopback test server
-    }
-    fields.update(overrides)
-    return ServerSpec(**fields)
 
 
 @contextlib.contextmanager
