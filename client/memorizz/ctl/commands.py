@@ -21,7 +21,6 @@ from memorizz.api import methods as m
 from memorizz.client import Client
 from memorizz.ctl.add import build_server_spec
 from memorizz.ctl.exits import EXIT_ERROR, EXIT_OK, EXIT_TEMPFAIL
-from memorizz.ctl.login import open_listener, start_paste_reader
 from memorizz.ctl.render import (
     render_audit,
     render_call,
@@ -76,6 +75,8 @@ def cmd_mcp_login(client: Client, args: argparse.Namespace) -> int:
     if args.print_url:
         _show(args, started, started.authorization_url + "\n")
         return EXIT_OK
+    from memorizz.ctl.login import open_listener, start_paste_reader  # http.server
+
     found: queue.Queue[str] = queue.Queue()
     listener, note = (
         (None, "--no-listen")
@@ -165,11 +166,10 @@ def cmd_mcp_prompts(client: Client, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_mcp_call(client: Client, args: argparse.Namespace) -> int:
-    result = client.call_tool(
-        args.server, args.tool, args.arguments, timeout_s=args.timeout
-    )
-    if args.json:
+def show_call(result: m.ToolsCallResult, *, as_json: bool) -> int:
+    """A tool's result: its content on stdout, or on stderr after ``error: ``
+    when the tool reported an error (exit 1); ``--json``: the result struct."""
+    if as_json:
         sys.stdout.write(to_json(result))
     elif result.is_error:
         text = render_call(result) or "the tool reported an error\n"
@@ -177,6 +177,13 @@ def cmd_mcp_call(client: Client, args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render_call(result))
     return EXIT_ERROR if result.is_error else EXIT_OK
+
+
+def cmd_mcp_call(client: Client, args: argparse.Namespace) -> int:
+    result = client.call_tool(
+        args.server, args.tool, args.arguments, timeout_s=args.timeout
+    )
+    return show_call(result, as_json=args.json)
 
 
 def cmd_mcp_read(client: Client, args: argparse.Namespace) -> int:
@@ -221,15 +228,7 @@ def cmd_mcp_cancel(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_mcp_resume(client: Client, args: argparse.Namespace) -> int:
-    result = client.resume(args.id, timeout_s=args.timeout)
-    if args.json:
-        sys.stdout.write(to_json(result))
-    elif result.is_error:
-        text = render_call(result) or "the tool reported an error\n"
-        sys.stderr.write("error: " + text)
-    else:
-        sys.stdout.write(render_call(result))
-    return EXIT_ERROR if result.is_error else EXIT_OK
+    return show_call(client.resume(args.id, timeout_s=args.timeout), as_json=args.json)
 
 
 def cmd_mcp_wait(client: Client, args: argparse.Namespace) -> int:

@@ -12,21 +12,20 @@
 
 ``EPILOG`` is the same table as ``memorizzctl --help`` prints it.
 
-Standard library and the wire contract's errors only.
+Standard library and the wire contract's errors only; the one-shot call
+imports this module, so the errors (and msgspec with them) are imported only
+when an error needs its status, and ``typing`` only by the type checker.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Final
 
-from memorizz.api.errors import (
-    DaemonUnreachableError,
-    ErrorCode,
-    MemorizzError,
-    RemoteError,
-    SocketPermissionError,
-)
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Final
+
+    from memorizz.api.errors import MemorizzError
 
 PROG: Final = "memorizzctl"
 
@@ -56,6 +55,13 @@ class UsageError(Exception):
 
 
 def exit_status(exc: MemorizzError) -> int:
+    from memorizz.api.errors import (
+        DaemonUnreachableError,
+        ErrorCode,
+        RemoteError,
+        SocketPermissionError,
+    )
+
     if isinstance(exc, SocketPermissionError):
         return EXIT_NOPERM
     if isinstance(exc, DaemonUnreachableError):

@@ -6,38 +6,100 @@ usage (exit 2), a ``RemoteError`` prints its message and ``reason`` (and, for
 unreachable daemon exits 69, Ctrl-C 130, and a closed pipe
 (``memorizzctl mcp list | head``) 141, quietly.
 
+A plain ``mcp call`` goes the one-shot way first (``memorizz.ctl.oneshot``:
+built-in modules only, no argparse, no msgspec); whatever it declines, and
+every other command, goes the general way: argparse, the ``Client``, a
+renderer. This module imports the general way's modules only when it takes
+it, so that the one-shot way stays small (tests/test_cli_startup.py).
+
 Standard library, msgspec and memorizz only: no event loop, and none of the
 daemon's dependencies (a test checks).
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 
-from memorizz.api.errors import MemorizzError, RemoteError
-from memorizz.api.protocol import default_socket_path
-from memorizz.client import Client
-from memorizz.ctl.args import split_trailing
-from memorizz.ctl.commands import Command
+from memorizz.ctl import oneshot
 from memorizz.ctl.exits import (
     EXIT_BROKEN_PIPE,
     EXIT_INTERRUPTED,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     PROG,
-    UsageError,
-    exit_status,
 )
-from memorizz.ctl.parser import build_parser
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from memorizz.api.errors import MemorizzError
 
 
 def _error(message: str) -> None:
     print(f"{PROG}: {message}", file=sys.stderr)
 
 
-def _run(argv: list[str]) -> int:
+def _failed(exc: MemorizzError | OSError, socket_path: str) -> int:
+    """Report a command's failure and return its exit status (a closed pipe
+    is re-raised: ``main`` ends quietly)."""
+    from memorizz.api.errors import MemorizzError, RemoteError
+    from memorizz.ctl.exits import exit_status
+
+    if isinstance(exc, RemoteError):
+        _error(f"{exc.message} ({exc.reason})")
+        if exc.reason == "approval_required" and "proposal_id" in exc.data:
+            _error(
+                f"an operator approves with `{PROG} mcp approve {exc.data['proposal_id']}`,"
+                f" then `{PROG} mcp resume {exc.data['proposal_id']}` runs it"
+            )
+        return exit_status(exc)
+    if isinstance(exc, MemorizzError):
+        _error(str(exc))
+        return exit_status(exc)
+    if isinstance(exc, BrokenPipeError):
+        raise exc  # main() stops quietly
+    _error(f"cannot reach memorizzd at {socket_path}: {exc}")  # e.g. a path too long
+    return EXIT_UNAVAILABLE
+
+
+def _one_shot(call: oneshot.Call) -> int | None:
+    """The one-shot call; ``None`` if it could not connect (nothing was sent)."""
+    try:
+        raw = oneshot.exchange(call)
+        if raw is None:
+            return None
+        status = oneshot.show(call, raw)
+    except OSError as exc:  # DaemonUnreachableError is one
+        return _failed(exc, call.socket_path)
+    if status is None:  # not a text-only result: read it as the Client does
+        return _finish(call, raw)
+    return status
+
+
+def _finish(call: oneshot.Call, raw: bytes) -> int:
+    from memorizz.api import methods as m
+    from memorizz.api.errors import MemorizzError
+    from memorizz.api.replies import decode_reply
+    from memorizz.ctl.commands import show_call
+
+    try:
+        result = decode_reply(raw, oneshot.REQUEST_ID, m.ToolsCallResult)
+        return show_call(result, as_json=call.as_json)
+    except (MemorizzError, OSError) as exc:
+        return _failed(exc, call.socket_path)
+
+
+def _general(argv: list[str]) -> int:
+    import argparse
+
+    from memorizz.api.errors import MemorizzError
+    from memorizz.api.protocol import default_socket_path
+    from memorizz.client import Client
+    from memorizz.ctl.args import split_trailing
+    from memorizz.ctl.commands import Command
+    from memorizz.ctl.exits import UsageError
+    from memorizz.ctl.parser import build_parser
+
     head, trailing = split_trailing(argv)
     parser = build_parser()
     try:
@@ -58,22 +120,17 @@ def _run(argv: list[str]) -> int:
         sub.print_usage(sys.stderr)
         print(f"{sub.prog}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except RemoteError as exc:
-        _error(f"{exc.message} ({exc.reason})")
-        if exc.reason == "approval_required" and "proposal_id" in exc.data:
-            _error(
-                f"an operator approves with `{PROG} mcp approve {exc.data['proposal_id']}`,"
-                f" then `{PROG} mcp resume {exc.data['proposal_id']}` runs it"
-            )
-        return exit_status(exc)
-    except MemorizzError as exc:
-        _error(str(exc))
-        return exit_status(exc)
-    except BrokenPipeError:
-        raise
-    except OSError as exc:  # e.g. a socket path longer than AF_UNIX allows
-        _error(f"cannot reach memorizzd at {socket_path}: {exc}")
-        return EXIT_UNAVAILABLE
+    except (MemorizzError, OSError) as exc:
+        return _failed(exc, socket_path)
+
+
+def _run(argv: list[str]) -> int:
+    call = oneshot.parse(argv)
+    if call is not None:
+        status = _one_shot(call)
+        if status is not None:
+            return status
+    return _general(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

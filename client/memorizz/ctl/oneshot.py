@@ -1,0 +1,321 @@
+"""The one-shot ``memorizzctl mcp call``: one tool call, from built-in modules only.
+
+A script that runs ``memorizzctl mcp call NAME TOOL`` pays for an interpreter,
+its imports and one round trip. The general path (``memorizz.ctl.run``)
+imports argparse, the whole command tree and msgspec, whose own import pulls in
+``typing``, ``inspect``, ``uuid``, ``decimal`` and ``datetime``: three times
+what the call itself costs. This module does the plain case with what the
+interpreter has already loaded (``os``, ``sys``) and two of its C modules:
+
+    _socket   the AF_UNIX stream socket (``socket.py`` adds enums: 5 ms)
+    _json     the C scanner and encoder that ``json`` wraps (``json`` compiles
+              regular expressions at import: ``re``, ``enum``, ``functools``)
+
+``parse`` reads the line by hand. It accepts exactly what argparse accepts for
+``mcp call`` with ``--socket``, ``--json``, ``--arguments`` and ``--timeout``
+(spelled ``--opt VALUE`` or ``--opt=VALUE``, where argparse allows them, the
+later one winning) and returns ``None`` for anything else: ``--help``, a usage
+error, a value that starts with ``-``, JSON that msgspec would read otherwise
+(``NaN``, out-of-range numbers, surrogate escapes). The general path then
+parses the line again and says what is wrong, so every usage message has one
+source. ``exchange`` returns ``None`` when it cannot connect, before anything is
+sent, for the same reason. Once the request is sent there is no way back: the
+reply line goes to ``show``, which prints a result whose content is text only
+and returns ``None`` for anything else (an error reply, ``--json``, images,
+an empty content list, a reply msgspec would reject); the caller decodes that
+line as the ``Client`` does and renders it with the general renderer.
+
+The request is the one ``Client.call_tool`` sends, field for field. A test
+(tests/test_cli_startup.py) holds the import set, and that this path is taken.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from memorizz.ctl.exits import EXIT_ERROR, EXIT_OK
+
+TYPE_CHECKING = False  # typing itself costs more than this whole module
+if TYPE_CHECKING:
+    from typing import Any
+
+try:
+    import _json
+    import _socket
+except ImportError:  # not CPython: the general path does everything
+    AVAILABLE = False
+else:
+    AVAILABLE = True
+
+REQUEST_ID = 1
+"""The id of the one request a one-shot connection sends."""
+
+_OPTIONS = ("--socket", "--arguments", "--timeout")
+_JSON_SPACE = " \t\n\r"
+_READ_CHUNK = 1 << 16
+
+
+class Decline(Exception):
+    """Not the plain case: the general path handles this line or this reply."""
+
+
+class Call:
+    """A parsed one-shot call: where to send it, what to send, how to print it."""
+
+    __slots__ = ("as_json", "line", "socket_path")
+
+    def __init__(self, socket_path: str, line: bytes, as_json: bool) -> None:
+        self.socket_path = socket_path
+        self.line = line
+        self.as_json = as_json
+
+
+# --- the line -------------------------------------------------------------------
+
+
+def parse(argv: list[str]) -> Call | None:
+    """``mcp call NAME TOOL [--arguments JSON] [--timeout S]``, or ``None``."""
+    if not AVAILABLE:
+        return None
+    try:
+        return _parse(argv)
+    except Decline:
+        return None
+
+
+def _parse(argv: list[str]) -> Call:
+    words: list[str] = []
+    values: dict[str, str] = {}
+    as_json = False
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        i += 1
+        if not word.startswith("-"):
+            words.append(word)
+            continue
+        name, eq, value = word.partition("=")
+        if word == "--json":
+            as_json = True
+            continue
+        # --arguments and --timeout are call's own: argparse refuses them earlier.
+        if name not in _OPTIONS or (
+            name != "--socket" and words[:2] != ["mcp", "call"]
+        ):
+            raise Decline
+        if not eq:
+            if i == len(argv) or argv[i].startswith("-"):
+                raise Decline  # argparse reads a leading '-' as an option, or fails
+            value = argv[i]
+            i += 1
+        values[name] = value
+    if len(words) != 4 or words[:2] != ["mcp", "call"]:
+        raise Decline
+    server, tool = words[2], words[3]
+    arguments = _arguments(values.get("--arguments"))
+    timeout = _timeout(values.get("--timeout"))
+    text = (
+        f'{{"jsonrpc":"2.0","id":{REQUEST_ID},"method":"tools/call","params":'
+        f'{{"server":{_json.encode_basestring(server)},'
+        f'"name":{_json.encode_basestring(tool)},"arguments":{arguments},'
+        f'"timeout_s":{"null" if timeout is None else repr(timeout)}}}}}\n'
+    )
+    try:
+        line = text.encode()  # a lone surrogate (undecodable argv bytes) fails here
+    except UnicodeError:
+        raise Decline from None
+    socket_path = values.get("--socket") or _default_socket_path()
+    return Call(socket_path, line, as_json)
+
+
+def _timeout(text: str | None) -> float | None:
+    """``memorizz.ctl.args.positive_float``'s rule: a positive, finite float."""
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise Decline from None
+    if not value > 0 or value == float("inf"):
+        raise Decline
+    return value
+
+
+def _arguments(text: str | None) -> str:
+    """The ``--arguments`` object, re-encoded on one line (``{}`` when absent)."""
+    if text is None:
+        return "{}"
+    value = _decode(text)
+    if type(value) is not dict:
+        raise Decline  # the general path says "must be a JSON object"
+    try:
+        encoded: str = "".join(_encoder()(value, 0))
+    except (ValueError, TypeError, RecursionError):
+        raise Decline from None
+    return encoded
+
+
+# --- JSON with the C scanner, read as msgspec reads it ---------------------------
+
+
+def _no_constant(name: str) -> Any:
+    raise Decline  # NaN, Infinity: not JSON, and msgspec refuses them
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise Decline  # msgspec: "Number out of range"
+    return value
+
+
+class _Context:
+    """What ``_json.make_scanner`` reads: ``json.decoder.JSONDecoder``'s settings."""
+
+    strict = True  # control characters inside strings are an error, as in msgspec
+    object_hook = None
+    object_pairs_hook = None
+    array_hook = None  # read from Python 3.15 on
+    parse_float = staticmethod(_finite)
+    parse_int = int
+    parse_constant = staticmethod(_no_constant)
+
+
+def _decode(text: str) -> Any:
+    """One JSON value filling ``text``; ``Decline`` where msgspec might differ."""
+    body = text.strip(_JSON_SPACE)
+    if "\\ud" in body or "\\uD" in body:
+        raise Decline  # surrogate escapes: msgspec refuses a lone one
+    try:
+        # typeshed types the context as a scanner; json.decoder passes itself.
+        value, end = _json.make_scanner(_Context)(body, 0)  # type: ignore[arg-type]
+    except (StopIteration, ValueError, SystemError, RecursionError):
+        # No value, or a malformed one: a JSONDecodeError (a ValueError) if
+        # json.decoder is loaded, else a SystemError (the C scanner takes its
+        # error class from there).
+        raise Decline from None
+    if end != len(body):
+        raise Decline
+    return value
+
+
+def _no_default(value: object) -> object:
+    raise TypeError(type(value).__name__)
+
+
+def _encoder() -> _json.make_encoder:
+    return _json.make_encoder(
+        None, _no_default, _json.encode_basestring, None, ":", ",", False, False, False
+    )
+
+
+def _default_socket_path() -> str:
+    """``memorizz.api.protocol.default_socket_path`` (msgspec comes with that module)."""
+    if env := os.environ.get("MEMORIZZ_SOCKET"):
+        return env
+    if os.geteuid() == 0:
+        return "/run/memorizzd/memorizzd.sock"
+    if runtime := os.environ.get("XDG_RUNTIME_DIR"):
+        return os.path.join(runtime, "memorizzd", "memorizzd.sock")
+    return f"/tmp/memorizzd-{os.geteuid()}/memorizzd.sock"  # noqa: S108 - per-uid, 0700
+
+
+# --- the socket -----------------------------------------------------------------
+
+
+def exchange(call: Call) -> bytes | None:
+    """Send the request and return the reply line; ``None`` if it could not connect.
+
+    A connection that breaks after the request went out raises
+    ``DaemonUnreachableError``, as the ``Client`` does: the call may have run."""
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        try:
+            sock.connect(call.socket_path)
+        except OSError:
+            return None  # the general path connects again and says why
+        try:
+            try:
+                sock.sendall(call.line)
+            except OSError:
+                # A refused connection is answered with one error line and
+                # closed: read it before reporting a broken connection.
+                return _read_line(sock)
+            return _read_line(sock)
+        except (OSError, EOFError) as exc:
+            from memorizz.api.errors import DaemonUnreachableError
+
+            msg = f"connection to memorizzd at {call.socket_path} broke: {exc}"
+            raise DaemonUnreachableError(msg) from None
+    finally:
+        sock.close()
+
+
+def _read_line(sock: _socket.socket) -> bytes:
+    buffer = bytearray()
+    while True:
+        chunk = sock.recv(_READ_CHUNK)
+        if not chunk:
+            raise EOFError("daemon closed the connection")
+        start = len(buffer)
+        buffer += chunk
+        end = buffer.find(b"\n", start)
+        if end >= 0:
+            return bytes(buffer[:end])
+
+
+# --- the reply ------------------------------------------------------------------
+
+
+def show(call: Call, raw: bytes) -> int | None:
+    """Print a text-only tool result and return the exit status, else ``None``.
+
+    What it prints is what ``memorizz.ctl.commands.show_call`` prints for the
+    same reply: the texts, each ending with one newline; on stdout, or after
+    ``error: `` on stderr when the result has ``isError``."""
+    if call.as_json or b"\\ud" in raw or b"\\uD" in raw:
+        return None
+    try:
+        reply = _decode(raw.decode())
+    except (Decline, UnicodeError):
+        return None
+    texts = _texts(reply)
+    if texts is None:
+        return None
+    text = "".join(t if t.endswith("\n") else t + "\n" for t in texts)
+    if reply["result"].get("isError") is True:
+        sys.stderr.write("error: " + text)
+        return EXIT_ERROR
+    sys.stdout.write(text)
+    return EXIT_OK
+
+
+def _texts(reply: object) -> list[str] | None:
+    """The texts of a well-formed ``ToolsCallResult`` reply whose content is
+    only text items; ``None`` for any other reply (as msgspec would type it)."""
+    if type(reply) is not dict or reply.get("jsonrpc") != "2.0":
+        return None
+    request_id = reply.get("id")
+    if type(request_id) is not int or request_id != REQUEST_ID:
+        return None
+    result = reply.get("result")
+    if reply.get("error") is not None or type(result) is not dict:
+        return None
+    for key in ("structuredContent", "_meta"):
+        if result.get(key) is not None and type(result[key]) is not dict:
+            return None
+    if type(result.get("isError", False)) is not bool:
+        return None
+    content = result.get("content")
+    if type(content) is not list or not content:
+        return None
+    texts: list[str] = []
+    for item in content:
+        if type(item) is not dict or item.get("type") != "text":
+            return None
+        text = item.get("text")
+        if type(text) is not str:
+            return None
+        texts.append(text)
+    return texts
