@@ -94,7 +94,8 @@ def test_errors_have_documented_exit_codes(
 ) -> None:
     assert daemon.ctl("mcp", "call", "nope", "echo") == 1
     assert daemon.ctl("mcp", "add", "x", "--transport", "stdio") == 2
-    assert daemon.ctl("mcp", "add", "bad name", "--command", "/bin/true") == 1
+    # refused before the socket, with the daemon's own message and reason
+    assert daemon.ctl("mcp", "add", "bad name", "--command", "/bin/true") == 2
     assert "invalid_params" in capsys.readouterr().err
 
 

@@ -207,8 +207,8 @@ def test_interrupt_exits_130_quietly(
         (["mcp", "call", "fs", "t", "--timeout", "0"], "positive"),
         (["mcp", "add", "fs", "--command", "npx", "--env", "NOEQUALS"], "KEY=VALUE"),
         (["mcp", "add", "fs", "--command", "npx", "--env", "=v"], "KEY=VALUE"),
-        (["mcp", "add", "fs", "--transport", "stdio"], "requires --command"),
-        (["mcp", "add", "fs", "--transport", "sse"], "requires --url"),
+        (["mcp", "add", "fs", "--transport", "stdio"], "stdio needs a command"),
+        (["mcp", "add", "fs", "--transport", "sse"], "sse needs a url"),
         (
             [
                 "mcp",
@@ -221,9 +221,12 @@ def test_interrupt_exits_130_quietly(
                 "--url",
                 "http://h",
             ],
-            "--url",
+            "takes no url (invalid_params)",
         ),
-        (["mcp", "add", "fs", "--url", "http://h/mcp", "--env", "A=1"], "--env"),
+        (
+            ["mcp", "add", "fs", "--url", "http://h/mcp", "--env", "A=1"],
+            "env, secret_env",
+        ),
         (["mcp", "add", "fs"], "--command"),
         (
             ["mcp", "add", "fs", "--command", "npx", "--arg", "-y"],

@@ -17,6 +17,7 @@ import pytest
 
 from memorizz.api.errors import AuthRequiredError
 from memorizz.api.methods import ServerSpec
+from memorizz.ctl.render import render_test
 from memorizzd.egress import client as egress_client
 from memorizzd.egress.backend import Network
 from tests.egress_world import (
@@ -84,8 +85,11 @@ def test_a_401_is_authorization_required(base_dir: str, guarded_url: str) -> Non
         with d.client() as c:
             result = c.test_server("a")
             assert result.outcome == "authorization_required"
-            assert "memorizzctl mcp remove a" in result.message
-            assert "--token -" in result.message
+            assert (result.auth, result.source) == ("none", "api")  # facts
+            assert "memorizzctl" not in result.message  # the hint is the CLI's
+            hint = render_test(result)
+            assert "memorizzctl mcp remove a" in hint
+            assert "--token -" in hint
             assert result.tool_count is None
             status = c.server_status("a")[0]
             assert status.last_error is not None

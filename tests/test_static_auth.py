@@ -18,9 +18,9 @@ import pytest
 from memorizz.api import methods as m
 from memorizz.api.errors import AuthRequiredError, InvalidParamsError
 from memorizz.api.methods import ServerSpec
+from memorizz.api.spec import check_server_spec
 from memorizz.ctl.add import build_server_spec
 from memorizz.ctl.parser import build_parser
-from memorizzd.config import validate_server
 from tests.harness import (
     MCP_SERVER,
     DaemonHarness,
@@ -232,8 +232,8 @@ def test_a_stdio_child_sees_its_secret_env(base_dir: str, capsys: Any) -> None:
 def test_invalid_credentials_are_refused_without_echoing_them(
     overrides: dict[str, Any], message: str
 ) -> None:
-    with pytest.raises(ValueError, match=message) as caught:
-        validate_server(http_spec("a", "http://127.0.0.1:1/mcp", **overrides))
+    with pytest.raises(InvalidParamsError, match=message) as caught:
+        check_server_spec(http_spec("a", "http://127.0.0.1:1/mcp", **overrides))
     assert_no_marker("the error", str(caught.value))
 
 

@@ -1,5 +1,9 @@
 """A blocking client for the memorizzd socket: one method per RPC.
 
+Each typed method sends one method of the table in ``memorizz.api.methods``
+(``Client.call``: the name and the result type come from the declaration); a
+test checks that every declared method has one.
+
 It depends on the standard library and msgspec only, so it starts in
 milliseconds and can be vendored into any tool. One ``Client`` holds one
 connection and sends one request at a time (guarded by a lock, so threads may
@@ -33,6 +37,7 @@ from memorizz.api.protocol import (
     default_socket_path,
 )
 
+P = TypeVar("P", bound=m.Params)
 R = TypeVar("R", bound=m.Result)
 
 _encoder: Final = msgspec.json.Encoder()
@@ -109,6 +114,11 @@ class Client:
             raise DaemonUnreachableError(msg) from None
         return sock
 
+    def call(self, method: m.Method[P, R], params: P) -> R:
+        """Send one declared method (``memorizz.api.methods``) and return its
+        result, decoded as the declaration says."""
+        return self.request(method.name, params, method.result)
+
     def request(self, method: str, params: m.Params, result_type: type[R]) -> R:
         """Send one request and wait for its reply; raise the wire error as an exception.
 
@@ -168,49 +178,36 @@ class Client:
     # --- the daemon ---------------------------------------------------------
 
     def hello(self, client: str = "memorizz-python") -> m.DaemonHelloResult:
-        return self.request(
-            "daemon/hello",
+        return self.call(
+            m.DAEMON_HELLO,
             m.DaemonHelloParams(protocol_version=PROTOCOL_VERSION, client=client),
-            m.DaemonHelloResult,
         )
 
     def daemon_status(self) -> m.DaemonStatusResult:
-        return self.request(
-            "daemon/status", m.DaemonStatusParams(), m.DaemonStatusResult
-        )
+        return self.call(m.DAEMON_STATUS, m.DaemonStatusParams())
 
     def ping(self, server: str | None = None) -> m.PingResult:
-        return self.request("ping", m.PingParams(server=server), m.PingResult)
+        return self.call(m.PING, m.PingParams(server=server))
 
     # --- servers ------------------------------------------------------------
 
     def list_servers(self) -> list[m.ServerInfo]:
-        return self.request(
-            "servers/list", m.ServersListParams(), m.ServersListResult
-        ).servers
+        return self.call(m.SERVERS_LIST, m.ServersListParams()).servers
 
     def add_server(self, spec: m.ServerSpec) -> m.ServerInfo:
-        return self.request(
-            "servers/add", m.ServersAddParams(server=spec), m.ServersAddResult
-        ).server
+        return self.call(m.SERVERS_ADD, m.ServersAddParams(server=spec)).server
 
     def remove_server(self, name: str) -> m.ServersRemoveResult:
-        return self.request(
-            "servers/remove", m.ServersRemoveParams(name=name), m.ServersRemoveResult
-        )
+        return self.call(m.SERVERS_REMOVE, m.ServersRemoveParams(name=name))
 
     def server_status(self, name: str | None = None) -> list[m.ServerStatus]:
-        return self.request(
-            "servers/status", m.ServersStatusParams(name=name), m.ServersStatusResult
-        ).servers
+        return self.call(m.SERVERS_STATUS, m.ServersStatusParams(name=name)).servers
 
     def test_server(
         self, name: str, timeout_s: float | None = None
     ) -> m.ServersTestResult:
-        return self.request(
-            "servers/test",
-            m.ServersTestParams(name=name, timeout_s=timeout_s),
-            m.ServersTestResult,
+        return self.call(
+            m.SERVERS_TEST, m.ServersTestParams(name=name, timeout_s=timeout_s)
         )
 
     def audit(
@@ -224,8 +221,8 @@ class Client:
         limit: int = 100,
     ) -> m.AuditListResult:
         """Audit records, newest first; page with ``before_id=result.next_before_id``."""
-        return self.request(
-            "audit/list",
+        return self.call(
+            m.AUDIT_LIST,
             m.AuditListParams(
                 server=server,
                 tool=tool,
@@ -234,37 +231,29 @@ class Client:
                 before_id=before_id,
                 limit=limit,
             ),
-            m.AuditListResult,
         )
 
     def rotate_vault(self, *, new_key: bool = False) -> m.VaultRotateResult:
         """Re-encrypt every secret under the primary key (``new_key``: key file only)."""
-        return self.request(
-            "vault/rotate", m.VaultRotateParams(new_key=new_key), m.VaultRotateResult
-        )
+        return self.call(m.VAULT_ROTATE, m.VaultRotateParams(new_key=new_key))
 
     def auth_login(
         self, server: str, *, redirect_uri: str | None = None
     ) -> m.AuthLoginResult:
         """Start an OAuth login: open ``authorization_url``, then pass the URL
         the browser lands on to ``auth_complete``."""
-        return self.request(
-            "auth/login",
-            m.AuthLoginParams(server=server, redirect_uri=redirect_uri),
-            m.AuthLoginResult,
+        return self.call(
+            m.AUTH_LOGIN, m.AuthLoginParams(server=server, redirect_uri=redirect_uri)
         )
 
     def auth_complete(self, server: str, callback_url: str) -> m.AuthCompleteResult:
-        return self.request(
-            "auth/complete",
+        return self.call(
+            m.AUTH_COMPLETE,
             m.AuthCompleteParams(server=server, callback_url=callback_url),
-            m.AuthCompleteResult,
         )
 
     def auth_logout(self, server: str) -> m.AuthLogoutResult:
-        return self.request(
-            "auth/logout", m.AuthLogoutParams(server=server), m.AuthLogoutResult
-        )
+        return self.call(m.AUTH_LOGOUT, m.AuthLogoutParams(server=server))
 
     # --- approvals ----------------------------------------------------------
 
@@ -276,63 +265,52 @@ class Client:
         show_arguments: bool = False,
     ) -> list[m.Proposal]:
         """Proposals, newest first (an agent socket shows its profile's own)."""
-        return self.request(
-            "approvals/list",
+        return self.call(
+            m.APPROVALS_LIST,
             m.ApprovalsListParams(
                 status=status, limit=limit, show_arguments=show_arguments
             ),
-            m.ApprovalsListResult,
         ).proposals
 
     def approve(self, proposal_id: str, *, approver: str | None = None) -> m.Proposal:
         """Approve as this connection's uid; ``approver`` is only an extra label."""
-        return self.request(
-            "approvals/approve",
+        return self.call(
+            m.APPROVALS_APPROVE,
             m.ApprovalsApproveParams(id=proposal_id, approver=approver),
-            m.ApprovalsDecisionResult,
         ).proposal
 
     def reject(self, proposal_id: str, *, reason: str | None = None) -> m.Proposal:
-        return self.request(
-            "approvals/reject",
-            m.ApprovalsRejectParams(id=proposal_id, reason=reason),
-            m.ApprovalsDecisionResult,
+        return self.call(
+            m.APPROVALS_REJECT, m.ApprovalsRejectParams(id=proposal_id, reason=reason)
         ).proposal
 
     def cancel_approval(self, proposal_id: str) -> m.Proposal:
-        return self.request(
-            "approvals/cancel",
-            m.ApprovalsCancelParams(id=proposal_id),
-            m.ApprovalsDecisionResult,
+        return self.call(
+            m.APPROVALS_CANCEL, m.ApprovalsCancelParams(id=proposal_id)
         ).proposal
 
     def resume(
         self, proposal_id: str, *, timeout_s: float | None = None
     ) -> m.ToolsCallResult:
         """Run an approved proposal's stored call (once; a second resume fails)."""
-        return self.request(
-            "approvals/resume",
+        return self.call(
+            m.APPROVALS_RESUME,
             m.ApprovalsResumeParams(id=proposal_id, timeout_s=timeout_s),
-            m.ToolsCallResult,
         )
 
     def wait_approval(
         self, proposal_id: str, *, timeout_s: float = 30.0
     ) -> m.ApprovalsWaitResult:
         """Block until the proposal is decided, or ``timeout_s`` passes."""
-        return self.request(
-            "approvals/wait",
-            m.ApprovalsWaitParams(id=proposal_id, timeout_s=timeout_s),
-            m.ApprovalsWaitResult,
+        return self.call(
+            m.APPROVALS_WAIT, m.ApprovalsWaitParams(id=proposal_id, timeout_s=timeout_s)
         )
 
     # --- MCP pass-through ---------------------------------------------------
 
     def list_tools(self, server: str, *, refresh: bool = False) -> list[m.Tool]:
-        return self.request(
-            "tools/list",
-            m.ToolsListParams(server=server, refresh=refresh),
-            m.ToolsListResult,
+        return self.call(
+            m.TOOLS_LIST, m.ToolsListParams(server=server, refresh=refresh)
         ).tools
 
     def call_tool(
@@ -344,41 +322,33 @@ class Client:
         timeout_s: float | None = None,
     ) -> m.ToolsCallResult:
         """Call a tool; an ``isError`` result is returned, not raised."""
-        return self.request(
-            "tools/call",
+        return self.call(
+            m.TOOLS_CALL,
             m.ToolsCallParams(
                 server=server, name=name, arguments=arguments or {}, timeout_s=timeout_s
             ),
-            m.ToolsCallResult,
         )
 
     def list_resources(self, server: str) -> list[m.Resource]:
-        return self.request(
-            "resources/list",
-            m.ResourcesListParams(server=server),
-            m.ResourcesListResult,
+        return self.call(
+            m.RESOURCES_LIST, m.ResourcesListParams(server=server)
         ).resources
 
     def list_resource_templates(self, server: str) -> list[m.ResourceTemplate]:
-        return self.request(
-            "resources/templates/list",
-            m.ResourcesTemplatesListParams(server=server),
-            m.ResourcesTemplatesListResult,
+        return self.call(
+            m.RESOURCES_TEMPLATES_LIST, m.ResourcesTemplatesListParams(server=server)
         ).resource_templates
 
     def read_resource(
         self, server: str, uri: str, *, timeout_s: float | None = None
     ) -> m.ResourcesReadResult:
-        return self.request(
-            "resources/read",
+        return self.call(
+            m.RESOURCES_READ,
             m.ResourcesReadParams(server=server, uri=uri, timeout_s=timeout_s),
-            m.ResourcesReadResult,
         )
 
     def list_prompts(self, server: str) -> list[m.Prompt]:
-        return self.request(
-            "prompts/list", m.PromptsListParams(server=server), m.PromptsListResult
-        ).prompts
+        return self.call(m.PROMPTS_LIST, m.PromptsListParams(server=server)).prompts
 
     def get_prompt(
         self,
@@ -388,12 +358,11 @@ class Client:
         *,
         timeout_s: float | None = None,
     ) -> m.PromptsGetResult:
-        return self.request(
-            "prompts/get",
+        return self.call(
+            m.PROMPTS_GET,
             m.PromptsGetParams(
                 server=server, name=name, arguments=arguments or {}, timeout_s=timeout_s
             ),
-            m.PromptsGetResult,
         )
 
 

@@ -30,13 +30,14 @@ from memorizz.api.errors import (
     UnsupportedProtocolError,
 )
 from memorizz.api.protocol import PROTOCOL_VERSION
+from memorizz.api.spec import check_server_spec
 from memorizzd import __version__
 from memorizzd.approval_methods import ApprovalMethods
 from memorizzd.approvals import ApprovalBook, approval_required
 from memorizzd.audit import REFUSALS, Auditor, outcome_for
 from memorizzd.caller import Caller, Handler
 from memorizzd.calllife import client_aborted, mark_abortable
-from memorizzd.config import Config, validate_server
+from memorizzd.config import Config
 from memorizzd.egress.urls import check_server_url
 from memorizzd.execution import resolve_command
 from memorizzd.policy import refusal
@@ -101,30 +102,37 @@ class Broker:
         self._oauth_service: OAuthService | None = None
 
     def handlers(self) -> Mapping[str, Handler]:
-        table: dict[str, Any] = {
-            "daemon/hello": self.daemon_hello,
-            "daemon/status": self.daemon_status,
-            "servers/list": self.servers_list,
-            "servers/add": self._audited_servers_add,
-            "servers/remove": self._audited_servers_remove,
-            "servers/status": self.servers_status,
-            "servers/test": self.servers_test,
-            "tools/list": self.tools_list,
-            "tools/call": self._audited_tools_call,
-            "resources/list": self.resources_list,
-            "resources/templates/list": self.resources_templates_list,
-            "resources/read": self.resources_read,
-            "prompts/list": self.prompts_list,
-            "prompts/get": self.prompts_get,
-            "ping": self.ping,
-            "audit/list": self.audit_list,
-            "vault/rotate": self._audited_vault_rotate,
-            "auth/login": self._audited_auth_login,
-            "auth/complete": self._audited_auth_complete,
-            "auth/logout": self._audited_auth_logout,
+        """One handler per method of the table (``memorizz.api.methods``); the
+        dispatcher refuses a table with a method missing or undeclared."""
+        passthrough: dict[m.Method[Any, Any], Handler] = {
+            m.TOOLS_LIST: self.tools_list,
+            m.TOOLS_CALL: self._audited_tools_call,
+            m.RESOURCES_LIST: self.resources_list,
+            m.RESOURCES_TEMPLATES_LIST: self.resources_templates_list,
+            m.RESOURCES_READ: self.resources_read,
+            m.PROMPTS_LIST: self.prompts_list,
+            m.PROMPTS_GET: self.prompts_get,
+            m.PING: self.ping,
+        }
+        own: dict[m.Method[Any, Any], Handler] = {
+            m.DAEMON_HELLO: self.daemon_hello,
+            m.DAEMON_STATUS: self.daemon_status,
+            m.SERVERS_LIST: self.servers_list,
+            m.SERVERS_ADD: self._audited_servers_add,
+            m.SERVERS_REMOVE: self._audited_servers_remove,
+            m.SERVERS_STATUS: self.servers_status,
+            m.SERVERS_TEST: self.servers_test,
+            m.AUDIT_LIST: self.audit_list,
+            m.VAULT_ROTATE: self._audited_vault_rotate,
+            m.AUTH_LOGIN: self._audited_auth_login,
+            m.AUTH_COMPLETE: self._audited_auth_complete,
+            m.AUTH_LOGOUT: self._audited_auth_logout,
+        }
+        return {
+            **{method.name: handler for method, handler in passthrough.items()},
+            **{method.name: handler for method, handler in own.items()},
             **ApprovalMethods(self._pool, book=self._book).handlers(),
         }
-        return table
 
     def _get(self, caller: Caller, name: str) -> Upstream:
         """The caller's server: an operator's any, an agent's where its profile
@@ -437,13 +445,10 @@ class Broker:
         self, caller: Caller, p: m.ServersAddParams
     ) -> m.ServersAddResult:
         spec = p.server
-        # The egress policy first: a refused URL (ftp:, file:, http:) answers
-        # with its reason (scheme_not_allowed ...), not as a malformed spec.
+        # What needs no state first, as the CLI checks it (the same reason and
+        # message), then the egress policy on the URL and the stdio allowlist.
+        check_server_spec(spec)
         check_server_url(spec, allowlist=self._config.host_allowlist)
-        try:
-            validate_server(spec)
-        except ValueError as exc:
-            raise InvalidParamsError(str(exc)) from None
         spec = resolve_command(  # stdio: the absolute path is what is stored and runs
             spec,
             allowlist=self._config.stdio_allowlist,

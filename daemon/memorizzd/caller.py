@@ -11,13 +11,13 @@ to; a caller built without one has no role, and no role is refused everywhere
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
-from memorizz.api.methods import Result
+from memorizz.api.methods import Result, Role  # Role: declared with the method table
 
-Role = Literal["operator", "agent"]
+__all__ = ["Caller", "Handler", "Role"]
 
 
 class Caller(msgspec.Struct, frozen=True, kw_only=True):

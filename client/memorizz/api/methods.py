@@ -1,5 +1,9 @@
 """Params and Result structs for every method, and the method table.
 
+Each method is declared once, at the bottom (``Method``: name, params,
+result, roles): the daemon's dispatcher and authority table and the thin
+client are built from that table.
+
 Two spelling rules:
 
 * The daemon's own structs use snake_case field names (``--json`` output equals
@@ -15,7 +19,7 @@ fields are ignored by both sides. Anything else bumps ``PROTOCOL_VERSION``.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Final, Literal
+from typing import Annotated, Any, Final, Generic, Literal, TypeVar
 
 import msgspec
 
@@ -429,8 +433,17 @@ class ServersTestResult(Result, kw_only=True):
     """``ok`` only when a real ``tools/list`` round trip to the server succeeded;
     ``login_required``: an OAuth server with no usable grant."""
     message: str
+    """What happened, as the daemon saw it (what to do about it is the
+    client's to say: ``memorizzctl`` keys its hints by ``outcome``)."""
     tool_count: int | None
     latency_ms: float | None
+    reason: str | None = None
+    """The ``data.reason`` of the error behind a failure, when there was one
+    (``host_not_allowed``, ``command_not_allowed``, ``login_required`` ...)."""
+    auth: AuthMode = "none"
+    """The server's auth mode (``oauth``: log in again; else: give credentials)."""
+    source: Literal["config", "api"] = "api"
+    """Where the server is configured: the config file, or ``servers/add``."""
 
 
 class AuditRecord(msgspec.Struct, kw_only=True):
@@ -624,99 +637,221 @@ class ApprovalsWaitResult(Result, kw_only=True):
     """False when the deadline passed with the proposal still pending."""
 
 
-class MethodSpec(msgspec.Struct, frozen=True):
-    params: type[Params]
-    result: type[Result]
+# --- the method table: each method declared once ------------------------------
+
+P = TypeVar("P", bound=Params)
+R = TypeVar("R", bound=Result)
+
+Role = Literal["operator", "agent"]
+"""Who a connection is, by the socket it came in on (``memorizzd.caller``)."""
+OPERATOR_ONLY: Final[frozenset[Role]] = frozenset({"operator"})
+AGENTS_TOO: Final[frozenset[Role]] = frozenset({"operator", "agent"})
+"""The non-escalating surface: what an agent socket serves too."""
+
+
+class Method(msgspec.Struct, Generic[P, R], frozen=True, kw_only=True):
+    """One method of the wire contract, declared once.
+
+    The daemon's dispatcher decodes ``params`` with it and lets only ``roles``
+    call it (``memorizzd.rpc``), the thin client sends it and decodes
+    ``result`` with it (``memorizz.client``), and the JSON Schema is generated
+    from it (``memorizz.api.schema``). Tests check that each of them covers
+    exactly this table."""
+
+    name: str
+    params: type[P]
+    result: type[R]
+    roles: frozenset[Role]
     doc: str
+    passthrough: bool = False
+    """An MCP method relayed to one upstream server (``server`` param)."""
 
 
-METHODS: Final[dict[str, MethodSpec]] = {
-    "daemon/hello": MethodSpec(
-        DaemonHelloParams, DaemonHelloResult, "Check protocol compatibility."
-    ),
-    "daemon/status": MethodSpec(
-        DaemonStatusParams, DaemonStatusResult, "Daemon version, uptime, counts."
-    ),
-    "servers/list": MethodSpec(
-        ServersListParams, ServersListResult, "Configured servers."
-    ),
-    "servers/add": MethodSpec(
-        ServersAddParams, ServersAddResult, "Add a server at run time (persisted)."
-    ),
-    "servers/remove": MethodSpec(
-        ServersRemoveParams, ServersRemoveResult, "Remove a run-time server."
-    ),
-    "servers/status": MethodSpec(
-        ServersStatusParams, ServersStatusResult, "Live state and stats per server."
-    ),
-    "servers/test": MethodSpec(
-        ServersTestParams, ServersTestResult, "A real round trip to one server."
-    ),
-    "tools/list": MethodSpec(ToolsListParams, ToolsListResult, "A server's tools."),
-    "tools/call": MethodSpec(ToolsCallParams, ToolsCallResult, "Call a tool."),
-    "resources/list": MethodSpec(
-        ResourcesListParams, ResourcesListResult, "A server's resources."
-    ),
-    "resources/templates/list": MethodSpec(
-        ResourcesTemplatesListParams,
-        ResourcesTemplatesListResult,
-        "A server's resource templates.",
-    ),
-    "resources/read": MethodSpec(
-        ResourcesReadParams, ResourcesReadResult, "Read one resource."
-    ),
-    "prompts/list": MethodSpec(
-        PromptsListParams, PromptsListResult, "A server's prompts."
-    ),
-    "prompts/get": MethodSpec(PromptsGetParams, PromptsGetResult, "Get one prompt."),
-    "ping": MethodSpec(PingParams, PingResult, "Ping the daemon or one upstream."),
-    "audit/list": MethodSpec(
-        AuditListParams, AuditListResult, "The audit trail, newest first."
-    ),
-    "vault/rotate": MethodSpec(
-        VaultRotateParams,
-        VaultRotateResult,
-        "Re-encrypt every secret under the primary key.",
-    ),
-    "auth/login": MethodSpec(
-        AuthLoginParams,
-        AuthLoginResult,
-        "Start an OAuth login: the authorization URL to open.",
-    ),
-    "auth/complete": MethodSpec(
-        AuthCompleteParams,
-        AuthCompleteResult,
-        "Finish an OAuth login with the browser's final callback URL.",
-    ),
-    "auth/logout": MethodSpec(
-        AuthLogoutParams,
-        AuthLogoutResult,
-        "Revoke (where supported) and delete a server's OAuth grant.",
-    ),
-    "approvals/list": MethodSpec(
-        ApprovalsListParams,
-        ApprovalsListResult,
-        "Proposals, newest first (an agent sees its profile's own).",
-    ),
-    "approvals/approve": MethodSpec(
-        ApprovalsApproveParams, ApprovalsDecisionResult, "Approve a pending proposal."
-    ),
-    "approvals/reject": MethodSpec(
-        ApprovalsRejectParams, ApprovalsDecisionResult, "Reject a pending proposal."
-    ),
-    "approvals/cancel": MethodSpec(
-        ApprovalsCancelParams,
-        ApprovalsDecisionResult,
-        "Withdraw a pending or approved proposal.",
-    ),
-    "approvals/resume": MethodSpec(
-        ApprovalsResumeParams,
-        ToolsCallResult,
-        "Run an approved proposal's stored call, once.",
-    ),
-    "approvals/wait": MethodSpec(
-        ApprovalsWaitParams,
-        ApprovalsWaitResult,
-        "Wait until a proposal is decided or the deadline passes.",
-    ),
+def _mcp(name: str, params: type[P], result: type[R], doc: str) -> Method[P, R]:
+    return Method(
+        name=name,
+        params=params,
+        result=result,
+        roles=AGENTS_TOO,
+        doc=doc,
+        passthrough=True,
+    )
+
+
+def _own(
+    name: str,
+    params: type[P],
+    result: type[R],
+    doc: str,
+    *,
+    roles: frozenset[Role] = OPERATOR_ONLY,
+) -> Method[P, R]:
+    return Method(name=name, params=params, result=result, roles=roles, doc=doc)
+
+
+# The MCP pass-through methods: every role, relayed to the named server.
+TOOLS_LIST: Final = _mcp(
+    "tools/list", ToolsListParams, ToolsListResult, "A server's tools."
+)
+TOOLS_CALL: Final = _mcp("tools/call", ToolsCallParams, ToolsCallResult, "Call a tool.")
+RESOURCES_LIST: Final = _mcp(
+    "resources/list", ResourcesListParams, ResourcesListResult, "A server's resources."
+)
+RESOURCES_TEMPLATES_LIST: Final = _mcp(
+    "resources/templates/list",
+    ResourcesTemplatesListParams,
+    ResourcesTemplatesListResult,
+    "A server's resource templates.",
+)
+RESOURCES_READ: Final = _mcp(
+    "resources/read", ResourcesReadParams, ResourcesReadResult, "Read one resource."
+)
+PROMPTS_LIST: Final = _mcp(
+    "prompts/list", PromptsListParams, PromptsListResult, "A server's prompts."
+)
+PROMPTS_GET: Final = _mcp(
+    "prompts/get", PromptsGetParams, PromptsGetResult, "Get one prompt."
+)
+PING: Final = _mcp("ping", PingParams, PingResult, "Ping the daemon or one upstream.")
+
+# The daemon's own methods.
+DAEMON_HELLO: Final = _own(
+    "daemon/hello",
+    DaemonHelloParams,
+    DaemonHelloResult,
+    "Check protocol compatibility.",
+    roles=AGENTS_TOO,
+)
+DAEMON_STATUS: Final = _own(
+    "daemon/status",
+    DaemonStatusParams,
+    DaemonStatusResult,
+    "Daemon version, uptime, counts.",
+)
+SERVERS_LIST: Final = _own(
+    "servers/list", ServersListParams, ServersListResult, "Configured servers."
+)
+SERVERS_ADD: Final = _own(
+    "servers/add",
+    ServersAddParams,
+    ServersAddResult,
+    "Add a server at run time (persisted).",
+)
+SERVERS_REMOVE: Final = _own(
+    "servers/remove",
+    ServersRemoveParams,
+    ServersRemoveResult,
+    "Remove a run-time server.",
+)
+SERVERS_STATUS: Final = _own(
+    "servers/status",
+    ServersStatusParams,
+    ServersStatusResult,
+    "Live state and stats per server.",
+)
+SERVERS_TEST: Final = _own(
+    "servers/test",
+    ServersTestParams,
+    ServersTestResult,
+    "A real round trip to one server.",
+)
+AUDIT_LIST: Final = _own(
+    "audit/list", AuditListParams, AuditListResult, "The audit trail, newest first."
+)
+VAULT_ROTATE: Final = _own(
+    "vault/rotate",
+    VaultRotateParams,
+    VaultRotateResult,
+    "Re-encrypt every secret under the primary key.",
+)
+AUTH_LOGIN: Final = _own(
+    "auth/login",
+    AuthLoginParams,
+    AuthLoginResult,
+    "Start an OAuth login: the authorization URL to open.",
+)
+AUTH_COMPLETE: Final = _own(
+    "auth/complete",
+    AuthCompleteParams,
+    AuthCompleteResult,
+    "Finish an OAuth login with the browser's final callback URL.",
+)
+AUTH_LOGOUT: Final = _own(
+    "auth/logout",
+    AuthLogoutParams,
+    AuthLogoutResult,
+    "Revoke (where supported) and delete a server's OAuth grant.",
+)
+APPROVALS_LIST: Final = _own(
+    "approvals/list",
+    ApprovalsListParams,
+    ApprovalsListResult,
+    "Proposals, newest first (an agent sees its profile's own).",
+    roles=AGENTS_TOO,
+)
+APPROVALS_APPROVE: Final = _own(
+    "approvals/approve",
+    ApprovalsApproveParams,
+    ApprovalsDecisionResult,
+    "Approve a pending proposal.",
+)
+APPROVALS_REJECT: Final = _own(
+    "approvals/reject",
+    ApprovalsRejectParams,
+    ApprovalsDecisionResult,
+    "Reject a pending proposal.",
+)
+APPROVALS_CANCEL: Final = _own(
+    "approvals/cancel",
+    ApprovalsCancelParams,
+    ApprovalsDecisionResult,
+    "Withdraw a pending or approved proposal.",
+    roles=AGENTS_TOO,
+)
+APPROVALS_RESUME: Final = _own(
+    "approvals/resume",
+    ApprovalsResumeParams,
+    ToolsCallResult,
+    "Run an approved proposal's stored call, once.",
+    roles=AGENTS_TOO,
+)
+APPROVALS_WAIT: Final = _own(
+    "approvals/wait",
+    ApprovalsWaitParams,
+    ApprovalsWaitResult,
+    "Wait until a proposal is decided or the deadline passes.",
+    roles=AGENTS_TOO,
+)
+
+METHODS: Final[dict[str, Method[Any, Any]]] = {
+    method.name: method
+    for method in (
+        DAEMON_HELLO,
+        DAEMON_STATUS,
+        SERVERS_LIST,
+        SERVERS_ADD,
+        SERVERS_REMOVE,
+        SERVERS_STATUS,
+        SERVERS_TEST,
+        TOOLS_LIST,
+        TOOLS_CALL,
+        RESOURCES_LIST,
+        RESOURCES_TEMPLATES_LIST,
+        RESOURCES_READ,
+        PROMPTS_LIST,
+        PROMPTS_GET,
+        PING,
+        AUDIT_LIST,
+        VAULT_ROTATE,
+        AUTH_LOGIN,
+        AUTH_COMPLETE,
+        AUTH_LOGOUT,
+        APPROVALS_LIST,
+        APPROVALS_APPROVE,
+        APPROVALS_REJECT,
+        APPROVALS_CANCEL,
+        APPROVALS_RESUME,
+        APPROVALS_WAIT,
+    )
 }
+"""Every method by name, in the schema's order: THE wire contract's table."""

@@ -14,7 +14,8 @@ SCHEMA_PATH: Final = Path(__file__).parent / "schema" / f"v{PROTOCOL_VERSION}.js
 
 
 def generate() -> bytes:
-    """The schema document: every method's params/result plus the error object."""
+    """The schema document: every method's params, result, the roles that may
+    call it and whether it relays MCP, plus the error object."""
     types: list[type] = [ErrorObject]
     for spec in METHODS.values():
         types += [spec.params, spec.result]
@@ -26,6 +27,8 @@ def generate() -> bytes:
             "description": spec.doc,
             "params": refs[1 + 2 * i],
             "result": refs[2 + 2 * i],
+            "roles": sorted(spec.roles),
+            "mcp_passthrough": spec.passthrough,
         }
         for i, (name, spec) in enumerate(METHODS.items())
     }

@@ -2,9 +2,11 @@
 
 ``add_options`` declares the options; ``build_server_spec`` turns the parsed
 line into the spec the daemon is sent, or raises ``UsageError`` (exit 2) for a
-combination that cannot work (a stdio server with a URL, a token without
-``--auth bearer``, ...). Secrets given as ``-`` are read from standard input so
-they stay out of ``ps`` and the shell's history.
+spec that cannot work (a stdio server with a URL, a token without ``--auth
+bearer``, ...), found by the same checks the daemon runs on ``servers/add``
+(``memorizz.api.spec``), with the same message and reason. Secrets given as
+``-`` are read from standard input so they stay out of ``ps`` and the shell's
+history.
 
 Standard library, msgspec and memorizz only.
 """
@@ -153,43 +155,24 @@ def add_options(add: argparse.ArgumentParser) -> None:
 
 
 def build_server_spec(args: argparse.Namespace) -> m.ServerSpec:
-    """The ``ServerSpec`` for ``mcp add``; raise ``UsageError`` if it cannot work."""
+    """The ``ServerSpec`` for ``mcp add``; raise ``UsageError`` if it cannot work.
+
+    The spec is checked here by the same function ``servers/add`` runs
+    (``memorizz.api.spec``), so a spec that cannot work is refused before the
+    socket is touched, with the daemon's own message and ``reason``."""
+    from memorizz.api.errors import RemoteError
+    from memorizz.api.spec import check_server_spec
+
     command: str | None = args.command
     url: str | None = args.url
-    server_args: list[str] = [*args.arg, *args.trailing]
-    env: dict[str, str] = dict(args.env)
-    cwd: str | None = args.cwd
     transport: str | None = args.transport
-    if transport is None:
+    if transport is None:  # the one thing only the command line can get wrong
         if command is not None and url is None:
             transport = "stdio"
         elif url is not None and command is None:
             transport = "streamable_http"
         else:
             raise UsageError("give --command (stdio) or --url (streamable_http, sse)")
-    if transport == "stdio":
-        if command is None:
-            raise UsageError("--transport stdio requires --command")
-        if url is not None:
-            raise UsageError("--url does not apply to --transport stdio")
-    else:
-        if url is None:
-            raise UsageError(f"--transport {transport} requires --url")
-        extra = [
-            flag
-            for flag, given in (
-                ("--command", command is not None),
-                ("--arg", bool(server_args)),
-                ("--env", bool(env)),
-                ("--cwd", cwd is not None),
-                ("--secret-env", bool(args.secret_env)),
-            )
-            if given
-        ]
-        if extra:
-            raise UsageError(
-                f"--transport {transport} does not take {', '.join(extra)}"
-            )
     token = _read_token(args)
     if args.oauth and args.auth not in (None, "oauth"):
         raise UsageError("--oauth and --auth are given with different values")
@@ -198,39 +181,16 @@ def build_server_spec(args: argparse.Namespace) -> m.ServerSpec:
         if args.oauth
         else args.auth or ("bearer" if token is not None else "none")
     )
-    oauth_given = [
-        flag
-        for flag, given in (
-            ("--client-id", args.client_id is not None),
-            ("--client-secret", args.client_secret is not None),
-            (
-                "--token-endpoint-auth-method",
-                args.token_endpoint_auth_method is not None,
-            ),
-            ("--client-metadata-url", args.client_metadata_url is not None),
-            ("--scope", bool(args.scope)),
-            ("--redirect-uri", args.redirect_uri is not None),
-        )
-        if given
-    ]
-    if oauth_given and auth != "oauth":
-        raise UsageError(f"{', '.join(oauth_given)} need --oauth")
     client_secret = args.client_secret
     if client_secret == "-":  # noqa: S105 - "-" means stdin
         client_secret = sys.stdin.read().strip()
-    if transport == "stdio" and (auth != "none" or args.header):
-        raise UsageError("--auth, --token and --header are for HTTP servers")
-    if auth == "bearer" and token is None:
-        raise UsageError("--auth bearer needs --token or --token-file")
-    if auth == "none" and token is not None:
-        raise UsageError("--token needs --auth bearer")
-    return m.ServerSpec(
+    spec = m.ServerSpec(
         name=args.name,
         transport=cast(m.Transport, transport),
         command=command,
-        args=server_args,
-        env=env,
-        cwd=os.path.abspath(cwd) if cwd is not None else None,
+        args=[*args.arg, *args.trailing],
+        env=dict(args.env),
+        cwd=os.path.abspath(args.cwd) if args.cwd is not None else None,
         url=url,
         timeout_s=m.DEFAULT_TIMEOUT_S if args.timeout is None else args.timeout,
         max_result_bytes=(
@@ -251,6 +211,11 @@ def build_server_spec(args: argparse.Namespace) -> m.ServerSpec:
         oauth_scopes=list(args.scope),
         oauth_redirect_uri=args.redirect_uri,
     )
+    try:
+        check_server_spec(spec)
+    except RemoteError as exc:
+        raise UsageError(f"{exc.message} ({exc.reason})") from None
+    return spec
 
 
 def _read_token(args: argparse.Namespace) -> str | None:

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final
 
 from memorizz.api import methods as m
+from memorizz.ctl.exits import PROG
 from memorizz.ctl.text import (
     blocks,
     dash,
@@ -103,6 +104,42 @@ def render_login_done(result: m.AuthCompleteResult, now: float) -> str:
     return f"logged in to {result.server}: {render_auth(result.auth, now)}\n"
 
 
+def _credentials_hint(result: m.ServersTestResult) -> str:
+    name = result.name
+    if result.auth == "oauth":
+        return f"the server refused the OAuth grant: log in again (`{PROG} mcp login {name}`)"
+    if result.source == "config":
+        return (
+            'the server asks for credentials: set `token` (or auth = "oauth")'
+            " in its [[servers]] entry in the config file"
+        )
+    return (
+        "the server asks for credentials: remove it and add it again with a"
+        f" token or OAuth (`{PROG} mcp remove {name}`, then"
+        f" `{PROG} mcp add {name} ... --token -` or `... --oauth`)"
+    )
+
+
+def _tls_hint(result: m.ServersTestResult) -> str:
+    return "the TLS handshake failed: check the server's certificate and host name"
+
+
+TEST_HINTS: Final[dict[str, Callable[[m.ServersTestResult], str]]] = {
+    "authorization_required": _credentials_hint,
+    "tls_error": _tls_hint,
+}
+"""``servers/test`` outcome -> what to do about it. The daemon answers with
+facts only (``outcome``, ``reason``, ``message``, the server's ``auth`` and
+``source``); the words naming the next command live here, beside that command.
+No entry: the message says it all."""
+
+
+def servers_test_hint(result: m.ServersTestResult) -> str | None:
+    """The hint for a failed ``servers/test``, or None."""
+    hint = TEST_HINTS.get(result.outcome)
+    return None if hint is None else hint(result)
+
+
 def render_test(result: m.ServersTestResult) -> str:
     if result.outcome == "ok":
         detail = []
@@ -113,7 +150,9 @@ def render_test(result: m.ServersTestResult) -> str:
             detail.append(format_ms(result.latency_ms))
         suffix = f" ({', '.join(detail)})" if detail else ""
         return f"{result.name}: ok{suffix}\n"
-    return f"{result.name}: {result.outcome}: {one_line(result.message, 500)}\n"
+    hint = servers_test_hint(result)
+    suffix = f"; {hint}" if hint else ""
+    return f"{result.name}: {result.outcome}: {one_line(result.message, 500)}{suffix}\n"
 
 
 def render_tools(tools: Sequence[m.Tool]) -> str:

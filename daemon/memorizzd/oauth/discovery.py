@@ -27,7 +27,7 @@ import httpx2
 from pydantic import ValidationError
 
 from memorizz.api.errors import LoginError
-from memorizzd.config import LOOPBACK_HOSTS
+from memorizz.api.spec import LOOPBACK_HOSTS
 from memorizzd.oauth.endpoints import EndpointError, get_json, printable
 from memorizzd.oauth.mcp_sdk import (
     OAuthMetadata,

@@ -32,7 +32,7 @@ from pydantic import AnyUrl, ValidationError
 
 from memorizz.api import methods as m
 from memorizz.api.errors import InvalidParamsError, LoginError
-from memorizzd.config import redirect_uri_ok
+from memorizz.api.spec import redirect_uri_ok
 from memorizzd.oauth import endpoints
 from memorizzd.oauth.discovery import AuthorizationServer, Challenge
 from memorizzd.oauth.endpoints import ClientAuth, EndpointError, printable

@@ -27,34 +27,16 @@ from memorizz.api.methods import METHODS
 from memorizzd.caller import Caller, Role
 from memorizzd.config import Operators, Profile, gid_of
 
+ROLES: Final[dict[str, frozenset[Role]]] = {
+    name: method.roles for name, method in METHODS.items()
+}
+"""method -> the roles that may call it, from the one method table
+(``memorizz.api.methods``: each method declares its roles)."""
+
 AGENT_METHODS: Final = frozenset(
-    {
-        "daemon/hello",
-        "ping",
-        "tools/list",
-        "tools/call",
-        "resources/list",
-        "resources/templates/list",
-        "resources/read",
-        "prompts/list",
-        "prompts/get",
-        "approvals/list",
-        "approvals/cancel",
-        "approvals/resume",
-        "approvals/wait",
-    }
+    name for name, roles in ROLES.items() if "agent" in roles
 )
 """The non-escalating surface. Every other method is for operators only."""
-
-ROLES: Final[dict[str, frozenset[Role]]] = {
-    name: (
-        frozenset({"operator", "agent"})
-        if name in AGENT_METHODS
-        else frozenset({"operator"})
-    )
-    for name in METHODS
-}
-"""method -> the roles that may call it (a test checks it covers ``METHODS``)."""
 
 
 def method_allowed(caller: Caller, method: str) -> bool:

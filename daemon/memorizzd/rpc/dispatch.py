@@ -1,5 +1,10 @@
 """The method table and THE boundary where exceptions become JSON-RPC errors.
 
+The table is built from the one declaration of the wire contract
+(``memorizz.api.methods.METHODS``): each method's params decoder comes from
+it, the roles that may call it too (``rpc.authority``), and a handler must
+exist for every declared method and for no other.
+
 Nothing below this module knows JSON-RPC exists: handlers take a decoded
 Params struct and return a Result struct or raise a ``RemoteError``. Anything
 else that escapes a handler is a bug: it is logged with its traceback and the
@@ -59,6 +64,9 @@ class Dispatcher:
         missing = METHODS.keys() - handlers.keys()
         if missing:
             raise ValueError(f"no handler for {sorted(missing)}")
+        undeclared = handlers.keys() - METHODS.keys()
+        if undeclared:  # a method must be declared in memorizz.api.methods first
+            raise ValueError(f"handlers for undeclared methods {sorted(undeclared)}")
         self._methods = {
             name: _Method(name, spec.params, handlers[name])
             for name, spec in METHODS.items()

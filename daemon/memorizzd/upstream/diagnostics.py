@@ -1,8 +1,10 @@
 """The diagnosis behind ``servers/test``: one honest connection test.
 
 ``ok`` only after a fresh ``tools/list``; anything else is a failure kind
-(``session.FailureKind``, the result's ``outcome``) with a message saying
-what to do about it.
+(``session.FailureKind``, the result's ``outcome``) with the facts behind it:
+the message, the error's ``reason``, the server's auth mode and where it is
+configured. What to do about it is the client's to say (``memorizzctl`` keys
+its hints by outcome, in ``memorizz.ctl.render``).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ async def diagnose(upstream: Upstream, timeout_s: float | None) -> m.ServersTest
     deadline = anyio.current_time() + timeout
     keeper = upstream.keeper
     if keeper is not None and not keeper.logged_in:
-        return failed(upstream, "login_required", keeper.login_required_error().message)
+        error = keeper.login_required_error()
+        return failed(upstream, "login_required", error.message, error.reason)
     if not upstream.connected and upstream.state == "connecting":
         with anyio.move_on_after(timeout):
             await upstream.wait_settled()
@@ -60,15 +63,16 @@ async def diagnose(upstream: Upstream, timeout_s: float | None) -> m.ServersTest
             if exc.reason == "login_required"
             else "authorization_required"
         )
-        return failed(upstream, kind, exc.message)
+        return failed(upstream, kind, exc.message, exc.reason)
     except PermissionDeniedError as exc:
-        return failed(upstream, "refused_by_policy", exc.message)
+        return failed(upstream, "refused_by_policy", exc.message, exc.reason)
     except DeadlineExceededError as exc:
-        return failed(upstream, "timeout", exc.message)
+        return failed(upstream, "timeout", exc.message, exc.reason)
     except UnavailableError as exc:
-        return failed(upstream, upstream.last_failure or "unreachable", exc.message)
+        kind = upstream.last_failure or "unreachable"
+        return failed(upstream, kind, exc.message, exc.reason)
     except RemoteError as exc:
-        return failed(upstream, "upstream_error", exc.message)
+        return failed(upstream, "upstream_error", exc.message, exc.reason)
     except sdk.ConnectionLost as exc:
         return failed(upstream, "unreachable", str(exc) or "connection lost")
     latency = round((time.perf_counter() - started) * 1000, 3)
@@ -78,32 +82,25 @@ async def diagnose(upstream: Upstream, timeout_s: float | None) -> m.ServersTest
         message=f"tools/list answered with {len(tools)} tools",
         tool_count=len(tools),
         latency_ms=latency,
+        auth=upstream.spec.auth,
+        source="config" if upstream.source == "config" else "api",
     )
 
 
 def failed(
-    upstream: Upstream, kind: sdk.FailureKind, message: str
+    upstream: Upstream,
+    kind: sdk.FailureKind,
+    message: str,
+    reason: str | None = None,
 ) -> m.ServersTestResult:
-    """A failed test's result: ``kind`` as the outcome, ``message`` with a hint."""
-    name = upstream.name
-    if kind == "authorization_required" and upstream.keeper is not None:
-        message = (
-            f"{message}; the server refused the OAuth grant: log in again "
-            f"(`memorizzctl mcp login {name}`)"
-        )
-    elif kind == "authorization_required":
-        where = (
-            'set `token` (or auth = "oauth") in its [[servers]] entry in the config file'
-            if upstream.source == "config"
-            else f"remove it and add it again with a token or OAuth (`memorizzctl mcp remove {name}`, then `memorizzctl mcp add {name} ... --token -` or `... --oauth`)"
-        )
-        message = f"{message}; the server asks for credentials: {where}"
-    elif kind == "tls_error":
-        message = f"TLS failed: {message}"
+    """A failed test's result: facts only (``kind`` as the outcome)."""
     return m.ServersTestResult(
-        name=name,
+        name=upstream.name,
         outcome=kind,
         message=message,
         tool_count=None,
         latency_ms=None,
+        reason=reason,
+        auth=upstream.spec.auth,
+        source="config" if upstream.source == "config" else "api",
     )

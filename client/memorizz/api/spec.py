@@ -1,0 +1,205 @@
+"""What a ``ServerSpec`` must be, whoever checks it: the one validation.
+
+``check_server_spec`` holds every check that needs nothing but the spec
+(the name; transport, command and url shape; timeouts and caps; auth kinds,
+tokens, headers and secret env names; the OAuth settings). The CLI runs it
+before it sends ``servers/add`` (``memorizzctl mcp add``), and the daemon
+runs it on ``servers/add`` and on every ``[[servers]]`` entry of its config
+file, so that the same bad spec gets the same ``reason`` and message
+everywhere. What needs the daemon's state stays in the daemon: the host
+allowlist and the address checks of the egress policy, the stdio allowlist.
+
+Messages name the server and the setting, never a secret's value.
+Standard library and the wire contract only.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Final, NoReturn
+from urllib.parse import urlsplit
+
+from memorizz.api.errors import InvalidParamsError, PermissionDeniedError
+from memorizz.api.methods import ServerSpec
+
+SERVER_NAME_MAX: Final = 64
+LOOPBACK_HOSTS: Final = ("localhost", "127.0.0.1", "::1")
+_TOKEN_CHARS: Final = frozenset(
+    "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+)
+FORBIDDEN_HEADERS: Final = frozenset(
+    {
+        "host",
+        "content-length",
+        "content-type",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "upgrade",
+        "te",
+        "trailer",
+        "accept",
+        "accept-encoding",
+        "proxy-authorization",
+        "proxy-connection",
+        "last-event-id",
+    }
+)
+"""Headers the transport owns; ``mcp-*`` (session, protocol version) too."""
+_CODE_ENV_PREFIXES: Final = ("LD_", "BASH_FUNC_", "PYTHON", "NODE_", "PERL", "RUBY")
+_CODE_ENV: Final = frozenset({"PATH", "BASH_ENV", "ENV", "HOME"})
+_SCHEME: Final = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+
+
+def check_server_spec(spec: ServerSpec) -> None:
+    """Raise the error ``servers/add`` answers for ``spec``, if any.
+
+    ``InvalidParamsError`` (``invalid_params``) for a spec that cannot work;
+    ``PermissionDeniedError`` (``scheme_not_allowed``) for a URL whose scheme
+    is neither https nor http."""
+    if not spec.name or len(spec.name) > SERVER_NAME_MAX:
+        _invalid(f"server name must be 1..{SERVER_NAME_MAX} characters")
+    if not all((c.isascii() and c.isalnum()) or c in "-_." for c in spec.name):
+        _invalid(
+            f"server name {spec.name!r} may contain only letters, digits, '-', '_' and '.'"
+        )
+    where = f"server {spec.name!r}"
+    if spec.transport == "stdio":
+        if not spec.command:
+            _invalid(f"{where}: transport stdio needs a command")
+        if spec.url:
+            _invalid(f"{where}: transport stdio takes no url")
+    else:
+        if not spec.url:
+            _invalid(f"{where}: transport {spec.transport} needs a url")
+        _check_scheme(spec.url, where)
+        if spec.command or spec.args or spec.env or spec.cwd or spec.secret_env:
+            _invalid(
+                f"{where}: command, args, env, secret_env and cwd are for stdio servers"
+            )
+    _check_secrets(spec, where)
+    if not 0 < spec.timeout_s <= 3600:
+        _invalid(f"{where}: timeout_s must be in (0, 3600]")
+    if not 1024 <= spec.max_result_bytes <= 256 * 1024 * 1024:
+        _invalid(f"{where}: max_result_bytes must be in [1024, 268435456]")
+
+
+def _check_scheme(url: str, where: str) -> None:
+    """http or https (in any case, RFC 3986 §3.1); any other scheme is refused
+    as such, as the egress policy refuses it; the rest of the URL is the
+    egress policy's (``memorizzd.egress.urls``)."""
+    scheme = _SCHEME.match(url)
+    if scheme is None:
+        _invalid(f"{where}: the url must be an absolute https:// URL")
+    if scheme.group(1).lower() not in ("http", "https"):
+        raise PermissionDeniedError(
+            f"scheme_not_allowed: {where}: the url must be https:// (or http://"
+            " with allow_private_network)",
+            reason="scheme_not_allowed",
+        )
+
+
+def redirect_uri_ok(uri: str) -> bool:
+    """Loopback ``http`` (RFC 8252 §7.3) or ``https``; no fragment."""
+    parts = urlsplit(uri)
+    loopback = parts.scheme == "http" and (parts.hostname or "") in LOOPBACK_HOSTS
+    return (
+        (loopback or parts.scheme == "https")
+        and not parts.fragment
+        and bool(parts.netloc)
+    )
+
+
+def _invalid(message: str) -> NoReturn:
+    raise InvalidParamsError(message)
+
+
+def _check_secrets(spec: ServerSpec, where: str) -> None:
+    """Auth, headers and secret env; messages never contain a value."""
+    if spec.transport == "stdio" and (
+        spec.auth != "none" or spec.token is not None or spec.headers
+    ):
+        _invalid(f"{where}: auth, token and headers are for HTTP servers")
+    if spec.auth == "bearer" and not spec.token:
+        _invalid(f"{where}: auth bearer needs a token")
+    if spec.auth != "bearer" and spec.token is not None:
+        _invalid(f"{where}: a token needs auth bearer")
+    if spec.token is not None and not _clean(spec.token):
+        _invalid(f"{where}: the token must be non-empty printable text")
+    _check_oauth(spec, where)
+    seen: set[str] = set()
+    for header, value in spec.headers.items():
+        lower = header.lower()
+        if not header or not set(header) <= _TOKEN_CHARS:
+            _invalid(f"{where}: header name {header!r} is not a valid token")
+        if lower in FORBIDDEN_HEADERS or lower.startswith("mcp-"):
+            _invalid(f"{where}: header {header!r} is set by the transport")
+        if lower == "authorization" and spec.auth != "none":
+            _invalid(
+                f"{where}: Authorization is set by auth {spec.auth}; not also in headers"
+            )
+        if lower in seen:
+            _invalid(f"{where}: header {header!r} given twice")
+        seen.add(lower)
+        if not _clean(value):
+            _invalid(
+                f"{where}: the value of header {header!r} must be non-empty printable text"
+            )
+    for key, value in spec.secret_env.items():
+        if not key or "=" in key or "\0" in key:
+            _invalid(f"{where}: secret_env name {key!r} is not valid")
+        if key in spec.env:
+            _invalid(f"{where}: {key!r} is in both env and secret_env")
+        if key in _CODE_ENV or key.startswith(_CODE_ENV_PREFIXES):
+            _invalid(f"{where}: {key!r} belongs in env, not secret_env")
+        if not value or "\0" in value:
+            _invalid(
+                f"{where}: the value of secret_env {key!r} must be non-empty, without NUL"
+            )
+
+
+def _check_oauth(spec: ServerSpec, where: str) -> None:
+    oauth_keys = (
+        spec.oauth_client_id is not None
+        or spec.oauth_client_secret is not None
+        or spec.oauth_client_metadata_url is not None
+        or bool(spec.oauth_scopes)
+        or spec.oauth_token_endpoint_auth_method is not None
+        or spec.oauth_redirect_uri is not None
+    )
+    if spec.auth != "oauth":
+        if oauth_keys:
+            _invalid(f'{where}: the oauth_* settings need auth = "oauth"')
+        return
+    if spec.oauth_client_secret is not None and not spec.oauth_client_id:
+        _invalid(f"{where}: oauth_client_secret needs oauth_client_id")
+    if spec.oauth_client_secret is not None and not _clean(spec.oauth_client_secret):
+        _invalid(f"{where}: oauth_client_secret must be non-empty printable text")
+    if spec.oauth_client_id is not None and not _clean(spec.oauth_client_id):
+        _invalid(f"{where}: oauth_client_id must be non-empty printable text")
+    url = spec.oauth_client_metadata_url
+    if url is not None:
+        parts = urlsplit(url)
+        if parts.scheme != "https" or parts.path in ("", "/") or parts.fragment:
+            _invalid(
+                f"{where}: oauth_client_metadata_url must be an https URL with a path"
+            )
+    for scope in spec.oauth_scopes:
+        if not scope or not _clean(scope) or " " in scope:
+            _invalid(f"{where}: oauth_scopes holds an empty or spaced scope")
+    if spec.oauth_redirect_uri is not None and not redirect_uri_ok(
+        spec.oauth_redirect_uri
+    ):
+        _invalid(
+            f"{where}: oauth_redirect_uri must be http://127.0.0.1:PORT/PATH "
+            "(loopback) or an https URL, without a fragment"
+        )
+
+
+def _clean(value: str) -> bool:
+    """Non-empty, visible ASCII or space/tab, no surrounding whitespace."""
+    return (
+        bool(value)
+        and value == value.strip()
+        and all(c == "\t" or " " <= c <= "~" for c in value)
+    )
