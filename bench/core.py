@@ -12,6 +12,12 @@
     2 cores whatever the daemon does; (d') shows the daemon's own capacity;
 (e) the daemon's RSS with 20 warm stdio servers (their own processes not counted).
 
+One-shot CLI: the installed ``memorizzctl mcp call echo echo`` (the console
+script of pyproject's [project.scripts], as users run it), timed from outside,
+process start to exit, against the warm echo server of (b). Its bytecode is
+cached as an installed package's is (in the run's temporary directory, since
+PYTHONDONTWRITEBYTECODE may be set here); a few unmeasured runs write it.
+
 Context rows, no targets: a cold thin client that goes through the daemon
 (start, import memorizz, one call); the floor's own throughput (one SDK
 session, 32 calls in flight); the CPU per call of client, daemon and server,
@@ -68,6 +74,9 @@ MAX_OVERHEAD_US: Final = 300.0
 MIN_RATIO_C_B: Final = 50.0
 MIN_THROUGHPUT: Final = 2000.0
 MAX_RSS: Final = 80_000_000
+MAX_ONE_SHOT_MS: Final = 40.0
+ONE_SHOT_WARMUP: Final = 3
+MEMORIZZCTL: Final = os.path.join(os.path.dirname(sys.executable), "memorizzctl")
 
 READY_TIMEOUT_S: Final = 120.0
 COLD_TIMEOUT_S: Final = 60.0
@@ -82,6 +91,7 @@ class Options(msgspec.Struct, kw_only=True):
     connections: int
     procs: int
     rss_servers: int
+    one_shot: int
 
 
 class Sequential(msgspec.Struct, kw_only=True):
@@ -101,6 +111,8 @@ class Results(msgspec.Struct, kw_only=True):
     b: Sequential
     cold_direct: list[int]
     cold_via_daemon: list[int]
+    one_shot: list[int]
+    """The installed ``memorizzctl mcp call``, process start to exit (ns)."""
     floor_rates: list[float]
     batches: list[load.Batch]
     tiny_batches: list[load.Batch]
@@ -143,6 +155,11 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         "--rss-servers", type=int, help="warm servers for (e) (20; --quick 5)"
     )
     parser.add_argument(
+        "--one-shot",
+        type=int,
+        help="runs of the one-shot memorizzctl mcp call (50; --quick 10)",
+    )
+    parser.add_argument(
         "--quick",
         action="store_true",
         help="a smoke run: n=200, cold=3, 1000 throughput calls, 5 RSS servers",
@@ -158,6 +175,7 @@ def parse_args(argv: Sequence[str] | None) -> Options:
         connections=32,
         procs=args.procs,
         rss_servers=args.rss_servers or (5 if quick else 20),
+        one_shot=args.one_shot or (10 if quick else 50),
     )
     if not 1 <= options.blocks <= options.n:
         parser.error("--blocks must be between 1 and --n")
@@ -305,6 +323,35 @@ def cold(options: Options, socket_path: str) -> tuple[list[int], list[int]]:
     return direct, via_daemon
 
 
+def one_shot_cli(options: Options, socket_path: str, workdir: str) -> list[int]:
+    """The installed ``memorizzctl mcp call``, timed from outside (start to exit)."""
+    argv = [MEMORIZZCTL, "--socket", socket_path, "mcp", "call", "echo", "echo"]
+    argv += ["--arguments", msgspec.json.encode({"text": TEXT}).decode()]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["PYTHONPYCACHEPREFIX"] = os.path.join(workdir, "pycache")
+    samples: list[int] = []
+    for i in range(ONE_SHOT_WARMUP + options.one_shot):
+        started = time.perf_counter_ns()
+        done = subprocess.run(
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=COLD_TIMEOUT_S,
+            check=False,
+        )
+        elapsed = time.perf_counter_ns() - started
+        if done.returncode != 0 or done.stdout != TEXT.encode() + b"\n":
+            tail = done.stderr.decode(errors="replace").strip().splitlines()[-5:]
+            raise RuntimeError(
+                f"memorizzctl mcp call failed with code {done.returncode}: "
+                + "\n".join(tail)
+            )
+        if i >= ONE_SHOT_WARMUP:
+            samples.append(elapsed)
+    return samples
+
+
 def resident(options: Options, daemon: DaemonProcess) -> dict[int, int]:
     """(e): a fresh daemon's RSS with 0, 1 and ``rss_servers`` warm echo servers."""
     daemon.start()
@@ -369,6 +416,8 @@ def run(options: Options, workdir: str, stack: contextlib.ExitStack) -> Results:
     tiny_batches = load_on("tiny")
     rss_after_load = rss_bytes(daemon.pid)
     cold_direct, cold_via_daemon = cold(options, daemon.socket)
+    progress(f"one-shot CLI: {options.one_shot} runs of memorizzctl mcp call")
+    one_shot = one_shot_cli(options, daemon.socket, workdir)
     client.close()
     daemon.stop()
 
@@ -382,6 +431,7 @@ def run(options: Options, workdir: str, stack: contextlib.ExitStack) -> Results:
         b=b,
         cold_direct=cold_direct,
         cold_via_daemon=cold_via_daemon,
+        one_shot=one_shot,
         floor_rates=floor_rates,
         batches=batches,
         tiny_batches=tiny_batches,
@@ -453,6 +503,7 @@ def _latency_rows(r: Results) -> list[str]:
     for label, samples in (
         ("(c) cold: python -c, import mcp, spawn, init, 1 call", r.cold_direct),
         ("    context: cold thin client through the daemon", r.cold_via_daemon),
+        ("one-shot memorizzctl mcp call (start to exit)", r.one_shot),
     ):
         lines.append(
             f"{label:54}{_ms(median(samples)):>11}{_ms(p99(samples)):>11}"
@@ -537,6 +588,12 @@ def _target_rows(options: Options, r: Results) -> list[str]:
             tiny_rate >= MIN_THROUGHPUT,
         ),
         (
+            "one-shot memorizzctl mcp call",
+            _ms(median(r.one_shot)),
+            f"<= {MAX_ONE_SHOT_MS:.0f} ms",
+            median(r.one_shot) / 1e6 <= MAX_ONE_SHOT_MS,
+        ),
+        (
             f"daemon RSS, {options.rss_servers} servers",
             _mb(rss),
             f"<= {_mb(MAX_RSS)}",
@@ -567,7 +624,9 @@ def report(options: Options, r: Results) -> str:
     codes = ", ".join(str(code) for code in r.exit_codes)
     context = (
         f"context: cold thin client through the daemon / b = "
-        f"{median(r.cold_via_daemon) / b:,.0f}; MCP protocol (a) {r.a.protocol}, "
+        f"{median(r.cold_via_daemon) / b:,.0f}; one-shot memorizzctl / cold thin "
+        f"client = {median(r.one_shot) / median(r.cold_via_daemon):.2f}; "
+        f"MCP protocol (a) {r.a.protocol}, "
         f"(b) {r.b.protocol}; 1-min load average before/after "
         f"{r.load[0]:.2f}/{r.load[1]:.2f}"
     )

@@ -389,3 +389,17 @@ def test_a_connection_lost_after_the_request_is_not_sent_again(
     )
     assert len(requests) == 1
     assert msgspec.json.decode(requests[0])["method"] == "tools/call"
+
+
+def test_the_general_path_builds_only_the_parsers_of_the_chosen_command() -> None:
+    """argparse asks gettext for every title of every parser it builds: a
+    command builds its own, its group's and the top one, not the thirty."""
+    parser = build_parser()
+    args = parser.parse_args(["mcp", "status"])
+    assert args.func.__name__ == "cmd_mcp_status"
+    top = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(top._name_parser_map) == {"mcp"}
+    mcp = top._name_parser_map["mcp"]
+    group = next(a for a in mcp._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(group._name_parser_map) == {"status"}
+    assert "call" in group.choices  # every command is still a choice

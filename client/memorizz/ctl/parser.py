@@ -5,13 +5,19 @@ Every leaf carries its ``Command`` (``func``) and its own subparser
 are accepted before or after the command; the later one wins. ``mcp add``'s
 many options are declared in ``memorizz.ctl.add``.
 
+A command's parser is built only when the line names it (``_Lazy``): the
+tree has some thirty parsers, and argparse asks gettext (a few ``stat`` calls)
+for every title and help string of each, which cost more than the command
+itself. The help listings are the same: names and help texts are known up front.
+
 Standard library, msgspec and memorizz only.
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Any, get_args
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, get_args
 
 from memorizz.api import methods as m
 from memorizz.api.protocol import default_socket_path
@@ -70,6 +76,98 @@ def _global_options() -> argparse.ArgumentParser:
     return common
 
 
+Fill = Callable[[argparse.ArgumentParser], None]
+"""Adds a command's own arguments (and, for a group, its subcommands)."""
+
+
+if TYPE_CHECKING:
+    _SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]
+else:  # not subscriptable at run time
+    _SubParsers = argparse._SubParsersAction
+
+
+class _Lazy(_SubParsers):
+    """Subcommands whose parsers are built when the line chooses them.
+
+    ``choices`` holds every name (for ``invalid choice`` and the listing);
+    ``add_parser`` runs, with the command's ``Fill``, the first time one is
+    chosen. ``common`` is the global options' parent parser."""
+
+    common: argparse.ArgumentParser
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._pending: dict[str, tuple[Fill, dict[str, Any]]] = {}
+        # argparse only asks whether a name is a choice, and lists the names.
+        self.choices = self._pending  # type: ignore[assignment]
+
+    def add_lazy(self, name: str, text: str, fill: Fill, **kwargs: Any) -> None:
+        self._choices_actions.append(self._ChoicesPseudoAction(name, (), text))
+        self._pending[name] = (fill, kwargs)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        name = values[0] if isinstance(values, list) else None  # [name, *rest]
+        if name in self._pending and name not in self._name_parser_map:
+            fill, kwargs = self._pending[name]
+            fill(self.add_parser(name, **kwargs))
+        super().__call__(parser, namespace, values, option_string)
+
+
+def _commands(
+    where: argparse.ArgumentParser, dest: str, common: argparse.ArgumentParser
+) -> _Lazy:
+    lazy = where.add_subparsers(
+        metavar="COMMAND", dest=dest, required=True, action=_Lazy
+    )
+    if not isinstance(lazy, _Lazy):
+        raise TypeError(f"argparse made a {type(lazy).__name__}")
+    lazy.common = common
+    return lazy
+
+
+def _group(where: _Lazy, name: str, text: str, fill: Callable[[_Lazy], None]) -> None:
+    """A command with commands of its own (``mcp``, ``vault``, ``daemon``)."""
+
+    def build(sub: argparse.ArgumentParser) -> None:
+        fill(_commands(sub, f"{name}_command", where.common))
+
+    where.add_lazy(
+        name, text, build, description=text, parents=[where.common], allow_abbrev=False
+    )
+
+
+def _leaf(
+    where: _Lazy,
+    name: str,
+    func: Command,
+    text: str,
+    fill: Fill | None = None,
+    **kwargs: Any,
+) -> None:
+    """A command: its ``Command``, its help text, its arguments (``fill``)."""
+
+    def build(sub: argparse.ArgumentParser) -> None:
+        sub.set_defaults(func=func, parser=sub)
+        if fill is not None:
+            fill(sub)
+
+    where.add_lazy(
+        name,
+        text,
+        build,
+        description=text,
+        parents=[where.common],
+        allow_abbrev=False,
+        **kwargs,
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = _global_options()
     parser = argparse.ArgumentParser(
@@ -80,45 +178,43 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         allow_abbrev=False,
     )
-    commands = parser.add_subparsers(metavar="COMMAND", dest="command", required=True)
+    top = _commands(parser, "command", common)
+    _group(top, "mcp", "manage and use upstream MCP servers", _mcp)
+    _leaf(
+        top,
+        "audit",
+        cmd_audit,
+        "the audit trail, newest first (argument values are never stored)",
+        _audit,
+    )
+    _group(top, "vault", "the daemon's encrypted secrets", _vault)
+    _group(top, "daemon", "the daemon itself", _daemon)
+    _leaf(top, "ping", cmd_ping, "ping the daemon, or one upstream through it", _ping)
+    return parser
 
-    def group(
-        where: argparse._SubParsersAction[argparse.ArgumentParser], name: str, text: str
-    ) -> argparse._SubParsersAction[argparse.ArgumentParser]:
-        sub = where.add_parser(
-            name, help=text, description=text, parents=[common], allow_abbrev=False
-        )
-        return sub.add_subparsers(
-            metavar="COMMAND", dest=f"{name}_command", required=True
-        )
 
-    def leaf(
-        where: argparse._SubParsersAction[argparse.ArgumentParser],
-        name: str,
-        func: Command,
-        text: str,
-        **kwargs: Any,
-    ) -> argparse.ArgumentParser:
-        sub = where.add_parser(
-            name,
-            help=text,
-            description=text,
-            parents=[common],
-            allow_abbrev=False,
-            **kwargs,
-        )
-        sub.set_defaults(func=func, parser=sub)
-        return sub
+def _vault(vault: _Lazy) -> None:
+    _leaf(
+        vault,
+        "rotate",
+        cmd_vault_rotate,
+        "re-encrypt every secret under the primary key",
+        _rotate,
+    )
 
-    mcp = group(commands, "mcp", "manage and use upstream MCP servers")
 
-    leaf(mcp, "list", cmd_mcp_list, "list configured servers")
+def _daemon(daemon: _Lazy) -> None:
+    _leaf(daemon, "status", cmd_daemon_status, "version, uptime and counts")
 
-    add = leaf(
+
+def _mcp(mcp: _Lazy) -> None:
+    _leaf(mcp, "list", cmd_mcp_list, "list configured servers")
+    _leaf(
         mcp,
         "add",
         cmd_mcp_add,
         "add a server at run time (persisted by the daemon)",
+        add_options,
         usage=f"{PROG} mcp add NAME [options] [-- ARG...]",
         epilog=(
             "Arguments after -- are appended to the server's arguments; an --arg\n"
@@ -131,13 +227,12 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_options(add)
-
-    login = leaf(
+    _leaf(
         mcp,
         "login",
         cmd_mcp_login,
         "log in to an OAuth server (the daemon keeps and refreshes the grant)",
+        _login,
         epilog=(
             "Open the printed URL in a browser on any machine. If the browser runs\n"
             "on this host, the login finishes by itself (memorizzctl listens on the\n"
@@ -148,84 +243,148 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    login.add_argument("name", metavar="NAME")
-    login.add_argument(
+    _leaf(
+        mcp,
+        "logout",
+        cmd_mcp_logout,
+        "revoke (where supported) and delete a server's OAuth grant",
+        _name,
+    )
+    _leaf(mcp, "remove", cmd_mcp_remove, "remove a run-time server", _name)
+    _leaf(mcp, "status", cmd_mcp_status, "live state and stats per server", _status)
+    _leaf(mcp, "test", cmd_mcp_test, "a real round trip to one server", _test)
+    _leaf(mcp, "tools", cmd_mcp_tools, "list a server's tools", _tools)
+    for name, func, text in (
+        ("resources", cmd_mcp_resources, "list a server's resources"),
+        ("templates", cmd_mcp_templates, "list a server's resource templates"),
+        ("prompts", cmd_mcp_prompts, "list a server's prompts"),
+    ):
+        _leaf(mcp, name, func, text, _server)
+    _leaf(mcp, "call", cmd_mcp_call, "call a tool", _call)
+    _leaf(mcp, "read", cmd_mcp_read, "read one resource", _read)
+    _leaf(mcp, "prompt", cmd_mcp_prompt, "get one prompt", _prompt)
+    _leaf(
+        mcp,
+        "approvals",
+        cmd_mcp_approvals,
+        "calls waiting for (or given) an operator's decision, newest first",
+        _approvals,
+    )
+    _leaf(mcp, "approve", cmd_mcp_approve, "approve a pending proposal", _approve)
+    _leaf(mcp, "reject", cmd_mcp_reject, "reject a pending proposal", _reject)
+    _leaf(
+        mcp,
+        "cancel",
+        cmd_mcp_cancel,
+        "withdraw a pending or approved proposal",
+        _proposal_id,
+    )
+    _leaf(
+        mcp,
+        "resume",
+        cmd_mcp_resume,
+        "run an approved proposal's call (once)",
+        _resume,
+    )
+    _leaf(
+        mcp,
+        "wait",
+        cmd_mcp_wait,
+        "wait until a proposal is decided (exit 75 if still pending at the deadline)",
+        _wait,
+    )
+
+
+# --- each command's own arguments ---------------------------------------------------
+
+
+def _ping(p: argparse.ArgumentParser) -> None:
+    p.add_argument("server", metavar="SERVER", nargs="?")
+
+
+def _status(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME", nargs="?")
+
+
+def _name(p: argparse.ArgumentParser) -> None:
+    p.add_argument("name", metavar="NAME")
+
+
+def _server(p: argparse.ArgumentParser) -> None:
+    p.add_argument("server", metavar="NAME")
+
+
+def _proposal_id(p: argparse.ArgumentParser) -> None:
+    p.add_argument("id", metavar="ID")
+
+
+def _timeout(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--timeout", metavar="SECONDS", type=positive_float)
+
+
+def _login(p: argparse.ArgumentParser) -> None:
+    _name(p)
+    p.add_argument(
         "--no-listen",
         action="store_true",
         help="do not listen on the redirect URI; paste the callback URL instead",
     )
-    login.add_argument(
+    p.add_argument(
         "--redirect-uri", metavar="URI", help="this login only: another redirect URI"
     )
-    login.add_argument(
+    p.add_argument(
         "--print-url",
         action="store_true",
         help="start the login, print the authorization URL and exit",
     )
-    login.add_argument(
+    p.add_argument(
         "--callback-url",
         metavar="URL",
         help="finish a login started with --print-url; '-' reads it from stdin",
     )
-    login.add_argument(
+    p.add_argument(
         "--timeout",
         metavar="SECONDS",
         type=positive_float,
         help="how long to wait for the callback (default: until the login expires)",
     )
 
-    logout = leaf(
-        mcp,
-        "logout",
-        cmd_mcp_logout,
-        "revoke (where supported) and delete a server's OAuth grant",
-    )
-    logout.add_argument("name", metavar="NAME")
 
-    remove = leaf(mcp, "remove", cmd_mcp_remove, "remove a run-time server")
-    remove.add_argument("name", metavar="NAME")
+def _test(p: argparse.ArgumentParser) -> None:
+    _name(p)
+    _timeout(p)
 
-    status = leaf(mcp, "status", cmd_mcp_status, "live state and stats per server")
-    status.add_argument("name", metavar="NAME", nargs="?")
 
-    test = leaf(mcp, "test", cmd_mcp_test, "a real round trip to one server")
-    test.add_argument("name", metavar="NAME")
-    test.add_argument("--timeout", metavar="SECONDS", type=positive_float)
-
-    tools = leaf(mcp, "tools", cmd_mcp_tools, "list a server's tools")
-    tools.add_argument("server", metavar="NAME")
-    tools.add_argument(
+def _tools(p: argparse.ArgumentParser) -> None:
+    _server(p)
+    p.add_argument(
         "--refresh", action="store_true", help="ask the upstream, not the warm cache"
     )
 
-    for name, func, text in (
-        ("resources", cmd_mcp_resources, "list a server's resources"),
-        ("templates", cmd_mcp_templates, "list a server's resource templates"),
-        ("prompts", cmd_mcp_prompts, "list a server's prompts"),
-    ):
-        leaf(mcp, name, func, text).add_argument("server", metavar="NAME")
 
-    call = leaf(mcp, "call", cmd_mcp_call, "call a tool")
-    call.add_argument("server", metavar="NAME")
-    call.add_argument("tool", metavar="TOOL")
-    call.add_argument(
+def _call(p: argparse.ArgumentParser) -> None:
+    _server(p)
+    p.add_argument("tool", metavar="TOOL")
+    p.add_argument(
         "--arguments",
         metavar="JSON",
         type=json_object,
         default={},
         help="the tool's arguments as a JSON object",
     )
-    call.add_argument("--timeout", metavar="SECONDS", type=positive_float)
+    _timeout(p)
 
-    read = leaf(mcp, "read", cmd_mcp_read, "read one resource")
-    read.add_argument("server", metavar="NAME")
-    read.add_argument("uri", metavar="URI")
-    read.add_argument("--timeout", metavar="SECONDS", type=positive_float)
 
-    prompt = leaf(mcp, "prompt", cmd_mcp_prompt, "get one prompt")
-    prompt.add_argument("server", metavar="NAME")
-    prompt.add_argument("prompt", metavar="PROMPT")
-    prompt.add_argument(
+def _read(p: argparse.ArgumentParser) -> None:
+    _server(p)
+    p.add_argument("uri", metavar="URI")
+    _timeout(p)
+
+
+def _prompt(p: argparse.ArgumentParser) -> None:
+    _server(p)
+    p.add_argument("prompt", metavar="PROMPT")
+    p.add_argument(
         "--arg",
         metavar="K=V",
         action="append",
@@ -233,53 +392,46 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         help="a prompt argument (repeatable)",
     )
-    prompt.add_argument("--timeout", metavar="SECONDS", type=positive_float)
+    _timeout(p)
 
-    approvals = leaf(
-        mcp,
-        "approvals",
-        cmd_mcp_approvals,
-        "calls waiting for (or given) an operator's decision, newest first",
-    )
-    approvals.add_argument(
+
+def _approvals(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
         "--status", choices=get_args(m.ProposalStatus), help="only this status"
     )
-    approvals.add_argument(
+    p.add_argument(
         "--show-arguments",
         action="store_true",
         help="also print the argument values (operators only)",
     )
-    approvals.add_argument(
+    p.add_argument(
         "--limit", metavar="N", type=positive_int, default=100, help="default 100"
     )
-    approve = leaf(mcp, "approve", cmd_mcp_approve, "approve a pending proposal")
-    approve.add_argument("id", metavar="ID")
-    approve.add_argument(
+
+
+def _approve(p: argparse.ArgumentParser) -> None:
+    _proposal_id(p)
+    p.add_argument(
         "--approver",
         metavar="LABEL",
         help="an extra label for the record (the approver is your uid, as the"
         " kernel reports it)",
     )
-    reject = leaf(mcp, "reject", cmd_mcp_reject, "reject a pending proposal")
-    reject.add_argument("id", metavar="ID")
-    reject.add_argument("--reason", metavar="TEXT", help="why (kept with the record)")
-    cancel = leaf(
-        mcp, "cancel", cmd_mcp_cancel, "withdraw a pending or approved proposal"
-    )
-    cancel.add_argument("id", metavar="ID")
-    resume = leaf(
-        mcp, "resume", cmd_mcp_resume, "run an approved proposal's call (once)"
-    )
-    resume.add_argument("id", metavar="ID")
-    resume.add_argument("--timeout", metavar="SECONDS", type=positive_float)
-    wait = leaf(
-        mcp,
-        "wait",
-        cmd_mcp_wait,
-        "wait until a proposal is decided (exit 75 if still pending at the deadline)",
-    )
-    wait.add_argument("id", metavar="ID")
-    wait.add_argument(
+
+
+def _reject(p: argparse.ArgumentParser) -> None:
+    _proposal_id(p)
+    p.add_argument("--reason", metavar="TEXT", help="why (kept with the record)")
+
+
+def _resume(p: argparse.ArgumentParser) -> None:
+    _proposal_id(p)
+    _timeout(p)
+
+
+def _wait(p: argparse.ArgumentParser) -> None:
+    _proposal_id(p)
+    p.add_argument(
         "--timeout",
         metavar="SECONDS",
         type=positive_float,
@@ -287,26 +439,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="at most this long (default 30, at most 300)",
     )
 
-    audit = leaf(
-        commands,
-        "audit",
-        cmd_audit,
-        "the audit trail, newest first (argument values are never stored)",
-    )
-    audit.add_argument("--server", metavar="NAME")
-    audit.add_argument("--tool", metavar="TOOL")
-    audit.add_argument(
+
+def _audit(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--server", metavar="NAME")
+    p.add_argument("--tool", metavar="TOOL")
+    p.add_argument(
         "--outcome",
         metavar="OUTCOME",
         help="ok, tool_error, denied, approval_required, timeout, failed, result_too_large",
     )
-    audit.add_argument(
+    p.add_argument(
         "--since", metavar="SECONDS", type=positive_float, help="only the last SECONDS"
     )
-    audit.add_argument(
+    p.add_argument(
         "--before", metavar="ID", type=positive_int, help="page: records older than ID"
     )
-    audit.add_argument(
+    p.add_argument(
         "--limit",
         metavar="N",
         type=positive_int,
@@ -314,25 +462,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="at most N (default 50)",
     )
 
-    vault = group(commands, "vault", "the daemon's encrypted secrets")
-    rotate = leaf(
-        vault,
-        "rotate",
-        cmd_vault_rotate,
-        "re-encrypt every secret under the primary key",
-    )
-    rotate.add_argument(
+
+def _rotate(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
         "--new-key",
         action="store_true",
         help="key file only: generate a new primary key first (old keys still decrypt)",
     )
-
-    daemon = group(commands, "daemon", "the daemon itself")
-    leaf(daemon, "status", cmd_daemon_status, "version, uptime and counts")
-
-    ping = leaf(
-        commands, "ping", cmd_ping, "ping the daemon, or one upstream through it"
-    )
-    ping.add_argument("server", metavar="SERVER", nargs="?")
-
-    return parser
