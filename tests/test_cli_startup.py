@@ -222,6 +222,22 @@ def test_the_hand_parser_reads_a_plain_call_as_argparse_does(
     assert msgspec.json.decode(call.line) == _expected_line(args)
 
 
+@pytest.mark.parametrize("euid", [0, 1000])
+@pytest.mark.parametrize("env", ["MEMORIZZ_SOCKET", "XDG_RUNTIME_DIR", None])
+def test_the_default_socket_is_the_protocols(
+    euid: int, env: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """oneshot keeps its own copy (protocol.py imports msgspec): the same path."""
+    monkeypatch.delenv("MEMORIZZ_SOCKET", raising=False)
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    if env is not None:
+        monkeypatch.setenv(env, "/run/user/1000")
+    monkeypatch.setattr(os, "geteuid", lambda: euid)
+    call = oneshot.parse(["mcp", "call", "s", "t"])
+    assert call is not None
+    assert call.socket_path == default_socket_path()
+
+
 @pytest.mark.parametrize("argv", DECLINED)
 def test_the_hand_parser_leaves_everything_else_to_argparse(
     argv: list[str], capsys: pytest.CaptureFixture[str]

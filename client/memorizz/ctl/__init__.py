@@ -3,7 +3,10 @@
 Every command is parse -> one ``Client`` call -> render -> exit status::
 
     run.py        main(): parse, run one command, map its error to an exit status
-    parser.py     the argparse tree; add.py: ``mcp add``'s options and ServerSpec
+    oneshot.py    a plain ``mcp call`` from built-in modules only (no argparse,
+                  no msgspec): what a script pays per call is the interpreter
+    parser.py     the argparse tree, each command's parser built when chosen;
+                  add.py: ``mcp add``'s options and ServerSpec
     args.py       argparse converters (KEY=VALUE, JSON objects, positive numbers)
     commands.py   one function per command: (Client, args) -> exit status
     login.py      ``mcp login``: the loopback listener and the pasted callback
