@@ -172,6 +172,8 @@ DECLINED = [
     ["mcp", "call", "s", "t", "--timeout", "nan"],
     ["mcp", "call", "s", "t", "--timeout", "inf"],
     ["mcp", "call", "s", "t", "--timeout", "soon"],
+    ["mcp", "call", "s", "t", "--timeout", "0", "--timeout", "5"],
+    ["mcp", "call", "s", "t", "--arguments", "[1]", "--arguments", "{}"],
     ["mcp", "--arguments", "{}", "call", "s", "t"],
     ["--timeout", "1", "mcp", "call", "s", "t"],
     ["mcp", "call", "s", "t", "--json=1"],

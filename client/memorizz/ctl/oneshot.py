@@ -86,7 +86,9 @@ def parse(argv: list[str]) -> Call | None:
 
 def _parse(argv: list[str]) -> Call:
     words: list[str] = []
-    values: dict[str, str] = {}
+    socket_path = ""
+    arguments = "{}"
+    timeout: float | None = None
     as_json = False
     i = 0
     while i < len(argv):
@@ -109,12 +111,17 @@ def _parse(argv: list[str]) -> Call:
                 raise Decline  # argparse reads a leading '-' as an option, or fails
             value = argv[i]
             i += 1
-        values[name] = value
+        # Each value is converted where argparse converts it: an invalid one
+        # is a usage error even when a later one would be valid.
+        if name == "--socket":
+            socket_path = value
+        elif name == "--arguments":
+            arguments = _arguments(value)
+        else:
+            timeout = _timeout(value)
     if len(words) != 4 or words[:2] != ["mcp", "call"]:
         raise Decline
     server, tool = words[2], words[3]
-    arguments = _arguments(values.get("--arguments"))
-    timeout = _timeout(values.get("--timeout"))
     text = (
         f'{{"jsonrpc":"2.0","id":{REQUEST_ID},"method":"tools/call","params":'
         f'{{"server":{_json.encode_basestring(server)},'
@@ -125,14 +132,11 @@ def _parse(argv: list[str]) -> Call:
         line = text.encode()  # a lone surrogate (undecodable argv bytes) fails here
     except UnicodeError:
         raise Decline from None
-    socket_path = values.get("--socket") or _default_socket_path()
-    return Call(socket_path, line, as_json)
+    return Call(socket_path or _default_socket_path(), line, as_json)
 
 
-def _timeout(text: str | None) -> float | None:
+def _timeout(text: str) -> float:
     """``memorizz.ctl.args.positive_float``'s rule: a positive, finite float."""
-    if text is None:
-        return None
     try:
         value = float(text)
     except ValueError:
@@ -142,10 +146,8 @@ def _timeout(text: str | None) -> float | None:
     return value
 
 
-def _arguments(text: str | None) -> str:
-    """The ``--arguments`` object, re-encoded on one line (``{}`` when absent)."""
-    if text is None:
-        return "{}"
+def _arguments(text: str) -> str:
+    """The ``--arguments`` object, re-encoded on one line."""
     value = _decode(text)
     if type(value) is not dict:
         raise Decline  # the general path says "must be a JSON object"
