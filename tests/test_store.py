@@ -14,17 +14,17 @@ from pathlib import Path
 import anyio
 import pytest
 
-from memorizz.api.methods import Proposal
 from memorizzd import audit, state_dir
 from memorizzd.caller import Caller
 from memorizzd.store import (
     _MIGRATIONS,
     SCHEMA_VERSION,
     Negotiated,
+    ProposalRow,
     Store,
     StoreError,
-    fingerprint,
 )
+from memorizzd.stored import add_server, fingerprint, servers
 from memorizzd.vault import keys
 from tests.harness import stdio_spec
 from tests.peers import needs_root
@@ -73,9 +73,9 @@ def test_the_database_is_private_and_servers_round_trip(base_dir: str) -> None:
     store = Store(os.path.join(base_dir, "state"))
     try:
         spec = stdio_spec("one", env={"K": "v"})
-        assert store.add_server(spec)
-        assert not store.add_server(spec)  # the name is taken
-        assert store.servers() == [spec]
+        assert add_server(store, spec)
+        assert not add_server(store, spec)  # the name is taken
+        assert servers(store) == [spec]
         assert store.remove_server("one")
         assert not store.remove_server("one")
     finally:
@@ -85,8 +85,8 @@ def test_the_database_is_private_and_servers_round_trip(base_dir: str) -> None:
     assert stat.S_IMODE(os.stat(os.path.join(base_dir, "state")).st_mode) == 0o700
 
 
-def _proposal(proposal_id: str, *, created: float, ttl: float = 60.0) -> Proposal:
-    return Proposal(
+def _proposal(proposal_id: str, *, created: float, ttl: float = 60.0) -> ProposalRow:
+    return ProposalRow(
         id=proposal_id,
         status="pending",
         server="t",
@@ -110,7 +110,7 @@ def test_proposal_steps_are_atomic_and_single_use(base_dir: str) -> None:
         now = time.time()
         store.insert_proposal(_proposal("p_a", created=now))
         store.insert_proposal(_proposal("p_old", created=now - 30 * 86400, ttl=1))
-        assert store.proposal("p_a") == _proposal("p_a", created=now)
+        assert store.proposal("p_a", now=now) == _proposal("p_a", created=now)
         assert not store.consume_proposal("p_a", now)  # pending: not yet
         approve = functools.partial(
             store.transition_proposal,
@@ -123,13 +123,13 @@ def test_proposal_steps_are_atomic_and_single_use(base_dir: str) -> None:
         assert store.consume_proposal("p_a", now)
         assert not store.consume_proposal("p_a", now)
         assert [p.id for p in store.expire_proposals(now)] == ["p_old"]
-        assert store.proposal("p_old") is not None
+        assert store.proposal("p_old", now=now) is not None
         assert store.prune_proposals(now - 86400) == 1
-        assert store.proposal("p_old") is None
-        consumed = store.proposal("p_a")
+        assert store.proposal("p_old", now=now) is None
+        consumed = store.proposal("p_a", now=now)
         assert consumed is not None
         assert (consumed.status, consumed.decided_by_uid) == ("consumed", 7)
-        assert store.proposals(profile="beta", any_profile=False) == []
+        assert store.proposals(now=now, profile="beta", any_profile=False) == []
         assert store.next_expiry() is None
     finally:
         store.close()
@@ -161,7 +161,7 @@ def test_a_state_directory_left_open_is_tightened_with_its_files(
     assert _mode(state) == 0o755
     store = Store(str(state))
     try:
-        store.add_server(stdio_spec("one"))  # writes the WAL and shm files
+        add_server(store, stdio_spec("one"))  # writes the WAL and shm files
         assert {p.name: _mode(p) for p in state.iterdir()} == {
             "state.db": 0o600,
             "state.db-wal": 0o600,
@@ -182,7 +182,7 @@ def test_a_new_state_directory_and_database_are_private_whatever_the_umask(
     old = os.umask(0)
     try:
         store = Store(os.path.join(base_dir, "state"))
-        store.add_server(stdio_spec("one"))
+        add_server(store, stdio_spec("one"))
         store.close()
     finally:
         os.umask(old)

@@ -14,6 +14,13 @@ on the state database (synchronous=FULL, so durable when it returns), checked
 by its rowcount. ``resume`` consumes the proposal *before* the upstream call is
 sent: a crash after the consume burns the approval, it never runs twice.
 
+Reads (``get``, ``get_any``, ``list_for``, ``wait``) write nothing: they go
+through the store's read-only connection, so they answer while anyone holds
+the database's write lock. Expiry is computed on read (an open proposal past
+its deadline reads as ``expired``); the book's background task (``run``)
+persists it on time, audits it and wakes its waiters, and a read that finds
+one it has not yet written wakes that task.
+
 Time (SECURITY.md §6.2 #25): expiries are wall-clock times (they must survive
 a restart), but moving the wall clock back never extends a proposal. In the
 process, the book's time never runs slower than the monotonic clock; across
@@ -51,9 +58,10 @@ from anyio.abc import TaskStatus
 
 from memorizz.api import methods as m
 from memorizz.api.errors import ApprovalRequiredError, ConflictError, NotFoundError
-from memorizzd.audit import Auditor
+from memorizzd import stored
+from memorizzd.audit import Auditor, CallArguments
 from memorizzd.caller import Caller
-from memorizzd.store import Store
+from memorizzd.store import ProposalRow, Store
 from memorizzd.vault import CredentialStore, VaultError
 
 log = logging.getLogger("memorizzd.approvals")
@@ -144,6 +152,9 @@ class ApprovalBook:
         self._behind = False
         self._changed: dict[str, anyio.Event] = {}
         self._new = anyio.Event()
+        """Wakes ``run``: a new proposal, or a read found one due."""
+        self._swept_until = -math.inf
+        """The time of the last sweep: what expired before it is written."""
         self._self = Caller(
             pid=os.getpid(), uid=os.getuid(), gid=os.getgid(), socket="memorizzd"
         )
@@ -193,9 +204,11 @@ class ApprovalBook:
         )
         log.warning("%s; every open proposal expires", why.split(":", 1)[0])
         expired = await anyio.to_thread.run_sync(self._store.expire_proposals, math.inf)
-        for proposal in expired:
-            await self._finished(proposal.id)
-            await self._audit(self._self, "approvals/expire", proposal, reason=why)
+        for row in expired:
+            await self._finished(row.id)
+            await self._audit(
+                self._self, "approvals/expire", stored.proposal(row), reason=why
+            )
         await anyio.to_thread.run_sync(self._persist_time, wall)
 
     # --- scope ------------------------------------------------------------------
@@ -208,15 +221,14 @@ class ApprovalBook:
         return caller.profile is not None and proposal.caller_profile == caller.profile
 
     async def get(self, caller: Caller, proposal_id: str) -> m.Proposal:
-        await self.sweep()
-        found = await anyio.to_thread.run_sync(self._store.proposal, proposal_id)
+        found = await self._read(proposal_id)
         if found is None or not self.visible(caller, found):
             raise not_found(proposal_id)
         return found
 
     async def get_any(self, proposal_id: str) -> m.Proposal:
         """Unscoped: for the daemon's own checks, never for a caller's id."""
-        found = await anyio.to_thread.run_sync(self._store.proposal, proposal_id)
+        found = await self._read(proposal_id)
         if found is None:
             raise not_found(proposal_id)
         return found
@@ -224,16 +236,29 @@ class ApprovalBook:
     async def list_for(
         self, caller: Caller, *, status: str | None, limit: int
     ) -> list[m.Proposal]:
-        await self.sweep()
-        return await anyio.to_thread.run_sync(
+        rows = await anyio.to_thread.run_sync(
             partial(
                 self._store.proposals,
+                now=self._now(),
                 status=status,
                 profile=caller.profile,
                 any_profile=caller.role == "operator",
                 limit=limit,
             )
         )
+        return [self._as_read(row) for row in rows]
+
+    async def _read(self, proposal_id: str) -> m.Proposal | None:
+        """The proposal as it stands now, read-only (no write transaction)."""
+        row = await anyio.to_thread.run_sync(
+            partial(self._store.proposal, proposal_id, now=self._now())
+        )
+        return None if row is None else self._as_read(row)
+
+    def _as_read(self, row: ProposalRow) -> m.Proposal:
+        if row.status == "expired" and row.expires_at > self._swept_until:
+            self._new.set()  # expired since the last sweep: let it be written
+        return stored.proposal(row)
 
     async def arguments(self, proposal: m.Proposal) -> dict[str, Any] | None:
         """The stored values (None once the proposal is over and they are gone)."""
@@ -254,7 +279,7 @@ class ApprovalBook:
         *,
         server: str,
         tool: str,
-        arguments: dict[str, Any],
+        arguments: CallArguments,
         risk: m.Risk,
         schema: dict[str, Any] | None,
     ) -> m.Proposal:
@@ -266,8 +291,8 @@ class ApprovalBook:
             server=server,
             tool=tool,
             risk=risk,
-            argument_keys=sorted(arguments),
-            arguments_hmac=self._auditor.digest(arguments),
+            argument_keys=arguments.keys,
+            arguments_hmac=arguments.hmac,
             schema_hash=schema_hash(schema),
             created=now,
             expires_at=now + self._ttl_s,
@@ -281,9 +306,11 @@ class ApprovalBook:
         await anyio.to_thread.run_sync(
             self._vault.put,
             arguments_ref(proposal.id),
-            msgspec.json.encode(arguments).decode(),
+            msgspec.json.encode(arguments.value).decode(),
         )
-        await anyio.to_thread.run_sync(self._store.insert_proposal, proposal)
+        await anyio.to_thread.run_sync(
+            self._store.insert_proposal, stored.proposal_row(proposal)
+        )
         await anyio.to_thread.run_sync(self._persist_time, now)
         self._new.set()
         log.info(
@@ -423,19 +450,21 @@ class ApprovalBook:
     # --- expiry, schema changes, leftovers -------------------------------------
 
     async def sweep(self) -> None:
-        """Expire what is due (each gets an audit record; its waiters wake)."""
-        expired = await anyio.to_thread.run_sync(
-            self._store.expire_proposals, self._now()
-        )
-        for proposal in expired:
-            await self._finished(proposal.id)
-            await self._audit(self._self, "approvals/expire", proposal)
+        """Write down what has expired: each gets an audit record, then its
+        waiters wake (so a waiter finds the record) and its arguments go."""
+        now = self._now()
+        expired = await anyio.to_thread.run_sync(self._store.expire_proposals, now)
+        self._swept_until = max(self._swept_until, now)
+        for row in expired:
+            await self._audit(self._self, "approvals/expire", stored.proposal(row))
+            await self._finished(row.id)
 
     async def run(
         self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Expire proposals on time (so waiters and the audit hear of it)."""
-        await anyio.to_thread.run_sync(self._forget_leftovers)
+        """Expire proposals on time (so waiters and the audit hear of it); the
+        only writer of expiries, besides the start (``_resume_time``)."""
+        await anyio.to_thread.run_sync(self._forget_leftovers, self._now())
         await self._resume_time()
         task_status.started()
         next_prune = 0.0
@@ -458,24 +487,22 @@ class ApprovalBook:
         """A fresh listing (connect, tools/list_changed): a proposal whose tool
         changed its schema, or vanished, is invalidated."""
         schemas = {tool.name: schema_hash(tool.input_schema) for tool in tools}
-        active = [
-            p
-            for p in await anyio.to_thread.run_sync(
-                partial(self._store.proposals, server=server)
-            )
-            if p.status in ("pending", "approved")
-        ]
-        for proposal in active:
-            if schemas.get(proposal.tool, "") != proposal.schema_hash:
-                await self.invalidate(proposal, "the tool's schema changed")
+        rows = await anyio.to_thread.run_sync(
+            partial(self._store.proposals, now=self._now(), server=server)
+        )
+        for row in rows:
+            if row.status not in ("pending", "approved"):
+                continue
+            if schemas.get(row.tool, "") != row.schema_hash:
+                await self.invalidate(stored.proposal(row), "the tool's schema changed")
 
-    def _forget_leftovers(self) -> None:
+    def _forget_leftovers(self, now: float) -> None:
         """Arguments of proposals that are over (or whose row never got written)."""
         for ref in self._vault.refs():
             if not ref.startswith(REF_PREFIX):
                 continue
             proposal_id = ref[len(REF_PREFIX) :].split("/", 1)[0]
-            found = self._store.proposal(proposal_id)
+            found = self._store.proposal(proposal_id, now=now)
             if found is None or found.status not in ("pending", "approved"):
                 self._vault.delete(ref)
 
@@ -497,7 +524,7 @@ class ApprovalBook:
             event.set()
 
     async def _reread(self, proposal: m.Proposal) -> m.Proposal:
-        found = await anyio.to_thread.run_sync(self._store.proposal, proposal.id)
+        found = await self._read(proposal.id)
         return found if found is not None else proposal
 
     async def _audit(
@@ -519,32 +546,6 @@ class ApprovalBook:
             tool=proposal.tool,
             risk=proposal.risk,
             decision="ask",
-            proposal_id=proposal.id,
-        )
-
-    async def audit_resume(
-        self,
-        caller: Caller,
-        proposal: m.Proposal,
-        *,
-        started: float,
-        arguments: dict[str, Any],
-        outcome: str,
-        reason: str | None = None,
-        result_bytes: int | None = None,
-    ) -> None:
-        await self._auditor.record(
-            caller,
-            action="approvals/resume",
-            started=started,
-            outcome=outcome,
-            reason=reason,
-            server=proposal.server,
-            tool=proposal.tool,
-            risk=proposal.risk,
-            decision="ask",
-            arguments=arguments,
-            result_bytes=result_bytes,
             proposal_id=proposal.id,
         )
 

@@ -9,6 +9,18 @@ synchronous; async callers run them with ``anyio.to_thread.run_sync``, except
 WAL mode; ``synchronous=FULL`` so an acknowledged ``servers/add`` survives a
 power cut.
 
+The rows are the store's own types (``ServerRow``, ``AuditRow``,
+``ProposalRow``), never the wire structs: this module imports nothing from
+``memorizz``, so a change to the wire contract cannot change the schema. A
+server's spec is kept as the JSON document it was given, with its format's
+version; ``memorizzd.stored`` converts between rows and wire structs.
+
+Reads that must answer whoever holds the write lock (proposals, the audit
+trail) go through a third connection that is ``query_only``: it never opens a
+write transaction, and in WAL mode a reader never waits for a writer. A
+proposal past its deadline reads as ``expired`` before the book's sweep
+(``expire_proposals``) has written it so.
+
 The audit trail is appended on every call, so it has its own connection:
 ``synchronous=NORMAL`` (in WAL mode a committed record survives a crash or
 SIGKILL of the daemon, though not a power cut; an fsync per call would cost
@@ -19,7 +31,6 @@ WAL back from a worker thread now and then.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sqlite3
 import threading
@@ -31,10 +42,9 @@ from typing import Final, ParamSpec, TypeVar
 
 import msgspec
 
-from memorizz.api.methods import AuditRecord, Proposal, ServerSpec
 from memorizzd.state_dir import FILE_MODE, StateDirError, secure_state_dir
 
-SCHEMA_VERSION: Final = 5
+SCHEMA_VERSION: Final = 6
 _MIGRATIONS: Final = (
     """
     CREATE TABLE servers (
@@ -114,18 +124,48 @@ _MIGRATIONS: Final = (
     ALTER TABLE audit ADD COLUMN proposal_id TEXT;
     ALTER TABLE audit ADD COLUMN caller_profile TEXT;
     """,
+    # 6: a server's spec is a JSON document with the version of its format
+    # (until now, version 1: the wire's ServerSpec as it was)
+    "ALTER TABLE servers ADD COLUMN spec_version INTEGER NOT NULL DEFAULT 1;",
 )
 _AUDIT_COLUMNS: Final = (
     "time, action, caller_socket, caller_uid, caller_gid, caller_pid, server, tool, risk,"
     " decision, outcome, reason, duration_ms, argument_keys, arguments_hmac, result_bytes,"
     " proposal_id, caller_profile"
 )
-_PROPOSAL_COLUMNS: Final = (
-    "id, status, server, tool, risk, argument_keys, arguments_hmac, schema_hash,"
-    " created, expires_at, caller_uid, caller_user, caller_pid, caller_profile,"
-    " decided_by_uid, decided_by_user, approver_label, decided_at, reason, consumed_at"
+_PROPOSAL_FIELDS: Final = (
+    "id",
+    "status",
+    "server",
+    "tool",
+    "risk",
+    "argument_keys",
+    "arguments_hmac",
+    "schema_hash",
+    "created",
+    "expires_at",
+    "caller_uid",
+    "caller_user",
+    "caller_pid",
+    "caller_profile",
+    "decided_by_uid",
+    "decided_by_user",
+    "approver_label",
+    "decided_at",
+    "reason",
+    "consumed_at",
 )
+_PROPOSAL_COLUMNS: Final = ", ".join(_PROPOSAL_FIELDS)
 _ACTIVE: Final = ("pending", "approved")
+_STATUS_AT: Final = (
+    "CASE WHEN status IN ('pending', 'approved') AND expires_at <= ?"
+    " THEN 'expired' ELSE status END"
+)
+"""A proposal's status at a time (one ``?``): past its deadline, an open one
+has expired, whether or not the sweep has written it yet."""
+_PROPOSAL_AT: Final = ", ".join(
+    _STATUS_AT if name == "status" else name for name in _PROPOSAL_FIELDS
+)
 
 
 class StoreError(Exception):
@@ -149,15 +189,74 @@ def _sqlite_errors(method: Callable[P, R]) -> Callable[P, R]:
     return translated
 
 
+# --- the rows: the store's own types (the schema), never the wire structs -----
+
+
 class Negotiated(msgspec.Struct, frozen=True):
     protocol_version: str
     fingerprint: str
     """Of how the server is reached: a changed command or URL forgets the version."""
 
 
-def fingerprint(spec: ServerSpec) -> str:
-    identity = msgspec.json.encode([spec.transport, spec.command, spec.args, spec.url])
-    return hashlib.sha256(identity).hexdigest()[:32]
+class ServerRow(msgspec.Struct, frozen=True, kw_only=True):
+    """A server added at run time."""
+
+    name: str
+    spec: bytes
+    """The spec, as the JSON document it was given (never decoded here)."""
+    spec_version: int
+    """The document's format; ``memorizzd.stored`` knows how to read it."""
+    created: float
+
+
+class AuditRow(msgspec.Struct, kw_only=True):
+    """One record of the append-only audit trail."""
+
+    id: int
+    """0 until ``append_audit`` has written it."""
+    time: float
+    action: str
+    caller_socket: str
+    caller_uid: int
+    caller_gid: int
+    caller_pid: int
+    server: str | None
+    tool: str | None
+    risk: str | None
+    decision: str | None
+    outcome: str
+    reason: str | None
+    duration_ms: float
+    argument_keys: list[str]
+    arguments_hmac: str | None
+    result_bytes: int | None
+    proposal_id: str | None
+    caller_profile: str | None
+
+
+class ProposalRow(msgspec.Struct, frozen=True, kw_only=True):
+    """An approval proposal (its arguments live in the vault, not here)."""
+
+    id: str
+    status: str
+    server: str
+    tool: str
+    risk: str | None
+    argument_keys: list[str]
+    arguments_hmac: str
+    schema_hash: str
+    created: float
+    expires_at: float
+    caller_uid: int
+    caller_user: str | None
+    caller_pid: int
+    caller_profile: str | None
+    decided_by_uid: int | None = None
+    decided_by_user: str | None = None
+    approver_label: str | None = None
+    decided_at: float | None = None
+    reason: str | None = None
+    consumed_at: float | None = None
 
 
 class Store:
@@ -188,7 +287,7 @@ class Store:
             raise StoreError(f"cannot open state database {self.path}: {exc}") from None
         self._lock = threading.Lock()
         self._encoder = msgspec.json.Encoder()
-        self._decoder = msgspec.json.Decoder(ServerSpec)
+        self._keys = msgspec.json.Decoder(list[str])
         try:
             self._audit = sqlite3.connect(
                 self.path, check_same_thread=False, isolation_level=None
@@ -196,8 +295,14 @@ class Store:
             self._audit.execute("PRAGMA synchronous=NORMAL")
             self._audit.execute("PRAGMA wal_autocheckpoint=0")
             self._audit.execute("PRAGMA busy_timeout=5000")
+            self._reader = sqlite3.connect(
+                self.path, check_same_thread=False, isolation_level=None
+            )
+            self._reader.execute("PRAGMA query_only=ON")  # a write here fails
+            self._reader.execute("PRAGMA busy_timeout=5000")
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open state database {self.path}: {exc}") from None
+        self._read_lock = threading.Lock()
 
     def _migrate(self) -> None:
         (version,) = self._db.execute("PRAGMA user_version").fetchone()
@@ -212,13 +317,14 @@ class Store:
 
     @_sqlite_errors
     def close(self) -> None:
+        self._reader.close()
         self._audit.close()
         self._db.close()
 
     # --- the audit trail ----------------------------------------------------
 
     @_sqlite_errors
-    def append_audit(self, records: list[AuditRecord]) -> None:
+    def append_audit(self, records: list[AuditRow]) -> None:
         """Append records in one transaction and set their ids. Durable when it
         returns (see above); all or none are written."""
         db = self._audit
@@ -231,7 +337,7 @@ class Store:
             raise
         db.execute("COMMIT")
 
-    def _insert_audit(self, record: AuditRecord) -> int:
+    def _insert_audit(self, record: AuditRow) -> int:
         cursor = self._audit.execute(
             f"INSERT INTO audit ({_AUDIT_COLUMNS}) VALUES"  # noqa: S608 - constant columns
             " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -268,7 +374,7 @@ class Store:
         since: float | None,
         before_id: int | None,
         limit: int,
-    ) -> list[AuditRecord]:
+    ) -> list[AuditRow]:
         """Newest first, filtered; ``before_id`` pages towards older records."""
         where: list[str] = []
         args: list[str | float] = []
@@ -286,10 +392,10 @@ class Store:
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY id DESC LIMIT ?"
-        with self._lock:
-            rows = self._db.execute(sql, (*args, limit)).fetchall()
+        with self._read_lock:
+            rows = self._reader.execute(sql, (*args, limit)).fetchall()
         return [
-            AuditRecord(
+            AuditRow(
                 id=row[0],
                 time=row[1],
                 action=row[2],
@@ -304,7 +410,7 @@ class Store:
                 outcome=row[11],
                 reason=row[12],
                 duration_ms=row[13],
-                argument_keys=msgspec.json.decode(row[14]),
+                argument_keys=self._keys.decode(row[14]),
                 arguments_hmac=row[15],
                 result_bytes=row[16],
                 proposal_id=row[17],
@@ -320,19 +426,28 @@ class Store:
             self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
 
     @_sqlite_errors
-    def servers(self) -> list[ServerSpec]:
+    def servers(self) -> list[ServerRow]:
         with self._lock:
-            rows = self._db.execute("SELECT spec FROM servers ORDER BY name").fetchall()
-        return [self._decoder.decode(row[0]) for row in rows]
+            rows = self._db.execute(
+                "SELECT name, spec, spec_version, created FROM servers ORDER BY name"
+            ).fetchall()
+        return [
+            ServerRow(
+                name=row[0], spec=bytes(row[1]), spec_version=row[2], created=row[3]
+            )
+            for row in rows
+        ]
 
     @_sqlite_errors
-    def add_server(self, spec: ServerSpec) -> bool:
-        """Insert; False when the name is taken."""
+    def add_server(self, name: str, spec: bytes, *, spec_version: int) -> bool:
+        """Keep ``spec`` (a JSON document, in format ``spec_version``) under
+        ``name``; False when the name is taken."""
         with self._lock:
             try:
                 self._db.execute(
-                    "INSERT INTO servers (name, spec, created) VALUES (?, ?, ?)",
-                    (spec.name, self._encoder.encode(spec), time.time()),
+                    "INSERT INTO servers (name, spec, spec_version, created)"
+                    " VALUES (?, ?, ?, ?)",
+                    (name, spec, spec_version, time.time()),
                 )
             except sqlite3.IntegrityError:
                 return False
@@ -438,7 +553,7 @@ class Store:
     # --- approval proposals (memorizzd.approvals decides; this only stores) --
 
     @_sqlite_errors
-    def insert_proposal(self, p: Proposal) -> None:
+    def insert_proposal(self, p: ProposalRow) -> None:
         """Durable when it returns (synchronous=FULL)."""
         with self._lock:
             self._db.execute(
@@ -469,44 +584,48 @@ class Store:
             )
 
     @_sqlite_errors
-    def proposal(self, proposal_id: str) -> Proposal | None:
-        with self._lock:
-            row = self._db.execute(
-                f"SELECT {_PROPOSAL_COLUMNS} FROM proposals WHERE id = ?",  # noqa: S608
-                (proposal_id,),
+    def proposal(self, proposal_id: str, *, now: float) -> ProposalRow | None:
+        """As it stands at ``now`` (read-only: past its deadline, an open one
+        reads as expired)."""
+        with self._read_lock:
+            row = self._reader.execute(
+                f"SELECT {_PROPOSAL_AT} FROM proposals WHERE id = ?",  # noqa: S608
+                (now, proposal_id),
             ).fetchone()
-        return _proposal(row) if row else None
+        return self._proposal(row) if row else None
 
     @_sqlite_errors
     def proposals(
         self,
         *,
+        now: float,
         status: str | None = None,
         profile: str | None = None,
         any_profile: bool = True,
         server: str | None = None,
         limit: int = 1000,
-    ) -> list[Proposal]:
-        """Newest first; ``any_profile=False`` keeps ``profile``'s own (None: the
-        operator socket's)."""
+    ) -> list[ProposalRow]:
+        """Newest first, as they stand at ``now`` (read-only, as ``proposal``);
+        ``any_profile=False`` keeps ``profile``'s own (None: the operator
+        socket's)."""
         where: list[str] = []
-        args: list[object] = []
+        args: list[object] = [now]
         if status is not None:
-            where.append("status = ?")
-            args.append(status)
+            where.append(f"{_STATUS_AT} = ?")
+            args.extend((now, status))
         if not any_profile:
             where.append("caller_profile IS ?")
             args.append(profile)
         if server is not None:
             where.append("server = ?")
             args.append(server)
-        sql = f"SELECT {_PROPOSAL_COLUMNS} FROM proposals"  # noqa: S608 - constant
+        sql = f"SELECT {_PROPOSAL_AT} FROM proposals"  # noqa: S608 - constant
         if where:
             sql += " WHERE " + " AND ".join(where)
         sql += " ORDER BY created DESC, id LIMIT ?"
-        with self._lock:
-            rows = self._db.execute(sql, (*args, limit)).fetchall()
-        return [_proposal(row) for row in rows]
+        with self._read_lock:
+            rows = self._reader.execute(sql, (*args, limit)).fetchall()
+        return [self._proposal(row) for row in rows]
 
     @_sqlite_errors
     def transition_proposal(
@@ -544,7 +663,7 @@ class Store:
         return cursor.rowcount == 1
 
     @_sqlite_errors
-    def expire_proposals(self, now: float) -> list[Proposal]:
+    def expire_proposals(self, now: float) -> list[ProposalRow]:
         """Mark every pending or approved proposal past its expiry; return them."""
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
@@ -564,7 +683,8 @@ class Store:
                 raise
             self._db.execute("COMMIT")
         return [
-            msgspec.structs.replace(_proposal(row), status="expired") for row in rows
+            msgspec.structs.replace(self._proposal(row), status="expired")
+            for row in rows
         ]
 
     @_sqlite_errors
@@ -580,15 +700,13 @@ class Store:
 
     @_sqlite_errors
     def next_expiry(self) -> float | None:
-        with self._lock:
-            (value,) = self._db.execute(
+        with self._read_lock:
+            (value,) = self._reader.execute(
                 "SELECT MIN(expires_at) FROM proposals WHERE status IN (?, ?)", _ACTIVE
             ).fetchone()
         return None if value is None else float(value)
 
-
-def _proposal(row: tuple[object, ...]) -> Proposal:
-    names = [name.strip() for name in _PROPOSAL_COLUMNS.split(",")]
-    fields = dict(zip(names, row, strict=True))
-    fields["argument_keys"] = msgspec.json.decode(str(fields["argument_keys"]))
-    return msgspec.convert(fields, Proposal)
+    def _proposal(self, row: tuple[object, ...]) -> ProposalRow:
+        fields = dict(zip(_PROPOSAL_FIELDS, row, strict=True))
+        fields["argument_keys"] = self._keys.decode(str(fields["argument_keys"]))
+        return msgspec.convert(fields, ProposalRow)

@@ -1,0 +1,129 @@
+"""Approval reads open no write transaction (issue 10, part 2).
+
+A component test: the real store, vault, audit trail and approval book, no
+socket. Another connection holds the state database's write lock (``BEGIN
+IMMEDIATE``, as a backup tool or a second writer would) while every read of
+the book answers, a proposal past its deadline already reading as expired.
+Before, each ``get``, ``list_for`` and ``wait`` swept expiries first, in a
+write transaction that waited out the lock (5 s) and then failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+
+from memorizzd.approvals import ApprovalBook, arguments_ref
+from memorizzd.audit import Auditor
+from memorizzd.caller import Caller
+from memorizzd.store import ProposalRow, Store
+from memorizzd.vault import FernetCredentialStore, VaultError, keys_for
+
+OPERATOR = Caller(pid=1, uid=0, gid=0, socket="/op.sock", role="operator")
+AGENT = Caller(
+    pid=2, uid=1000, gid=1000, socket="/alpha.sock", profile="alpha", role="agent"
+)
+READ_BUDGET_S = 3.0
+"""Bounds a hang: a read that waits for the lock waits 5 s (busy_timeout)."""
+
+
+@contextlib.contextmanager
+def _write_locked(state: str) -> Iterator[None]:
+    """Another connection holds the database's write lock."""
+    other = sqlite3.connect(Path(state, "state.db"), isolation_level=None)
+    try:
+        other.execute("BEGIN IMMEDIATE")
+        yield
+        other.execute("ROLLBACK")
+    finally:
+        other.close()
+
+
+def test_approval_reads_answer_while_another_connection_holds_the_write_lock(
+    base_dir: str,
+) -> None:
+    state = os.path.join(base_dir, "state")
+    store = Store(state)
+    try:
+        vault = FernetCredentialStore.open(store, keys_for(store, state))
+        auditor = Auditor(store, b"k" * 32, mirror_to_journal=False)
+        book = ApprovalBook(store, vault, auditor, ttl_s=60.0)
+
+        def stored_proposal(tag: str, expires_at: float) -> ProposalRow:
+            """A pending proposal of AGENT's, its arguments in the vault."""
+            row = ProposalRow(
+                id=f"p_{tag}",
+                status="pending",
+                server="t",
+                tool="record",
+                risk="destructive",
+                argument_keys=["tag"],
+                arguments_hmac=auditor.digest({"tag": tag}),
+                schema_hash="",
+                created=expires_at - 60.0,
+                expires_at=expires_at,
+                caller_uid=AGENT.uid,
+                caller_user=None,
+                caller_pid=AGENT.pid,
+                caller_profile=AGENT.profile,
+            )
+            vault.put(arguments_ref(row.id), f'{{"tag":"{tag}"}}')
+            store.insert_proposal(row)
+            return row
+
+        now = time.time()
+        late = stored_proposal("late", now - 60.0)  # a minute past its deadline
+        live = stored_proposal("live", now + 60.0)
+
+        async def scenario() -> None:
+            with _write_locked(state), anyio.fail_after(READ_BUDGET_S):
+                assert (await book.get(AGENT, live.id)).status == "pending"
+                assert (await book.get(OPERATOR, late.id)).status == "expired"
+                assert (await book.get_any(late.id)).status == "expired"
+                waited = await book.wait(AGENT, live.id, 0.0)
+                assert waited.status == "pending"
+                assert (await book.wait(AGENT, late.id, 5.0)).status == "expired"
+                listed = await book.list_for(AGENT, status=None, limit=10)
+                assert [(p.id, p.status) for p in listed] == [
+                    (live.id, "pending"),
+                    (late.id, "expired"),
+                ]
+                expired = await book.list_for(OPERATOR, status="expired", limit=10)
+                assert [p.id for p in expired] == [late.id]
+                pending = await book.list_for(OPERATOR, status="pending", limit=10)
+                assert [p.id for p in pending] == [live.id]
+
+            # The sweep (the book's background task) writes it down, once the
+            # lock is free: status, an audit record, the arguments gone.
+            await book.sweep()
+            row = store.proposal(late.id, now=0.0)
+            assert row is not None
+            assert row.status == "expired"
+            records = store.list_audit(
+                server=None,
+                tool=None,
+                outcome=None,
+                since=None,
+                before_id=None,
+                limit=10,
+            )
+            assert [(r.action, r.proposal_id) for r in records] == [
+                ("approvals/expire", late.id)
+            ]
+            try:
+                vault.get(arguments_ref(late.id))
+            except VaultError:
+                pass
+            else:
+                raise AssertionError("the expired proposal's arguments are kept")
+            assert vault.get(arguments_ref(live.id)) == '{"tag":"live"}'
+
+        anyio.run(scenario)
+    finally:
+        store.close()
