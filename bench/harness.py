@@ -1,4 +1,5 @@
-"""A real memorizzd as a subprocess, /proc readings, and small statistics helpers.
+"""A real memorizzd as a subprocess (tests/process.py's, shared with the tests),
+/proc readings, and small statistics helpers.
 
 Only the standard library and the memorizz client: benchmark worker processes
 import this module, and they must start fast and stay small.
@@ -17,8 +18,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Final
 
+from tests import process
+
 from memorizz.api import methods as m
-from memorizz.api.errors import DaemonUnreachableError
 from memorizz.client import Client
 
 BENCH_DIR: Final = Path(__file__).resolve().parent
@@ -96,92 +98,31 @@ def p99(samples: Sequence[int | float]) -> float:
 # --- the daemon ---------------------------------------------------------------
 
 
-def _daemon_argv() -> list[str]:
-    script = Path(sys.executable).with_name("memorizzd")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "memorizzd"]
-
-
 def echo_spec(name: str) -> m.ServerSpec:
     return m.ServerSpec(
         name=name, transport="stdio", command=sys.executable, args=[ECHO_SERVER]
     )
 
 
-class DaemonProcess:
-    """One ``memorizzd`` with its own socket, state dir and (empty) config file.
-
-    It runs in its own session so that a Ctrl-C reaches only the benchmark,
-    which then stops the daemon in order (SIGTERM, wait).
+class DaemonProcess(process.DaemonProcess):
+    """One ``memorizzd`` in ``workdir/tag``: the tests' helper (tests/process.py:
+    its own socket, state directory and empty config file, so a host's
+    /etc/memorizzd/memorizzd.toml adds nothing to the benchmark), quiet, in a
+    session of its own (a Ctrl-C reaches only the benchmark, which then stops
+    the daemon in order), with the echo servers' pids kept for ``orphans()``.
     """
 
     def __init__(self, workdir: str, tag: str) -> None:
-        self.dir = os.path.join(workdir, tag)
-        os.makedirs(self.dir)
-        self.socket = os.path.join(self.dir, "d.sock")
-        self.state_dir = os.path.join(self.dir, "state")
-        self.config = os.path.join(self.dir, "memorizzd.toml")
-        self.log_path = os.path.join(self.dir, "stderr.log")
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.server_pids: set[int] = set()
-        self.returncode: int | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def start(self, *, timeout_s: float = 30.0) -> None:
-        # An explicit empty config: a host's /etc/memorizzd/memorizzd.toml must not
-        # add its servers to the benchmark.
-        Path(self.config).write_text("# memorizz benchmark: no servers\n")
-        argv = [
-            *_daemon_argv(),
-            "--config",
-            self.config,
-            "--socket",
-            self.socket,
-            "--state-dir",
-            self.state_dir,
-            "--log-level",
-            "warning",
-        ]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=log,
-                cwd=ROOT,
-                start_new_session=True,
-            )
-        wait_until(
-            self._answers,
-            timeout_s=timeout_s,
-            what="the daemon socket",
-            alive=self.check,
+        base = os.path.join(workdir, tag)
+        os.makedirs(base)
+        super().__init__(
+            base, log_level="warning", log_name="stderr.log", new_session=True
         )
+        self.server_pids: set[int] = set()
 
-    def _answers(self) -> bool:
-        try:
-            with Client(self.socket) as client:
-                client.hello("memorizz-bench")
-        except DaemonUnreachableError:
-            return False
-        return True
-
-    def check(self) -> None:
-        """Raise if the daemon has exited."""
-        if self.proc is not None and self.proc.poll() is not None:
-            raise RuntimeError(
-                f"memorizzd exited with code {self.proc.returncode}:\n{self.log_tail()}"
-            )
-
-    def log_tail(self, lines: int = 20) -> str:
-        try:
-            text = Path(self.log_path).read_text(errors="replace")
-        except FileNotFoundError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+    def start(self, *, timeout: float = 30.0) -> DaemonProcess:
+        super().start(timeout=timeout)
+        return self
 
     def add_servers(
         self, client: Client, names: Sequence[str], *, timeout_s: float
@@ -207,18 +148,17 @@ class DaemonProcess:
             alive=self.check,
         )
 
-    def stop(self, *, timeout_s: float = 30.0) -> None:
-        """SIGTERM and wait; SIGKILL only if it does not exit in time."""
-        if self.proc is None or self.returncode is not None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.returncode = self.proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            self.returncode = -int(signal.SIGKILL)
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
+        """SIGTERM and wait; SIGKILL only if it does not exit in time (no raise)."""
+        if self.proc is None:
+            return 0
+        if self.returncode is None:
+            try:
+                super().stop(sig, timeout)
+            except subprocess.TimeoutExpired:
+                pass  # killed; returncode set
+        assert self.returncode is not None
+        return self.returncode
 
     def orphans(self) -> list[int]:
         """Server processes still running after the daemon stopped (should be none)."""

@@ -10,6 +10,7 @@ the handlers it has, and answers ``-32601`` to any other method.
 
 from __future__ import annotations
 
+import gc
 import sys
 from typing import Any
 
@@ -48,4 +49,5 @@ async def _stdio(kind: str) -> None:
 
 
 if __name__ == "__main__":
+    gc.freeze()  # as tests/mcp_server.py: no 2 s final collection of the SDK at exit
     anyio.run(_stdio, sys.argv[2] if len(sys.argv) > 2 else "tools")

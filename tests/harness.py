@@ -3,8 +3,9 @@
 * ``DaemonHarness.running(config)`` runs ``running_daemon`` in-process on a
   blocking portal (uvloop), so tests drive it from plain sync code with
   ``memorizz.Client`` and ``memorizzctl``'s ``main(argv)``.
-* ``DaemonProcess`` runs the installed ``memorizzd`` executable as a subprocess,
-  for signals, restarts and process-tree checks.
+* ``DaemonProcess`` (tests/process.py, shared with bench/) runs the installed
+  ``memorizzd`` executable as a subprocess, for signals, restarts and
+  process-tree checks; never with the host's /etc/memorizzd/memorizzd.toml.
 * ``serve_http(kind)`` serves tests/mcp_server.py over Streamable HTTP or SSE on
   127.0.0.1 (a free port, bound first), in a thread.
 """
@@ -14,15 +15,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import threading
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +32,18 @@ from memorizz.api.methods import ServerSpec
 from memorizz.cli import main as ctl_main
 from memorizzd.app import Daemon, running_daemon
 from memorizzd.config import Config
+from tests.process import DAEMON_EXE, DaemonProcess, daemon_argv, wait_until
+
+__all__ = [  # re-exported: tests import the subprocess helper from here too
+    "DAEMON_EXE",
+    "DaemonProcess",
+    "daemon_argv",
+    "wait_until",
+]
 
 TESTS = Path(__file__).parent
 MCP_SERVER = str(TESTS / "mcp_server.py")
 LEGACY_SERVER = str(TESTS / "legacy_server.py")
-DAEMON_EXE = str(Path(sys.executable).parent / "memorizzd")
 
 
 def stdio_spec(name: str = "t", **overrides: Any) -> ServerSpec:
@@ -79,18 +84,6 @@ def daemon_config(base: str, **overrides: Any) -> Config:
     }
     fields.update(overrides)
     return Config(**fields)
-
-
-def wait_until(
-    predicate: Callable[[], bool], *, timeout: float = 20.0, what: str = ""
-) -> None:
-    """Poll a condition another process owns (bounded); prefer awaiting an event in-process."""
-    deadline = time.monotonic() + timeout
-    pause = threading.Event()
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        pause.wait(0.02)
 
 
 @dataclass
@@ -135,89 +128,16 @@ class DaemonHarness:
         self.wait_ready(spec.name)
 
 
-@dataclass
-class DaemonProcess:
-    """The real ``memorizzd`` executable in a subprocess."""
-
-    base: str
-    extra_args: list[str] = field(default_factory=list)
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def socket(self) -> str:
-        return os.path.join(self.base, "d.sock")
-
-    def start(self) -> DaemonProcess:
-        log = open(os.path.join(self.base, "daemon.log"), "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [
-                DAEMON_EXE,
-                "--socket",
-                self.socket,
-                "--state-dir",
-                os.path.join(self.base, "state"),
-                "--log-level",
-                "debug",
-                *self.extra_args,
-            ],
-            stdout=log,
-            stderr=log,
-        )
-        log.close()
-
-        def answers() -> bool:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise AssertionError(
-                    f"memorizzd exited with {self.proc.returncode}: {self.log()}"
-                )
-            try:
-                with Client(self.socket) as c:
-                    c.hello()
-            except ConnectionError:
-                return False
-            return True
-
-        wait_until(answers, what="the daemon socket")
-        return self
-
-    def client(self) -> Client:
-        return Client(self.socket)
-
-    def log(self) -> str:
-        return Path(self.base, "daemon.log").read_text(errors="replace")
-
-    def wait_ready(self, name: str, timeout: float = 20.0) -> None:
-        def ready() -> bool:
-            with self.client() as c:
-                return c.server_status(name)[0].state == "ready"
-
-        wait_until(ready, timeout=timeout, what=f"server {name} ready")
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-            raise
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-
 @contextlib.contextmanager
-def daemon_process(base: str, *extra: str) -> Iterator[DaemonProcess]:
-    process = DaemonProcess(base, list(extra)).start()
+def daemon_process(
+    base: str, *extra: str, config: str | None = None
+) -> Iterator[DaemonProcess]:
+    """A started ``DaemonProcess`` (tests/process.py), stopped at the end."""
+    process = DaemonProcess(base, extra, config=config).start()
     try:
         yield process
     finally:
-        if process.proc is not None and process.proc.poll() is None:
+        if process.running:
             process.stop()
 
 
