@@ -16,7 +16,7 @@ import pytest
 
 from memorizz import Client
 from memorizzd.execution import scrub_environment
-from memorizzd.upstream.session import child_environment
+from memorizzd.upstream.stdio import child_environment
 from tests.harness import DAEMON_EXE, daemon_process, stdio_spec, wait_until
 
 MARKER = "marker-7f3c9e1d-not-a-real-key"
@@ -41,7 +41,7 @@ def test_child_environment_is_a_small_base_plus_the_servers_own(
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("CREDENTIALS_DIRECTORY", str(tmp_path))
     monkeypatch.setenv("PATH", "/usr/bin:/bin")
-    env = child_environment(stdio_spec(env={"OWN": "1", "PATH": "/opt/bin"}))
+    env = child_environment(stdio_spec(env={"OWN": "1", "PATH": "/opt/bin"}).env)
     assert set(env) <= BASE_KEYS | {"OWN"}
     assert env["OWN"] == "1"
     assert env["PATH"] == "/opt/bin"  # the server's own wins

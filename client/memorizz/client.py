@@ -325,7 +325,10 @@ class Client:
         return self.call(
             m.TOOLS_CALL,
             m.ToolsCallParams(
-                server=server, name=name, arguments=arguments or {}, timeout_s=timeout_s
+                server=server,
+                name=name,
+                arguments=m.arguments(arguments),
+                timeout_s=timeout_s,
             ),
         )
 

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 import anyio
 import msgspec
 
-from memorizzd import __version__
+from memorizzd import __version__, stored
 from memorizzd.approvals import ApprovalBook
 from memorizzd.audit import Auditor, load_key
 from memorizzd.broker import Broker
@@ -24,8 +24,8 @@ from memorizzd.rpc.dispatch import Dispatcher
 from memorizzd.rpc.server import SocketServer
 from memorizzd.sdnotify import journal_available, notify, run_watchdog
 from memorizzd.store import Store
+from memorizzd.upstream.errors import FailureKind
 from memorizzd.upstream.pool import Pool, running_pool
-from memorizzd.upstream.session import FailureKind
 from memorizzd.vault import FernetCredentialStore, KeySource, keys_for
 
 log = logging.getLogger("memorizzd")
@@ -90,7 +90,7 @@ async def running_daemon(
                     refused=admitted.problem,
                     refused_kind=_refused_kind(admitted),
                 )
-            for spec in await anyio.to_thread.run_sync(store.servers):
+            for spec in await anyio.to_thread.run_sync(stored.servers, store):
                 if spec.name in pool:
                     log.warning(
                         "server %s is in both the config file and the state database;"

@@ -8,20 +8,16 @@ it), consume the proposal (durably), and only then send the call.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
-from functools import partial
 from typing import Any
 
-import anyio
 import msgspec
 
 from memorizz.api import methods as m
 from memorizz.api.errors import InvalidParamsError, PermissionDeniedError, RemoteError
 from memorizzd.approvals import MAX_WAIT_S, ApprovalBook, not_approved, schema_hash
-from memorizzd.audit import outcome_for
 from memorizzd.caller import Caller, Handler
-from memorizzd.policy import refusal
+from memorizzd.calls import Calls
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.pool import Pool
 
@@ -29,9 +25,10 @@ _encoder = msgspec.json.Encoder()
 
 
 class ApprovalMethods:
-    def __init__(self, pool: Pool, *, book: ApprovalBook) -> None:
+    def __init__(self, pool: Pool, *, book: ApprovalBook, calls: Calls) -> None:
         self._pool = pool
         self._book = book
+        self._calls = calls
 
     def handlers(self) -> Mapping[str, Handler]:
         table: dict[str, Any] = {
@@ -96,13 +93,14 @@ class ApprovalMethods:
         tool schema invalidates the proposal (``not_approved``)."""
         try:
             upstream = self._pool.get(proposal.server)
-            await upstream.tool_verdict(proposal.tool, timeout_s=None)
+            _, tool = await upstream.tool_verdict(
+                proposal.tool, deadline=upstream.deadline_for(None)
+            )
         except RemoteError as exc:
             if exc.reason != "unknown_server":
                 raise
             await self._book.invalidate(proposal, "the server was removed")
             raise not_approved(await self._book.get_any(proposal.id)) from None
-        tool = upstream.cached_tool(proposal.tool)
         current = schema_hash(None if tool is None else tool.input_schema)
         if current != proposal.schema_hash:
             await self._book.invalidate(proposal, "the tool's schema changed")
@@ -111,38 +109,8 @@ class ApprovalMethods:
 
     async def approvals_resume(
         self, caller: Caller, p: m.ApprovalsResumeParams
-    ) -> m.ToolsCallResult:
-        """Run the stored call once: checked, consumed (durably), then sent."""
+    ) -> msgspec.Raw:
+        """Run the stored call once: checked, consumed (durably), then sent
+        (the call pipeline, ``calls.py``)."""
         proposal = await self._book.get(caller, p.id)
-        if proposal.status != "approved":
-            raise not_approved(proposal)
-        upstream = await self._check_schema(proposal)
-        decided = upstream.cached_verdict(proposal.tool)
-        if decided is not None and (decided.blocked or decided.decision == "deny"):
-            raise refusal(decided, server=proposal.server, tool=proposal.tool)
-        arguments = await self._book.consume(caller, proposal)
-        started = time.time()
-        audit = partial(
-            self._book.audit_resume,
-            caller,
-            proposal,
-            started=started,
-            arguments=arguments,
-        )
-        try:
-            result = await upstream.call_tool(
-                proposal.tool, arguments, timeout_s=p.timeout_s
-            )
-        except RemoteError as exc:
-            await audit(outcome=outcome_for(exc.reason), reason=exc.reason)
-            raise
-        except BaseException as exc:
-            reason = "internal" if isinstance(exc, Exception) else "cancelled"
-            with anyio.CancelScope(shield=True):
-                await audit(outcome="failed", reason=reason)
-            raise
-        await audit(
-            outcome="tool_error" if result.is_error else "ok",
-            result_bytes=len(_encoder.encode(result)),
-        )
-        return result
+        return await self._calls.resume(caller, proposal, timeout_s=p.timeout_s)

@@ -29,8 +29,9 @@ import msgspec
 from anyio.abc import TaskStatus
 
 from memorizz.api import methods as m
+from memorizz.api.errors import InvalidParamsError
 from memorizzd.caller import Caller
-from memorizzd.store import Store, StoreError
+from memorizzd.store import AuditRow, Store, StoreError
 
 log = logging.getLogger("memorizzd.audit")
 
@@ -46,6 +47,19 @@ _OUTCOME_BY_REASON: Final = {
     "timeout": "timeout",
     "result_too_large": "result_too_large",
 }
+
+
+class CallArguments(msgspec.Struct, frozen=True):
+    """A call's arguments, read once: the bytes relayed upstream, the decoded
+    copy policy and approvals keep, and what the audit records of them."""
+
+    raw: bytes
+    """A JSON object, as the caller sent it."""
+    value: dict[str, Any]
+    keys: list[str]
+    """Sorted."""
+    hmac: str
+    """``Auditor.digest`` of ``value``."""
 
 
 REFUSALS: Final = frozenset(
@@ -135,7 +149,7 @@ class Auditor:
         self._store = store
         self._key = key
         self._mirror = mirror_to_journal
-        self._pending: list[m.AuditRecord] = []
+        self._pending: list[AuditRow] = []
         self._committed = anyio.Event()
         self._wake = anyio.Event()
         self._running = False
@@ -147,6 +161,14 @@ class Auditor:
         return hmac.new(
             self._key, _canonical.encode(arguments), hashlib.sha256
         ).hexdigest()
+
+    def call_arguments(
+        self, raw: bytes, value: dict[str, Any] | None = None
+    ) -> CallArguments:
+        """Read a call's arguments once (``value``: already decoded from ``raw``)."""
+        if value is None:
+            value = _decode_arguments(raw)
+        return CallArguments(raw, value, sorted(value), self.digest(value))
 
     async def record(
         self,
@@ -160,7 +182,7 @@ class Auditor:
         tool: str | None = None,
         risk: m.Risk | None = None,
         decision: m.Decision | None = None,
-        arguments: dict[str, Any] | None = None,
+        arguments: CallArguments | None = None,
         result_bytes: int | None = None,
         busy: bool = False,
         proposal_id: str | None = None,
@@ -184,7 +206,7 @@ class Auditor:
             tool = None if tool is None else tool[:_NAME_MAX]
             _log_refusal(caller, action, reason or "-", server, tool, missed)
         now = time.time()
-        record = m.AuditRecord(
+        record = AuditRow(
             id=0,
             time=started,
             action=action,
@@ -199,8 +221,8 @@ class Auditor:
             outcome=outcome,
             reason=reason,
             duration_ms=round((now - started) * 1000, 3),
-            argument_keys=sorted(arguments) if arguments else [],
-            arguments_hmac=self.digest(arguments) if arguments is not None else None,
+            argument_keys=arguments.keys if arguments is not None else [],
+            arguments_hmac=arguments.hmac if arguments is not None else None,
             result_bytes=result_bytes,
             proposal_id=proposal_id,
             caller_profile=caller.profile,
@@ -247,7 +269,7 @@ class Auditor:
             self._writing = False
             committed.set()
 
-    def _write(self, batch: list[m.AuditRecord]) -> None:
+    def _write(self, batch: list[AuditRow]) -> None:
         try:
             self._store.append_audit(batch)
         except StoreError as exc:
@@ -266,7 +288,7 @@ class Auditor:
         except StoreError as exc:
             log.warning("audit checkpoint failed: %s", exc)
 
-    def _mirror_record(self, record: m.AuditRecord) -> None:
+    def _mirror_record(self, record: AuditRow) -> None:
         """The record as a journal entry with structured fields."""
         log.info(
             "audit: %s",
@@ -286,7 +308,7 @@ class Auditor:
         )
 
 
-def _summary(record: m.AuditRecord) -> str:
+def _summary(record: AuditRow) -> str:
     target = f"{record.server}/{record.tool}" if record.tool else (record.server or "-")
     if record.proposal_id:
         target += f" [{record.proposal_id}]"
@@ -318,3 +340,34 @@ def _log_refusal(
         if missed
         else "",
     )
+
+
+_decode_object: Final = msgspec.json.Decoder(dict[str, Any]).decode
+
+
+def _decode_arguments(raw: bytes) -> dict[str, Any]:
+    """A call's arguments: a JSON object nested at most ``MAX_ARGUMENT_DEPTH`` deep."""
+    try:
+        value = _decode_object(raw)
+    except msgspec.ValidationError:
+        raise InvalidParamsError(
+            "invalid params: arguments must be an object"
+        ) from None
+    except msgspec.DecodeError:  # msgspec's own nesting limit, among others
+        raise InvalidParamsError(
+            f"invalid params: arguments nested deeper than {m.MAX_ARGUMENT_DEPTH}"
+            " levels"
+        ) from None
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > m.MAX_ARGUMENT_DEPTH:
+            raise InvalidParamsError(
+                f"invalid params: arguments nested deeper than {m.MAX_ARGUMENT_DEPTH}"
+                " levels"
+            )
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item)
+    return value

@@ -31,16 +31,15 @@ from memorizz.api.errors import (
 )
 from memorizz.api.protocol import PROTOCOL_VERSION
 from memorizz.api.spec import check_server_spec
-from memorizzd import __version__
+from memorizzd import __version__, stored
 from memorizzd.approval_methods import ApprovalMethods
-from memorizzd.approvals import ApprovalBook, approval_required
-from memorizzd.audit import REFUSALS, Auditor, outcome_for
+from memorizzd.approvals import ApprovalBook
+from memorizzd.audit import REFUSALS, Auditor
 from memorizzd.caller import Caller, Handler
-from memorizzd.calllife import client_aborted, mark_abortable
+from memorizzd.calls import Calls
 from memorizzd.config import Config
 from memorizzd.egress.urls import check_server_url
 from memorizzd.execution import resolve_command
-from memorizzd.policy import refusal
 from memorizzd.store import Store
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.pool import Pool, unknown_server
@@ -86,7 +85,7 @@ class Broker:
         self._store = store
         self._pool = pool
         self._auditor = auditor
-        self._calls = 0  # tools/call in flight: the audit batches when it is > 1
+        self._tool_calls = Calls(pool, book=book, auditor=auditor, scope=self._get)
         self._connections = connections
         self._in_flight = in_flight
         # Absolute, as daemon/status shows them (the daemon never changes directory).
@@ -106,7 +105,7 @@ class Broker:
         dispatcher refuses a table with a method missing or undeclared."""
         passthrough: dict[m.Method[Any, Any], Handler] = {
             m.TOOLS_LIST: self.tools_list,
-            m.TOOLS_CALL: self._audited_tools_call,
+            m.TOOLS_CALL: self.tools_call,
             m.RESOURCES_LIST: self.resources_list,
             m.RESOURCES_TEMPLATES_LIST: self.resources_templates_list,
             m.RESOURCES_READ: self.resources_read,
@@ -131,7 +130,9 @@ class Broker:
         return {
             **{method.name: handler for method, handler in passthrough.items()},
             **{method.name: handler for method, handler in own.items()},
-            **ApprovalMethods(self._pool, book=self._book).handlers(),
+            **ApprovalMethods(
+                self._pool, book=self._book, calls=self._tool_calls
+            ).handlers(),
         }
 
     def _get(self, caller: Caller, name: str) -> Upstream:
@@ -180,76 +181,15 @@ class Broker:
             refusal=True,  # also when over a cap (overloaded): within the budget
         )
 
-    async def _audited_tools_call(
-        self, caller: Caller, p: m.ToolsCallParams
-    ) -> m.ToolsCallResult:
-        """Every tools/call leaves one record, written before the reply is sent."""
-        started = time.time()
-        self._calls += 1
-        try:
-            return await self._call_and_audit(caller, p, started)
-        finally:
-            self._calls -= 1
-
-    async def _call_and_audit(
-        self, caller: Caller, p: m.ToolsCallParams, started: float
-    ) -> m.ToolsCallResult:
-        audit = partial(
-            self._auditor.record,
+    async def tools_call(self, caller: Caller, p: m.ToolsCallParams) -> msgspec.Raw:
+        """The call pipeline (``calls.py``): policy, relay, one audit record."""
+        return await self._tool_calls.call(
             caller,
-            action="tools/call",
-            started=started,
-            server=p.server,
+            p.server,
             tool=p.name,
             arguments=p.arguments,
-            busy=self._calls > 1,
+            timeout_s=p.timeout_s,
         )
-        verdict: dict[str, Any] = {}  # what the audit records of the policy's answer
-        try:
-            _check_depth(p.arguments)
-            upstream = self._get(caller, p.server)
-            # Policy: anything but allow is refused here, before the upstream sees it.
-            decided = await upstream.tool_verdict(p.name, timeout_s=p.timeout_s)
-            verdict = {"risk": decided.risk, "decision": decided.decision}
-            if decided.decision == "ask" and not decided.blocked:
-                tool = upstream.cached_tool(p.name)
-                proposal = await self._book.propose(
-                    caller,
-                    server=p.server,
-                    tool=p.name,
-                    arguments=p.arguments,
-                    risk=decided.risk,
-                    schema=None if tool is None else tool.input_schema,
-                )
-                verdict["proposal_id"] = proposal.id
-                raise approval_required(proposal)
-            if decided.decision != "allow":
-                raise refusal(decided, server=p.server, tool=p.name)
-            # a read may be abandoned with its client; anything else runs to the end
-            mark_abortable(decided.risk == "read")
-            result = await upstream.call_tool(
-                p.name, p.arguments, timeout_s=p.timeout_s
-            )
-        except RemoteError as exc:
-            # a refusal is recorded as denied, within the caller's budget
-            await audit(outcome=outcome_for(exc.reason), reason=exc.reason, **verdict)
-            raise
-        except BaseException as exc:  # a bug, or cancelled (client gone, shutdown)
-            if client_aborted():
-                with anyio.CancelScope(shield=True):
-                    await audit(
-                        outcome="client_aborted", reason="client_gone", **verdict
-                    )
-                raise
-            reason = "internal" if isinstance(exc, Exception) else "cancelled"
-            await audit(outcome="failed", reason=reason, **verdict)
-            raise
-        await audit(
-            outcome="tool_error" if result.is_error else "ok",
-            result_bytes=len(_encoder.encode(result)),
-            **verdict,
-        )
-        return result
 
     async def _audited_servers_add(
         self, caller: Caller, p: m.ServersAddParams
@@ -349,7 +289,8 @@ class Broker:
             raise InvalidParamsError("limit must be in 1..1000")
         records = await anyio.to_thread.run_sync(
             partial(
-                self._store.list_audit,
+                stored.list_audit,
+                self._store,
                 server=p.server,
                 tool=p.tool,
                 outcome=p.outcome,
@@ -460,7 +401,7 @@ class Broker:
             if spec.name in self._pool:
                 raise ConflictError(f"a server named {spec.name!r} already exists")
             await anyio.to_thread.run_sync(self._replace_secrets, spec.name, secrets)
-            if not await anyio.to_thread.run_sync(self._store.add_server, spec):
+            if not await anyio.to_thread.run_sync(stored.add_server, self._store, spec):
                 raise ConflictError(f"a server named {spec.name!r} already exists")
             upstream = await self._pool.start(spec, source="api")
         log.info(
@@ -569,20 +510,6 @@ class Broker:
     ) -> m.PromptsGetResult:
         upstream = self._get(caller, p.server)
         return await upstream.get_prompt(p.name, p.arguments, timeout_s=p.timeout_s)
-
-
-def _check_depth(arguments: dict[str, Any]) -> None:
-    """Refuse arguments nested deeper than ``MAX_ARGUMENT_DEPTH`` (no recursion)."""
-    stack: list[tuple[Any, int]] = [(arguments, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if depth > m.MAX_ARGUMENT_DEPTH:
-            raise InvalidParamsError(
-                f"invalid params: arguments nested deeper than {m.MAX_ARGUMENT_DEPTH}"
-                " levels"
-            )
-        children = value.values() if isinstance(value, dict) else value
-        stack.extend((c, depth + 1) for c in children if isinstance(c, dict | list))
 
 
 def _rss_bytes() -> int:

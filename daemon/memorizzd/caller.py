@@ -39,5 +39,7 @@ class Caller(msgspec.Struct, frozen=True, kw_only=True):
         return frozenset((self.gid, *self.groups))
 
 
-Handler = Callable[[Caller, Any], Awaitable[Result]]
-"""One method's implementation: the caller and its decoded Params -> Result."""
+Handler = Callable[[Caller, Any], Awaitable[Result | msgspec.Raw]]
+"""One method's implementation: the caller and its decoded Params -> Result,
+or the result's JSON as it is to be sent (``msgspec.Raw``: a relayed tool
+result, spliced into the reply unread)."""

@@ -151,9 +151,20 @@ class ToolsListResult(Result, kw_only=True):
     tools: list[Tool]
 
 
+Arguments = Annotated[msgspec.Raw, msgspec.Meta(extra_json_schema={"type": "object"})]
+"""A JSON object, kept as its bytes: the daemon relays a call's arguments as
+the caller sent them (it decodes a copy for policy and the audit)."""
+
+
+def arguments(value: dict[str, Any] | None = None) -> msgspec.Raw:
+    """``value`` as ``ToolsCallParams.arguments``."""
+    return msgspec.Raw(msgspec.json.encode(value or {}))
+
+
 class ToolsCallParams(ServerParams, kw_only=True, frozen=True):
     name: str
-    arguments: dict[str, Any] = {}
+    arguments: Arguments = msgspec.field(default_factory=arguments)
+    """A JSON object (``arguments({...})`` makes one)."""
     timeout_s: Deadline | None = None
     """A shorter deadline for this call; capped by the server's ``timeout_s``."""
 
@@ -272,6 +283,9 @@ class ServerSpec(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     max_result_bytes: int = DEFAULT_MAX_RESULT_BYTES
     protocol: ProtocolMode = "auto"
     """``auto`` probes once and remembers; ``legacy`` forces the initialize handshake."""
+    replicas: int = 1
+    """stdio only: run this many processes behind the one name, for a server
+    that keeps no state between calls; each call goes to the least busy one."""
     allow_private_network: bool = False
     """HTTP only: allow ``http://`` and private/loopback addresses for this server alone
     (an intentional local service)."""

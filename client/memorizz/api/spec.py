@@ -23,6 +23,7 @@ from memorizz.api.errors import InvalidParamsError, PermissionDeniedError
 from memorizz.api.methods import ServerSpec
 
 SERVER_NAME_MAX: Final = 64
+MAX_REPLICAS: Final = 16
 LOOPBACK_HOSTS: Final = ("localhost", "127.0.0.1", "::1")
 _TOKEN_CHARS: Final = frozenset(
     "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -82,6 +83,10 @@ def check_server_spec(spec: ServerSpec) -> None:
         _invalid(f"{where}: timeout_s must be in (0, 3600]")
     if not 1024 <= spec.max_result_bytes <= 256 * 1024 * 1024:
         _invalid(f"{where}: max_result_bytes must be in [1024, 268435456]")
+    if not 1 <= spec.replicas <= MAX_REPLICAS:
+        _invalid(f"{where}: replicas must be in 1..{MAX_REPLICAS}")
+    if spec.replicas > 1 and spec.transport != "stdio":
+        _invalid(f"{where}: replicas are for stdio servers")
 
 
 def _check_scheme(url: str, where: str) -> None:

@@ -6,7 +6,7 @@ harness), through ``harden_process``:
 * ``scrub_environment`` removes the daemon's own ``MEMORIZZ_*`` variables
   (the encryption key among them) from ``os.environ`` once the configuration
   has been read. Children get an explicit environment anyway
-  (``session.child_environment``: a few base keys plus the server's own env;
+  (``stdio.child_environment``: a few base keys plus the server's own env;
   never ``MEMORIZZ_*``, ``NOTIFY_SOCKET``, ``LISTEN_*`` or
   ``CREDENTIALS_DIRECTORY``); this makes any accidental inheritance empty too.
 * ``set_not_dumpable`` calls ``prctl(PR_SET_DUMPABLE, 0)``: removing a variable

@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any, Final, Protocol
 
@@ -234,7 +235,7 @@ class ToolPolicy:
         return ToolsView(visible, verdicts, self)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True)  # (cached_property writes __dict__ directly: allowed)
 class ToolsView:
     """A server's listing as callers see it, and every listed tool's verdict."""
 
@@ -244,6 +245,14 @@ class ToolsView:
     verdicts: Mapping[str, ToolVerdict]
     """Every listed tool, hidden ones too."""
     policy: ToolPolicy
+
+    def tool(self, name: str) -> m.Tool | None:
+        """A visible tool as listed (None: not listed, or hidden)."""
+        return self._by_name.get(name)
+
+    @cached_property
+    def _by_name(self) -> dict[str, m.Tool]:
+        return {tool.name: tool for tool in self.tools}
 
     def verdict(self, name: str) -> ToolVerdict:
         """A listed tool's verdict; a name the listing lacks is decided by name

@@ -15,7 +15,7 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Any, Final, TypeVar
+from typing import Final, TypeVar
 
 import anyio
 
@@ -28,9 +28,9 @@ from memorizz.api.errors import (
 from memorizzd.config import Config
 from memorizzd.policy import ToolsView, ToolVerdict
 from memorizzd.store import Store
-from memorizzd.upstream import session as sdk
+from memorizzd.upstream.connection import Connection, ToolResult
 from memorizzd.upstream.diagnostics import diagnose
-from memorizzd.upstream.mcp_sdk import Client
+from memorizzd.upstream.errors import ConnectionLost, SessionExpired
 from memorizzd.upstream.retry import LOST_SENDS, RetryBudget, busy_wait, lost_wait
 from memorizzd.upstream.supervisor import Supervisor
 from memorizzd.upstream.tools import ToolsListener, listed
@@ -73,7 +73,7 @@ class Upstream(Supervisor):
 
     # --- requests -----------------------------------------------------------
 
-    async def _wait_ready(self, deadline: float, *, patient: bool) -> Client:
+    async def _wait_ready(self, deadline: float, *, patient: bool) -> Connection:
         if self.keeper is not None and not self.keeper.logged_in:
             raise self.keeper.login_required_error()
         if self._client is not None:
@@ -113,16 +113,23 @@ class Upstream(Supervisor):
             return self.spec.timeout_s
         return min(requested, self.spec.timeout_s)
 
+    def deadline_for(self, requested: float | None) -> float:
+        """The absolute deadline (``anyio.current_time()``) of a request asked
+        for now, with ``requested`` seconds at most (``timeout_for``)."""
+        return anyio.current_time() + self.timeout_for(requested)
+
     async def request(
         self,
-        op: Callable[[Client], Awaitable[T]],
+        op: Callable[[Connection], Awaitable[T]],
         *,
-        timeout_s: float,
+        deadline: float,
         safe: bool,
         repeatable: bool | None = None,
         failed: Callable[[T], bool] | None = None,
     ) -> T:
-        """Send one request over the warm session, under a deadline of ``timeout_s``.
+        """Send one request over the warm session, by the caller's ``deadline``
+        (absolute, ``anyio.current_time()``: waiting for a session, retries and
+        the answer all count against it).
 
         ``safe`` reads are retried after a transport failure (bounded by the
         deadline); anything else, ``tools/call`` above all, never is, unless
@@ -138,7 +145,7 @@ class Upstream(Supervisor):
                 reason="overloaded",
                 data={"server": self.name, "retry_after_s": 0.1},
             )
-        deadline = anyio.current_time() + timeout_s
+        timeout_s = max(0.0, deadline - anyio.current_time())
         repeatable = safe if repeatable is None else repeatable
         self.in_flight += 1
         started = time.perf_counter()
@@ -155,16 +162,14 @@ class Upstream(Supervisor):
                     sent, started = True, time.perf_counter()
                 try:
                     with anyio.fail_after(deadline - anyio.current_time()):
-                        result = await sdk.guarded(
-                            partial(op, client), server=self.name
-                        )
-                except sdk.ConnectionLost as exc:
+                        result = await op(client)
+                except ConnectionLost as exc:
                     if self._client is client:
                         self._mark_dead(str(exc))
                     attempt += 1
                     # Sent again on the new session: a safe request, or any
                     # request the server did not run, once (retry.py).
-                    unrun = isinstance(exc, sdk.SessionExpired) and not resent
+                    unrun = isinstance(exc, SessionExpired) and not resent
                     resent = resent or unrun
                     if not (safe or unrun) or attempt == LOST_SENDS:
                         raise UnavailableError(
@@ -207,8 +212,8 @@ class Upstream(Supervisor):
                 return result
         except TimeoutError:
             raise DeadlineExceededError(
-                f"{self.name}: no answer within {timeout_s:g} s",
-                data={"server": self.name, "timeout_s": timeout_s},
+                f"{self.name}: no answer within {timeout_s:.3g} s",
+                data={"server": self.name, "timeout_s": round(timeout_s, 3)},
             ) from None
         finally:
             self.in_flight -= 1
@@ -233,7 +238,7 @@ class Upstream(Supervisor):
             repeatable=repeatable and within_budget,
         )
 
-    async def _refresh_tools(self, client: Client) -> ToolsView:
+    async def _refresh_tools(self, client: Connection) -> ToolsView:
         return await self._tools.refresh(client, server_name=self.server_name)
 
     # --- the operations -----------------------------------------------------
@@ -248,38 +253,34 @@ class Upstream(Supervisor):
         ):
             return view.tools
         view = await self.request(
-            self._refresh_tools, timeout_s=self.spec.timeout_s, safe=True
+            self._refresh_tools, deadline=self.deadline_for(None), safe=True
         )
         return view.tools
 
-    async def tool_verdict(self, name: str, *, timeout_s: float | None) -> ToolVerdict:
-        """The policy's verdict on calling ``name``: a dict lookup in the warm
-        cache; with no cache, the listing is fetched first (a failure to fetch
-        it is the call's failure: no annotations, no decision)."""
+    async def tool_verdict(
+        self, name: str, *, deadline: float
+    ) -> tuple[ToolVerdict, m.Tool | None]:
+        """The policy's verdict on calling ``name`` and the tool as listed
+        (None: not listed), from one listing: a dict lookup in the warm cache;
+        with no cache, the listing is fetched first, by ``deadline`` (a failure
+        to fetch it is the call's failure: no annotations, no decision)."""
         view = self._tools.view
         if view is None:
-            view = await self.request(
-                self._refresh_tools, timeout_s=self.timeout_for(timeout_s), safe=True
-            )
-        return view.verdict(name)
-
-    def cached_tool(self, name: str) -> m.Tool | None:
-        """A visible tool from the warm cache (None: not listed, or no cache)."""
-        return self._tools.tool(name)
-
-    def cached_verdict(self, name: str) -> ToolVerdict | None:
-        """The verdict from the warm cache, or None when there is none (no I/O)."""
-        return self._tools.verdict(name)
+            view = await self.request(self._refresh_tools, deadline=deadline, safe=True)
+        return view.verdict(name), view.tool(name)
 
     async def call_tool(
-        self, name: str, arguments: dict[str, Any], *, timeout_s: float | None
-    ) -> m.ToolsCallResult:
-        verdict = self.cached_verdict(name)
+        self, name: str, arguments: bytes, *, risk: m.Risk, deadline: float
+    ) -> ToolResult:
+        """Relay one call: ``arguments`` (a JSON object, the caller's bytes) go
+        out as they are, and the result comes back as the server wrote it. A
+        ``read`` call may be sent again after a busy answer; no call is ever
+        sent again after a lost connection (it may have run)."""
         return await self.request(
-            lambda client: sdk.call_tool(client, name, arguments),
-            timeout_s=self.timeout_for(timeout_s),
+            lambda client: client.call_tool(name, arguments),
+            deadline=deadline,
             safe=False,
-            repeatable=verdict is not None and verdict.risk == "read",
+            repeatable=risk == "read",
             failed=_is_error_result,
         )
 
@@ -287,9 +288,9 @@ class Upstream(Supervisor):
         limit = self._config.list_page_limit
         return await self.request(
             lambda client: listed(
-                client, "resources", partial(sdk.list_resources, page_limit=limit)
+                client, "resources", partial(client.list_resources, page_limit=limit)
             ),
-            timeout_s=self.spec.timeout_s,
+            deadline=self.deadline_for(None),
             safe=True,
         )
 
@@ -299,9 +300,9 @@ class Upstream(Supervisor):
             lambda client: listed(
                 client,
                 "resources",
-                partial(sdk.list_resource_templates, page_limit=limit),
+                partial(client.list_resource_templates, page_limit=limit),
             ),
-            timeout_s=self.spec.timeout_s,
+            deadline=self.deadline_for(None),
             safe=True,
         )
 
@@ -309,8 +310,8 @@ class Upstream(Supervisor):
         self, uri: str, *, timeout_s: float | None
     ) -> m.ResourcesReadResult:
         return await self.request(
-            lambda client: sdk.read_resource(client, uri),
-            timeout_s=self.timeout_for(timeout_s),
+            lambda client: client.read_resource(uri),
+            deadline=self.deadline_for(timeout_s),
             safe=True,
         )
 
@@ -318,9 +319,9 @@ class Upstream(Supervisor):
         limit = self._config.list_page_limit
         return await self.request(
             lambda client: listed(
-                client, "prompts", partial(sdk.list_prompts, page_limit=limit)
+                client, "prompts", partial(client.list_prompts, page_limit=limit)
             ),
-            timeout_s=self.spec.timeout_s,
+            deadline=self.deadline_for(None),
             safe=True,
         )
 
@@ -328,8 +329,8 @@ class Upstream(Supervisor):
         self, name: str, arguments: dict[str, str], *, timeout_s: float | None
     ) -> m.PromptsGetResult:
         return await self.request(
-            lambda client: sdk.get_prompt(client, name, arguments),
-            timeout_s=self.timeout_for(timeout_s),
+            lambda client: client.get_prompt(name, arguments),
+            deadline=self.deadline_for(timeout_s),
             safe=True,
         )
 
@@ -340,7 +341,9 @@ class Upstream(Supervisor):
 
     async def ping(self) -> None:
         await self.request(
-            sdk.probe, timeout_s=self.timeout_for(PROBE_TIMEOUT_S), safe=True
+            lambda client: client.probe(),
+            deadline=self.deadline_for(PROBE_TIMEOUT_S),
+            safe=True,
         )
 
     # --- views --------------------------------------------------------------
@@ -372,5 +375,5 @@ class Upstream(Supervisor):
         )
 
 
-def _is_error_result(result: m.ToolsCallResult) -> bool:
+def _is_error_result(result: ToolResult) -> bool:
     return result.is_error

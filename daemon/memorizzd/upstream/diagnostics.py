@@ -1,7 +1,7 @@
 """The diagnosis behind ``servers/test``: one honest connection test.
 
 ``ok`` only after a fresh ``tools/list``; anything else is a failure kind
-(``session.FailureKind``, the result's ``outcome``) with the facts behind it:
+(``errors.FailureKind``, the result's ``outcome``) with the facts behind it:
 the message, the error's ``reason``, the server's auth mode and where it is
 configured. What to do about it is the client's to say (``memorizzctl`` keys
 its hints by outcome, in ``memorizz.ctl.render``).
@@ -22,7 +22,7 @@ from memorizz.api.errors import (
     RemoteError,
     UnavailableError,
 )
-from memorizzd.upstream import session as sdk
+from memorizzd.upstream import errors
 
 if TYPE_CHECKING:
     from memorizzd.upstream.actor import Upstream
@@ -58,7 +58,7 @@ async def diagnose(upstream: Upstream, timeout_s: float | None) -> m.ServersTest
     except TimeoutError:
         return failed(upstream, "timeout", "no answer within the deadline")
     except AuthRequiredError as exc:
-        kind: sdk.FailureKind = (
+        kind: errors.FailureKind = (
             "login_required"
             if exc.reason == "login_required"
             else "authorization_required"
@@ -73,7 +73,7 @@ async def diagnose(upstream: Upstream, timeout_s: float | None) -> m.ServersTest
         return failed(upstream, kind, exc.message, exc.reason)
     except RemoteError as exc:
         return failed(upstream, "upstream_error", exc.message, exc.reason)
-    except sdk.ConnectionLost as exc:
+    except errors.ConnectionLost as exc:
         return failed(upstream, "unreachable", str(exc) or "connection lost")
     latency = round((time.perf_counter() - started) * 1000, 3)
     return m.ServersTestResult(
@@ -89,7 +89,7 @@ async def diagnose(upstream: Upstream, timeout_s: float | None) -> m.ServersTest
 
 def failed(
     upstream: Upstream,
-    kind: sdk.FailureKind,
+    kind: errors.FailureKind,
     message: str,
     reason: str | None = None,
 ) -> m.ServersTestResult:

@@ -14,7 +14,7 @@ from memorizz.api.errors import ConflictError, NotFoundError
 from memorizzd.config import Config
 from memorizzd.store import Store
 from memorizzd.upstream.actor import Upstream
-from memorizzd.upstream.session import FailureKind
+from memorizzd.upstream.errors import FailureKind
 from memorizzd.vault import CredentialStore
 
 log = logging.getLogger("memorizzd.pool")

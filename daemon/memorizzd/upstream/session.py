@@ -1,17 +1,18 @@
-"""The MCP SDK adapter: opening a client for a server spec, the calls, and the errors.
+"""The MCP SDK adapter for the HTTP transports: a ``Connection`` on the SDK's client.
 
-Together with ``stdio.py`` this is the only code that imports ``mcp``. It turns
-SDK results (pydantic models) into wire structs and SDK exceptions into our
-error classes; nothing above it knows the SDK exists.
+Streamable HTTP and legacy HTTP+SSE servers are spoken to through the SDK
+(stdio servers through our own ``jsonrpc.py``). This module is imported only
+when a server needs it (``supervisor.py`` loads it lazily), so a host with
+only stdio servers never loads the SDK. It turns SDK results (pydantic
+models) into wire structs and SDK exceptions into our error classes; only
+public SDK API is used.
 """
 
 from __future__ import annotations
 
-import os
-import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Final, TypeVar
 
 import anyio
 import httpx2
@@ -20,9 +21,7 @@ import pydantic
 
 from memorizz.api import methods as m
 from memorizz.api.errors import (
-    AuthRequiredError,
     DeadlineExceededError,
-    PermissionDeniedError,
     RemoteError,
     TooLargeError,
     UpstreamError,
@@ -33,81 +32,40 @@ from memorizzd.egress.limits import TOO_LARGE_MARKER
 from memorizzd.egress.replies import refusal_in
 from memorizzd.egress.transport import BearerSource
 from memorizzd.egress.urls import check_url, without_trailing_dot
+from memorizzd.upstream.connection import ToolResult
+from memorizzd.upstream.errors import (
+    METHOD_NOT_FOUND,
+    ConnectionLost,
+    FailureKind,
+    SessionExpired,
+    classify,
+    leaves,
+    rpc_error,
+)
 from memorizzd.upstream.expired import SESSION_EXPIRED, expired_answers
 from memorizzd.upstream.mcp_sdk import (
-    MCP_NAME_HEADER,
     CallOptions,
     Client,
-    ClientSession,
     MCPError,
-    encode_header_value,
     sse_client,
     streamable_http_client,
     types,
 )
 from memorizzd.upstream.sse import EndpointWatch, opened_within
-from memorizzd.upstream.stdio import StdioProcess, stdio_transport
 from memorizzd.vault.server_secrets import ServerSecrets
 
 T = TypeVar("T")
-MessageHandler = Callable[[Any], Awaitable[None]]
 
 MODERN: Final = "2026-07-28"
 _CLIENT_INFO: Final = types.Implementation(name="memorizzd", version=__version__)
-_BASE_ENV_KEYS: Final = (
-    "HOME",
-    "LOGNAME",
-    "PATH",
-    "SHELL",
-    "TERM",
-    "USER",
-    "LANG",
-    "TZ",
-)
 _SSE_TOO_LARGE: Final = "Server-sent event exceeded"
-
-
-class ConnectionLost(Exception):
-    """The transport to the upstream broke; the session must be rebuilt."""
-
-
-class SessionExpired(ConnectionLost):
-    """The server no longer knows the session (HTTP 404 for its id): the
-    session must be rebuilt, and the request was not run (``expired.py``)."""
-
-
-FailureKind = Literal[
-    "authorization_required",
-    "login_required",
-    "unreachable",
-    "refused_by_policy",
-    "tls_error",
-    "timeout",
-    "upstream_error",
-]
-"""Why a connect failed, as ``servers/test`` reports it."""
-
-
-def leaves(exc: BaseException) -> list[BaseException]:
-    """The leaf exceptions of ``exc`` (itself unless it is a group)."""
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
-    return [exc]
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and what caused it (``__cause__``/``__context__``), bounded."""
-    seen: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and len(seen) < 16 and current not in seen:
-        seen.append(current)
-        current = current.__cause__ or current.__context__
-    return seen
+SSE_EVENT_MAX: Final = 1 << 20
+"""The SDK's legacy SSE reader dies on a larger event; cap below it."""
 
 
 def failure_kind(exc: BaseException) -> FailureKind:
     """Classify a failed connect (an exception, perhaps a group, from
-    ``open_client``) for an honest ``servers/test``."""
+    ``open_connection``) for an honest ``servers/test``."""
     found = leaves(exc) or [exc]
     remote = [leaf for leaf in found if isinstance(leaf, RemoteError)]
     if isinstance(exc, RemoteError):
@@ -117,22 +75,10 @@ def failure_kind(exc: BaseException) -> FailureKind:
         for leaf in found
         if isinstance(leaf, MCPError) and (translated := _as_remote(leaf))
     ]
-    auth = [r for r in remote if isinstance(r, AuthRequiredError)]
-    if any(r.reason == "login_required" for r in auth):
-        return "login_required"
-    if auth:
-        return "authorization_required"
-    if any(isinstance(r, PermissionDeniedError) for r in remote):
-        return "refused_by_policy"
-    if any(isinstance(c, ssl.SSLError) for leaf in found for c in _chain(leaf)):
-        return "tls_error"
-    if any(isinstance(r, DeadlineExceededError) for r in remote) or any(
-        isinstance(leaf, TimeoutError | httpx2.TimeoutException) for leaf in found
-    ):
-        return "timeout"
-    if any(isinstance(r, UpstreamError) for r in remote):
-        return "upstream_error"
-    return "unreachable"
+    timeouts: list[BaseException] = [
+        TimeoutError() for leaf in found if isinstance(leaf, httpx2.TimeoutException)
+    ]
+    return classify(found + timeouts, remote)
 
 
 def _as_remote(exc: MCPError) -> RemoteError | None:
@@ -140,67 +86,46 @@ def _as_remote(exc: MCPError) -> RemoteError | None:
     return translated if isinstance(translated, RemoteError) else None
 
 
-def child_environment(
-    spec: m.ServerSpec, secret_env: Mapping[str, str] | None = None
-) -> dict[str, str]:
-    """A minimal base environment plus the server's own variables (and its
-    secret ones, resolved from the vault); nothing else."""
-    base = {k: v for k in _BASE_ENV_KEYS if (v := os.environ.get(k)) is not None}
-    return base | dict(spec.env) | dict(secret_env or {})
-
-
-SSE_EVENT_MAX: Final = 1 << 20
-"""The SDK's legacy SSE reader dies on a larger event; cap below it."""
-
-
 def _timeout(spec: m.ServerSpec) -> httpx2.Timeout:
     return httpx2.Timeout(30.0, read=max(300.0, spec.timeout_s + 30))
 
 
 @asynccontextmanager
-async def open_client(
+async def open_connection(
     spec: m.ServerSpec,
     *,
     mode: str,
-    process: StdioProcess | None,
-    message_handler: MessageHandler,
+    on_tools_changed: Callable[[], None],
     host_allowlist: Sequence[str],
     secrets: ServerSecrets | None = None,
     bearer: BearerSource | None = None,
-) -> AsyncIterator[Client]:
-    """Connect and negotiate; yields a ready ``Client`` owned by the calling task.
+) -> AsyncIterator[SdkConnection]:
+    """Connect to an HTTP server and negotiate; yields a ready connection
+    owned by the calling task.
 
     ``secrets`` (resolved from the vault just before): HTTP headers sent on
-    every request (``Authorization`` among them), or a stdio child's secret env.
-    ``bearer``: an OAuth server's token keeper (the token of the moment on
-    every request).
+    every request (``Authorization`` among them). ``bearer``: an OAuth
+    server's token keeper (the token of the moment on every request).
 
-    HTTP servers are reached only through the hardened client (``egress``); the
+    Servers are reached only through the hardened client (``egress``); the
     URL is checked again here, since the allowlist may have changed since the
     server was added, and an egress refusal while connecting is raised as such
     (``PermissionDeniedError``), not as the SDK's "connection closed".
     """
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            on_tools_changed()
+
     client_kwargs: dict[str, Any] = {
         "mode": mode,
         "read_timeout_seconds": spec.timeout_s,
-        "message_handler": message_handler,
+        "message_handler": on_message,
         "client_info": _CLIENT_INFO,
         "cache": None,  # the daemon caches lists itself
     }
     secrets = secrets or ServerSecrets()
-    if spec.transport == "stdio":
-        if spec.command is None or process is None:
-            raise ValueError("a stdio server needs a command")
-        transport = stdio_transport(
-            [spec.command, *spec.args],
-            env=child_environment(spec, secrets.env),
-            cwd=spec.cwd,
-            max_message_bytes=spec.max_result_bytes + 64 * 1024,
-            process_info=process,
-        )
-        async with Client(transport, **client_kwargs) as client:
-            yield client
-    elif spec.transport == "streamable_http":
+    if spec.transport == "streamable_http":
         url = _checked_url(spec, host_allowlist)
         http = hardened_client(
             limit=spec.max_result_bytes,
@@ -218,7 +143,7 @@ async def open_client(
                 max_sse_event_size=spec.max_result_bytes + 65536,
             )
             async with _refusals_raised(Client(transport, **client_kwargs)) as client:
-                yield client
+                yield SdkConnection(client, server=spec.name)
     else:
         url = _checked_url(spec, host_allowlist)
         # The endpoint event is checked before the SDK reads it, and the open
@@ -244,7 +169,7 @@ async def open_client(
         )
         bounded = opened_within(transport, spec.timeout_s, watch)
         async with _refusals_raised(Client(bounded, **client_kwargs)) as client:
-            yield client
+            yield SdkConnection(client, server=spec.name)
 
 
 def _checked_url(spec: m.ServerSpec, host_allowlist: Sequence[str]) -> str:
@@ -286,10 +211,6 @@ def _refusal_of(exc: BaseException) -> RemoteError | None:
     return None
 
 
-def is_modern(client: Client) -> bool:
-    return client.protocol_version == MODERN
-
-
 async def guarded(call: Callable[[], Awaitable[T]], *, server: str) -> T:
     """Run one SDK call and translate its failures to our classes."""
     try:
@@ -311,170 +232,166 @@ async def guarded(call: Callable[[], Awaitable[T]], *, server: str) -> T:
 
 
 def translate_mcp_error(exc: MCPError, *, server: str) -> RemoteError | ConnectionLost:
-    if (refusal := refusal_in(exc.error.data)) is not None:
+    error = exc.error
+    if (refusal := refusal_in(error.data)) is not None:
         return refusal  # the hardened client refused this request (egress)
-    if exc.error.data == SESSION_EXPIRED:
+    if error.data == SESSION_EXPIRED:
         return SessionExpired("the server no longer knows the session (HTTP 404)")
-    if exc.code == types.CONNECTION_CLOSED and exc.error.data != TOO_LARGE_MARKER:
-        if _SSE_TOO_LARGE in exc.message:
-            return TooLargeError(f"{server}: result larger than max_result_bytes")
-        return ConnectionLost("connection closed")
-    if exc.code == types.REQUEST_TIMEOUT:
-        return DeadlineExceededError(f"{server}: the request timed out")
-    if exc.error.data == TOO_LARGE_MARKER:
-        return TooLargeError(f"{server}: {exc.message}")
-    return UpstreamError(
-        f"{server}: {exc.message}", data={"server": server, "upstream_code": exc.code}
-    )
+    if (
+        exc.code == types.CONNECTION_CLOSED
+        and error.data != TOO_LARGE_MARKER
+        and _SSE_TOO_LARGE in exc.message
+    ):
+        return TooLargeError(f"{server}: result larger than max_result_bytes")
+    return rpc_error(exc.code, exc.message, error.data, server=server)
 
 
 def _dump(model: pydantic.BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-ItemT = TypeVar("ItemT")
-Fetch = Callable[..., Awaitable[Any]]
+class SdkConnection:
+    """A ``Connection`` on the SDK's ``Client`` (public API only)."""
 
+    def __init__(self, client: Client, *, server: str) -> None:
+        self._client = client
+        self._server = server
+        self.protocol_version: str | None = client.protocol_version
+        info = client.server_info
+        self.server_name = info.name if info else None
+        self.server_version = info.version if info else None
 
-async def _listing(
-    fetch: Fetch, attr: str, item_type: type[ItemT], page_limit: int
-) -> list[ItemT]:
-    """Every page of an MCP listing, followed by cursor (at most ``page_limit``)."""
-    items: list[Any] = []
-    cursor: str | None = None
-    for _ in range(page_limit):
-        params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-        page = await fetch(params=params)
-        items += getattr(page, attr)
-        cursor = page.next_cursor
-        if cursor is None:
-            return [msgspec.convert(_dump(item), item_type) for item in items]
-    raise UpstreamError(
-        f"the listing has more than {page_limit} pages; refusing to follow"
-    )
+    def declares(self, capability: str) -> bool:
+        return getattr(self._client.server_capabilities, capability, None) is not None
 
+    async def _guarded(self, call: Callable[[], Awaitable[T]]) -> T:
+        return await guarded(call, server=self._server)
 
-async def list_tools(client: Client, *, page_limit: int) -> list[m.Tool]:
-    return await _listing(client.session.list_tools, "tools", m.Tool, page_limit)
+    async def call_tool(self, name: str, arguments: bytes) -> ToolResult:
+        """Proxied verbatim: no output-schema validation, no implicit listing
+        (``ClientSession.call_tool`` does both), so the request is sent as a
+        plain ``send_request``."""
+        decoded = msgspec.json.decode(arguments)
+        request = types.CallToolRequest(
+            params=types.CallToolRequestParams(name=name, arguments=decoded)
+        )
+        session = self._client.session
 
+        async def send() -> types.CallToolResult:
+            try:
+                return await session.send_request(request, types.CallToolResult)
+            except MCPError as exc:
+                if exc.code != types.HEADER_MISMATCH or self.protocol_version != MODERN:
+                    raise
+            # 2026-07-28: the server wants a fresh listing of this tool first; once.
+            await self._client.list_tools(cache_mode="refresh")
+            return await session.send_request(request, types.CallToolResult)
 
-async def list_resources(client: Client, *, page_limit: int) -> list[m.Resource]:
-    fetch = client.session.list_resources
-    return await _listing(fetch, "resources", m.Resource, page_limit)
+        result = await self._guarded(send)
+        raw = result.model_dump_json(by_alias=True, exclude_none=True).encode()
+        return ToolResult(msgspec.Raw(raw), result.is_error)
 
+    async def _listing(
+        self, fetch: Callable[..., Awaitable[Any]], attr: str, into: type[T], limit: int
+    ) -> list[T]:
+        """Every page of an MCP listing, followed by cursor (at most ``limit``)."""
 
-async def list_resource_templates(
-    client: Client, *, page_limit: int
-) -> list[m.ResourceTemplate]:
-    fetch = client.session.list_resource_templates
-    return await _listing(fetch, "resource_templates", m.ResourceTemplate, page_limit)
+        async def pages() -> list[T]:
+            items: list[Any] = []
+            cursor: str | None = None
+            for _ in range(limit):
+                params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
+                page = await fetch(params=params)
+                items += getattr(page, attr)
+                cursor = page.next_cursor
+                if cursor is None:
+                    return [msgspec.convert(_dump(item), into) for item in items]
+            raise UpstreamError(
+                f"the listing has more than {limit} pages; refusing to follow"
+            )
 
-
-async def list_prompts(client: Client, *, page_limit: int) -> list[m.Prompt]:
-    return await _listing(client.session.list_prompts, "prompts", m.Prompt, page_limit)
-
-
-async def call_tool(
-    client: Client, name: str, arguments: dict[str, Any]
-) -> m.ToolsCallResult:
-    """Proxy verbatim: no output-schema validation, no implicit listing.
-
-    The hot path. ``ClientSession.send_request`` builds and dumps pydantic
-    models, then validates the result twice (against the negotiated revision's
-    schema and as a model) before we would dump it again; a result is passed
-    through, so we send the raw request through the session's own dispatcher,
-    stamped by the session for its era (``_meta``, HTTP headers), and decode
-    the raw result once, into the wire struct. ``_stamp`` and ``_dispatcher``
-    are private in mcp 2.3 (pinned <2.4); the transports tests cover both eras.
-    """
-    try:
-        raw = await _send_call(client.session, name, arguments)
-    except MCPError as exc:
-        if exc.code != types.HEADER_MISMATCH or not is_modern(client):
+        try:
+            return await self._guarded(pages)
+        except UpstreamError as exc:
+            if exc.data.get("upstream_code") == METHOD_NOT_FOUND:
+                return []  # nothing to list is not an error
             raise
-        # 2026-07-28: the server wants a fresh listing of this tool first; once.
-        await client.list_tools(cache_mode="refresh")
-        raw = await _send_call(client.session, name, arguments)
-    return msgspec.convert(raw, m.ToolsCallResult)
 
+    async def list_tools(self, *, page_limit: int) -> list[m.Tool]:
+        fetch = self._client.session.list_tools
+        return await self._listing(fetch, "tools", m.Tool, page_limit)
 
-async def _send_call(
-    session: ClientSession, name: str, arguments: dict[str, Any]
-) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "method": "tools/call",
-        "params": {"name": name, "arguments": arguments},
-    }
-    opts: CallOptions = {}
-    session._stamp(data, opts)
-    headers = opts.setdefault("headers", {})
-    headers.setdefault(MCP_NAME_HEADER, encode_header_value(name))
-    raw: dict[str, Any] = await session._dispatcher.send_raw_request(
-        "tools/call", data["params"], opts
-    )
-    return raw
+    async def list_resources(self, *, page_limit: int) -> list[m.Resource]:
+        fetch = self._client.session.list_resources
+        return await self._listing(fetch, "resources", m.Resource, page_limit)
 
+    async def list_resource_templates(
+        self, *, page_limit: int
+    ) -> list[m.ResourceTemplate]:
+        fetch = self._client.session.list_resource_templates
+        return await self._listing(
+            fetch, "resource_templates", m.ResourceTemplate, page_limit
+        )
 
-async def read_resource(client: Client, uri: str) -> m.ResourcesReadResult:
-    request = types.ReadResourceRequest(params=types.ReadResourceRequestParams(uri=uri))
-    result = await client.session.send_request(request, types.ReadResourceResult)
-    return m.ResourcesReadResult(contents=[_dump(c) for c in result.contents])
+    async def list_prompts(self, *, page_limit: int) -> list[m.Prompt]:
+        fetch = self._client.session.list_prompts
+        return await self._listing(fetch, "prompts", m.Prompt, page_limit)
 
+    async def read_resource(self, uri: str) -> m.ResourcesReadResult:
+        request = types.ReadResourceRequest(
+            params=types.ReadResourceRequestParams(uri=uri)
+        )
+        session = self._client.session
+        result = await self._guarded(
+            lambda: session.send_request(request, types.ReadResourceResult)
+        )
+        return m.ResourcesReadResult(contents=[_dump(c) for c in result.contents])
 
-async def get_prompt(
-    client: Client, name: str, arguments: dict[str, str]
-) -> m.PromptsGetResult:
-    request = types.GetPromptRequest(
-        params=types.GetPromptRequestParams(name=name, arguments=arguments)
-    )
-    result = await client.session.send_request(request, types.GetPromptResult)
-    return m.PromptsGetResult(
-        messages=[_dump(msg) for msg in result.messages], description=result.description
-    )
+    async def get_prompt(
+        self, name: str, arguments: dict[str, str]
+    ) -> m.PromptsGetResult:
+        request = types.GetPromptRequest(
+            params=types.GetPromptRequestParams(name=name, arguments=arguments)
+        )
+        session = self._client.session
+        result = await self._guarded(
+            lambda: session.send_request(request, types.GetPromptResult)
+        )
+        return m.PromptsGetResult(
+            messages=[_dump(msg) for msg in result.messages],
+            description=result.description,
+        )
 
+    async def probe(self) -> None:
+        """``ping`` (2025-11-25) or ``server/discover`` (2026-07-28).
 
-async def probe(client: Client) -> None:
-    """A cheap liveness round trip: ``ping`` (2025-11-25) or ``server/discover`` (2026-07-28).
+        A probe that gets no answer in time sends no ``notifications/cancelled``
+        (the SDK sends none for ``server/discover`` either): on a wedged
+        transport (a legacy SSE POST the server never answers holds every later
+        message) the SDK would wait up to 5 s to write it, holding back the
+        verdict that replaces the session, and the callers that wait for it.
+        That takes the session's private ``_stamp``/``_dispatcher`` (pinned by
+        ``mcp<2.4``; off the hot path: ``call_tool`` uses public API only).
+        """
+        session = self._client.session
+        if self.protocol_version == MODERN:
+            await self._guarded(lambda: session.send_discover(MODERN))
+            return
+        data: dict[str, Any] = {"method": "ping", "params": {}}
+        opts: CallOptions = {"cancel_on_abandon": False}
+        session._stamp(data, opts)
+        await self._guarded(
+            lambda: session._dispatcher.send_raw_request("ping", data["params"], opts)
+        )
 
-    A probe that gets no answer in time sends no ``notifications/cancelled``
-    (the SDK sends none for ``server/discover`` either): on a wedged transport
-    (a legacy SSE POST the server never answers holds every later message)
-    the SDK would wait up to 5 s to write it, holding back the verdict that
-    replaces the session, and the callers that wait for it.
-    """
-    session = client.session
-    if is_modern(client):
-        await session.send_discover(MODERN)
-        return
-    data: dict[str, Any] = {"method": "ping", "params": {}}
-    opts: CallOptions = {"cancel_on_abandon": False}
-    session._stamp(data, opts)
-    await session._dispatcher.send_raw_request("ping", data["params"], opts)
+    async def watch_tool_changes(self, on_change: Callable[[], None]) -> None:
+        """2026-07-28: changes arrive only on a ``subscriptions/listen`` stream.
 
-
-def describe(client: Client) -> tuple[str | None, str | None, str | None]:
-    """(protocol version, server name, server version)."""
-    info = client.server_info
-    return (
-        client.protocol_version,
-        info.name if info else None,
-        info.version if info else None,
-    )
-
-
-async def watch_tool_changes(client: Client, on_change: Callable[[], None]) -> None:
-    """2026-07-28: changes arrive only on a ``subscriptions/listen`` stream.
-
-    Returns at once when the server does not announce tool list changes; the
-    handshake era delivers them as notifications (``is_tool_list_changed``).
-    """
-    tools = client.server_capabilities.tools
-    if not is_modern(client) or tools is None or not tools.list_changed:
-        return
-    async with client.listen(tools_list_changed=True) as subscription:
-        async for _event in subscription:
-            on_change()
-
-
-def is_tool_list_changed(message: object) -> bool:
-    return isinstance(message, types.ToolListChangedNotification)
+        Returns at once when the server does not announce tool list changes;
+        the handshake era delivers them as notifications (``on_message``)."""
+        tools = self._client.server_capabilities.tools
+        if self.protocol_version != MODERN or tools is None or not tools.list_changed:
+            return
+        async with self._client.listen(tools_list_changed=True) as subscription:
+            async for _event in subscription:
+                on_change()

@@ -14,8 +14,6 @@ exits by itself leak. This one
 * logs stderr line by line under the server's name (lines truncated at 4 KiB,
   at most 50 lines a second; the rest are counted, not logged, and the count
   is logged when its second ends, even if the server then falls silent);
-* fails alone a message the SDK cannot serialize (JSON nested deeper than
-  pydantic's limit): a request gets an error reply, the session lives on;
 * on exit closes stdin, waits, then SIGTERMs and SIGKILLs the whole process
   group, and always kills the group at the end, so no descendant survives.
 """
@@ -29,7 +27,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from typing import Final
 
@@ -37,7 +35,7 @@ import anyio
 import anyio.abc
 
 from memorizzd.egress.limits import OversizeMessage
-from memorizzd.upstream.mcp_sdk import SessionMessage, TransportStreams, types
+from memorizzd.upstream.errors import ConnectionLost
 
 log = logging.getLogger("memorizzd.upstream.stdio")
 stderr_log = logging.getLogger("memorizzd.upstream.stderr")
@@ -47,6 +45,27 @@ STDERR_LINES_PER_S: Final = 50
 EXIT_GRACE_S: Final = 2.0
 TERM_GRACE_S: Final = 2.0
 _CHUNK: Final = 1 << 16
+
+
+_BASE_ENV_KEYS: Final = (
+    "HOME",
+    "LOGNAME",
+    "PATH",
+    "SHELL",
+    "TERM",
+    "USER",
+    "LANG",
+    "TZ",
+)
+
+
+def child_environment(
+    env: Mapping[str, str], secret_env: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """A minimal base environment plus the server's own variables (and its
+    secret ones, resolved from the vault); nothing else."""
+    base = {k: v for k in _BASE_ENV_KEYS if (v := os.environ.get(k)) is not None}
+    return base | dict(env) | dict(secret_env or {})
 
 
 class StdioProcess:
@@ -63,19 +82,41 @@ def _line(raw: bytes | bytearray) -> str:
     return raw.decode(errors="replace").rstrip()
 
 
-def _message(reply: bytes) -> SessionMessage:
-    return SessionMessage(types.jsonrpc_message_adapter.validate_json(reply))
+class StdioPipes:
+    """The child's side of the talk: the lines it wrote, and a way to write one.
+
+    ``lines`` yields each non-blank stdout line (without its newline), and for a
+    line over the cap that answers one of our requests, the error reply in its
+    place; it ends when stdout closes. ``send`` writes one message (its bytes
+    end with a newline) whole, even when callers send concurrently.
+    """
+
+    def __init__(
+        self,
+        lines: anyio.abc.ObjectReceiveStream[bytes],
+        stdin: anyio.abc.ByteSendStream,
+    ) -> None:
+        self.lines = lines
+        self._stdin = stdin
+        self._lock = anyio.Lock()
+
+    async def send(self, data: bytes) -> None:
+        try:
+            async with self._lock:
+                await self._stdin.send(data)
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            raise ConnectionLost("the server's stdin is closed") from None
 
 
 @asynccontextmanager
-async def stdio_transport(
+async def stdio_pipes(
     argv: list[str],
     *,
     env: dict[str, str],
     cwd: str | None,
     max_message_bytes: int,
     process_info: StdioProcess,
-) -> AsyncIterator[TransportStreams]:
+) -> AsyncIterator[StdioPipes]:
     executable = shutil.which(argv[0], path=env.get("PATH"))
     if executable is None:
         raise FileNotFoundError(errno.ENOENT, "executable not found", argv[0])
@@ -95,10 +136,7 @@ async def stdio_transport(
     name = process_info.name
     log.info("%s: started pid %d: %s", name, process.pid, argv[0])
 
-    read_writer, read_stream = anyio.create_memory_object_stream[
-        SessionMessage | Exception
-    ](64)
-    write_stream, write_reader = anyio.create_memory_object_stream[SessionMessage](64)
+    read_writer, read_stream = anyio.create_memory_object_stream[bytes](64)
 
     async def read_stdout() -> None:
         buffer = bytearray()
@@ -119,30 +157,19 @@ async def stdio_transport(
                                 oversize.feed(bytes(buffer))
                                 buffer.clear()
                         if oversize is not None and (reply := oversize.take_reply()):
-                            await read_writer.send(_message(reply))
+                            await read_writer.send(reply)
                         if end < 0:
                             break
                         if oversize is not None:
                             log.warning("%s: %s", name, oversize.outcome())
                             oversize = None
                         elif buffer.strip():
-                            await read_writer.send(_parse(bytes(buffer)))
+                            await read_writer.send(bytes(buffer))
                         buffer.clear()
                         start = end + 1
             except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
                 pass
         log.debug("%s: stdout closed", name)
-
-    def _parse(line: bytes) -> SessionMessage | Exception:
-        try:
-            return SessionMessage(
-                types.jsonrpc_message_adapter.validate_json(line, by_name=False)
-            )
-        except ValueError as exc:
-            log.warning(
-                "%s: ignored a non-JSON-RPC line on stdout (%d bytes)", name, len(line)
-            )
-            return exc
 
     async def read_stderr() -> None:
         buffer = bytearray()
@@ -201,42 +228,6 @@ async def stdio_transport(
         if dropped:
             stderr_log.warning("%s: %d stderr lines not logged", name, dropped)
 
-    async def write_stdin() -> None:
-        try:
-            async with write_reader:
-                async for message in write_reader:
-                    try:
-                        data = message.message.model_dump_json(
-                            by_alias=True, exclude_unset=True
-                        )
-                    except (ValueError, RecursionError):
-                        await refuse_unencodable(message)
-                        continue
-                    await stdin.send(data.encode() + b"\n")
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            await read_writer.aclose()
-
-    async def refuse_unencodable(message: SessionMessage) -> None:
-        """Not sent: pydantic refuses JSON nested deeper than ~254 levels. Raising
-        would end the session every caller shares; a request is answered here."""
-        unsent = message.message
-        log.warning(
-            "%s: a %s could not be encoded as JSON (nested too deeply?); not sent",
-            name,
-            type(unsent).__name__,
-        )
-        if isinstance(unsent, types.JSONRPCRequest):
-            error = types.ErrorData(
-                code=types.INVALID_PARAMS,
-                message="the request could not be encoded as JSON"
-                " (nested too deeply?); not sent to the server",
-            )
-            await read_writer.send(
-                SessionMessage(
-                    types.JSONRPCError(jsonrpc="2.0", id=unsent.id, error=error)
-                )
-            )
-
     async def watch_exit() -> None:
         # Not process.wait(): on asyncio it also waits for pipe EOF, which a
         # descendant holding the pipe can delay forever.
@@ -249,16 +240,15 @@ async def stdio_transport(
         async with anyio.create_task_group() as tg:
             tg.start_soon(read_stdout)
             tg.start_soon(read_stderr)
-            tg.start_soon(write_stdin)
             tg.start_soon(watch_exit)
             try:
-                yield read_stream, write_stream
+                yield StdioPipes(read_stream, stdin)
             finally:
                 with anyio.CancelScope(shield=True):
                     await _stop(process, name)
                 tg.cancel_scope.cancel()
     finally:
-        for stream in (read_stream, write_stream, read_writer, write_reader):
+        for stream in (read_stream, read_writer):
             stream.close()
         process_info.returncode = process.returncode
         process_info.exited.set()

@@ -26,21 +26,27 @@ import logging
 import math
 import random
 import time
+from contextlib import AbstractAsyncContextManager
 from functools import partial
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Final
 
 import anyio
 import anyio.abc
+import msgspec
 
 from memorizz.api import methods as m
 from memorizz.api.errors import DeadlineExceededError, RemoteError
 from memorizzd.config import Config
-from memorizzd.store import Negotiated, Store, fingerprint
-from memorizzd.upstream import session as sdk
-from memorizzd.upstream.mcp_sdk import Client
-from memorizzd.upstream.stdio import StdioProcess
+from memorizzd.store import Negotiated, Store
+from memorizzd.stored import fingerprint
+from memorizzd.upstream import errors
+from memorizzd.upstream.connection import Connection
+from memorizzd.upstream.jsonrpc import MODERN, Launch, open_session
+from memorizzd.upstream.replicas import open_replicas
+from memorizzd.upstream.stdio import StdioProcess, child_environment
 from memorizzd.upstream.tools import ToolCache, ToolsListener
 from memorizzd.vault import CredentialStore, VaultError, resolve_secrets
+from memorizzd.vault.server_secrets import ServerSecrets
 
 if TYPE_CHECKING:
     from memorizzd.oauth.keeper import TokenKeeper
@@ -74,18 +80,20 @@ class Supervisor:
         self.state: m.ServerState = "connecting"
         self.since = time.time()
         self.last_error: str | None = None
-        self.last_failure: sdk.FailureKind | None = None
+        self.last_failure: errors.FailureKind | None = None
         """Why the last connect failed, machine-readable (None once ready)."""
         self.restarts = 0
         self.protocol_version: str | None = None
         self.server_name: str | None = None
         self.server_version: str | None = None
-        self._client: Client | None = None
+        self._client: Connection | None = None
         self._ready = anyio.Event()
         self._settled = anyio.Event()
         """Set while the state is anything but ``connecting``."""
         self._dead = anyio.Event()
         self._process: StdioProcess | None = None
+        """A stdio server's process (the first, with replicas)."""
+        self._processes: list[StdioProcess] = []
         self._tools = ToolCache(spec, config=config, on_tools=on_tools)
         """The warm tools cache: the listing as policy shows it, verdicts precomputed."""
         self._next_attempt = 0.0
@@ -147,7 +155,7 @@ class Supervisor:
             except Exception as exc:  # noqa: BLE001 - the supervision boundary
                 if not self._dead.is_set():  # else _mark_dead said why
                     self.last_error = _describe_failure(exc)
-                    self.last_failure = sdk.failure_kind(exc)
+                    self.last_failure = self._failure_kind(exc)
                 log.warning("%s: connection failed: %s", self.name, self.last_error)
             finally:
                 self._publish(None)
@@ -163,8 +171,15 @@ class Supervisor:
                 with anyio.move_on_after(delay):
                     await self.keeper.wait_installed()
 
+    def _failure_kind(self, exc: BaseException) -> errors.FailureKind:
+        if self.spec.transport == "stdio":
+            return errors.failure_kind(exc)
+        from memorizzd.upstream.session import failure_kind  # the SDK: loaded already
+
+        return failure_kind(exc)
+
     def refuse(
-        self, reason: str, *, kind: sdk.FailureKind = "refused_by_policy"
+        self, reason: str, *, kind: errors.FailureKind = "refused_by_policy"
     ) -> None:
         """Never run (instead of ``run``): ``failed`` with ``reason`` as last_error."""
         self._set_state("failed")
@@ -183,9 +198,12 @@ class Supervisor:
         return min(self._config.backoff_max_s, base) * jitter
 
     async def _connect_and_serve(self) -> None:
-        self._process = (
-            StdioProcess(self.name) if self.spec.transport == "stdio" else None
+        self._processes = (
+            [StdioProcess(self.name) for _ in range(self.spec.replicas)]
+            if self.spec.transport == "stdio"
+            else []
         )
+        self._process = self._processes[0] if self._processes else None
         self._dead = anyio.Event()
         known = await anyio.to_thread.run_sync(self._store.negotiated, self.name)
         if known is not None and known.fingerprint != fingerprint(self.spec):
@@ -193,7 +211,7 @@ class Supervisor:
         mode = self.spec.protocol
         if mode == "auto" and known is not None:
             # Never pay the slow probe twice: a known-legacy server gets the handshake.
-            mode = "legacy" if known.protocol_version != sdk.MODERN else "auto"
+            mode = "legacy" if known.protocol_version != MODERN else "auto"
         elif mode == "auto" and self._handshake_next:
             mode = "legacy"  # the probe found no answer last time
         # Over HTTP the connect and the handshake are answers like any other,
@@ -227,19 +245,15 @@ class Supervisor:
         secrets = await anyio.to_thread.run_sync(
             resolve_secrets, self.spec, self._vault
         )
-        async with sdk.open_client(
-            self.spec,
-            mode=mode,
-            process=self._process,
-            message_handler=self._on_message,
-            host_allowlist=self._config.host_allowlist,
-            secrets=secrets,
-            bearer=self.keeper,
-        ) as client:
+        async with self._open(mode, secrets) as client:
             handshake.deadline = math.inf
             self._handshake_next = False
             del secrets
-            version, self.server_name, self.server_version = sdk.describe(client)
+            version = client.protocol_version
+            self.server_name, self.server_version = (
+                client.server_name,
+                client.server_version,
+            )
             self.protocol_version = version
             if version and (known is None or known.protocol_version != version):
                 negotiated = Negotiated(version, fingerprint(self.spec))
@@ -265,19 +279,52 @@ class Supervisor:
                 version,
             )
             async with anyio.create_task_group() as tg:
-                if self._process is not None:
-                    tg.start_soon(self._watch_process, self._process)
+                for process in self._processes:
+                    tg.start_soon(self._watch_process, process)
                 tg.start_soon(self._health_loop, client)
                 tg.start_soon(self._watch_tool_changes, client)
                 await self._dead.wait()
                 tg.cancel_scope.cancel()
             self._publish(None)
 
+    def _open(
+        self, mode: str, secrets: ServerSecrets
+    ) -> AbstractAsyncContextManager[Connection]:
+        """A session to the server: our own JSON-RPC client for a stdio server,
+        the SDK's for HTTP (imported here: a host with only stdio servers
+        never loads it)."""
+        spec = self.spec
+        if spec.transport == "stdio":
+            if spec.command is None or self._process is None:
+                raise ValueError("a stdio server needs a command")
+            launch = Launch(
+                argv=[spec.command, *spec.args],
+                server=self.name,
+                env=child_environment(spec.env, secrets.env),
+                cwd=spec.cwd,
+                max_message_bytes=spec.max_result_bytes + 64 * 1024,
+                mode=mode,
+                on_notification=self._on_notification,
+            )
+            if len(self._processes) > 1:
+                return open_replicas(launch, self._processes)
+            return open_session(launch, self._process)
+        from memorizzd.upstream.session import open_connection
+
+        return open_connection(
+            spec,
+            mode=mode,
+            on_tools_changed=self._tools_changed,
+            host_allowlist=self._config.host_allowlist,
+            secrets=secrets,
+            bearer=self.keeper,
+        )
+
     async def _watch_process(self, process: StdioProcess) -> None:
         await process.exited.wait()
         self._mark_dead(f"process exited with code {process.returncode}")
 
-    async def _health_loop(self, client: Client) -> None:
+    async def _health_loop(self, client: Connection) -> None:
         """Probe an idle session every ``health_interval_s``, and at once after
         a request timed out (``_suspect``): a session that cannot answer a
         ping (a reply dripping slowly ahead of every other on one stdio pipe
@@ -295,8 +342,8 @@ class Supervisor:
                 if suspect:
                     self._check, self._checking = anyio.Event(), anyio.Event()
                 with anyio.fail_after(self._config.health_timeout_s):
-                    await sdk.guarded(partial(sdk.probe, client), server=self.name)
-            except (RemoteError, sdk.ConnectionLost, TimeoutError) as exc:
+                    await client.probe()
+            except (RemoteError, errors.ConnectionLost, TimeoutError) as exc:
                 self._mark_dead(
                     f"health probe failed: {str(exc) or 'no answer in time'}"
                     + (" (after a request timed out)" if suspect else "")
@@ -322,16 +369,16 @@ class Supervisor:
             await checking.wait()
         return True
 
-    async def _on_message(self, message: Any) -> None:
-        if sdk.is_tool_list_changed(message):
+    def _on_notification(self, method: str, params: msgspec.Raw) -> None:
+        if method == "notifications/tools/list_changed":
             self._tools_changed()
 
     def _tools_changed(self) -> None:
         self._tools.invalidate()  # the next tools/list fetches afresh
 
-    async def _watch_tool_changes(self, client: Client) -> None:
+    async def _watch_tool_changes(self, client: Connection) -> None:
         try:
-            await sdk.watch_tool_changes(client, self._tools_changed)
+            await client.watch_tool_changes(self._tools_changed)
         except Exception as exc:  # noqa: BLE001 - best effort; refresh=true still works
             log.info("%s: no tools/list_changed subscription: %s", self.name, exc)
 
@@ -348,7 +395,7 @@ class Supervisor:
         while self._current() is None:
             await self._ready.wait()
 
-    def _current(self) -> Client | None:
+    def _current(self) -> Connection | None:
         return self._client
 
     @property
@@ -361,7 +408,7 @@ class Supervisor:
         with anyio.move_on_after(self._config.connect_wait_s):
             await self._settled.wait()
 
-    def _publish(self, client: Client | None) -> None:
+    def _publish(self, client: Connection | None) -> None:
         self._client = client
         if client is not None:
             self._ready.set()
@@ -382,7 +429,7 @@ class Supervisor:
 def _describe_failure(exc: BaseException) -> str:
     """A short, secret-free description: the innermost exception's type and
     message (our own error first, where a group holds one)."""
-    found = sdk.leaves(exc) or [exc]
+    found = errors.leaves(exc) or [exc]
     exc = next((e for e in found if isinstance(e, RemoteError)), found[0])
     if isinstance(exc, RemoteError):
         return exc.message

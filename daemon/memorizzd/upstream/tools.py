@@ -13,21 +13,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Final, TypeVar
+from typing import TypeVar
 
 import anyio
 
 from memorizz.api import methods as m
+from memorizz.api.errors import UpstreamError
 from memorizzd.config import Config
 from memorizzd.policy import ToolPolicy, ToolsView, ToolVerdict
-from memorizzd.upstream import session as sdk
-from memorizzd.upstream.mcp_sdk import Client, MCPError
+from memorizzd.upstream.connection import Connection
+from memorizzd.upstream.errors import METHOD_NOT_FOUND
 
 log = logging.getLogger("memorizzd.upstream")
 
 T = TypeVar("T")
-METHOD_NOT_FOUND: Final = -32601
-"""JSON-RPC's code for a method the server does not have."""
 
 ToolsListener = Callable[[str, list[m.Tool]], Awaitable[None]]
 """Told each fresh listing (server name, visible tools): approvals re-check."""
@@ -49,16 +48,15 @@ class ToolCache:
         self.count: int | None = None
         """How many tools callers saw in the last listing (kept on invalidation)."""
 
-    async def refresh(self, client: Client, *, server_name: str | None) -> ToolsView:
+    async def refresh(
+        self, client: Connection, *, server_name: str | None
+    ) -> ToolsView:
         """Fetch the listing and decide every tool once; calls look verdicts up."""
         name = self._spec.name
         limit = self._config.list_page_limit
         with anyio.fail_after(self._spec.timeout_s):
-            tools = await sdk.guarded(
-                partial(
-                    listed, client, "tools", partial(sdk.list_tools, page_limit=limit)
-                ),
-                server=name,
+            tools = await listed(
+                client, "tools", partial(client.list_tools, page_limit=limit)
             )
         policy = ToolPolicy.for_server(
             self._spec, self._config.decisions, server_name=server_name
@@ -80,9 +78,7 @@ class ToolCache:
     def tool(self, name: str) -> m.Tool | None:
         """A visible tool (None: not listed, or no cache)."""
         view = self.view
-        if view is None:
-            return None
-        return next((tool for tool in view.tools if tool.name == name), None)
+        return None if view is None else view.tool(name)
 
     def verdict(self, name: str) -> ToolVerdict | None:
         """The verdict on calling ``name``, or None when there is no cache."""
@@ -91,16 +87,16 @@ class ToolCache:
 
 
 async def listed(
-    client: Client, capability: str, fetch: Callable[[Client], Awaitable[list[T]]]
+    client: Connection, capability: str, fetch: Callable[[], Awaitable[list[T]]]
 ) -> list[T]:
     """A listing; empty, without asking, from a server that does not declare
     ``capability``, and empty from one that answers that it has no such method
     (``-32601``): nothing to list is not an error."""
-    if getattr(client.server_capabilities, capability, None) is None:
+    if not client.declares(capability):
         return []
     try:
-        return await fetch(client)
-    except MCPError as exc:
-        if exc.code != METHOD_NOT_FOUND:
+        return await fetch()
+    except UpstreamError as exc:
+        if exc.data.get("upstream_code") != METHOD_NOT_FOUND:
             raise
         return []

@@ -1,0 +1,237 @@
+"""One call pipeline: every tool call goes through ``Calls``.
+
+``tools/call`` on a socket (``Calls.call``) and ``approvals/resume``
+(``Calls.resume``), and whatever front the daemon grows next, run the same
+steps, each once:
+
+1. the arguments are read once (``Auditor.call_arguments``): decoded for
+   policy and approvals, keyed and HMAC'd for the audit, and kept as the
+   caller's bytes for the relay;
+2. one deadline, the caller's (``Upstream.deadline_for``), bounds everything
+   after: fetching a listing when the cache is cold, waiting for a session,
+   busy retries, and the answer;
+3. one policy lookup returns the verdict and the tool from one listing
+   (``Upstream.tool_verdict``), so a ``tools/list_changed`` cannot slip
+   between them;
+4. the call is relayed (``Upstream.call_tool``): the arguments go out as the
+   bytes the caller sent, and the result comes back as the bytes the server
+   wrote, spliced into our reply unread (``msgspec.Raw``); its size, for the
+   audit, is the length of those bytes;
+5. one audit record, written the one way (``Auditor.record``), before the
+   reply is sent.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import anyio
+import msgspec
+
+from memorizz.api import methods as m
+from memorizz.api.errors import RemoteError
+from memorizzd.approvals import (
+    ApprovalBook,
+    approval_required,
+    not_approved,
+    schema_hash,
+)
+from memorizzd.audit import Auditor, CallArguments, outcome_for
+from memorizzd.caller import Caller
+from memorizzd.calllife import client_aborted, mark_abortable
+from memorizzd.policy import refusal
+from memorizzd.upstream.actor import Upstream
+from memorizzd.upstream.pool import Pool
+
+_encode = msgspec.json.encode
+
+
+class Calls:
+    def __init__(
+        self,
+        pool: Pool,
+        *,
+        book: ApprovalBook,
+        auditor: Auditor,
+        scope: Callable[[Caller, str], Upstream],
+    ) -> None:
+        self._pool = pool
+        self._book = book
+        self._auditor = auditor
+        self._scope = scope
+        """The caller's server by name (``unknown_server`` outside its scope)."""
+        self._running = 0
+        """Calls in flight: the audit batches its writes while it is > 1."""
+
+    async def call(
+        self,
+        caller: Caller,
+        server: str,
+        *,
+        tool: str,
+        arguments: msgspec.Raw,
+        timeout_s: float | None,
+    ) -> msgspec.Raw:
+        """``tools/call``: policy first (anything but allow is refused, or held
+        for approval, before the upstream sees it), then the relay."""
+        started = time.time()
+        verdict: dict[str, Any] = {}  # what the audit records of the policy's answer
+        read: CallArguments | None = None
+        self._running += 1
+        try:
+            try:
+                read = self._auditor.call_arguments(bytes(arguments))
+                upstream = self._scope(caller, server)
+                deadline = upstream.deadline_for(timeout_s)
+                decided, listed = await upstream.tool_verdict(tool, deadline=deadline)
+                verdict = {"risk": decided.risk, "decision": decided.decision}
+                if decided.decision == "ask" and not decided.blocked:
+                    proposal = await self._book.propose(
+                        caller,
+                        server=upstream.name,
+                        tool=tool,
+                        arguments=read,
+                        risk=decided.risk,
+                        schema=None if listed is None else listed.input_schema,
+                    )
+                    verdict["proposal_id"] = proposal.id
+                    raise approval_required(proposal)
+                if decided.decision != "allow":
+                    raise refusal(decided, server=upstream.name, tool=tool)
+            except RemoteError as exc:
+                # a refusal is recorded as denied, within the caller's budget
+                await self._audit(
+                    caller,
+                    "tools/call",
+                    started,
+                    server,
+                    tool,
+                    read,
+                    outcome=outcome_for(exc.reason),
+                    reason=exc.reason,
+                    **verdict,
+                )
+                raise
+            audit = partial(
+                self._audit, caller, "tools/call", started, upstream.name, tool, read
+            )
+            return await self._relay(
+                upstream, tool, read, decided.risk, deadline, audit, verdict
+            )
+        finally:
+            self._running -= 1
+
+    async def resume(
+        self, caller: Caller, proposal: m.Proposal, *, timeout_s: float | None
+    ) -> msgspec.Raw:
+        """``approvals/resume``: the stored call, checked against the server as
+        it is now (the tool's schema; the policy still allows it), consumed
+        (durably), and only then relayed, once."""
+        if proposal.status != "approved":
+            raise not_approved(proposal)
+        try:
+            upstream = self._pool.get(proposal.server)
+        except RemoteError as exc:
+            if exc.reason != "unknown_server":
+                raise
+            await self._book.invalidate(proposal, "the server was removed")
+            raise not_approved(await self._book.get_any(proposal.id)) from None
+        deadline = upstream.deadline_for(timeout_s)
+        decided, listed = await upstream.tool_verdict(proposal.tool, deadline=deadline)
+        current = schema_hash(None if listed is None else listed.input_schema)
+        if current != proposal.schema_hash:
+            await self._book.invalidate(proposal, "the tool's schema changed")
+            raise not_approved(await self._book.get_any(proposal.id))
+        if decided.blocked or decided.decision == "deny":
+            raise refusal(decided, server=proposal.server, tool=proposal.tool)
+        value = await self._book.consume(caller, proposal)  # its HMAC verified
+        read = CallArguments(
+            _encode(value), value, sorted(value), proposal.arguments_hmac
+        )
+        started = time.time()
+        verdict: dict[str, Any] = {
+            "risk": proposal.risk,
+            "decision": "ask",
+            "proposal_id": proposal.id,
+        }
+        audit = partial(
+            self._audit,
+            caller,
+            "approvals/resume",
+            started,
+            proposal.server,
+            proposal.tool,
+            read,
+        )
+        self._running += 1
+        try:
+            return await self._relay(
+                upstream,
+                proposal.tool,
+                read,
+                proposal.risk or "write",
+                deadline,
+                audit,
+                verdict,
+            )
+        finally:
+            self._running -= 1
+
+    async def _relay(
+        self,
+        upstream: Upstream,
+        tool: str,
+        read: CallArguments,
+        risk: m.Risk,
+        deadline: float,
+        audit: partial[Any],
+        verdict: dict[str, Any],
+    ) -> msgspec.Raw:
+        # a read may be abandoned with its client; anything else runs to the end
+        mark_abortable(risk == "read")
+        try:
+            result = await upstream.call_tool(
+                tool, read.raw, risk=risk, deadline=deadline
+            )
+        except RemoteError as exc:
+            await audit(outcome=outcome_for(exc.reason), reason=exc.reason, **verdict)
+            raise
+        except BaseException as exc:  # a bug, or cancelled (client gone, shutdown)
+            if client_aborted():
+                outcome, reason = "client_aborted", "client_gone"
+            else:
+                outcome = "failed"
+                reason = "internal" if isinstance(exc, Exception) else "cancelled"
+            with anyio.CancelScope(shield=True):
+                await audit(outcome=outcome, reason=reason, **verdict)
+            raise
+        await audit(
+            outcome="tool_error" if result.is_error else "ok",
+            result_bytes=len(result.raw),
+            **verdict,
+        )
+        return result.raw
+
+    async def _audit(
+        self,
+        caller: Caller,
+        action: str,
+        started: float,
+        server: str,
+        tool: str,
+        arguments: CallArguments | None,
+        **fields: Any,
+    ) -> None:
+        await self._auditor.record(
+            caller,
+            action=action,
+            started=started,
+            server=server,
+            tool=tool,
+            arguments=arguments,
+            busy=self._running > 1,
+            **fields,
+        )

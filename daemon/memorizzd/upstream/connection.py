@@ -1,0 +1,78 @@
+"""What a warm session to one upstream offers, whoever speaks it.
+
+Two kinds implement ``Connection``: ``jsonrpc.JsonRpcSession``, our own MCP
+client over a stdio server's pipes (no SDK, no model objects: a tool call's
+arguments go out as the bytes the caller sent and its result comes back as
+the bytes the server wrote), and ``session.SdkConnection``, the MCP SDK's
+client for the HTTP transports (loaded only when a server needs it).
+
+Every method raises our classes only: ``RemoteError`` subclasses for answers,
+``errors.ConnectionLost`` when the session is gone, ``TimeoutError`` never
+(the caller owns the deadline and cancels).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import msgspec
+
+from memorizz.api import methods as m
+
+CAPABILITIES = ("tools", "resources", "prompts")
+
+
+class ToolResult(msgspec.Struct, frozen=True):
+    """A ``tools/call`` result as the server wrote it."""
+
+    raw: msgspec.Raw
+    """The result object's JSON, verbatim (spliced into our reply)."""
+    is_error: bool
+
+
+class CallShape(msgspec.Struct, rename="camel"):
+    """What the daemon checks of a tool result: MCP's required ``content``
+    list and the ``isError`` flag; everything else passes through unread."""
+
+    content: list[msgspec.Raw]
+    is_error: bool = False
+
+
+class Connection(Protocol):
+    protocol_version: str | None
+    server_name: str | None
+    server_version: str | None
+
+    def declares(self, capability: str) -> bool:
+        """Whether the server declared ``capability`` (tools, resources, prompts)."""
+        ...
+
+    async def call_tool(self, name: str, arguments: bytes) -> ToolResult:
+        """``arguments``: a JSON object's bytes, as the caller sent them."""
+        ...
+
+    async def list_tools(self, *, page_limit: int) -> list[m.Tool]: ...
+
+    async def list_resources(self, *, page_limit: int) -> list[m.Resource]: ...
+
+    async def list_resource_templates(
+        self, *, page_limit: int
+    ) -> list[m.ResourceTemplate]: ...
+
+    async def read_resource(self, uri: str) -> m.ResourcesReadResult: ...
+
+    async def list_prompts(self, *, page_limit: int) -> list[m.Prompt]: ...
+
+    async def get_prompt(
+        self, name: str, arguments: dict[str, str]
+    ) -> m.PromptsGetResult: ...
+
+    async def probe(self) -> None:
+        """A cheap liveness round trip (never cancelled upstream when abandoned)."""
+        ...
+
+    async def watch_tool_changes(self, on_change: Callable[[], None]) -> None:
+        """Call ``on_change`` whenever the server says its tools changed; returns
+        when it cannot say so (or the session ends)."""
+        ...

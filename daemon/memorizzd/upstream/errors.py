@@ -1,0 +1,110 @@
+"""How a talk with an upstream fails, whatever speaks it (our stdio client or the SDK).
+
+SDK-free: a host with only stdio servers never imports the MCP SDK, and these
+are the failures its sessions raise. ``session.py`` (the SDK adapter, HTTP
+transports) maps the SDK's exceptions onto the same classes.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any, Final, Literal
+
+from memorizz.api.errors import (
+    AuthRequiredError,
+    DeadlineExceededError,
+    PermissionDeniedError,
+    RemoteError,
+    TooLargeError,
+    UpstreamError,
+)
+from memorizzd.egress.limits import TOO_LARGE_MARKER
+
+CONNECTION_CLOSED: Final = -32000
+"""The SDK's code for a request failed by a closed connection."""
+REQUEST_TIMEOUT: Final = -32001
+METHOD_NOT_FOUND: Final = -32601
+"""JSON-RPC's code for a method the server does not have."""
+
+
+class ConnectionLost(Exception):
+    """The transport to the upstream broke; the session must be rebuilt."""
+
+
+class SessionExpired(ConnectionLost):
+    """The server no longer knows the session (HTTP 404 for its id): the
+    session must be rebuilt, and the request was not run (``expired.py``)."""
+
+
+FailureKind = Literal[
+    "authorization_required",
+    "login_required",
+    "unreachable",
+    "refused_by_policy",
+    "tls_error",
+    "timeout",
+    "upstream_error",
+]
+"""Why a connect failed, as ``servers/test`` reports it."""
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The leaf exceptions of ``exc`` (itself unless it is a group)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in leaves(inner)]
+    return [exc]
+
+
+def chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what caused it (``__cause__``/``__context__``), bounded."""
+    seen: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and len(seen) < 16 and current not in seen:
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return seen
+
+
+def classify(found: list[BaseException], remote: list[RemoteError]) -> FailureKind:
+    """A failed connect's kind, from its leaf exceptions and the errors of ours
+    among (or translated from) them."""
+    auth = [r for r in remote if isinstance(r, AuthRequiredError)]
+    if any(r.reason == "login_required" for r in auth):
+        return "login_required"
+    if auth:
+        return "authorization_required"
+    if any(isinstance(r, PermissionDeniedError) for r in remote):
+        return "refused_by_policy"
+    if any(isinstance(c, ssl.SSLError) for leaf in found for c in chain(leaf)):
+        return "tls_error"
+    if any(isinstance(r, DeadlineExceededError) for r in remote) or any(
+        isinstance(leaf, TimeoutError) for leaf in found
+    ):
+        return "timeout"
+    if any(isinstance(r, UpstreamError) for r in remote):
+        return "upstream_error"
+    return "unreachable"
+
+
+def failure_kind(exc: BaseException) -> FailureKind:
+    """Classify a failed connect of a session of ours (no SDK involved)."""
+    found = leaves(exc) or [exc]
+    remote = [leaf for leaf in found if isinstance(leaf, RemoteError)]
+    if isinstance(exc, RemoteError):
+        remote.insert(0, exc)
+    return classify(found, remote)
+
+
+def rpc_error(
+    code: int, message: str, data: Any, *, server: str
+) -> RemoteError | ConnectionLost:
+    """A JSON-RPC error from (or synthesized for) the upstream, as ours."""
+    if code == CONNECTION_CLOSED and data != TOO_LARGE_MARKER:
+        return ConnectionLost("connection closed")
+    if code == REQUEST_TIMEOUT:
+        return DeadlineExceededError(f"{server}: the request timed out")
+    if data == TOO_LARGE_MARKER:
+        return TooLargeError(f"{server}: {message}")
+    return UpstreamError(
+        f"{server}: {message}", data={"server": server, "upstream_code": code}
+    )

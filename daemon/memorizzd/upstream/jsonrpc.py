@@ -1,0 +1,483 @@
+"""Our MCP client for stdio servers: JSON-RPC 2.0, one message per line, no SDK.
+
+Why not the SDK's ``ClientSession``: on the hot path it builds pydantic
+models for every request, validates each result twice and dumps it again,
+and it costs a megabyte-scale import on a host that runs only stdio servers.
+Here a ``tools/call`` goes out as the caller's argument bytes and comes back
+as the bytes the server wrote (``ToolResult.raw``), checked for MCP's shape
+(``CallShape``) but never rebuilt; listings are decoded once, straight into
+the wire structs.
+
+Both protocol eras (MCP-SDK-2.3.md §1):
+
+* handshake era (2025-11-25 and earlier): ``initialize``, then
+  ``notifications/initialized``; change notifications arrive as such;
+* 2026-07-28: no handshake; ``server/discover`` probes the server, and every
+  request carries the protocol version, our identity and capabilities in
+  ``params._meta``; tool list changes arrive on a ``subscriptions/listen``
+  stream.
+
+``auto`` tries ``server/discover`` first (at most ``DISCOVER_TIMEOUT_S``) and
+falls back to ``initialize`` on any error answer or silence, as the SDK does.
+
+A request the caller abandons (its deadline, its client gone) is cancelled
+upstream with ``notifications/cancelled``; the negotiation and the probe
+never are (the spec forbids cancelling them; a probe that gets no answer
+condemns the session anyway). The server's own requests get an answer:
+``ping`` an empty result, anything else (sampling, elicitation, roots) a
+``-32601``: the daemon offers no such capability.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, Final, TypeVar
+
+import anyio
+import anyio.abc
+import msgspec
+
+from memorizz.api import methods as m
+from memorizz.api.errors import RemoteError, UpstreamError
+from memorizzd import __version__
+from memorizzd.upstream.connection import CallShape, ToolResult
+from memorizzd.upstream.errors import (
+    METHOD_NOT_FOUND,
+    ConnectionLost,
+    rpc_error,
+)
+from memorizzd.upstream.stdio import StdioPipes, StdioProcess, stdio_pipes
+
+log = logging.getLogger("memorizzd.upstream.jsonrpc")
+
+MODERN: Final = "2026-07-28"
+HANDSHAKE_VERSION: Final = "2025-11-25"
+HANDSHAKE_VERSIONS: Final = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+DISCOVER_TIMEOUT_S: Final = 10.0
+CANCEL_WRITE_S: Final = 1.0
+"""How long a ``notifications/cancelled`` may take to write before it is skipped."""
+
+_PROTOCOL_VERSION_KEY: Final = "io.modelcontextprotocol/protocolVersion"
+_CLIENT_INFO_KEY: Final = "io.modelcontextprotocol/clientInfo"
+_CLIENT_CAPABILITIES_KEY: Final = "io.modelcontextprotocol/clientCapabilities"
+_SERVER_INFO_KEY: Final = "io.modelcontextprotocol/serverInfo"
+_CLIENT_INFO: Final = {"name": "memorizzd", "version": __version__}
+_NOT_CANCELLED: Final = frozenset({"initialize", "server/discover", "ping"})
+
+T = TypeVar("T")
+NotificationHandler = Callable[[str, msgspec.Raw], None]
+"""Told each notification from the server: its method and raw params (empty: none)."""
+
+
+class _Error(msgspec.Struct):
+    code: int
+    message: str = ""
+    data: Any = None
+
+
+def _absent() -> msgspec.Raw:
+    return msgspec.Raw(b"")
+
+
+class _Message(msgspec.Struct):
+    """Any JSON-RPC message, its payload left unread (``msgspec.Raw``; an
+    empty one: the member is absent)."""
+
+    id: int | str | None = None
+    method: str | None = None
+    params: msgspec.Raw = msgspec.field(default_factory=_absent)
+    result: msgspec.Raw = msgspec.field(default_factory=_absent)
+    error: _Error | None = None
+
+
+class _Info(msgspec.Struct):
+    name: str | None = None
+    version: str | None = None
+
+
+class _InitializeResult(msgspec.Struct, rename="camel"):
+    protocol_version: str
+    capabilities: dict[str, Any] = {}
+    server_info: _Info | None = None
+
+
+class _DiscoverResult(msgspec.Struct, rename="camel"):
+    supported_versions: list[str]
+    capabilities: dict[str, Any] = {}
+    meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
+
+
+class _ToolsPage(msgspec.Struct, rename="camel"):
+    items: list[m.Tool] = msgspec.field(name="tools")
+    next_cursor: str | None = None
+
+
+class _ResourcesPage(msgspec.Struct, rename="camel"):
+    items: list[m.Resource] = msgspec.field(name="resources")
+    next_cursor: str | None = None
+
+
+class _TemplatesPage(msgspec.Struct, rename="camel"):
+    items: list[m.ResourceTemplate] = msgspec.field(name="resourceTemplates")
+    next_cursor: str | None = None
+
+
+class _PromptsPage(msgspec.Struct, rename="camel"):
+    items: list[m.Prompt] = msgspec.field(name="prompts")
+    next_cursor: str | None = None
+
+
+_decode_message = msgspec.json.Decoder(_Message).decode
+_decode_shape = msgspec.json.Decoder(CallShape).decode
+_encode = msgspec.json.Encoder().encode
+
+
+class _Waiter:
+    __slots__ = ("done", "message")
+
+    def __init__(self) -> None:
+        self.done = anyio.Event()
+        self.message: _Message | None = None
+
+
+class JsonRpcSession:
+    """One negotiated MCP session over a stdio server's pipes (a ``Connection``)."""
+
+    def __init__(
+        self,
+        pipes: StdioPipes,
+        *,
+        server: str,
+        on_notification: NotificationHandler | None = None,
+    ) -> None:
+        self._pipes = pipes
+        self._server = server
+        self._on_notification = on_notification
+        self._ids = itertools.count(1)
+        self._waiting: dict[int | str, _Waiter] = {}
+        self._closed: str | None = None
+        """Why the session ended (None while it lives)."""
+        self._meta: bytes = b""
+        """The 2026-07-28 ``_meta`` member every request's params carry (empty before)."""
+        self.protocol_version: str | None = None
+        self.server_name: str | None = None
+        self.server_version: str | None = None
+        self._capabilities: dict[str, Any] = {}
+        self.ended = anyio.Event()
+        """Set when the server closed its stdout (the session is over)."""
+
+    # --- the Connection ----------------------------------------------------
+
+    def declares(self, capability: str) -> bool:
+        return isinstance(self._capabilities.get(capability), dict)
+
+    async def call_tool(self, name: str, arguments: bytes) -> ToolResult:
+        params = b'{"name":' + _encode(name) + b',"arguments":' + arguments
+        raw = await self._request("tools/call", params + self._meta + b"}")
+        try:
+            shape = _decode_shape(raw)
+        except msgspec.ValidationError as exc:
+            raise UpstreamError(
+                f"{self._server}: the server sent a malformed tool result ({exc})",
+                data={"server": self._server},
+            ) from None
+        return ToolResult(raw, shape.is_error)
+
+    async def list_tools(self, *, page_limit: int) -> list[m.Tool]:
+        return await self._listing("tools/list", _ToolsPage, page_limit)
+
+    async def list_resources(self, *, page_limit: int) -> list[m.Resource]:
+        return await self._listing("resources/list", _ResourcesPage, page_limit)
+
+    async def list_resource_templates(
+        self, *, page_limit: int
+    ) -> list[m.ResourceTemplate]:
+        method = "resources/templates/list"
+        return await self._listing(method, _TemplatesPage, page_limit)
+
+    async def read_resource(self, uri: str) -> m.ResourcesReadResult:
+        raw = await self._request("resources/read", self._params({"uri": uri}))
+        return self._decode(raw, m.ResourcesReadResult)
+
+    async def list_prompts(self, *, page_limit: int) -> list[m.Prompt]:
+        return await self._listing("prompts/list", _PromptsPage, page_limit)
+
+    async def get_prompt(
+        self, name: str, arguments: dict[str, str]
+    ) -> m.PromptsGetResult:
+        params = self._params({"name": name, "arguments": arguments})
+        raw = await self._request("prompts/get", params)
+        return self._decode(raw, m.PromptsGetResult)
+
+    async def probe(self) -> None:
+        if self.protocol_version == MODERN:
+            await self._request("server/discover", self._params({}))
+        else:
+            await self._request("ping", b"{}")
+
+    async def watch_tool_changes(self, on_change: Callable[[], None]) -> None:
+        """2026-07-28: a ``subscriptions/listen`` stream (its notifications
+        reach ``on_notification`` like the handshake era's); held open until
+        the session ends. The handshake era needs nothing: returns at once."""
+        tools = self._capabilities.get("tools")
+        if (
+            self.protocol_version != MODERN
+            or not isinstance(tools, dict)
+            or not tools.get("listChanged")
+        ):
+            return
+        params = self._params({"notifications": {"toolsListChanged": True}})
+        await self._request("subscriptions/listen", params, request_id="listen-1")
+
+    # --- negotiation -------------------------------------------------------
+
+    async def negotiate(self, mode: str) -> None:
+        if mode in ("auto", MODERN):
+            try:
+                with anyio.fail_after(DISCOVER_TIMEOUT_S):
+                    await self._discover()
+                return
+            except (RemoteError, TimeoutError) as exc:
+                if mode == MODERN:
+                    raise
+                log.info(
+                    "%s: no answer to server/discover (%s); trying initialize",
+                    self._server,
+                    str(exc) or "timed out",
+                )
+        await self._initialize()
+
+    async def _discover(self) -> None:
+        meta = {
+            _PROTOCOL_VERSION_KEY: MODERN,
+            _CLIENT_INFO_KEY: _CLIENT_INFO,
+            _CLIENT_CAPABILITIES_KEY: {},
+        }
+        raw = await self._request("server/discover", _encode({"_meta": meta}))
+        result = self._decode(raw, _DiscoverResult)
+        if MODERN not in result.supported_versions:
+            raise UpstreamError(
+                f"{self._server}: server/discover offers no version we speak "
+                f"({', '.join(result.supported_versions[:8])})"
+            )
+        info = (result.meta or {}).get(_SERVER_INFO_KEY)
+        if isinstance(info, dict):
+            name, version = info.get("name"), info.get("version")
+            self.server_name = name if isinstance(name, str) else None
+            self.server_version = version if isinstance(version, str) else None
+        self._capabilities = result.capabilities
+        self.protocol_version = MODERN
+        self._meta = b',"_meta":' + _encode(meta)
+
+    async def _initialize(self) -> None:
+        params = {
+            "protocolVersion": HANDSHAKE_VERSION,
+            "capabilities": {},
+            "clientInfo": _CLIENT_INFO,
+        }
+        raw = await self._request("initialize", _encode(params))
+        result = self._decode(raw, _InitializeResult)
+        if result.protocol_version not in HANDSHAKE_VERSIONS:
+            raise UpstreamError(
+                f"{self._server}: the server answered initialize with protocol "
+                f"version {result.protocol_version[:40]!r}, which we do not speak"
+            )
+        if result.server_info is not None:
+            self.server_name = result.server_info.name
+            self.server_version = result.server_info.version
+        self._capabilities = result.capabilities
+        self.protocol_version = result.protocol_version
+        self._meta = b""
+        await self._send(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+
+    # --- requests ----------------------------------------------------------
+
+    def _params(self, params: Mapping[str, Any]) -> bytes:
+        """``params`` as JSON, with the era's ``_meta`` (``_meta`` must be
+        last: the stamp is appended before the closing brace)."""
+        encoded = _encode(params)
+        if not self._meta:
+            return encoded
+        if encoded == b"{}":
+            return b"{" + self._meta[1:] + b"}"
+        return encoded[:-1] + self._meta + b"}"
+
+    async def _listing(
+        self, method: str, page_type: type[Any], page_limit: int
+    ) -> list[Any]:
+        """Every item of a listing, pages followed by cursor (at most ``page_limit``)."""
+        items: list[Any] = []
+        cursor: str | None = None
+        for _ in range(page_limit):
+            params = self._params({"cursor": cursor} if cursor else {})
+            page = self._decode(await self._request(method, params), page_type)
+            items += page.items
+            cursor = page.next_cursor
+            if cursor is None:
+                return items
+        raise UpstreamError(
+            f"the listing has more than {page_limit} pages; refusing to follow"
+        )
+
+    def _decode(self, raw: bytes, into: type[T]) -> T:
+        try:
+            return msgspec.json.decode(raw, type=into)
+        except msgspec.ValidationError:
+            raise UpstreamError(
+                f"{self._server}: the server sent a malformed result"
+            ) from None
+
+    async def _request(
+        self, method: str, params: bytes, *, request_id: int | str | None = None
+    ) -> msgspec.Raw:
+        """Send one request and wait for its answer: the result's raw JSON, or
+        the error raised as ours. The caller's cancel scope bounds the wait."""
+        if self._closed is not None:
+            raise ConnectionLost(self._why())
+        rid = next(self._ids) if request_id is None else request_id
+        waiter = self._waiting[rid] = _Waiter()
+        head = b'{"jsonrpc":"2.0","id":' + _encode(rid) + b',"method":"'
+        try:
+            await self._send(head + method.encode() + b'","params":' + params + b"}\n")
+            await waiter.done.wait()
+        except BaseException:
+            if (
+                self._waiting.pop(rid, None) is not None
+                and method not in _NOT_CANCELLED
+            ):
+                await self._cancel(rid)
+            raise
+        message = waiter.message
+        if message is None:  # the session ended first
+            raise ConnectionLost(self._why())
+        if message.error is not None:
+            error = message.error
+            raise rpc_error(error.code, error.message, error.data, server=self._server)
+        if message.result is None:
+            raise UpstreamError(
+                f"{self._server}: an answer with neither result nor error"
+            )
+        return message.result
+
+    async def _cancel(self, rid: int | str) -> None:
+        """Tell the server we stopped waiting for ``rid`` (best effort, bounded)."""
+        note = {
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": {"requestId": rid, "reason": "the caller stopped waiting"},
+        }
+        with anyio.move_on_after(CANCEL_WRITE_S, shield=True):
+            try:
+                await self._send(_encode(note) + b"\n")
+            except ConnectionLost:
+                pass
+
+    async def _send(self, data: bytes) -> None:
+        await self._pipes.send(data)
+
+    # --- the reader ----------------------------------------------------------
+
+    async def read(self) -> None:
+        """Route every line the server writes, until its stdout closes."""
+        try:
+            async for line in self._pipes.lines:
+                try:
+                    message = _decode_message(line)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    log.warning(
+                        "%s: ignored a non-JSON-RPC line on stdout (%d bytes)",
+                        self._server,
+                        len(line),
+                    )
+                    continue
+                if message.method is None:
+                    self._answered(message)
+                elif message.id is None:
+                    self._notified(message.method, message)
+                else:
+                    await self._answer_request(message)
+        finally:
+            self._close("the server closed its stdout")
+
+    def _answered(self, message: _Message) -> None:
+        if message.id is None:
+            log.info("%s: an error without an id: %s", self._server, message.error)
+            return
+        waiter = self._waiting.pop(message.id, None)
+        if waiter is None:
+            return  # abandoned, or not ours
+        waiter.message = message
+        waiter.done.set()
+
+    def _notified(self, method: str, message: _Message) -> None:
+        if self._on_notification is not None:
+            self._on_notification(method, message.params)
+
+    async def _answer_request(self, message: _Message) -> None:
+        rid = _encode(message.id)
+        if message.method == "ping":
+            reply = b'{"jsonrpc":"2.0","id":' + rid + b',"result":{}}\n'
+        else:
+            error = {"code": METHOD_NOT_FOUND, "message": "not supported by memorizzd"}
+            reply = (
+                b'{"jsonrpc":"2.0","id":' + rid + b',"error":' + _encode(error) + b"}\n"
+            )
+        try:
+            await self._send(reply)
+        except ConnectionLost:
+            pass
+
+    def _why(self) -> str:
+        return self._closed or "connection closed"
+
+    def _close(self, reason: str) -> None:
+        if self._closed is None:
+            self._closed = reason
+        waiting, self._waiting = self._waiting, {}
+        for waiter in waiting.values():
+            waiter.done.set()  # message None: ConnectionLost
+        self.ended.set()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Launch:
+    """How to start and speak to one stdio server's process."""
+
+    argv: list[str]
+    server: str
+    env: dict[str, str]
+    cwd: str | None
+    max_message_bytes: int
+    mode: str
+    on_notification: NotificationHandler | None = None
+
+
+@asynccontextmanager
+async def open_session(
+    launch: Launch, process: StdioProcess
+) -> AsyncIterator[JsonRpcSession]:
+    """Spawn the server, negotiate, and yield the session; the process is
+    stopped on exit (``stdio.py``). Owned by the calling task."""
+    async with (
+        stdio_pipes(
+            launch.argv,
+            env=launch.env,
+            cwd=launch.cwd,
+            max_message_bytes=launch.max_message_bytes,
+            process_info=process,
+        ) as pipes,
+        anyio.create_task_group() as tg,
+    ):
+        session = JsonRpcSession(
+            pipes, server=launch.server, on_notification=launch.on_notification
+        )
+        tg.start_soon(session.read)
+        try:
+            await session.negotiate(launch.mode)
+            yield session
+        finally:
+            tg.cancel_scope.cancel()
