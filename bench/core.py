@@ -113,6 +113,8 @@ class Results(msgspec.Struct, kw_only=True):
     cold_via_daemon: list[int]
     one_shot: list[int]
     """The installed ``memorizzctl mcp call``, process start to exit (ns)."""
+    interpreter: list[int]
+    """``python -c pass`` from the same venv, alternating with ``one_shot``."""
     floor_rates: list[float]
     batches: list[load.Batch]
     tiny_batches: list[load.Batch]
@@ -323,33 +325,41 @@ def cold(options: Options, socket_path: str) -> tuple[list[int], list[int]]:
     return direct, via_daemon
 
 
-def one_shot_cli(options: Options, socket_path: str, workdir: str) -> list[int]:
-    """The installed ``memorizzctl mcp call``, timed from outside (start to exit)."""
+def one_shot_cli(
+    options: Options, socket_path: str, workdir: str
+) -> tuple[list[int], list[int]]:
+    """The installed ``memorizzctl mcp call``, timed from outside (start to exit),
+    alternating with the bare interpreter (``python -c pass``) for context."""
     argv = [MEMORIZZCTL, "--socket", socket_path, "mcp", "call", "echo", "echo"]
     argv += ["--arguments", msgspec.json.encode({"text": TEXT}).decode()]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPYCACHEPREFIX"] = os.path.join(workdir, "pycache")
-    samples: list[int] = []
+    one_shot: list[int] = []
+    interpreter: list[int] = []
     for i in range(ONE_SHOT_WARMUP + options.one_shot):
-        started = time.perf_counter_ns()
-        done = subprocess.run(
-            argv,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=COLD_TIMEOUT_S,
-            check=False,
-        )
-        elapsed = time.perf_counter_ns() - started
-        if done.returncode != 0 or done.stdout != TEXT.encode() + b"\n":
-            tail = done.stderr.decode(errors="replace").strip().splitlines()[-5:]
-            raise RuntimeError(
-                f"memorizzctl mcp call failed with code {done.returncode}: "
-                + "\n".join(tail)
+        for command, expected, into in (
+            (argv, TEXT.encode() + b"\n", one_shot),
+            ([sys.executable, "-c", "pass"], b"", interpreter),
+        ):
+            started = time.perf_counter_ns()
+            done = subprocess.run(
+                command,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=COLD_TIMEOUT_S,
+                check=False,
             )
-        if i >= ONE_SHOT_WARMUP:
-            samples.append(elapsed)
-    return samples
+            elapsed = time.perf_counter_ns() - started
+            if done.returncode != 0 or done.stdout != expected:
+                tail = done.stderr.decode(errors="replace").strip().splitlines()[-5:]
+                raise RuntimeError(
+                    f"{command[0]} failed with code {done.returncode}: "
+                    + "\n".join(tail)
+                )
+            if i >= ONE_SHOT_WARMUP:
+                into.append(elapsed)
+    return one_shot, interpreter
 
 
 def resident(options: Options, daemon: DaemonProcess) -> dict[int, int]:
@@ -417,7 +427,7 @@ def run(options: Options, workdir: str, stack: contextlib.ExitStack) -> Results:
     rss_after_load = rss_bytes(daemon.pid)
     cold_direct, cold_via_daemon = cold(options, daemon.socket)
     progress(f"one-shot CLI: {options.one_shot} runs of memorizzctl mcp call")
-    one_shot = one_shot_cli(options, daemon.socket, workdir)
+    one_shot, interpreter = one_shot_cli(options, daemon.socket, workdir)
     client.close()
     daemon.stop()
 
@@ -432,6 +442,7 @@ def run(options: Options, workdir: str, stack: contextlib.ExitStack) -> Results:
         cold_direct=cold_direct,
         cold_via_daemon=cold_via_daemon,
         one_shot=one_shot,
+        interpreter=interpreter,
         floor_rates=floor_rates,
         batches=batches,
         tiny_batches=tiny_batches,
@@ -504,6 +515,7 @@ def _latency_rows(r: Results) -> list[str]:
         ("(c) cold: python -c, import mcp, spawn, init, 1 call", r.cold_direct),
         ("    context: cold thin client through the daemon", r.cold_via_daemon),
         ("one-shot memorizzctl mcp call (start to exit)", r.one_shot),
+        ("    context: the interpreter alone (python -c pass)", r.interpreter),
     ):
         lines.append(
             f"{label:54}{_ms(median(samples)):>11}{_ms(p99(samples)):>11}"
