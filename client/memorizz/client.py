@@ -25,36 +25,26 @@ from memorizz.api import methods as m
 from memorizz.api.errors import (
     DaemonUnreachableError,
     DeadlineExceededError,
-    ProtocolError,
     RemoteError,
     SocketPermissionError,
-    from_wire,
 )
 from memorizz.api.protocol import (
     JSONRPC,
     PROTOCOL_VERSION,
-    Reply,
     default_socket_path,
 )
+from memorizz.api.replies import decode_reply
 
 P = TypeVar("P", bound=m.Params)
 R = TypeVar("R", bound=m.Result)
 
 _encoder: Final = msgspec.json.Encoder()
-_decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
 _READ_CHUNK: Final = 1 << 16
 
 START_HINT: Final = (
     "is memorizzd running? start it with `make run` (foreground) or "
     "`systemctl start memorizzd`, or point --socket/MEMORIZZ_SOCKET at its socket"
 )
-
-
-def _decoder(result_type: type[R]) -> msgspec.json.Decoder[Reply[R]]:
-    decoder = _decoders.get(result_type)
-    if decoder is None:
-        decoder = _decoders[result_type] = msgspec.json.Decoder(Reply[result_type])  # type: ignore[valid-type]
-    return decoder
 
 
 class _Envelope(msgspec.Struct, kw_only=True):
@@ -153,15 +143,7 @@ class Client:
                 self.close()
                 msg = f"connection to memorizzd at {self.socket_path} broke: {exc}"
                 raise DaemonUnreachableError(msg) from None
-        try:
-            reply = _decoder(result_type).decode(raw)
-        except msgspec.DecodeError as exc:
-            raise ProtocolError(f"malformed reply from memorizzd: {exc}") from None
-        if reply.error is not None:
-            raise from_wire(reply.error)
-        if reply.result is None or reply.id != request_id:
-            raise ProtocolError("malformed reply from memorizzd: no result for this id")
-        return reply.result
+        return decode_reply(raw, request_id, result_type)
 
     def _read_line(self, sock: socket.socket) -> bytes:
         while True:

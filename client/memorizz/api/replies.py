@@ -1,8 +1,8 @@
 """A reply line, read: the result it carries, or the error it says, as an exception.
 
-The one place a client of the socket turns a reply into a result:
-``memorizzctl``'s one-shot call reads its reply here, and the ``Client`` does
-the same (``Client._request``).
+The one place a client of the socket turns a reply into a result: the
+``Client`` reads every reply here, and ``memorizzctl``'s one-shot call each
+reply it does not print itself.
 """
 
 from __future__ import annotations
