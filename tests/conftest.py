@@ -38,6 +38,22 @@ def stdio_daemon(base_dir: str) -> Iterator[DaemonHarness]:
         yield harness
 
 
+@pytest.fixture(scope="module")
+def shared_stdio_daemon() -> Iterator[DaemonHarness]:
+    """As ``stdio_daemon``, one for a whole module (a server's start costs a
+    second or more): for tests that change nothing in it and break nothing,
+    each on connections of its own."""
+    base = short_tempdir()
+    try:
+        with DaemonHarness.running(
+            daemon_config(base, servers=[stdio_spec("t")])
+        ) as harness:
+            harness.wait_ready("t")
+            yield harness
+    finally:
+        rmtree(base)
+
+
 @pytest.fixture(autouse=True)
 def network_tripwire(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """Tests send packets to loopback only.

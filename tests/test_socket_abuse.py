@@ -361,9 +361,9 @@ def test_a_notification_never_runs_a_tool(base_dir: str) -> None:
 
 
 def test_a_second_request_with_an_id_in_flight_is_refused(
-    stdio_daemon: DaemonHarness,
+    shared_stdio_daemon: DaemonHarness,
 ) -> None:
-    lines = Lines(stdio_daemon.socket)
+    lines = Lines(shared_stdio_daemon.socket)
     slow = rpc(7, "tools/call", server="t", name="slow", arguments={"seconds": 0.5})
     lines.send(slow + rpc(7, "ping"))
     first = lines.read()
@@ -396,14 +396,14 @@ def test_a_second_request_with_an_id_in_flight_is_refused(
     ],
 )
 def test_numbers_out_of_range_are_invalid_params(
-    stdio_daemon: DaemonHarness,
+    shared_stdio_daemon: DaemonHarness,
     caplog: pytest.LogCaptureFixture,
     method: str,
     params: str,
 ) -> None:
     """``before_id`` above 2**63 reached SQLite and came back ``internal`` with
     a traceback in the log; every number is now range-checked where it is decoded."""
-    lines = Lines(stdio_daemon.socket)
+    lines = Lines(shared_stdio_daemon.socket)
     lines.send(
         b'{"jsonrpc":"2.0","id":1,"method":"%s","params":%s}\n'
         % (method.encode(), params.encode())
