@@ -26,6 +26,8 @@ from memorizz.client import Client
 BENCH_DIR: Final = Path(__file__).resolve().parent
 ROOT: Final = BENCH_DIR.parent
 ECHO_SERVER: Final = str(BENCH_DIR / "echo_server.py")
+HTTP_SERVER: Final = str(ROOT / "tests" / "mcp_server.py")
+"""The tests' MCP server: ``python tests/mcp_server.py http PORT`` (Streamable HTTP)."""
 TEXT: Final = "hello from the memorizz benchmark"
 """The argument of every echo call; the reply is checked against it."""
 

@@ -14,7 +14,6 @@ with structured fields when running under systemd.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 import os
@@ -158,9 +157,7 @@ class Auditor:
 
     def digest(self, arguments: dict[str, Any]) -> str:
         """HMAC-SHA-256 (hex) of the canonical JSON (sorted keys) of the arguments."""
-        return hmac.new(
-            self._key, _canonical.encode(arguments), hashlib.sha256
-        ).hexdigest()
+        return hmac.digest(self._key, _canonical.encode(arguments), "sha256").hex()
 
     def call_arguments(
         self, raw: bytes, value: dict[str, Any] | None = None

@@ -328,6 +328,9 @@ class Store:
         """Append records in one transaction and set their ids. Durable when it
         returns (see above); all or none are written."""
         db = self._audit
+        if len(records) == 1:  # one statement is its own transaction
+            records[0].id = self._insert_audit(records[0])
+            return
         db.execute("BEGIN IMMEDIATE")
         try:
             for record in records:

@@ -236,20 +236,30 @@ class JsonRpcSession:
     # --- negotiation -------------------------------------------------------
 
     async def negotiate(self, mode: str) -> None:
-        if mode in ("auto", MODERN):
-            try:
-                with anyio.fail_after(DISCOVER_TIMEOUT_S):
-                    await self._discover()
-                return
-            except (RemoteError, TimeoutError) as exc:
-                if mode == MODERN:
-                    raise
-                log.info(
-                    "%s: no answer to server/discover (%s); trying initialize",
-                    self._server,
-                    str(exc) or "timed out",
-                )
-        await self._initialize()
+        if mode not in ("auto", MODERN):
+            await self._initialize()
+            return
+        try:
+            with anyio.fail_after(DISCOVER_TIMEOUT_S):
+                await self._discover()
+            return
+        except (RemoteError, TimeoutError) as exc:
+            if mode == MODERN:
+                raise
+            late = isinstance(exc, TimeoutError)
+            log.info(
+                "%s: no answer to server/discover (%s); trying initialize",
+                self._server,
+                str(exc) or "timed out",
+            )
+        try:
+            await self._initialize()
+        except RemoteError:
+            if not late:
+                raise
+            # A server slow to start (a loaded host) answered the probe after
+            # its deadline and now refuses the handshake: it speaks 2026-07-28.
+            await self._discover()
 
     async def _discover(self) -> None:
         meta = {
@@ -384,7 +394,7 @@ class JsonRpcSession:
     async def read(self) -> None:
         """Route every line the server writes, until its stdout closes."""
         try:
-            async for line in self._pipes.lines:
+            async for line in self._pipes.lines():
                 try:
                     message = _decode_message(line)
                 except (msgspec.DecodeError, msgspec.ValidationError):

@@ -83,21 +83,26 @@ def _line(raw: bytes | bytearray) -> str:
 
 
 class StdioPipes:
-    """The child's side of the talk: the lines it wrote, and a way to write one.
+    """The child's side of the talk: the lines it writes, and a way to write one.
 
-    ``lines`` yields each non-blank stdout line (without its newline), and for a
-    line over the cap that answers one of our requests, the error reply in its
+    ``lines()`` yields each non-blank stdout line (without its newline), read
+    in the task that iterates (no hop through another task), and for a line
+    over the cap that answers one of our requests, the error reply in its
     place; it ends when stdout closes. ``send`` writes one message (its bytes
     end with a newline) whole, even when callers send concurrently.
     """
 
     def __init__(
         self,
-        lines: anyio.abc.ObjectReceiveStream[bytes],
+        name: str,
+        stdout: anyio.abc.ByteReceiveStream,
         stdin: anyio.abc.ByteSendStream,
+        max_message_bytes: int,
     ) -> None:
-        self.lines = lines
+        self._name = name
+        self._stdout = stdout
         self._stdin = stdin
+        self._max = max_message_bytes
         self._lock = anyio.Lock()
 
     async def send(self, data: bytes) -> None:
@@ -106,6 +111,39 @@ class StdioPipes:
                 await self._stdin.send(data)
         except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
             raise ConnectionLost("the server's stdin is closed") from None
+
+    async def lines(self) -> AsyncIterator[bytes]:
+        buffer = bytearray()
+        oversize: OversizeMessage | None = None  # the oversize line being dropped
+        limit = self._max
+        try:
+            async for chunk in self._stdout:
+                start = 0
+                while True:
+                    end = chunk.find(b"\n", start)
+                    piece = chunk[start:] if end < 0 else chunk[start:end]
+                    if oversize is not None:
+                        oversize.feed(piece)
+                    else:
+                        buffer += piece
+                        if len(buffer) > limit:
+                            oversize = OversizeMessage(limit)
+                            oversize.feed(bytes(buffer))
+                            buffer.clear()
+                    if oversize is not None and (reply := oversize.take_reply()):
+                        yield reply
+                    if end < 0:
+                        break
+                    if oversize is not None:
+                        log.warning("%s: %s", self._name, oversize.outcome())
+                        oversize = None
+                    elif buffer.strip():
+                        yield bytes(buffer)
+                    buffer.clear()
+                    start = end + 1
+        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            pass
+        log.debug("%s: stdout closed", self._name)
 
 
 @asynccontextmanager
@@ -135,41 +173,6 @@ async def stdio_pipes(
         raise RuntimeError("the child was spawned without pipes")
     name = process_info.name
     log.info("%s: started pid %d: %s", name, process.pid, argv[0])
-
-    read_writer, read_stream = anyio.create_memory_object_stream[bytes](64)
-
-    async def read_stdout() -> None:
-        buffer = bytearray()
-        oversize: OversizeMessage | None = None  # the oversize line being dropped
-        async with read_writer:
-            try:
-                async for chunk in stdout:
-                    start = 0
-                    while True:
-                        end = chunk.find(b"\n", start)
-                        piece = chunk[start:] if end < 0 else chunk[start:end]
-                        if oversize is not None:
-                            oversize.feed(piece)
-                        else:
-                            buffer += piece
-                            if len(buffer) > max_message_bytes:
-                                oversize = OversizeMessage(max_message_bytes)
-                                oversize.feed(bytes(buffer))
-                                buffer.clear()
-                        if oversize is not None and (reply := oversize.take_reply()):
-                            await read_writer.send(reply)
-                        if end < 0:
-                            break
-                        if oversize is not None:
-                            log.warning("%s: %s", name, oversize.outcome())
-                            oversize = None
-                        elif buffer.strip():
-                            await read_writer.send(bytes(buffer))
-                        buffer.clear()
-                        start = end + 1
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-                pass
-        log.debug("%s: stdout closed", name)
 
     async def read_stderr() -> None:
         buffer = bytearray()
@@ -238,18 +241,15 @@ async def stdio_pipes(
 
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(read_stdout)
             tg.start_soon(read_stderr)
             tg.start_soon(watch_exit)
             try:
-                yield StdioPipes(read_stream, stdin)
+                yield StdioPipes(name, stdout, stdin, max_message_bytes)
             finally:
                 with anyio.CancelScope(shield=True):
                     await _stop(process, name)
                 tg.cancel_scope.cancel()
     finally:
-        for stream in (read_stream, read_writer):
-            stream.close()
         process_info.returncode = process.returncode
         process_info.exited.set()
 
