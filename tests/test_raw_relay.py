@@ -107,6 +107,8 @@ def _maps(pid: int) -> str:
 
 
 def test_a_daemon_with_only_stdio_servers_never_loads_the_sdk() -> None:
+    """Nor cryptography before a secret is used: what a host does not use,
+    the daemon does not load (docs/architecture.md)."""
     base = short_tempdir()
     config = os.path.join(base, "memorizzd.toml")
     Path(config).write_text(
@@ -121,7 +123,9 @@ def test_a_daemon_with_only_stdio_servers_never_loads_the_sdk() -> None:
         with process.client() as c:
             result = c.call_tool("relay", "show", {"a": 1})
         assert not result.is_error
-        assert "pydantic_core" not in _maps(process.pid)
+        maps = _maps(process.pid)
+        assert "pydantic_core" not in maps  # no SDK, no pydantic
+        assert "cryptography" not in maps  # no secret used yet
         # The check can fail: an HTTP server loads the SDK (and pydantic).
         with serve_http("streamable_http") as url, process.client() as c:
             c.add_server(http_spec("web", url, "streamable_http"))

@@ -7,6 +7,7 @@ path). Logs to journald with systemd-python, else to stderr.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -19,7 +20,11 @@ import anyio
 from anyio.abc import TaskStatus
 
 
+@functools.cache
 def _optional(module: str) -> Any:
+    """systemd-python's ``module``, imported at first need (the journal's
+    bindings cost about 4 MB: a daemon not under systemd never loads them),
+    or None without systemd-python."""
     # Probe a submodule: without systemd-python, `systemd` is our unit folder.
     try:
         return importlib.import_module(module)
@@ -28,9 +33,6 @@ def _optional(module: str) -> Any:
 
 
 log = logging.getLogger("memorizzd")
-
-_sd_daemon = _optional("systemd.daemon")
-_sd_journal = _optional("systemd.journal")
 
 
 def notify(state: str) -> None:
@@ -47,8 +49,8 @@ def notify(state: str) -> None:
     if not address:
         return
     if not address.startswith(("/", "@")):  # e.g. vsock: (systemd 253+)
-        if _sd_daemon is not None:
-            _sd_daemon.notify(state)
+        if (sd_daemon := _optional("systemd.daemon")) is not None:
+            sd_daemon.notify(state)
         return
     if address.startswith("@"):
         address = "\0" + address[1:]
@@ -108,7 +110,10 @@ async def run_watchdog(
 
 def journal_available() -> bool:
     """Whether logs go to journald (run by systemd with systemd-python installed)."""
-    return bool(os.environ.get("JOURNAL_STREAM")) and _sd_journal is not None
+    return (
+        bool(os.environ.get("JOURNAL_STREAM"))
+        and _optional("systemd.journal") is not None
+    )
 
 
 def setup_logging(level: str) -> None:
@@ -117,7 +122,8 @@ def setup_logging(level: str) -> None:
     root.setLevel(level.upper())
     handler: logging.Handler
     if journal_available():
-        handler = _sd_journal.JournalHandler(SYSLOG_IDENTIFIER="memorizzd")
+        journal = _optional("systemd.journal")
+        handler = journal.JournalHandler(SYSLOG_IDENTIFIER="memorizzd")
     else:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(

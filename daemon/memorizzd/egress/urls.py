@@ -46,8 +46,6 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv6Address
 from typing import Final
 
-import idna
-
 from memorizz.api.errors import InvalidParamsError, PermissionDeniedError
 from memorizz.api.methods import ServerSpec
 from memorizzd.egress.addresses import IPAddress, address_allowed, describe
@@ -204,6 +202,8 @@ def normalise_host(host: str) -> str:
         raise InvalidParamsError(f"host {_shown(host)}: %-escapes are not allowed")
     name = host.removesuffix(".").lower()  # as httpx does, before IDNA
     if not name.isascii() or any(label.startswith("xn--") for label in name.split(".")):
+        import idna  # only for internationalised names (about 2 MB)
+
         try:
             name = idna.encode(name, uts46=True).decode("ascii")
         except (idna.IDNAError, UnicodeError):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import statistics
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
@@ -367,9 +366,7 @@ class Upstream(Supervisor):
             in_flight=self.in_flight,
             calls_ok=self.calls_ok,
             calls_failed=self.calls_failed,
-            latency_p50_ms=round(statistics.median(latencies) * 1000, 3)
-            if latencies
-            else None,
+            latency_p50_ms=round(_median(latencies) * 1000, 3) if latencies else None,
             restarts=self.restarts,
             auth=self.keeper.status() if self.keeper is not None else None,
         )
@@ -377,3 +374,12 @@ class Upstream(Supervisor):
 
 def _is_error_result(result: ToolResult) -> bool:
     return result.is_error
+
+
+def _median(values: list[float]) -> float:
+    """The median (``statistics`` would load ``decimal`` and ``fractions``)."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    if len(ordered) % 2:
+        return ordered[mid]
+    return (ordered[mid - 1] + ordered[mid]) / 2

@@ -7,7 +7,6 @@ transports) maps the SDK's exceptions onto the same classes.
 
 from __future__ import annotations
 
-import ssl
 from typing import Any, Final, Literal
 
 from memorizz.api.errors import (
@@ -18,7 +17,7 @@ from memorizz.api.errors import (
     TooLargeError,
     UpstreamError,
 )
-from memorizzd.egress.limits import TOO_LARGE_MARKER
+from memorizzd.egress.oversize import TOO_LARGE_MARKER
 
 CONNECTION_CLOSED: Final = -32000
 """The SDK's code for a request failed by a closed connection."""
@@ -65,9 +64,12 @@ def chain(exc: BaseException) -> list[BaseException]:
     return seen
 
 
-def classify(found: list[BaseException], remote: list[RemoteError]) -> FailureKind:
+def classify(
+    found: list[BaseException], remote: list[RemoteError], *, tls: bool = False
+) -> FailureKind:
     """A failed connect's kind, from its leaf exceptions and the errors of ours
-    among (or translated from) them."""
+    among (or translated from) them; ``tls``: a TLS handshake failed among them
+    (HTTP only: ``session.py`` knows, and this module imports no ``ssl``)."""
     auth = [r for r in remote if isinstance(r, AuthRequiredError)]
     if any(r.reason == "login_required" for r in auth):
         return "login_required"
@@ -75,7 +77,7 @@ def classify(found: list[BaseException], remote: list[RemoteError]) -> FailureKi
         return "authorization_required"
     if any(isinstance(r, PermissionDeniedError) for r in remote):
         return "refused_by_policy"
-    if any(isinstance(c, ssl.SSLError) for leaf in found for c in chain(leaf)):
+    if tls:
         return "tls_error"
     if any(isinstance(r, DeadlineExceededError) for r in remote) or any(
         isinstance(leaf, TimeoutError) for leaf in found

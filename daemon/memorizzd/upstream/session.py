@@ -10,6 +10,7 @@ public SDK API is used.
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, Final, TypeVar
@@ -28,7 +29,7 @@ from memorizz.api.errors import (
 )
 from memorizzd import __version__
 from memorizzd.egress.client import hardened_client
-from memorizzd.egress.limits import TOO_LARGE_MARKER
+from memorizzd.egress.oversize import TOO_LARGE_MARKER
 from memorizzd.egress.replies import refusal_in
 from memorizzd.egress.transport import BearerSource
 from memorizzd.egress.urls import check_url, without_trailing_dot
@@ -38,6 +39,7 @@ from memorizzd.upstream.errors import (
     ConnectionLost,
     FailureKind,
     SessionExpired,
+    chain,
     classify,
     leaves,
     rpc_error,
@@ -78,7 +80,8 @@ def failure_kind(exc: BaseException) -> FailureKind:
     timeouts: list[BaseException] = [
         TimeoutError() for leaf in found if isinstance(leaf, httpx2.TimeoutException)
     ]
-    return classify(found + timeouts, remote)
+    tls = any(isinstance(c, ssl.SSLError) for leaf in found for c in chain(leaf))
+    return classify(found + timeouts, remote, tls=tls)
 
 
 def _as_remote(exc: MCPError) -> RemoteError | None:

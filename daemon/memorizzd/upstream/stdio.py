@@ -34,7 +34,7 @@ from typing import Final
 import anyio
 import anyio.abc
 
-from memorizzd.egress.limits import OversizeMessage
+from memorizzd.egress.oversize import OversizeMessage
 from memorizzd.upstream.errors import ConnectionLost
 
 log = logging.getLogger("memorizzd.upstream.stdio")

@@ -14,10 +14,9 @@ from __future__ import annotations
 import base64
 import os
 import threading
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 import msgspec
-from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
 from memorizzd.store import Store
 from memorizzd.vault.keys import (
@@ -44,6 +43,9 @@ class _Record(msgspec.Struct, frozen=True):
 
 _decoder: Final = msgspec.json.Decoder(_Record)
 
+if TYPE_CHECKING:
+    from cryptography.fernet import MultiFernet
+
 
 class FernetCredentialStore:
     """Secrets encrypted with MultiFernet in ``secrets`` of the state database."""
@@ -51,8 +53,16 @@ class FernetCredentialStore:
     def __init__(self, store: Store, source: KeySource) -> None:
         self._store = store
         self._source = source
-        self._fernet = _multi(source)
+        self._multi: MultiFernet | None = None
+        """Made at first use: ``cryptography`` (about 9 MB) loads only when a
+        secret is written or read."""
         self._lock = threading.Lock()  # rotation against writers
+
+    @property
+    def _fernet(self) -> MultiFernet:
+        if self._multi is None:
+            self._multi = _multi(self._source)
+        return self._multi
 
     @property
     def source(self) -> KeySource:
@@ -84,6 +94,8 @@ class FernetCredentialStore:
         return self._fernet.encrypt(msgspec.json.encode(_Record(ref, secret)))
 
     def _decrypt(self, ref: str, token: bytes) -> str:
+        from cryptography.fernet import InvalidToken
+
         try:
             record = _decoder.decode(self._fernet.decrypt(token))
         except InvalidToken:
@@ -136,7 +148,7 @@ class FernetCredentialStore:
         with self._lock:
             if new_key:
                 self._source = new_primary(self._source)
-                self._fernet = _multi(self._source)
+                self._multi = _multi(self._source)
             rows = self._store.all_secrets()
             tokens = [
                 (ref, self._encrypt(ref, self._decrypt(ref, token)))
@@ -180,4 +192,6 @@ def _whole_token(token: bytes) -> bool:
 
 
 def _multi(source: KeySource) -> MultiFernet:
+    from cryptography.fernet import Fernet, MultiFernet
+
     return MultiFernet([Fernet(key) for key in source.keys])

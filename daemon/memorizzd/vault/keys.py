@@ -14,13 +14,13 @@ Messages name the source, never a key.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 from collections.abc import Mapping
 from typing import Final
 
 import msgspec
-from cryptography.fernet import Fernet
 
 log = logging.getLogger("memorizzd.vault")
 
@@ -46,6 +46,21 @@ class KeySource(msgspec.Struct, frozen=True):
         return f"KeySource({self.name!r}, {len(self.keys)} keys)"
 
 
+def new_fernet_key() -> bytes:
+    """A fresh Fernet key: 32 random bytes, url-safe base64 (what
+    ``cryptography``'s ``Fernet.generate_key`` makes, without loading it)."""
+    return base64.urlsafe_b64encode(os.urandom(32))
+
+
+def fernet_key_ok(key: bytes) -> bool:
+    """Whether ``key`` is a Fernet key: 32 bytes in url-safe base64 (the check
+    ``Fernet(key)`` makes; ``cryptography`` loads only when a secret is used)."""
+    try:
+        return len(base64.b64decode(key, altchars=b"-_", validate=True)) == 32
+    except (ValueError, TypeError):
+        return False
+
+
 def parse_keys(text: str, source: str) -> tuple[bytes, ...]:
     """The Fernet keys in ``text`` (comma- or newline-separated), checked."""
     parts = [p.strip() for p in text.replace("\n", ",").split(",")]
@@ -53,9 +68,7 @@ def parse_keys(text: str, source: str) -> tuple[bytes, ...]:
     if not keys:
         raise VaultKeyError(f"{source}: no key in it")
     for i, key in enumerate(keys):
-        try:
-            Fernet(key)
-        except (ValueError, TypeError):
+        if not fernet_key_ok(key):
             raise VaultKeyError(
                 f"{source}: key {i + 1} is not a Fernet key"
                 " (32 url-safe base64-encoded bytes)"
@@ -117,7 +130,7 @@ def _create_key_file(state_dir: str, path: str) -> None:
             f"key file {path}: cannot create it: {exc.strerror}"
         ) from None
     try:
-        os.write(fd, Fernet.generate_key() + b"\n")
+        os.write(fd, new_fernet_key() + b"\n")
         os.fsync(fd)
     finally:
         os.close(fd)
@@ -151,7 +164,7 @@ def new_primary(source: KeySource) -> KeySource:
             f"a new key can be generated only for the key file; the keys come from"
             f" {source.name}: put the new key first there and restart"
         )
-    keys = (Fernet.generate_key(), *source.keys)
+    keys = (new_fernet_key(), *source.keys)
     write_key_file(source.path, keys)
     log.warning(
         "generated a new primary vault key in %s (the old keys still decrypt):"
