@@ -39,6 +39,18 @@ def stdio_daemon(base_dir: str) -> Iterator[DaemonHarness]:
 
 
 @pytest.fixture(scope="module")
+def shared_daemon() -> Iterator[DaemonHarness]:
+    """As ``daemon``, one for a whole module: for tests that add servers of
+    their own names, or read, and leave nothing behind that others would see."""
+    base = short_tempdir()
+    try:
+        with DaemonHarness.running(daemon_config(base)) as harness:
+            yield harness
+    finally:
+        rmtree(base)
+
+
+@pytest.fixture(scope="module")
 def shared_stdio_daemon() -> Iterator[DaemonHarness]:
     """As ``stdio_daemon``, one for a whole module (a server's start costs a
     second or more): for tests that change nothing in it and break nothing,

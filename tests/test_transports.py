@@ -13,9 +13,13 @@ from memorizz.api.methods import ServerSpec
 from tests.harness import DaemonHarness, serve_http, stdio_spec, wait_until
 
 
-@pytest.fixture(params=["stdio", "streamable_http", "sse"])
-def server(request: pytest.FixtureRequest, daemon: DaemonHarness) -> Iterator[str]:
-    """A warm server named after its transport, in the running daemon."""
+@pytest.fixture(scope="module", params=["stdio", "streamable_http", "sse"])
+def server(
+    request: pytest.FixtureRequest, shared_daemon: DaemonHarness
+) -> Iterator[str]:
+    """A warm server named after its transport, in the module's daemon (each
+    transport's server starts once for all the tests that read through it)."""
+    daemon = shared_daemon
     kind: str = request.param
     if kind == "stdio":
         daemon.add(stdio_spec(kind))
@@ -34,8 +38,8 @@ def server(request: pytest.FixtureRequest, daemon: DaemonHarness) -> Iterator[st
             c.remove_server(kind)
 
 
-def test_tools_list_and_call(daemon: DaemonHarness, server: str) -> None:
-    with daemon.client() as c:
+def test_tools_list_and_call(shared_daemon: DaemonHarness, server: str) -> None:
+    with shared_daemon.client() as c:
         tools = {t.name: t for t in c.list_tools(server)}
         assert {"echo", "add", "fail", "slow", "huge"} <= tools.keys()
         assert tools["add"].input_schema["type"] == "object"
@@ -48,9 +52,9 @@ def test_tools_list_and_call(daemon: DaemonHarness, server: str) -> None:
 
 
 def test_is_error_is_a_result_and_counts_as_a_failure(
-    daemon: DaemonHarness, server: str
+    shared_daemon: DaemonHarness, server: str
 ) -> None:
-    with daemon.client() as c:
+    with shared_daemon.client() as c:
         before = c.server_status(server)[0]
         result = c.call_tool(server, "fail", {"reason": "bad input"})
         assert result.is_error is True
@@ -59,8 +63,10 @@ def test_is_error_is_a_result_and_counts_as_a_failure(
     assert after.calls_failed == before.calls_failed + 1
 
 
-def test_resources_templates_and_read(daemon: DaemonHarness, server: str) -> None:
-    with daemon.client() as c:
+def test_resources_templates_and_read(
+    shared_daemon: DaemonHarness, server: str
+) -> None:
+    with shared_daemon.client() as c:
         assert {r.uri for r in c.list_resources(server)} == {
             "test://static",
             "test://crash",
@@ -81,8 +87,8 @@ def test_resources_templates_and_read(daemon: DaemonHarness, server: str) -> Non
         assert err.value.reason == "upstream_error"
 
 
-def test_prompts_list_and_get(daemon: DaemonHarness, server: str) -> None:
-    with daemon.client() as c:
+def test_prompts_list_and_get(shared_daemon: DaemonHarness, server: str) -> None:
+    with shared_daemon.client() as c:
         prompts = c.list_prompts(server)
         assert [p.name for p in prompts] == ["greet"]
         assert prompts[0].arguments[0].name == "name"
@@ -90,8 +96,8 @@ def test_prompts_list_and_get(daemon: DaemonHarness, server: str) -> None:
         assert got.messages[0]["content"]["text"] == "Say hello to Ada"
 
 
-def test_ping_status_and_test(daemon: DaemonHarness, server: str) -> None:
-    with daemon.client() as c:
+def test_ping_status_and_test(shared_daemon: DaemonHarness, server: str) -> None:
+    with shared_daemon.client() as c:
         assert c.ping(server).latency_ms > 0
         status = c.server_status(server)[0]
         assert status.state == "ready"
