@@ -403,10 +403,10 @@ class _Connection:
                 while not self.broken:
                     try:
                         if first_by is None:
-                            chunk = await self.stream.receive(_READ)
+                            chunk = await self._receive()
                         else:
                             with anyio.move_on_at(first_by) as waited:
-                                chunk = await self.stream.receive(_READ)
+                                chunk = await self._receive()
                             if waited.cancelled_caught:
                                 await self._slow_first_frame()
                                 return None
@@ -436,6 +436,20 @@ class _Connection:
             finally:
                 server._readers.discard(reader)
         return None
+
+    async def _receive(self) -> bytes:
+        """The client's next bytes. The socket is read directly once it is
+        readable: the stream's ``receive`` would first yield to the event loop
+        and try a read that cannot succeed yet (this is every call's path)."""
+        while True:
+            try:
+                data = self.raw.recv(_READ)
+            except BlockingIOError:
+                await anyio.wait_readable(self.raw)
+                continue
+            if not data:
+                raise anyio.EndOfStream
+            return data
 
     async def _admit(self, line: bytes, calls: anyio.abc.TaskGroup) -> None:
         """Run one request line in a task of its own, or answer it here and now.
@@ -476,7 +490,7 @@ class _Connection:
         self.in_flight += 1
         server._track(+1)
         life = self.lives[parsed.id] = CallLife(parsed.method)
-        calls.start_soon(self._run_one, parsed, parsed.id, life)
+        calls.start_soon(self._run_one, parsed, parsed.id, life, name=parsed.method)
 
     def _drop_notification(self, request: Request) -> None:
         self.notifications += 1
@@ -538,7 +552,12 @@ class _Connection:
             if self.broken:
                 return
             self.writing_since = anyio.current_time()
-            await self.stream.send(data)
+            try:  # at once when the socket has room (nearly always)
+                sent = self.raw.send(data)
+            except BlockingIOError:
+                sent = 0
+            if sent < len(data):  # the rest as the client reads it
+                await self.stream.send(data[sent:])
             self.last_activity = anyio.current_time()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             self.broken = True  # the client went away; its replies have nowhere to go

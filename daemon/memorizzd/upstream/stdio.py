@@ -103,7 +103,7 @@ class StdioPipes:
         self._stdout = stdout
         self._stdin = stdin
         self._max = max_message_bytes
-        self._lock = anyio.Lock()
+        self._lock = anyio.Lock(fast_acquire=True)  # no yield when free
 
     async def send(self, data: bytes) -> None:
         try:
