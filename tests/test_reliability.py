@@ -24,7 +24,7 @@ from tests.harness import (
 
 
 def test_200_concurrent_calls_from_20_connections_share_one_warm_session(
-    stdio_daemon: DaemonHarness,
+    shared_stdio_daemon: DaemonHarness,
 ) -> None:
     errors: list[BaseException] = []
     answers: dict[str, str] = {}
@@ -33,7 +33,7 @@ def test_200_concurrent_calls_from_20_connections_share_one_warm_session(
 
     def worker(w: int) -> None:
         try:
-            with stdio_daemon.client() as c:
+            with shared_stdio_daemon.client() as c:
                 start.wait()
                 for i in range(10):
                     text = f"w{w}-c{i}"
@@ -51,17 +51,17 @@ def test_200_concurrent_calls_from_20_connections_share_one_warm_session(
     assert not errors
     assert len(answers) == 200
     assert all(key == value for key, value in answers.items())
-    with stdio_daemon.client() as c:
+    with shared_stdio_daemon.client() as c:
         status = c.server_status("t")[0]
     assert status.restarts == 0  # one session served everyone
     assert status.calls_ok >= 200
 
 
 def test_pipelined_requests_are_answered_by_id_out_of_order(
-    stdio_daemon: DaemonHarness,
+    shared_stdio_daemon: DaemonHarness,
 ) -> None:
     with socket.socket(socket.AF_UNIX) as s:
-        s.connect(stdio_daemon.socket)
+        s.connect(shared_stdio_daemon.socket)
         slow = {
             "jsonrpc": "2.0",
             "id": "slow",
@@ -112,9 +112,9 @@ def test_calls_while_reconnecting_fail_fast_with_server_unavailable(
 
 
 def test_a_hung_tool_times_out_and_the_session_stays_usable(
-    stdio_daemon: DaemonHarness,
+    shared_stdio_daemon: DaemonHarness,
 ) -> None:
-    with stdio_daemon.client() as c:
+    with shared_stdio_daemon.client() as c:
         with pytest.raises(DeadlineExceededError) as err:
             c.call_tool("t", "slow", {"seconds": 30}, timeout_s=0.3)
         assert err.value.reason == "timeout"
@@ -147,11 +147,11 @@ def test_a_huge_result_is_refused_without_hurting_the_session(
 
 
 def test_a_client_that_disconnects_mid_call_does_not_disturb_the_daemon(
-    stdio_daemon: DaemonHarness,
+    shared_stdio_daemon: DaemonHarness,
 ) -> None:
     for _ in range(5):
         with socket.socket(socket.AF_UNIX) as s:
-            s.connect(stdio_daemon.socket)
+            s.connect(shared_stdio_daemon.socket)
             call = {
                 "jsonrpc": "2.0",
                 "id": 1,
@@ -163,7 +163,7 @@ def test_a_client_that_disconnects_mid_call_does_not_disturb_the_daemon(
                 },
             }
             s.sendall(msgspec.json.encode(call) + b"\n")
-    with stdio_daemon.client() as c:
+    with shared_stdio_daemon.client() as c:
         assert c.call_tool("t", "echo", {"text": "fine"}).content[0]["text"] == "fine"
         wait_until(lambda: c.daemon_status().calls_in_flight == 1)  # only this request
         assert c.server_status("t")[0].restarts == 0
