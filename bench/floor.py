@@ -5,9 +5,12 @@ blocking portal), as the daemon's sessions live on uvloop, so that blocks of
 floor calls can alternate with blocks of socket calls made from the main thread.
 Every sample is timed inside the event loop: the portal hop is not counted.
 
-Calls go out the way the daemon sends them (``memorizzd.upstream.session.call_tool``):
-a fresh ``CallToolRequest`` per call through ``client.session.send_request``,
-with a read timeout, no output-schema validation and no implicit ``tools/list``.
+Calls go out the way the daemon's SDK sessions (its HTTP servers) send them
+(``memorizzd.upstream.session.SdkConnection.call_tool``): a fresh
+``CallToolRequest`` per call through ``client.session.send_request``, with a
+read timeout, no output-schema validation and no implicit ``tools/list``. The
+daemon speaks to stdio servers without the SDK (``upstream/jsonrpc.py``); this
+floor stays the in-process SDK client that an agent would otherwise use.
 """
 
 from __future__ import annotations

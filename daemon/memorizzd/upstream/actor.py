@@ -268,6 +268,10 @@ class Upstream(Supervisor):
             view = await self.request(self._refresh_tools, deadline=deadline, safe=True)
         return view.verdict(name), view.tool(name)
 
+    def cached_verdict(self, name: str) -> ToolVerdict | None:
+        """The verdict from the warm cache, or None when there is none (no I/O)."""
+        return self._tools.verdict(name)
+
     async def call_tool(
         self, name: str, arguments: bytes, *, risk: m.Risk, deadline: float
     ) -> ToolResult:

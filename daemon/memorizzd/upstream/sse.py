@@ -14,7 +14,7 @@ stays open; an idle stream hangs for its 24-hour read timeout. Two guards:
   nothing but comments may come before it. Anything else, and the watch
   records why (``redirect_blocked``: the server directs our messages to
   another origin; ``upstream_error`` otherwise) and ends the stream: the SDK's
-  reader then stops without starting, and ``open_client`` raises the recorded
+  reader then stops without starting, and ``open_connection`` raises the recorded
   error at once instead of the SDK's bare ``RuntimeError``.
 * ``opened_within`` bounds the whole open (connect, TLS, the GET's headers,
   the endpoint event) by the server's ``timeout_s``: whatever else goes wrong
