@@ -57,6 +57,13 @@ def stdio_spec(name: str = "t", **overrides: Any) -> ServerSpec:
     return ServerSpec(**fields)
 
 
+def light_spec(name: str, **overrides: Any) -> ServerSpec:
+    """A stdio server for a test to which the server's kind does not matter
+    (audit records, listings, settings): tests/legacy_server.py, which needs no
+    SDK and starts in milliseconds, where tests/mcp_server.py takes a second."""
+    return stdio_spec(name, **{"args": [LEGACY_SERVER], **overrides})
+
+
 def http_spec(name: str, url: str, transport: str, **overrides: Any) -> ServerSpec:
     """An HTTP server entry for a loopback test server (``allow_private_network``)."""
     fields: dict[str, Any] = {

@@ -14,7 +14,7 @@ from memorizz.api.errors import (
     PermissionDeniedError,
     TooLargeError,
 )
-from tests.harness import DaemonHarness, daemon_config, stdio_spec
+from tests.harness import DaemonHarness, daemon_config, light_spec, stdio_spec
 
 MARKER = "zebra-7c1f-MARKER-value"
 
@@ -88,7 +88,7 @@ def test_operator_actions_are_audited_and_the_trail_pages(
 ) -> None:
     with daemon.client() as c:
         for i in range(3):
-            c.add_server(stdio_spec(f"s{i}"))
+            c.add_server(light_spec(f"s{i}"))
         c.remove_server("s1")
         with pytest.raises(NotFoundError):
             c.remove_server("s1")
@@ -111,7 +111,7 @@ def test_operator_actions_are_audited_and_the_trail_pages(
 
 def test_the_trail_is_append_only(daemon: DaemonHarness, base_dir: str) -> None:
     with daemon.client() as c:
-        c.add_server(stdio_spec("x"))
+        c.add_server(light_spec("x"))
     db = sqlite3.connect(Path(base_dir, "state", "state.db"))
     try:
         for sql in ("UPDATE audit SET outcome = 'ok'", "DELETE FROM audit"):

@@ -10,7 +10,13 @@ import pytest
 from memorizz import Client
 from memorizz.api.errors import NotFoundError, UpstreamError
 from memorizz.api.methods import ServerSpec
-from tests.harness import DaemonHarness, serve_http, stdio_spec, wait_until
+from tests.harness import (
+    DaemonHarness,
+    light_spec,
+    serve_http,
+    stdio_spec,
+    wait_until,
+)
 
 
 @pytest.fixture(scope="module", params=["stdio", "streamable_http", "sse"])
@@ -193,7 +199,7 @@ def test_listings_follow_cursors_to_the_end_within_a_bound(base_dir: str) -> Non
 
 
 def test_servers_list_shows_the_policy_settings(daemon: DaemonHarness) -> None:
-    spec = stdio_spec(
+    spec = light_spec(
         "p", block_tools=["crash"], require_approval=True, risk={"echo": "read"}
     )
     with daemon.client() as c:
