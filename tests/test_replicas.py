@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 
 import pytest
 
 from memorizz.api.errors import RemoteError
-from tests.harness import DaemonHarness, stdio_spec, wait_until
+from tests.harness import MCP_SERVER, DaemonHarness, stdio_spec, wait_until
 
 
 def _pid(daemon: DaemonHarness, name: str) -> int:
@@ -61,3 +62,13 @@ def test_replicas_are_for_stdio_servers_and_bounded(daemon: DaemonHarness) -> No
         with daemon.client() as c, pytest.raises(RemoteError) as raised:
             c.add_server(spec)
         assert raised.value.reason == "invalid_params"
+
+
+def test_memorizzctl_adds_replicas_and_lists_them(daemon: DaemonHarness) -> None:
+    argv = ["--command", sys.executable, "--arg", MCP_SERVER, "--arg", "stdio"]
+    assert daemon.ctl("mcp", "add", "pool", "--replicas", "3", *argv) == 0
+    daemon.wait_ready("pool")
+    with daemon.client() as c:
+        (info,) = [s for s in c.list_servers() if s.name == "pool"]
+    assert info.replicas == 3
+    assert len(daemon.daemon.pool.get("pool")._processes) == 3

@@ -362,6 +362,7 @@ class Broker:
             max_result_bytes=spec.max_result_bytes,
             protocol=spec.protocol,
             state=upstream.state,
+            replicas=spec.replicas,
             allow_private_network=spec.allow_private_network,
             allow_tools=list(spec.allow_tools),
             block_tools=list(spec.block_tools),

@@ -338,6 +338,7 @@ class ServerInfo(msgspec.Struct, kw_only=True):
     max_result_bytes: int
     protocol: ProtocolMode
     state: ServerState
+    replicas: int = 1
     allow_private_network: bool = False
     allow_tools: list[str] = []
     block_tools: list[str] = []

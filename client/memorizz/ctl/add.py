@@ -72,6 +72,14 @@ def add_options(add: argparse.ArgumentParser) -> None:
         help=f"largest accepted result (default {m.DEFAULT_MAX_RESULT_BYTES})",
     )
     add.add_argument(
+        "--replicas",
+        metavar="N",
+        type=positive_int,
+        default=1,
+        help="stdio: run N processes behind the name, for a server that keeps no"
+        " state between calls (default 1)",
+    )
+    add.add_argument(
         "--protocol",
         choices=get_args(m.ProtocolMode),
         default="auto",
@@ -199,6 +207,7 @@ def build_server_spec(args: argparse.Namespace) -> m.ServerSpec:
             else args.max_result_bytes
         ),
         protocol=cast(m.ProtocolMode, args.protocol),
+        replicas=args.replicas,
         auth=cast(m.AuthMode, auth),
         token=token,
         headers=dict(args.header),
