@@ -25,11 +25,12 @@ import pytest
 
 from memorizz import Client
 from memorizz.api.errors import InvalidParamsError
-from memorizzd.config import Limits, Profile
+from memorizzd.config import Config, Limits, Profile
 from tests.harness import (
     MCP_SERVER,
     DaemonHarness,
     DaemonProcess,
+    light_spec,
     rmtree,
     short_tempdir,
     wait_until,
@@ -37,6 +38,15 @@ from tests.harness import (
 from tests.peers import ME, NOBODY, agent_socket, profiles_config
 
 RSS_CAP = 150 * 1024 * 1024
+
+
+def _profiles(base: str) -> Config:
+    """``profiles_config``; its ``u``, here only ever another profile's server
+    (refused before any upstream sees a byte), the light server."""
+    config = profiles_config(base)
+    assert config.servers[1].name == "u"
+    config.servers[1] = light_spec("u")
+    return config
 
 
 def rpc(request_id: object, method: str, **params: object) -> bytes:
@@ -294,7 +304,7 @@ def test_refused_connections_are_closed_at_once_and_capped_per_uid(
 ) -> None:
     """A connection over the socket's per-uid cap gets one ``overloaded`` line
     and is closed there and then (it used to linger a second, holding its fd)."""
-    config = profiles_config(base_dir)
+    config = _profiles(base_dir)
     config.profiles.append(
         Profile(
             name="tight",
@@ -341,7 +351,7 @@ def _send_fails(sock: socket.socket) -> bool:
 def test_a_notification_never_runs_a_tool(base_dir: str) -> None:
     """A tools/call without an id ran the tool and threw the result away; a
     destructive one made a proposal nobody would hear of. Now it is dropped."""
-    config = profiles_config(base_dir)
+    config = _profiles(base_dir)
     config.servers[0] = msgspec.structs.replace(
         config.servers[0], require_approval=True
     )
@@ -417,7 +427,7 @@ def test_numbers_out_of_range_are_invalid_params(
 def test_an_agents_refusals_are_audited_and_logged_within_a_budget(
     base_dir: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    config = profiles_config(base_dir)
+    config = _profiles(base_dir)
     config.servers[0] = msgspec.structs.replace(
         config.servers[0], block_tools=["crash"]
     )
@@ -474,7 +484,7 @@ def _calls_log(base: str) -> list[str]:
 
 @pytest.fixture
 def watched_daemon(base_dir: str) -> Iterator[DaemonHarness]:
-    config = profiles_config(base_dir)
+    config = _profiles(base_dir)
     config.servers[0] = msgspec.structs.replace(
         config.servers[0], risk={"slow_record": "write"}
     )
@@ -569,7 +579,7 @@ def test_a_call_with_effects_runs_to_the_end_when_its_client_closes(
 
 @pytest.fixture
 def idle_daemon(base_dir: str) -> Iterator[DaemonHarness]:
-    config = profiles_config(base_dir)
+    config = _profiles(base_dir)
     config.profiles += [
         Profile(
             name="idle",
