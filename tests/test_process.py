@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from bench.harness import DaemonProcess as BenchDaemonProcess
+
 from tests.harness import stdio_spec
 from tests.process import DAEMON_EXE, OWN_CONFIG, DaemonProcess
 
