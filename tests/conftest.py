@@ -1,29 +1,39 @@
+"""Fixtures for every room of tests/ (client, component, daemon, e2e).
+
+The daemon's harness is imported where a fixture needs it, not here: the
+client's tests (tests/client/) run without loading the daemon.
+"""
+
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from tests.harness import (
-    DaemonHarness,
-    daemon_config,
-    rmtree,
-    short_tempdir,
-    stdio_spec,
-)
+if TYPE_CHECKING:
+    from tests.harness import DaemonHarness
+
+
+def _tempdir() -> str:
+    """Under /tmp: AF_UNIX paths must stay under 108 bytes (as harness.short_tempdir)."""
+    return tempfile.mkdtemp(prefix="mz-", dir="/tmp")
 
 
 @pytest.fixture
 def base_dir() -> Iterator[str]:
-    path = short_tempdir()
+    path = _tempdir()
     yield path
-    rmtree(path)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
 def daemon(base_dir: str) -> Iterator[DaemonHarness]:
     """An in-process daemon with no servers."""
+    from tests.harness import DaemonHarness, daemon_config
+
     with DaemonHarness.running(daemon_config(base_dir)) as harness:
         yield harness
 
@@ -31,6 +41,8 @@ def daemon(base_dir: str) -> Iterator[DaemonHarness]:
 @pytest.fixture
 def stdio_daemon(base_dir: str) -> Iterator[DaemonHarness]:
     """An in-process daemon with one warm stdio test server named ``t``."""
+    from tests.harness import DaemonHarness, daemon_config, stdio_spec
+
     with DaemonHarness.running(
         daemon_config(base_dir, servers=[stdio_spec("t")])
     ) as harness:
@@ -42,12 +54,14 @@ def stdio_daemon(base_dir: str) -> Iterator[DaemonHarness]:
 def shared_daemon() -> Iterator[DaemonHarness]:
     """As ``daemon``, one for a whole module: for tests that add servers of
     their own names, or read, and leave nothing behind that others would see."""
-    base = short_tempdir()
+    from tests.harness import DaemonHarness, daemon_config
+
+    base = _tempdir()
     try:
         with DaemonHarness.running(daemon_config(base)) as harness:
             yield harness
     finally:
-        rmtree(base)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +69,9 @@ def shared_stdio_daemon() -> Iterator[DaemonHarness]:
     """As ``stdio_daemon``, one for a whole module (a server's start costs a
     second or more): for tests that change nothing in it and break nothing,
     each on connections of its own."""
-    base = short_tempdir()
+    from tests.harness import DaemonHarness, daemon_config, stdio_spec
+
+    base = _tempdir()
     try:
         with DaemonHarness.running(
             daemon_config(base, servers=[stdio_spec("t")])
@@ -63,7 +79,7 @@ def shared_stdio_daemon() -> Iterator[DaemonHarness]:
             harness.wait_ready("t")
             yield harness
     finally:
-        rmtree(base)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)
