@@ -580,6 +580,8 @@ def test_a_call_with_effects_runs_to_the_end_when_its_client_closes(
 @pytest.fixture
 def idle_daemon(base_dir: str) -> Iterator[DaemonHarness]:
     config = _profiles(base_dir)
+    # Connections are the subject here: no tool of ``t`` ever runs.
+    config.servers[0] = light_spec("t", env=config.servers[0].env)
     config.profiles += [
         Profile(
             name="idle",
