@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from memorizz.api.errors import RemoteError
-from tests.harness import MCP_SERVER, DaemonHarness, stdio_spec, wait_until
+from tests.harness import LEGACY_SERVER, DaemonHarness, stdio_spec, wait_until
 
 
 def _pid(daemon: DaemonHarness, name: str) -> int:
@@ -65,7 +65,8 @@ def test_replicas_are_for_stdio_servers_and_bounded(daemon: DaemonHarness) -> No
 
 
 def test_memorizzctl_adds_replicas_and_lists_them(daemon: DaemonHarness) -> None:
-    argv = ["--command", sys.executable, "--arg", MCP_SERVER, "--arg", "stdio"]
+    # the hand-written server: three start in milliseconds (the listing is the subject)
+    argv = ["--command", sys.executable, "--arg", LEGACY_SERVER]
     assert daemon.ctl("mcp", "add", "pool", "--replicas", "3", *argv) == 0
     daemon.wait_ready("pool")
     with daemon.client() as c:
