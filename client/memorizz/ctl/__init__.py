@@ -5,6 +5,8 @@ Every command is parse -> one ``Client`` call -> render -> exit status::
     run.py        main(): parse, run one command, map its error to an exit status
     oneshot.py    a plain ``mcp call`` from built-in modules only (no argparse,
                   no msgspec): what a script pays per call is the interpreter
+    serve.py      ``mcp serve``: an MCP client's stdio bridged to the daemon's
+                  MCP socket (mcp.sock), a byte pump from built-in modules only
     parser.py     the argparse tree, each command's parser built when chosen;
                   add.py: ``mcp add``'s options and ServerSpec
     args.py       argparse converters (KEY=VALUE, JSON objects, positive numbers)
@@ -19,6 +21,7 @@ Commands::
     memorizzctl mcp tools | resources | templates | prompts
     memorizzctl mcp call | read | prompt
     memorizzctl mcp approvals | approve | reject | cancel | resume | wait
+    memorizzctl mcp serve (stdio bridge for MCP clients)
     memorizzctl audit
     memorizzctl daemon status
     memorizzctl vault rotate [--new-key]

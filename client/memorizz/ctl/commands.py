@@ -38,6 +38,7 @@ from memorizz.ctl.render import (
     render_test,
     render_tools,
 )
+from memorizz.ctl.serve import bridge, bridge_for
 from memorizz.ctl.text import format_ms, to_json
 
 Command = Callable[[Client, argparse.Namespace], int]
@@ -235,6 +236,12 @@ def cmd_mcp_wait(client: Client, args: argparse.Namespace) -> int:
     result = client.wait_approval(args.id, timeout_s=args.timeout)
     _show(args, result, render_proposal(result.proposal, time.time()))
     return EXIT_OK if result.decided else EXIT_TEMPFAIL
+
+
+def cmd_mcp_serve(client: Client, args: argparse.Namespace) -> int:
+    """The stdio bridge (``memorizz.ctl.serve``), for a line only argparse
+    accepted: the ``Client`` is never connected, only its socket path used."""
+    return bridge(bridge_for(client.socket_path, args.mcp_socket))
 
 
 def cmd_daemon_status(client: Client, args: argparse.Namespace) -> int:

@@ -42,6 +42,7 @@ from memorizz.ctl.commands import (
     cmd_mcp_remove,
     cmd_mcp_resources,
     cmd_mcp_resume,
+    cmd_mcp_serve,
     cmd_mcp_status,
     cmd_mcp_templates,
     cmd_mcp_test,
@@ -293,6 +294,21 @@ def _mcp(mcp: _Lazy) -> None:
         "wait until a proposal is decided (exit 75 if still pending at the deadline)",
         _wait,
     )
+    _leaf(
+        mcp,
+        "serve",
+        cmd_mcp_serve,
+        "bridge an MCP client's stdio to memorizzd's MCP socket",
+        _serve,
+        epilog=(
+            "Speaks MCP's stdio transport on stdin/stdout and relays it, byte for\n"
+            "byte, to the daemon's MCP socket: mcp.sock beside the API socket that\n"
+            "--socket or MEMORIZZ_SOCKET names (or the default one). Errors go to\n"
+            "stderr. In an MCP client's configuration:\n\n"
+            '  {"command": "memorizzctl", "args": ["mcp", "serve"]}'
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 # --- each command's own arguments ---------------------------------------------------
@@ -437,6 +453,14 @@ def _wait(p: argparse.ArgumentParser) -> None:
         type=positive_float,
         default=30.0,
         help="at most this long (default 30, at most 300)",
+    )
+
+
+def _serve(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--mcp-socket",
+        metavar="PATH",
+        help="the MCP socket itself (default: mcp.sock beside the API socket)",
     )
 
 

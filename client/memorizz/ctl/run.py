@@ -7,10 +7,12 @@ unreachable daemon exits 69, Ctrl-C 130, and a closed pipe
 (``memorizzctl mcp list | head``) 141, quietly.
 
 A plain ``mcp call`` goes the one-shot way first (``memorizz.ctl.oneshot``:
-built-in modules only, no argparse, no msgspec); whatever it declines, and
-every other command, goes the general way: argparse, the ``Client``, a
-renderer. This module imports the general way's modules only when it takes
-it, so that the one-shot way stays small (tests/test_cli_startup.py).
+built-in modules only, no argparse, no msgspec), and so does a plain ``mcp
+serve`` (``memorizz.ctl.serve``, the stdio bridge to the MCP face); whatever
+they decline, and every other command, goes the general way: argparse, the
+``Client``, a renderer. This module imports the general way's modules only
+when it takes it, so that the one-shot ways stay small
+(tests/test_cli_startup.py, tests/test_mcp_bridge.py).
 
 Standard library, msgspec and memorizz only: no event loop, and none of the
 daemon's dependencies (a test checks).
@@ -130,6 +132,12 @@ def _run(argv: list[str]) -> int:
         status = _one_shot(call)
         if status is not None:
             return status
+    elif "serve" in argv:  # `mcp serve`: the bridge, from built-in modules only
+        from memorizz.ctl import serve
+
+        target = serve.parse(argv)
+        if target is not None:
+            return serve.bridge(target)
     return _general(argv)
 
 

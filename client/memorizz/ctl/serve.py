@@ -1,0 +1,252 @@
+"""``memorizzctl mcp serve``: an MCP client's stdio, bridged to memorizzd's MCP face.
+
+Beside each API socket (the operator's ``memorizzd.sock``, each profile's
+``api.sock``) the daemon serves MCP on a sibling socket, ``mcp.sock`` in the
+same directory, framed as MCP's stdio transport: one JSON-RPC message per
+line. An MCP client that only starts programs (``{"command": "memorizzctl",
+"args": ["mcp", "serve"]}``) gets that socket through this bridge: a byte
+pump, stdin to the socket and the socket to stdout, nothing parsed, nothing
+buffered beyond one read, so every line arrives whole and in order.
+
+    stdin closes     the socket's write side is shut down; replies still in
+                     flight keep coming until the daemon closes
+    daemon closes    the bridge exits, status 0 (whatever stdin still holds
+                     has no one to go to)
+    stdout closes    the client went away: exit 141, quietly
+
+Errors go to stderr, never to stdout (stdout is the protocol), with the exit
+statuses of every other command (``memorizz.ctl.exits``): 69 when the socket
+is missing or refuses the connection (which path, and how to start the
+daemon), 77 when this user may not open it.
+
+``--socket PATH`` / ``$MEMORIZZ_SOCKET`` choose the API socket exactly as for
+every other command, and the bridge opens its sibling ``mcp.sock``;
+``--mcp-socket PATH`` names the MCP socket itself. ``parse`` reads the line by
+hand, as ``memorizz.ctl.oneshot`` does for a plain call, and returns ``None``
+for anything else (``--help``, a usage error): the general path's argparse then
+says what is wrong, or, for a line only it accepts, runs ``bridge`` too.
+
+Built-in modules only (``_socket``, ``_thread``): no argparse, no msgspec, no
+event loop. The pump is two threads, each blocking on one side; the main
+thread carries the replies, so Ctrl-C interrupts it and a daemon that closes
+ends the process at once. tests/test_mcp_bridge.py holds the import set.
+"""
+
+from __future__ import annotations
+
+import _socket
+import _thread
+import os
+import sys
+
+from memorizz.ctl.exits import (
+    EXIT_BROKEN_PIPE,
+    EXIT_NOPERM,
+    EXIT_OK,
+    EXIT_UNAVAILABLE,
+    PROG,
+)
+
+MCP_SOCKET_NAME = "mcp.sock"
+"""The MCP face's socket: this name, in the directory of its API socket."""
+
+START_HINT = (
+    "is memorizzd running? start it with `make run` (foreground) or "
+    "`systemctl start memorizzd`, or point --socket/MEMORIZZ_SOCKET at its API "
+    "socket (or --mcp-socket at its mcp.sock)"
+)
+"""``memorizz.client.START_HINT``, for the MCP socket (that module imports msgspec)."""
+
+_CHUNK = 1 << 16
+_STDIN = 0
+_STDOUT = 1
+
+
+class Bridge:
+    """A parsed ``mcp serve`` line: the MCP socket, and the API socket it came from."""
+
+    __slots__ = ("api_socket", "mcp_socket")
+
+    def __init__(self, mcp_socket: str, api_socket: str | None) -> None:
+        self.mcp_socket = mcp_socket
+        self.api_socket = api_socket  # None when --mcp-socket named it
+
+
+def mcp_socket_path(api_socket: str) -> str:
+    """The MCP face's socket beside ``api_socket``."""
+    return os.path.join(os.path.dirname(api_socket), MCP_SOCKET_NAME)
+
+
+def bridge_for(api_socket: str, mcp_socket: str | None) -> Bridge:
+    """``--mcp-socket`` if given (and not empty), else the sibling of ``api_socket``."""
+    if mcp_socket:
+        return Bridge(mcp_socket, None)
+    return Bridge(mcp_socket_path(api_socket), api_socket)
+
+
+# --- the line -------------------------------------------------------------------
+
+
+def parse(argv: list[str]) -> Bridge | None:
+    """``mcp serve [--socket PATH] [--mcp-socket PATH] [--json]``, or ``None``.
+
+    What argparse accepts, spelled ``--opt VALUE`` or ``--opt=VALUE``, the later
+    one winning: ``--socket`` and ``--json`` anywhere (``--json`` changes
+    nothing here), ``--mcp-socket`` after ``serve``."""
+    words: list[str] = []
+    api_socket = ""
+    mcp_socket = ""
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        i += 1
+        if not word.startswith("-"):
+            words.append(word)
+            continue
+        if word == "--json":
+            continue
+        name, eq, value = word.partition("=")
+        if name not in ("--socket", "--mcp-socket") or (
+            name == "--mcp-socket" and words != ["mcp", "serve"]
+        ):
+            return None
+        if not eq:
+            if i == len(argv) or argv[i].startswith("-"):
+                return None  # argparse reads a leading '-' as an option, or fails
+            value = argv[i]
+            i += 1
+        if name == "--socket":
+            api_socket = value
+        else:
+            mcp_socket = value
+    if words != ["mcp", "serve"]:
+        return None
+    return bridge_for(api_socket or default_socket_path(), mcp_socket)
+
+
+def default_socket_path() -> str:
+    """``memorizz.api.protocol.default_socket_path`` (msgspec comes with that module)."""
+    if env := os.environ.get("MEMORIZZ_SOCKET"):
+        return env
+    if os.geteuid() == 0:
+        return "/run/memorizzd/memorizzd.sock"
+    if runtime := os.environ.get("XDG_RUNTIME_DIR"):
+        return os.path.join(runtime, "memorizzd", "memorizzd.sock")
+    return f"/tmp/memorizzd-{os.geteuid()}/memorizzd.sock"  # noqa: S108 - per-uid, 0700
+
+
+# --- the pump -------------------------------------------------------------------
+
+
+def _error(message: str) -> None:
+    sys.stderr.write(f"{PROG} mcp serve: {message}\n")
+    sys.stderr.flush()
+
+
+def _connect(bridge: Bridge) -> _socket.socket | int:
+    """The connected socket, or the exit status after saying why not."""
+    path = bridge.mcp_socket
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except (FileNotFoundError, ConnectionRefusedError) as exc:
+        sock.close()
+        where = f"cannot reach memorizzd's MCP socket at {path}: {exc.strerror}"
+        if (
+            isinstance(exc, FileNotFoundError)
+            and bridge.api_socket is not None
+            and os.path.exists(bridge.api_socket)
+        ):
+            _error(
+                f"{where}; its API socket {bridge.api_socket} exists: this "
+                "memorizzd may predate the MCP face (upgrade and restart it)"
+            )
+        else:
+            _error(f"{where}; {START_HINT}")
+        return EXIT_UNAVAILABLE
+    except PermissionError:
+        sock.close()
+        _error(
+            f"permission denied on {path}: this user needs access to that socket "
+            "(ask for the memorizzd operators group, or use your agent socket)"
+        )
+        return EXIT_NOPERM
+    except OSError as exc:  # e.g. a path too long for AF_UNIX
+        sock.close()
+        _error(f"cannot reach memorizzd's MCP socket at {path}: {exc}")
+        return EXIT_UNAVAILABLE
+    return sock
+
+
+def _wait(fd: int, *, writable: bool) -> None:
+    """Until ``fd`` is ready: only for a client that made its pipe non-blocking."""
+    import select
+
+    select.select([] if writable else [fd], [fd] if writable else [], [])
+
+
+def _read(fd: int) -> bytes:
+    while True:
+        try:
+            return os.read(fd, _CHUNK)
+        except BlockingIOError:
+            _wait(fd, writable=False)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            written = os.write(fd, view)
+        except BlockingIOError:
+            _wait(fd, writable=True)
+            continue
+        view = view[written:]
+
+
+def _requests(sock: _socket.socket) -> None:
+    """stdin -> socket, then half-close: runs in its own thread."""
+    try:
+        while data := _read(_STDIN):
+            sock.sendall(data)
+    except OSError:
+        # stdin unreadable: as its end. The socket broke: the replies' side
+        # sees it too, and reports it.
+        pass
+    try:
+        sock.shutdown(_socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+_kept: list[_socket.socket] = []
+
+
+def bridge(target: Bridge) -> int:
+    """Connect, then pump until the daemon closes; return the exit status."""
+    connected = _connect(target)
+    if isinstance(connected, int):
+        return connected
+    sock = connected
+    # Never closed before the process ends: the requests' thread may still be
+    # sending on it, and a closed descriptor's number could be reused.
+    _kept.append(sock)
+    _thread.start_new_thread(_requests, (sock,))
+    while True:
+        try:
+            data = sock.recv(_CHUNK)
+        except OSError as exc:
+            _error(
+                f"connection to memorizzd's MCP socket at {target.mcp_socket}"
+                f" broke: {exc}"
+            )
+            return EXIT_UNAVAILABLE
+        if not data:
+            return EXIT_OK
+        try:
+            _write_all(_STDOUT, data)
+        except BrokenPipeError:  # the client closed its end: nothing to say
+            return EXIT_BROKEN_PIPE
+        except OSError as exc:
+            _error(f"cannot write to standard output: {exc}")
+            return EXIT_BROKEN_PIPE
