@@ -401,7 +401,14 @@ def test_agent_directories_are_reachable_whatever_the_umask(base_dir: str) -> No
     finally:
         os.umask(old)
     try:
-        assert [item.name for item in opened] == ["operator", "alpha", "beta"]
+        assert [item.name for item in opened] == [
+            "operator",
+            "operator-mcp",
+            "alpha",
+            "alpha-mcp",
+            "beta",
+            "beta-mcp",
+        ]
         for directory in ("agents", "agents/alpha", "agents/beta"):
             mode = os.stat(os.path.join(base_dir, directory)).st_mode
             assert stat.S_IMODE(mode) == 0o755, directory

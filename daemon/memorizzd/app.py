@@ -19,6 +19,7 @@ from memorizzd.broker import Broker
 from memorizzd.config import Config
 from memorizzd.execution import admit, check_config_servers
 from memorizzd.execution.admission import Admission
+from memorizzd.face import FaceDispatcher
 from memorizzd.listeners import close_all, open_all
 from memorizzd.rpc.dispatch import Dispatcher
 from memorizzd.rpc.server import SocketServer
@@ -37,7 +38,8 @@ class Daemon(msgspec.Struct):
     server: SocketServer
     """The operator socket's."""
     servers: list[SocketServer]
-    """Every socket's: the operator's first, then one per agent profile."""
+    """Every socket's: the operator's first, then its MCP face's (unless
+    ``mcp_face`` is off), then each agent profile's socket and face."""
     book: ApprovalBook
 
     @property
@@ -121,16 +123,19 @@ async def running_daemon(
                 pool,
                 connections=lambda: sum(s.connections for s in servers),
                 in_flight=lambda: sum(s.in_flight for s in servers),
-                agent_sockets={item.name: item.path for item in listening[1:]},
+                agent_sockets={
+                    item.name: item.path for item in listening[1:] if not item.face
+                },
                 auditor=auditor,
                 vault=vault,
                 book=book,
             )
             dispatcher = Dispatcher(broker.handlers(), on_error=broker.on_error)
+            face = FaceDispatcher(broker)
             servers += [
                 SocketServer(
                     item.path,
-                    dispatcher,
+                    face if item.face else dispatcher,
                     max_in_flight=config.max_in_flight_per_connection,
                     rule=item.rule,
                     limits=item.limits,

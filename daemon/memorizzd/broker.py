@@ -135,6 +135,27 @@ class Broker:
             ).handlers(),
         }
 
+    def in_scope(self, caller: Caller) -> list[Upstream]:
+        """The servers the caller may use, by name: an operator's all, an
+        agent's its profile's (none for a caller without a role)."""
+        if caller.role == "operator":
+            found = self._pool.all()
+        elif caller.profile is None:
+            found = []
+        else:
+            scope = self._scopes.get(caller.profile, frozenset())
+            found = [u for u in self._pool.all() if u.name in scope]
+        return sorted(found, key=lambda u: u.name)
+
+    def scoped(self, caller: Caller, name: str) -> Upstream:
+        """The caller's server ``name`` (``unknown_server`` outside its scope)."""
+        return self._get(caller, name)
+
+    @property
+    def tool_calls(self) -> Calls:
+        """The call pipeline (every front calls tools through it)."""
+        return self._tool_calls
+
     def _get(self, caller: Caller, name: str) -> Upstream:
         """The caller's server: an operator's any, an agent's where its profile
         names it; else (and for a caller without a role) it does not exist."""

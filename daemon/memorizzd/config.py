@@ -142,6 +142,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     ``agents`` next to the operator socket (/run/memorizzd/agents)."""
     approval_ttl_s: float = 900.0
     """How long a proposal waits for approval and then for its resume (15 min)."""
+    mcp_face: bool = True
+    """Serve MCP on ``mcp.sock`` beside each API socket (``face.py``)."""
     config_path: str | None = None
     """Where the config was read from (set by ``load``; not a TOML key)."""
 

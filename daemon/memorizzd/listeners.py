@@ -39,6 +39,11 @@ log = logging.getLogger("memorizzd.listeners")
 
 OPERATOR_NAME: Final = "operator"
 AGENT_SOCKET: Final = "api.sock"
+MCP_SOCKET: Final = "mcp.sock"
+"""The MCP face's socket, beside each API socket (``face.py``)."""
+FACE_SUFFIX: Final = "-mcp"
+"""A face's name: its API socket's name plus this (``operator-mcp``); under
+socket activation, the FileDescriptorName of its socket."""
 _LISTEN_FDS_START: Final = 3
 
 
@@ -52,6 +57,13 @@ class Listening(msgspec.Struct, kw_only=True):
     rule: SocketRule
     limits: Limits | None
     activated: bool
+    face: bool = False
+    """The MCP face beside the API socket of the same rule (``mcp.sock``)."""
+
+
+def face_socket_path(api_socket: str) -> str:
+    """The MCP face's socket beside an API socket: ``mcp.sock`` in its directory."""
+    return os.path.join(os.path.dirname(api_socket) or ".", MCP_SOCKET)
 
 
 def agent_socket_path(config: Config, profile: str) -> str:
@@ -107,32 +119,55 @@ async def open_all(
     """
     inherited = activated_sockets() if inherited is None else inherited
     opened: list[Listening] = []
-    try:
-        opened.append(
-            await _open(
-                OPERATOR_NAME,
-                config.socket,
-                operator_rule(config.operators),
-                None,
-                inherited,
-                mode=0o660 if os.geteuid() == 0 else 0o600,
-                group=config.operators.socket_group,
-                directory_mode=0o755 if os.geteuid() == 0 else 0o700,
+    wanted = [
+        (
+            OPERATOR_NAME,
+            config.socket,
+            operator_rule(config.operators),
+            None,
+            (
+                0o660 if os.geteuid() == 0 else 0o600,
+                config.operators.socket_group,
+                0o755 if os.geteuid() == 0 else 0o700,
+            ),
+        ),
+        *(
+            (
+                profile.name,
+                agent_socket_path(config, profile.name),
+                agent_rule(profile),
+                profile.limits,
+                (_agent_mode(profile), profile.socket_group, 0o755),
             )
-        )
-        for profile in config.profiles:
-            opened.append(  # noqa: PERF401 - awaited one at a time, closed on failure
+            for profile in config.profiles
+        ),
+    ]
+    try:
+        for name, path, rule, limits, (mode, group, directory_mode) in wanted:
+            opened.append(
                 await _open(
-                    profile.name,
-                    agent_socket_path(config, profile.name),
-                    agent_rule(profile),
-                    profile.limits,
+                    name,
+                    path,
+                    rule,
+                    limits,
                     inherited,
-                    mode=_agent_mode(profile),
-                    group=profile.socket_group,
-                    directory_mode=0o755,
+                    mode=mode,
+                    group=group,
+                    directory_mode=directory_mode,
                 )
             )
+            if config.mcp_face:  # its MCP face: same directory, rule and limits
+                face = await _open(
+                    name + FACE_SUFFIX,
+                    face_socket_path(path),
+                    rule,
+                    limits,
+                    inherited,
+                    mode=mode,
+                    group=group,
+                    directory_mode=directory_mode,
+                )
+                opened.append(msgspec.structs.replace(face, face=True))
     except BaseException:
         await close_all(opened)
         raise

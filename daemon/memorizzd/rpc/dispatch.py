@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import msgspec
 
@@ -57,6 +57,19 @@ class _Method:
         self.handler = handler
 
 
+class LineDispatcher(Protocol):
+    """What a socket server needs of the protocol it serves (the API's
+    ``Dispatcher``, the MCP face's ``FaceDispatcher``)."""
+
+    def parse(self, line: bytes) -> Request | bytes: ...
+
+    def notified(self, caller: Caller, request: Request) -> bool:
+        """Take a notification (no id); False: the server drops and logs it."""
+        ...
+
+    async def run(self, caller: Caller, request: Request) -> bytes: ...
+
+
 class Dispatcher:
     def __init__(
         self, handlers: Mapping[str, Handler], *, on_error: ErrorHook | None = None
@@ -78,12 +91,12 @@ class Dispatcher:
 
         Malformed lines are answered here (with the id when it can be read), so
         the connection can refuse them without starting a task."""
-        try:
-            return _decode_request(line)
-        except _WithId as exc:
-            return encode_error(exc.request_id, exc.to_wire())
-        except RemoteError as exc:
-            return encode_error(None, exc.to_wire())
+        return parse_request(line)
+
+    def notified(self, caller: Caller, request: Request) -> bool:
+        """A notification: this API takes none (every method has an effect or
+        an answer, so one without an id is dropped by the server)."""
+        return False
 
     async def run(
         self,
@@ -124,6 +137,16 @@ def encode_error(request_id: RequestId | None, error: ErrorObject) -> bytes:
     return (
         _encoder.encode(Reply[None](jsonrpc="2.0", id=request_id, error=error)) + b"\n"
     )
+
+
+def parse_request(line: bytes) -> Request | bytes:
+    """The JSON-RPC request on one line, or the error reply for it (any front)."""
+    try:
+        return _decode_request(line)
+    except _WithId as exc:
+        return encode_error(exc.request_id, exc.to_wire())
+    except RemoteError as exc:
+        return encode_error(None, exc.to_wire())
 
 
 def _decode_request(line: bytes) -> Request:

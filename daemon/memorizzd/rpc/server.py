@@ -51,7 +51,7 @@ from memorizzd.caller import Caller
 from memorizzd.calllife import CallLife
 from memorizzd.config import Limits
 from memorizzd.rpc.authority import SocketRule
-from memorizzd.rpc.dispatch import Dispatcher, encode_error
+from memorizzd.rpc.dispatch import LineDispatcher, encode_error
 from memorizzd.rpc.peer import peer_of
 
 log = logging.getLogger("memorizzd.rpc")
@@ -164,7 +164,7 @@ class SocketServer:
     def __init__(
         self,
         path: str,
-        dispatcher: Dispatcher,
+        dispatcher: LineDispatcher,
         *,
         max_in_flight: int,
         rule: SocketRule,
@@ -466,7 +466,8 @@ class _Connection:
             await self._send(parsed)
             return
         if parsed.id is None:
-            self._drop_notification(parsed)
+            if not self.dispatcher.notified(self.caller, parsed):
+                self._drop_notification(parsed)
             return
         if parsed.id in self.lives:
             duplicate = InvalidRequestError(

@@ -1,0 +1,356 @@
+"""The MCP face: memorizzd as one MCP server, on ``mcp.sock`` beside each API socket.
+
+A connection to an ``mcp.sock`` is one MCP session, framed as MCP's stdio
+transport (one JSON-RPC message per line; ``memorizzctl mcp serve`` bridges a
+stdio-only client to it). The caller is who the kernel says, with the scope of
+the API socket beside it (``listeners.py`` opens both with the same rule): the
+operator's face shows every server, an agent's face its profile's.
+
+What it serves (this first version; issue 11 has the rest):
+
+* the handshake era (``initialize``, protocol 2025-06-18 or 2025-11-25,
+  ``notifications/initialized``) and ``ping``; ``server/discover`` (2026-07-28)
+  is answered ``-32601``, so a client falls back to the handshake;
+* ``tools/list``: the tools of every server in scope that is connected, named
+  ``SERVER__TOOL`` (``exposed_names``: valid MCP tool names within the common
+  64-character ``[A-Za-z0-9_-]`` limit of model APIs; a scope of one server
+  keeps the names unchanged). A blocked tool is not listed; a tool decided
+  ``ask`` says in its description that it needs approval; the daemon's
+  verdict is in ``_meta`` (``memorizz/risk``, ``memorizz/decision``,
+  ``memorizz/server``);
+* ``tools/call``: the call pipeline every front uses (``calls.py``: the same
+  policy, deadline, relay and audit record as a socket ``tools/call``). A call
+  held for approval answers an ``isError`` result naming the proposal; a
+  refusal or an upstream failure is a JSON-RPC error with the stable
+  ``reason`` in ``data``, as on the API socket;
+* ``resources/list``, ``resources/templates/list`` and ``resources/read`` (a
+  URI goes to the first server, by name, that lists it), ``prompts/list`` and
+  ``prompts/get`` (named like tools).
+
+Nothing is kept per session: names are a function of the listings, so a
+call resolves its name against the warm caches as they are now.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any, Final
+
+import msgspec
+
+from memorizz.api import methods as m
+from memorizz.api.errors import (
+    ApprovalRequiredError,
+    InternalError,
+    InvalidParamsError,
+    MethodNotFoundError,
+    NotFoundError,
+    RemoteError,
+)
+from memorizz.api.protocol import Reply, Request
+from memorizzd import __version__
+from memorizzd.broker import Broker
+from memorizzd.caller import Caller
+from memorizzd.rpc.dispatch import encode_error, parse_request
+from memorizzd.upstream.actor import Upstream
+
+log = logging.getLogger("memorizzd.face")
+
+VERSIONS: Final = ("2025-06-18", "2025-11-25")
+"""Protocol versions the face negotiates, oldest first."""
+SEPARATOR: Final = "__"
+NAME_MAX: Final = 64
+_NAME_OK: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_NAME_BAD_CHARS: Final = re.compile(r"[^A-Za-z0-9_-]")
+INSTRUCTIONS: Final = (
+    "memorizzd: the tools of several MCP servers, named SERVER__TOOL. Calls go "
+    "through the host's policy; a tool marked as needing approval waits for an "
+    "operator."
+)
+
+_encoder: Final = msgspec.json.Encoder()
+Handler = Callable[[Caller, msgspec.Raw], Awaitable[Any]]
+
+
+class _Initialize(msgspec.Struct, rename="camel"):
+    protocol_version: str = VERSIONS[-1]
+
+
+class _Cursor(msgspec.Struct):
+    cursor: str | None = None
+
+
+class _Call(msgspec.Struct):
+    name: str
+    arguments: msgspec.Raw = msgspec.field(default_factory=m.arguments)
+
+
+class _Read(msgspec.Struct):
+    uri: str
+
+
+class _GetPrompt(msgspec.Struct):
+    name: str
+    arguments: dict[str, str] = {}
+
+
+def exposed_names(
+    listed: Iterable[tuple[str, str]], *, single: bool
+) -> dict[str, tuple[str, str]]:
+    """Each listed (server, name) under the name the face shows, deterministically.
+
+    ``SERVER__NAME`` (just ``NAME`` when ``single``). A name that is not a
+    valid tool name of at most 64 characters of ``[A-Za-z0-9_-]``, or that
+    another entry took first (in the order given), is shown as its valid
+    prefix plus ``_`` and 8 hex digits of a hash of the full name: never
+    hidden, and the same every time.
+    """
+    exposed: dict[str, tuple[str, str]] = {}
+    for server, name in listed:
+        wanted = name if single else f"{server}{SEPARATOR}{name}"
+        shown = wanted
+        if not _NAME_OK.fullmatch(wanted) or wanted in exposed:
+            digest = hashlib.sha256(wanted.encode()).hexdigest()[:8]
+            prefix = _NAME_BAD_CHARS.sub("_", wanted)[: NAME_MAX - 9]
+            shown = f"{prefix}_{digest}"
+            log.info(
+                "face: %r is shown as %r (invalid, too long or taken)", wanted, shown
+            )
+        exposed[shown] = (server, name)
+    return exposed
+
+
+class FaceDispatcher:
+    """The MCP face's protocol on one socket (a ``rpc.dispatch.LineDispatcher``)."""
+
+    def __init__(self, broker: Broker) -> None:
+        self._broker = broker
+        self._handlers: dict[str, Handler] = {
+            "initialize": self._initialize,
+            "ping": self._ping,
+            "tools/list": self._tools_list,
+            "tools/call": self._tools_call,
+            "resources/list": self._resources_list,
+            "resources/templates/list": self._templates_list,
+            "resources/read": self._resources_read,
+            "prompts/list": self._prompts_list,
+            "prompts/get": self._prompts_get,
+        }
+
+    def parse(self, line: bytes) -> Request | bytes:
+        return parse_request(line)
+
+    def notified(self, caller: Caller, request: Request) -> bool:
+        """``notifications/initialized``, ``notifications/cancelled`` and the
+        like: taken, nothing to do yet (a call's own client leaving cancels it)."""
+        return True
+
+    async def run(self, caller: Caller, request: Request) -> bytes:
+        handler = self._handlers.get(request.method)
+        try:
+            if handler is None:
+                raise MethodNotFoundError(f"unknown method {request.method!r}")
+            result = await handler(caller, request.params)
+        except RemoteError as exc:
+            return encode_error(request.id, exc.to_wire())
+        except Exception:  # the boundary; cancellation is a BaseException and passes
+            log.exception("face: internal error (id %r)", request.id)
+            return encode_error(request.id, InternalError("internal error").to_wire())
+        return (
+            _encoder.encode(Reply(jsonrpc="2.0", id=request.id, result=result)) + b"\n"
+        )
+
+    # --- the session ----------------------------------------------------------
+
+    async def _initialize(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
+        asked = _decode(params, _Initialize).protocol_version
+        version = asked if asked in VERSIONS else VERSIONS[-1]
+        return {
+            "protocolVersion": version,
+            "capabilities": {
+                "tools": {"listChanged": False},
+                "resources": {"listChanged": False},
+                "prompts": {"listChanged": False},
+            },
+            "serverInfo": {"name": "memorizzd", "version": __version__},
+            "instructions": INSTRUCTIONS,
+        }
+
+    async def _ping(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
+        return {}
+
+    # --- tools ------------------------------------------------------------------
+
+    async def _tools(
+        self, caller: Caller
+    ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """(exposed name -> (upstream, tool)), and the MCP tool objects."""
+        upstreams = self._broker.in_scope(caller)
+        found: list[tuple[Upstream, m.Tool]] = []
+        for upstream in upstreams:
+            if not upstream.connected:
+                continue  # listed again once it is: nothing here is cached
+            try:
+                tools = await upstream.list_tools(refresh=False)
+            except RemoteError as exc:
+                log.info("face: %s not listed: %s", upstream.name, exc.message)
+                continue
+            found += [(upstream, tool) for tool in sorted(tools, key=lambda t: t.name)]
+        names = exposed_names(
+            ((u.name, t.name) for u, t in found), single=len(upstreams) == 1
+        )
+        by_pair = {pair: shown for shown, pair in names.items()}
+        listed = [
+            _mcp_tool(tool, by_pair[(upstream.name, tool.name)], upstream.name)
+            for upstream, tool in found
+        ]
+        return dict(names), listed
+
+    async def _tools_list(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
+        _, listed = await self._tools(caller)
+        return {"tools": listed}
+
+    async def _tools_call(self, caller: Caller, params: msgspec.Raw) -> msgspec.Raw:
+        call = _decode(params, _Call)
+        routes, _ = await self._tools(caller)
+        route = routes.get(call.name)
+        if route is None:
+            raise InvalidParamsError(
+                f"unknown tool {call.name!r} (tools/list shows the tools)",
+                data={"tool": call.name},
+            )
+        server, tool = route
+        try:
+            return await self._broker.tool_calls.call(
+                caller, server, tool=tool, arguments=call.arguments, timeout_s=None
+            )
+        except ApprovalRequiredError as exc:
+            return _held(exc)
+
+    # --- resources and prompts -----------------------------------------------
+
+    async def _listed(
+        self, caller: Caller, fetch: Callable[[Upstream], Awaitable[list[Any]]]
+    ) -> list[tuple[Upstream, Any]]:
+        found: list[tuple[Upstream, Any]] = []
+        for upstream in self._broker.in_scope(caller):
+            if not upstream.connected:
+                continue
+            try:
+                found += [(upstream, item) for item in await fetch(upstream)]
+            except RemoteError as exc:
+                log.info("face: %s not listed: %s", upstream.name, exc.message)
+        return found
+
+    async def _resources_list(
+        self, caller: Caller, params: msgspec.Raw
+    ) -> dict[str, Any]:
+        found = await self._listed(caller, lambda u: u.list_resources())
+        return {"resources": [_builtins(item) for _, item in found]}
+
+    async def _templates_list(
+        self, caller: Caller, params: msgspec.Raw
+    ) -> dict[str, Any]:
+        found = await self._listed(caller, lambda u: u.list_resource_templates())
+        return {"resourceTemplates": [_builtins(item) for _, item in found]}
+
+    async def _resources_read(
+        self, caller: Caller, params: msgspec.Raw
+    ) -> dict[str, Any]:
+        uri = _decode(params, _Read).uri
+        found = await self._listed(caller, lambda u: u.list_resources())
+        owner = next((u for u, item in found if item.uri == uri), None)
+        if owner is None:  # perhaps a template's: the first server with templates
+            templated = await self._listed(
+                caller, lambda u: u.list_resource_templates()
+            )
+            owner = next((u for u, _ in templated), None)
+        if owner is None:
+            raise NotFoundError(
+                f"no server in scope lists the resource {uri[:200]!r}",
+                reason="not_found",
+            )
+        result = await owner.read_resource(uri, timeout_s=None)
+        return _builtins(result)
+
+    async def _prompts(
+        self, caller: Caller
+    ) -> tuple[dict[str, tuple[str, str]], list[Any]]:
+        upstreams = self._broker.in_scope(caller)
+        found = await self._listed(caller, lambda u: u.list_prompts())
+        names = exposed_names(
+            ((u.name, p.name) for u, p in found), single=len(upstreams) == 1
+        )
+        by_pair = {pair: shown for shown, pair in names.items()}
+        listed = []
+        for upstream, prompt in found:
+            item = _builtins(prompt)
+            item["name"] = by_pair[(upstream.name, prompt.name)]
+            listed.append(item)
+        return names, listed
+
+    async def _prompts_list(
+        self, caller: Caller, params: msgspec.Raw
+    ) -> dict[str, Any]:
+        _, listed = await self._prompts(caller)
+        return {"prompts": listed}
+
+    async def _prompts_get(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
+        get = _decode(params, _GetPrompt)
+        routes, _ = await self._prompts(caller)
+        route = routes.get(get.name)
+        if route is None:
+            raise InvalidParamsError(f"unknown prompt {get.name!r}")
+        server, name = route
+        upstream = self._broker.scoped(caller, server)
+        result = await upstream.get_prompt(name, get.arguments, timeout_s=None)
+        return _builtins(result)
+
+
+def _decode(params: msgspec.Raw, into: type[Any]) -> Any:
+    try:
+        return msgspec.json.decode(params, type=into)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise InvalidParamsError(f"invalid params: {exc}") from None
+
+
+def _builtins(value: Any) -> dict[str, Any]:
+    built: dict[str, Any] = msgspec.to_builtins(value)
+    return built
+
+
+def _mcp_tool(tool: m.Tool, shown: str, server: str) -> dict[str, Any]:
+    """The tool as MCP lists it, under its shown name, the daemon's verdict in ``_meta``."""
+    item = _builtins(tool)
+    risk, decision = item.pop("risk", None), item.pop("decision", None)
+    item["name"] = shown
+    if decision == "ask":
+        note = "[needs an operator's approval before it runs]"
+        item["description"] = f"{note} {item.get('description', '')}".rstrip()
+    item["_meta"] = {
+        **(item.get("_meta") or {}),
+        "memorizz/server": server,
+        "memorizz/tool": tool.name,
+        "memorizz/risk": risk,
+        "memorizz/decision": decision,
+    }
+    return item
+
+
+def _held(exc: ApprovalRequiredError) -> msgspec.Raw:
+    """A call held for an operator's approval, as a tool result the model can read."""
+    data = dict(exc.data)
+    text = (
+        f"This call needs an operator's approval first; it is stored as proposal "
+        f"{data.get('proposal_id')}. An operator approves it with `memorizzctl mcp "
+        f"approve {data.get('proposal_id')}`."
+    )
+    result = {
+        "content": [{"type": "text", "text": text}],
+        "structuredContent": {"reason": exc.reason, **data},
+        "isError": True,
+    }
+    return msgspec.Raw(_encoder.encode(result))

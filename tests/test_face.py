@@ -1,0 +1,189 @@
+"""The MCP face: an official MCP SDK client uses memorizzd as one MCP server.
+
+The client is the official Python SDK's, over stdio through a pump to the
+face's ``mcp.sock`` (what ``memorizzctl mcp serve`` does); behind the face,
+the daemon's warm sessions to real servers.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import msgspec
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.shared.exceptions import MCPError
+
+from memorizzd.config import Profile
+from memorizzd.face import exposed_names
+from memorizzd.listeners import agent_socket_path, face_socket_path
+from tests.harness import DaemonHarness, daemon_config, short_tempdir, stdio_spec
+
+PUMP = str(Path(__file__).parent / "face_pump.py")
+
+
+@pytest.fixture(scope="module")
+def faced() -> Iterator[DaemonHarness]:
+    base = short_tempdir()
+    config = daemon_config(
+        base,
+        servers=[stdio_spec("alpha"), stdio_spec("beta")],
+        profiles=[
+            Profile(
+                name="bot",
+                servers=["beta"],
+                uids=[os.getuid()],
+            )
+        ],
+    )
+    with DaemonHarness.running(config) as harness:
+        harness.wait_ready("alpha")
+        harness.wait_ready("beta")
+        yield harness
+
+
+def _face(harness: DaemonHarness) -> str:
+    path = face_socket_path(harness.socket)
+    assert os.path.exists(path)
+    return path
+
+
+async def _session(path: str, work: object) -> object:
+    params = StdioServerParameters(command=sys.executable, args=[PUMP, path])
+    async with Client(stdio_client(params), mode="legacy") as client:
+        return await work(client)  # type: ignore[operator]
+
+
+def run(path: str, work: object) -> object:
+    return anyio.run(_session, path, work)
+
+
+def test_the_face_lists_every_servers_tools_and_calls_them(
+    faced: DaemonHarness,
+) -> None:
+    async def work(client: Client) -> tuple[list[str], str, bool]:
+        tools = await client.list_tools()
+        names = [t.name for t in tools.tools]
+        result = await client.call_tool("beta__echo", {"text": "through the face"})
+        return names, result.content[0].text, result.is_error  # type: ignore[union-attr]
+
+    names, text, is_error = run(_face(faced), work)  # type: ignore[misc]
+    assert "alpha__echo" in names
+    assert "beta__echo" in names
+    assert (text, is_error) == ("through the face", False)
+    # the same audit record as a socket tools/call, on the face's socket
+    with faced.client() as c:
+        record = c.audit(limit=1).records[0]
+    assert (record.action, record.server, record.tool) == ("tools/call", "beta", "echo")
+    assert record.caller_socket == _face(faced)
+    assert record.outcome == "ok"
+
+
+def test_an_upstream_tool_error_passes_through_and_a_bad_name_is_an_error(
+    faced: DaemonHarness,
+) -> None:
+    async def work(client: Client) -> tuple[bool, str]:
+        failed = await client.call_tool("alpha__fail", {"reason": "on purpose"})
+        with pytest.raises(MCPError) as raised:
+            await client.call_tool("nobody__nothing", {})
+        return failed.is_error, raised.value.error.message
+
+    is_error, message = run(_face(faced), work)  # type: ignore[misc]
+    assert is_error
+    assert "unknown tool" in message
+
+
+def test_prompts_and_resources_come_through(faced: DaemonHarness) -> None:
+    async def work(client: Client) -> tuple[list[str], list[str], str]:
+        prompts = await client.list_prompts()
+        got = await client.get_prompt("alpha__greet", {"name": "Ada"})
+        resources = await client.list_resources()
+        text = got.messages[0].content.text  # type: ignore[union-attr]
+        return (
+            [p.name for p in prompts.prompts],
+            [str(r.uri) for r in resources.resources],
+            text,
+        )
+
+    prompts, uris, text = run(_face(faced), work)  # type: ignore[misc]
+    assert "alpha__greet" in prompts
+    assert "beta__greet" in prompts
+    assert "Ada" in text
+    assert uris  # both servers list the same URIs; each is shown once per server
+
+
+def test_a_scope_of_one_server_keeps_its_names() -> None:
+    names = exposed_names([("only", "echo"), ("only", "add")], single=True)
+    assert names == {"echo": ("only", "echo"), "add": ("only", "add")}
+
+
+def test_names_are_valid_and_deterministic_and_never_hidden() -> None:
+    listed = [
+        ("a", "x"),
+        ("a", "bad name!"),  # invalid characters
+        ("a", "y" * 80),  # too long
+        ("a__b", "c"),
+        ("a", "b__c"),  # the same SERVER__TOOL as the one before
+    ]
+    names = exposed_names(listed, single=False)
+    assert len(names) == len(listed)  # every tool is shown
+    assert sorted(names.values()) == sorted(listed)
+    for shown in names:
+        assert len(shown) <= 64
+        assert all(c.isascii() and (c.isalnum() or c in "_-") for c in shown)
+    assert exposed_names(listed, single=False) == names  # the same every time
+    assert names["a__x"] == ("a", "x")
+    assert names["a__b__c"] == ("a__b", "c")  # the first one keeps the plain name
+
+
+def test_the_face_speaks_json_rpc_line_by_line(faced: DaemonHarness) -> None:
+    """A raw client: initialize with an unknown version gets the newest we
+    speak; a notification gets no answer; an unknown method is -32601."""
+    import socket
+
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(_face(faced))
+        sock.sendall(
+            b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":'
+            b'{"protocolVersion":"1999-01-01","capabilities":{},'
+            b'"clientInfo":{"name":"raw","version":"0"}}}\n'
+            b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n'
+            b'{"jsonrpc":"2.0","id":2,"method":"server/discover","params":{}}\n'
+        )
+        reader = sock.makefile("rb")
+        first = msgspec.json.decode(reader.readline())
+        second = msgspec.json.decode(reader.readline())
+    assert first["id"] == 1
+    assert first["result"]["protocolVersion"] == "2025-11-25"
+    assert first["result"]["serverInfo"]["name"] == "memorizzd"
+    assert second["id"] == 2
+    assert second["error"]["code"] == -32601
+
+
+def test_an_agents_face_shows_its_profiles_servers_under_their_own_names(
+    faced: DaemonHarness,
+) -> None:
+    """The agent's face beside its api.sock: only its profile's server, and a
+    scope of one server keeps the tool names unchanged (a transparent proxy)."""
+    face = face_socket_path(agent_socket_path(faced.config, "bot"))
+
+    async def work(client: Client) -> tuple[list[str], str]:
+        tools = await client.list_tools()
+        result = await client.call_tool("echo", {"text": "agent"})
+        with pytest.raises(MCPError):
+            await client.call_tool("alpha__echo", {"text": "not mine"})
+        return [t.name for t in tools.tools], result.content[0].text  # type: ignore[union-attr]
+
+    names, text = run(face, work)  # type: ignore[misc]
+    assert "echo" in names
+    assert not any(name.startswith("alpha") for name in names)
+    assert text == "agent"
+    with faced.client() as c:
+        record = c.audit(limit=1).records[0]
+    assert (record.server, record.caller_profile) == ("beta", "bot")
