@@ -1,8 +1,8 @@
 """The MCP face: an official MCP SDK client uses memorizzd as one MCP server.
 
-The client is the official Python SDK's, over stdio through a pump to the
-face's ``mcp.sock`` (what ``memorizzctl mcp serve`` does); behind the face,
-the daemon's warm sessions to real servers.
+The client is the official Python SDK's, over stdio through the real bridge
+(``memorizzctl mcp serve --socket API_SOCKET``, which opens the ``mcp.sock``
+beside it); behind the face, the daemon's warm sessions to real servers.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from memorizzd.face import exposed_names
 from memorizzd.listeners import agent_socket_path, face_socket_path
 from tests.harness import DaemonHarness, daemon_config, short_tempdir, stdio_spec
 
-PUMP = str(Path(__file__).parent / "face_pump.py")
+MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 
 
 @pytest.fixture(scope="module")
@@ -53,14 +53,17 @@ def _face(harness: DaemonHarness) -> str:
     return path
 
 
-async def _session(path: str, work: object) -> object:
-    params = StdioServerParameters(command=sys.executable, args=[PUMP, path])
+async def _session(api_socket: str, work: object) -> object:
+    params = StdioServerParameters(
+        command=MEMORIZZCTL, args=["--socket", api_socket, "mcp", "serve"]
+    )
     async with Client(stdio_client(params), mode="legacy") as client:
         return await work(client)  # type: ignore[operator]
 
 
-def run(path: str, work: object) -> object:
-    return anyio.run(_session, path, work)
+def run(api_socket: str, work: object) -> object:
+    """``work(client)`` on an MCP session with the face beside ``api_socket``."""
+    return anyio.run(_session, api_socket, work)
 
 
 def test_the_face_lists_every_servers_tools_and_calls_them(
@@ -72,7 +75,7 @@ def test_the_face_lists_every_servers_tools_and_calls_them(
         result = await client.call_tool("beta__echo", {"text": "through the face"})
         return names, result.content[0].text, result.is_error  # type: ignore[union-attr]
 
-    names, text, is_error = run(_face(faced), work)  # type: ignore[misc]
+    names, text, is_error = run(faced.socket, work)  # type: ignore[misc]
     assert "alpha__echo" in names
     assert "beta__echo" in names
     assert (text, is_error) == ("through the face", False)
@@ -93,7 +96,7 @@ def test_an_upstream_tool_error_passes_through_and_a_bad_name_is_an_error(
             await client.call_tool("nobody__nothing", {})
         return failed.is_error, raised.value.error.message
 
-    is_error, message = run(_face(faced), work)  # type: ignore[misc]
+    is_error, message = run(faced.socket, work)  # type: ignore[misc]
     assert is_error
     assert "unknown tool" in message
 
@@ -110,7 +113,7 @@ def test_prompts_and_resources_come_through(faced: DaemonHarness) -> None:
             text,
         )
 
-    prompts, uris, text = run(_face(faced), work)  # type: ignore[misc]
+    prompts, uris, text = run(faced.socket, work)  # type: ignore[misc]
     assert "alpha__greet" in prompts
     assert "beta__greet" in prompts
     assert "Ada" in text
@@ -171,7 +174,7 @@ def test_an_agents_face_shows_its_profiles_servers_under_their_own_names(
 ) -> None:
     """The agent's face beside its api.sock: only its profile's server, and a
     scope of one server keeps the tool names unchanged (a transparent proxy)."""
-    face = face_socket_path(agent_socket_path(faced.config, "bot"))
+    api = agent_socket_path(faced.config, "bot")
 
     async def work(client: Client) -> tuple[list[str], str]:
         tools = await client.list_tools()
@@ -180,7 +183,7 @@ def test_an_agents_face_shows_its_profiles_servers_under_their_own_names(
             await client.call_tool("alpha__echo", {"text": "not mine"})
         return [t.name for t in tools.tools], result.content[0].text  # type: ignore[union-attr]
 
-    names, text = run(face, work)  # type: ignore[misc]
+    names, text = run(api, work)  # type: ignore[misc]
     assert "echo" in names
     assert not any(name.startswith("alpha") for name in names)
     assert text == "agent"
