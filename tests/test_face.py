@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import msgspec
@@ -22,7 +24,13 @@ from mcp.shared.exceptions import MCPError
 from memorizzd.config import Profile
 from memorizzd.face import exposed_names
 from memorizzd.listeners import agent_socket_path, face_socket_path
-from tests.harness import DaemonHarness, daemon_config, short_tempdir, stdio_spec
+from tests.harness import (
+    DaemonHarness,
+    daemon_config,
+    short_tempdir,
+    stdio_spec,
+    wait_until,
+)
 
 MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 
@@ -30,9 +38,14 @@ MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 @pytest.fixture(scope="module")
 def faced() -> Iterator[DaemonHarness]:
     base = short_tempdir()
+    calls_log = os.path.join(base, "calls.log")
     config = daemon_config(
         base,
-        servers=[stdio_spec("alpha"), stdio_spec("beta")],
+        servers=[
+            stdio_spec("alpha", env={"CALL_LOG": calls_log}),
+            stdio_spec("beta"),
+        ],
+        face_approval_wait_s=20.0,
         profiles=[
             Profile(
                 name="bot",
@@ -190,3 +203,54 @@ def test_an_agents_face_shows_its_profiles_servers_under_their_own_names(
     with faced.client() as c:
         record = c.audit(limit=1).records[0]
     assert (record.server, record.caller_profile) == ("beta", "bot")
+
+
+def _decide_when_pending(harness: DaemonHarness, approve: bool) -> threading.Thread:
+    """The operator, in another thread: wait for the pending proposal, then decide."""
+
+    def operator() -> None:
+        with harness.client() as c:
+            wait_until(
+                lambda: bool(c.list_approvals(status="pending")), what="a proposal"
+            )
+            (proposal,) = c.list_approvals(status="pending")
+            if approve:
+                c.approve(proposal.id)
+            else:
+                c.reject(proposal.id, reason="not today")
+
+    thread = threading.Thread(target=operator)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("approve", [True, False])
+def test_a_call_that_asks_waits_for_the_operator(
+    faced: DaemonHarness, approve: bool
+) -> None:
+    """``record`` is destructive (decided ``ask``): the agent's call waits, the
+    operator decides, and the call runs once or answers why it did not."""
+    tag = f"face-{approve}"
+
+    async def work(client: Client) -> tuple[bool, str, Any]:
+        tools = await client.list_tools()
+        (record,) = [t for t in tools.tools if t.name == "alpha__record"]
+        assert (record.description or "").startswith("[needs an operator's approval")
+        result = await client.call_tool("alpha__record", {"tag": tag})
+        return result.is_error, result.content[0].text, result.structured_content  # type: ignore[union-attr]
+
+    operator = _decide_when_pending(faced, approve)
+    try:
+        is_error, text, structured = run(faced.socket, work)  # type: ignore[misc]
+    finally:
+        operator.join()
+    calls_log = Path(faced.config.servers[0].env["CALL_LOG"])
+    ran = calls_log.read_text().splitlines() if calls_log.exists() else []
+    if approve:
+        assert (is_error, text) == (False, f"recorded {tag}")
+        assert ran.count(tag) == 1  # exactly once
+    else:
+        assert is_error
+        assert structured["status"] == "rejected"
+        assert structured["reason"] == "approval_required"
+        assert tag not in ran

@@ -152,6 +152,14 @@ class Broker:
         return self._get(caller, name)
 
     @property
+    def book(self) -> ApprovalBook:
+        return self._book
+
+    @property
+    def config(self) -> Config:
+        return self._config
+
+    @property
     def tool_calls(self) -> Calls:
         """The call pipeline (every front calls tools through it)."""
         return self._tool_calls

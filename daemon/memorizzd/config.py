@@ -144,6 +144,10 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How long a proposal waits for approval and then for its resume (15 min)."""
     mcp_face: bool = True
     """Serve MCP on ``mcp.sock`` beside each API socket (``face.py``)."""
+    face_approval_wait_s: float = 50.0
+    """How long a face's tool call decided ``ask`` waits for the operator
+    before it answers "still pending" (0: at once). Below the 60 s request
+    timeout common MCP clients use."""
     config_path: str | None = None
     """Where the config was read from (set by ``load``; not a TOML key)."""
 

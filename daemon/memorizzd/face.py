@@ -20,9 +20,12 @@ What it serves (this first version; issue 11 has the rest):
   ``memorizz/server``);
 * ``tools/call``: the call pipeline every front uses (``calls.py``: the same
   policy, deadline, relay and audit record as a socket ``tools/call``). A call
-  held for approval answers an ``isError`` result naming the proposal; a
-  refusal or an upstream failure is a JSON-RPC error with the stable
-  ``reason`` in ``data``, as on the API socket;
+  decided ``ask`` becomes the usual durable proposal, and the call waits for
+  the operator (``face_approval_wait_s``, 50 s by default): approved, it runs
+  once (``Calls.resume``) and its result is the answer; rejected, expired or
+  still pending, the answer is an ``isError`` result naming the proposal and
+  its status. A refusal or an upstream failure is a JSON-RPC error with the
+  stable ``reason`` in ``data``, as on the API socket;
 * ``resources/list``, ``resources/templates/list`` and ``resources/read`` (a
   URI goes to the first server, by name, that lists it), ``prompts/list`` and
   ``prompts/get`` (named like tools).
@@ -223,12 +226,21 @@ class FaceDispatcher:
                 data={"tool": call.name},
             )
         server, tool = route
+        calls = self._broker.tool_calls
         try:
-            return await self._broker.tool_calls.call(
+            return await calls.call(
                 caller, server, tool=tool, arguments=call.arguments, timeout_s=None
             )
         except ApprovalRequiredError as exc:
-            return _held(exc)
+            held = exc
+        # Held for the operator: wait (face_approval_wait_s), then run it once.
+        proposal_id = str(held.data.get("proposal_id"))
+        wait_s = self._broker.config.face_approval_wait_s
+        book = self._broker.book
+        proposal = await book.wait(caller, proposal_id, wait_s)
+        if proposal.status == "approved":
+            return await calls.resume(caller, proposal, timeout_s=None)
+        return _held(held, proposal.status)
 
     # --- resources and prompts -----------------------------------------------
 
@@ -340,17 +352,22 @@ def _mcp_tool(tool: m.Tool, shown: str, server: str) -> dict[str, Any]:
     return item
 
 
-def _held(exc: ApprovalRequiredError) -> msgspec.Raw:
-    """A call held for an operator's approval, as a tool result the model can read."""
+def _held(exc: ApprovalRequiredError, status: str) -> msgspec.Raw:
+    """A call the operator has not approved (yet), as a tool result the model
+    can read: the proposal, its status and what to do."""
     data = dict(exc.data)
-    text = (
-        f"This call needs an operator's approval first; it is stored as proposal "
-        f"{data.get('proposal_id')}. An operator approves it with `memorizzctl mcp "
-        f"approve {data.get('proposal_id')}`."
-    )
+    proposal_id = data.get("proposal_id")
+    if status == "pending":
+        text = (
+            f"This call needs an operator's approval; it is stored as proposal "
+            f"{proposal_id} and is still pending. An operator approves it with "
+            f"`memorizzctl mcp approve {proposal_id}`; then call the tool again."
+        )
+    else:
+        text = f"This call was not approved: proposal {proposal_id} is {status}."
     result = {
         "content": [{"type": "text", "text": text}],
-        "structuredContent": {"reason": exc.reason, **data},
+        "structuredContent": {"reason": exc.reason, **data, "status": status},
         "isError": True,
     }
     return msgspec.Raw(_encoder.encode(result))
