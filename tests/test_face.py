@@ -8,6 +8,7 @@ beside it); behind the face, the daemon's warm sessions to real servers.
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -22,7 +23,7 @@ from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 
 from memorizzd.config import Profile
-from memorizzd.face import exposed_names
+from memorizzd.face import _completed, exposed_names
 from memorizzd.listeners import agent_socket_path, face_socket_path
 from tests.harness import (
     DaemonHarness,
@@ -66,21 +67,25 @@ def _face(harness: DaemonHarness) -> str:
     return path
 
 
-async def _session(api_socket: str, work: object) -> object:
+async def _session(api_socket: str, work: object, mode: str) -> object:
     params = StdioServerParameters(
         command=MEMORIZZCTL, args=["--socket", api_socket, "mcp", "serve"]
     )
-    async with Client(stdio_client(params), mode="legacy") as client:
+    async with Client(stdio_client(params), mode=mode) as client:
+        if mode == "auto":  # the face speaks the newest era the SDK does
+            assert client.protocol_version == "2026-07-28"
         return await work(client)  # type: ignore[operator]
 
 
-def run(api_socket: str, work: object) -> object:
-    """``work(client)`` on an MCP session with the face beside ``api_socket``."""
-    return anyio.run(_session, api_socket, work)
+def run(api_socket: str, work: object, mode: str = "legacy") -> object:
+    """``work(client)`` on an MCP session with the face beside ``api_socket``
+    (``legacy``: the handshake era; ``auto``: 2026-07-28)."""
+    return anyio.run(_session, api_socket, work, mode)
 
 
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
 def test_the_face_lists_every_servers_tools_and_calls_them(
-    faced: DaemonHarness,
+    faced: DaemonHarness, mode: str
 ) -> None:
     async def work(client: Client) -> tuple[list[str], str, bool]:
         tools = await client.list_tools()
@@ -88,7 +93,7 @@ def test_the_face_lists_every_servers_tools_and_calls_them(
         result = await client.call_tool("beta__echo", {"text": "through the face"})
         return names, result.content[0].text, result.is_error  # type: ignore[union-attr]
 
-    names, text, is_error = run(faced.socket, work)  # type: ignore[misc]
+    names, text, is_error = run(faced.socket, work, mode)  # type: ignore[misc]
     assert "alpha__echo" in names
     assert "beta__echo" in names
     assert (text, is_error) == ("through the face", False)
@@ -114,7 +119,8 @@ def test_an_upstream_tool_error_passes_through_and_a_bad_name_is_an_error(
     assert "unknown tool" in message
 
 
-def test_prompts_and_resources_come_through(faced: DaemonHarness) -> None:
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_prompts_and_resources_come_through(faced: DaemonHarness, mode: str) -> None:
     async def work(client: Client) -> tuple[list[str], list[str], str]:
         prompts = await client.list_prompts()
         got = await client.get_prompt("alpha__greet", {"name": "Ada"})
@@ -126,7 +132,7 @@ def test_prompts_and_resources_come_through(faced: DaemonHarness) -> None:
             text,
         )
 
-    prompts, uris, text = run(faced.socket, work)  # type: ignore[misc]
+    prompts, uris, text = run(faced.socket, work, mode)  # type: ignore[misc]
     assert "alpha__greet" in prompts
     assert "beta__greet" in prompts
     assert "Ada" in text
@@ -158,10 +164,9 @@ def test_names_are_valid_and_deterministic_and_never_hidden() -> None:
 
 
 def test_the_face_speaks_json_rpc_line_by_line(faced: DaemonHarness) -> None:
-    """A raw client: initialize with an unknown version gets the newest we
-    speak; a notification gets no answer; an unknown method is -32601."""
-    import socket
-
+    """A raw client: initialize with an unknown version gets the newest
+    handshake version; a notification gets no answer; server/discover answers
+    as 2026-07-28 has it; an unknown method is -32601."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(10)
         sock.connect(_face(faced))
@@ -171,15 +176,18 @@ def test_the_face_speaks_json_rpc_line_by_line(faced: DaemonHarness) -> None:
             b'"clientInfo":{"name":"raw","version":"0"}}}\n'
             b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n'
             b'{"jsonrpc":"2.0","id":2,"method":"server/discover","params":{}}\n'
+            b'{"jsonrpc":"2.0","id":3,"method":"sampling/nothing","params":{}}\n'
         )
         reader = sock.makefile("rb")
-        first = msgspec.json.decode(reader.readline())
-        second = msgspec.json.decode(reader.readline())
-    assert first["id"] == 1
+        replies = [msgspec.json.decode(reader.readline()) for _ in range(3)]
+    first, second, third = sorted(replies, key=lambda reply: reply["id"])
     assert first["result"]["protocolVersion"] == "2025-11-25"
     assert first["result"]["serverInfo"]["name"] == "memorizzd"
-    assert second["id"] == 2
-    assert second["error"]["code"] == -32601
+    assert "resultType" not in first["result"]  # the handshake era has none
+    assert second["result"]["supportedVersions"] == ["2026-07-28"]
+    assert second["result"]["resultType"] == "complete"
+    assert second["result"]["cacheScope"] == "private"
+    assert third["error"]["code"] == -32601
 
 
 def test_an_agents_face_shows_its_profiles_servers_under_their_own_names(
@@ -254,3 +262,23 @@ def test_a_call_that_asks_waits_for_the_operator(
         assert structured["status"] == "rejected"
         assert structured["reason"] == "approval_required"
         assert tag not in ran
+
+
+@pytest.mark.parametrize(
+    ("relayed", "expected"),
+    [
+        (b'{"content":[]}', {"resultType": "complete", "content": []}),
+        (b"{}", {"resultType": "complete"}),
+        (b' { "content" : [ ] } ', {"resultType": "complete", "content": []}),
+        # a 2026-07-28 upstream's result is relayed as it wrote it
+        (b'{"resultType":"complete","content":[]}', None),
+    ],
+)
+def test_a_relayed_result_gains_only_its_result_type(
+    relayed: bytes, expected: dict[str, Any] | None
+) -> None:
+    completed = _completed("tools/call", msgspec.Raw(relayed))
+    if expected is None:
+        assert bytes(completed) == relayed
+    else:
+        assert msgspec.json.decode(bytes(completed)) == expected

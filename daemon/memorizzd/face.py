@@ -8,9 +8,12 @@ operator's face shows every server, an agent's face its profile's.
 
 What it serves (this first version; issue 11 has the rest):
 
-* the handshake era (``initialize``, protocol 2025-06-18 or 2025-11-25,
-  ``notifications/initialized``) and ``ping``; ``server/discover`` (2026-07-28)
-  is answered ``-32601``, so a client falls back to the handshake;
+* both protocol eras: the handshake era (``initialize``, 2025-06-18 or
+  2025-11-25, ``notifications/initialized``, ``ping``) and 2026-07-28
+  (``server/discover``; a request stamped with that version in
+  ``params._meta`` gets its results as that era has them: ``resultType``,
+  and the cache hints of listings). Each upstream keeps the version it
+  negotiated; a relayed tool result gains only ``resultType``;
 * ``tools/list``: the tools of every server in scope that is connected, named
   ``SERVER__TOOL`` (``exposed_names``: valid MCP tool names within the common
   64-character ``[A-Za-z0-9_-]`` limit of model APIs; a scope of one server
@@ -63,7 +66,22 @@ from memorizzd.upstream.actor import Upstream
 log = logging.getLogger("memorizzd.face")
 
 VERSIONS: Final = ("2025-06-18", "2025-11-25")
-"""Protocol versions the face negotiates, oldest first."""
+"""Handshake-era protocol versions the face negotiates, oldest first."""
+MODERN: Final = "2026-07-28"
+"""The era without a handshake: ``server/discover``, and every request stamped."""
+_VERSION_KEY: Final = "io.modelcontextprotocol/protocolVersion"
+_SERVER_INFO_KEY: Final = "io.modelcontextprotocol/serverInfo"
+_CACHED: Final = frozenset(
+    {
+        "server/discover",
+        "tools/list",
+        "resources/list",
+        "resources/templates/list",
+        "prompts/list",
+        "resources/read",
+    }
+)
+"""2026-07-28 results that carry cache hints (``cacheScope``, ``ttlMs``)."""
 SEPARATOR: Final = "__"
 NAME_MAX: Final = 64
 _NAME_OK: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -75,7 +93,32 @@ INSTRUCTIONS: Final = (
 )
 
 _encoder: Final = msgspec.json.Encoder()
+_CAPABILITIES: Final = {
+    "tools": {"listChanged": False},
+    "resources": {"listChanged": False},
+    "prompts": {"listChanged": False},
+}
 Handler = Callable[[Caller, msgspec.Raw], Awaitable[Any]]
+
+
+class _Stamp(msgspec.Struct):
+    version: str | None = msgspec.field(default=None, name=_VERSION_KEY)
+
+
+class _Stamped(msgspec.Struct):
+    """A request's 2026-07-28 stamp, if any (``params._meta``)."""
+
+    meta: _Stamp | None = msgspec.field(default=None, name="_meta")
+
+
+_decode_stamped: Final = msgspec.json.Decoder(_Stamped).decode
+
+
+class _ResultType(msgspec.Struct, rename="camel"):
+    result_type: str | None = None
+
+
+_decode_result_type: Final = msgspec.json.Decoder(_ResultType).decode
 
 
 class _Initialize(msgspec.Struct, rename="camel"):
@@ -133,6 +176,7 @@ class FaceDispatcher:
         self._broker = broker
         self._handlers: dict[str, Handler] = {
             "initialize": self._initialize,
+            "server/discover": self._discover,
             "ping": self._ping,
             "tools/list": self._tools_list,
             "tools/call": self._tools_call,
@@ -162,6 +206,8 @@ class FaceDispatcher:
         except Exception:  # the boundary; cancellation is a BaseException and passes
             log.exception("face: internal error (id %r)", request.id)
             return encode_error(request.id, InternalError("internal error").to_wire())
+        if _modern(request):
+            result = _completed(request.method, result)
         return (
             _encoder.encode(Reply(jsonrpc="2.0", id=request.id, result=result)) + b"\n"
         )
@@ -173,13 +219,18 @@ class FaceDispatcher:
         version = asked if asked in VERSIONS else VERSIONS[-1]
         return {
             "protocolVersion": version,
-            "capabilities": {
-                "tools": {"listChanged": False},
-                "resources": {"listChanged": False},
-                "prompts": {"listChanged": False},
-            },
+            "capabilities": _CAPABILITIES,
             "serverInfo": {"name": "memorizzd", "version": __version__},
             "instructions": INSTRUCTIONS,
+        }
+
+    async def _discover(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
+        """2026-07-28: what ``initialize`` says, without a session."""
+        return {
+            "supportedVersions": [MODERN],
+            "capabilities": _CAPABILITIES,
+            "instructions": INSTRUCTIONS,
+            "_meta": {_SERVER_INFO_KEY: {"name": "memorizzd", "version": __version__}},
         }
 
     async def _ping(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
@@ -371,3 +422,34 @@ def _held(exc: ApprovalRequiredError, status: str) -> msgspec.Raw:
         "isError": True,
     }
     return msgspec.Raw(_encoder.encode(result))
+
+
+def _modern(request: Request) -> bool:
+    """Whether the request is of the 2026-07-28 era (its params are stamped)."""
+    if request.method == "server/discover":
+        return True
+    try:
+        stamp = _decode_stamped(request.params).meta
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return False
+    return stamp is not None and stamp.version == MODERN
+
+
+def _completed(method: str, result: Any) -> Any:
+    """A result as 2026-07-28 has it: ``resultType`` (and the cache hints of a
+    listing: private to this caller, not to be reused)."""
+    if isinstance(result, msgspec.Raw):  # a relayed tool result
+        raw = bytes(result).strip()
+        try:
+            if _decode_result_type(raw).result_type is not None:
+                return result  # a 2026-07-28 upstream's, as it wrote it
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            return result
+        rest = raw[1:].lstrip()
+        joined = b"}" if rest.startswith(b"}") else b"," + rest
+        return msgspec.Raw(b'{"resultType":"complete"' + joined)
+    if isinstance(result, dict):
+        result = {"resultType": "complete", **result}
+        if method in _CACHED:
+            result = {"cacheScope": "private", "ttlMs": 0, **result}
+    return result
