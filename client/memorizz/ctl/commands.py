@@ -20,7 +20,7 @@ from collections.abc import Callable
 from memorizz.api import methods as m
 from memorizz.client import Client
 from memorizz.ctl.add import build_server_spec
-from memorizz.ctl.exits import EXIT_ERROR, EXIT_OK, EXIT_TEMPFAIL
+from memorizz.ctl.exits import EXIT_ERROR, EXIT_OK, EXIT_TEMPFAIL, UsageError
 from memorizz.ctl.render import (
     render_audit,
     render_call,
@@ -240,8 +240,23 @@ def cmd_mcp_wait(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_mcp_serve(client: Client, args: argparse.Namespace) -> int:
     """The stdio bridge (``memorizz.ctl.serve``), for a line only argparse
-    accepted: the ``Client`` is never connected, only its socket path used."""
-    return bridge(bridge_for(client.socket_path, args.mcp_socket))
+    accepted: the ``Client`` is never connected, only its socket path used.
+    ``--transport streamable-http`` serves HTTP instead (``memorizz.ctl.serve_http``)."""
+    target = bridge_for(client.socket_path, args.mcp_socket)
+    if args.transport == "streamable-http":
+        from memorizz.ctl import serve_http
+
+        return serve_http.serve(
+            target,
+            args.listen,
+            token_file=args.token_file,
+            allow_remote=args.allow_remote,
+        )
+    if args.listen or args.token_file or args.allow_remote:
+        raise UsageError(
+            "--listen, --token-file and --allow-remote go with --transport streamable-http"
+        )
+    return bridge(target)
 
 
 def cmd_daemon_status(client: Client, args: argparse.Namespace) -> int:

@@ -305,7 +305,10 @@ def _mcp(mcp: _Lazy) -> None:
             "byte, to the daemon's MCP socket: mcp.sock beside the API socket that\n"
             "--socket or MEMORIZZ_SOCKET names (or the default one). Errors go to\n"
             "stderr. In an MCP client's configuration:\n\n"
-            '  {"command": "memorizzctl", "args": ["mcp", "serve"]}'
+            '  {"command": "memorizzctl", "args": ["mcp", "serve"]}\n\n'
+            "For clients that only speak HTTP, --transport streamable-http serves\n"
+            "MCP's Streamable HTTP at http://HOST:PORT/mcp (--listen); every request\n"
+            "needs Authorization: Bearer TOKEN (--token-file, or printed at start)."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -461,6 +464,27 @@ def _serve(p: argparse.ArgumentParser) -> None:
         "--mcp-socket",
         metavar="PATH",
         help="the MCP socket itself (default: mcp.sock beside the API socket)",
+    )
+    p.add_argument(
+        "--transport",
+        choices=("stdio", "streamable-http"),
+        default="stdio",
+        help="MCP's transport toward the client (default: stdio)",
+    )
+    p.add_argument(
+        "--listen",
+        metavar="HOST:PORT",
+        help="streamable-http: the address to listen on (loopback unless --allow-remote)",
+    )
+    p.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help="streamable-http: the bearer token clients send (default: a new one, printed)",
+    )
+    p.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="streamable-http: allow --listen on an address other hosts can reach",
     )
 
 

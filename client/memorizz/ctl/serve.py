@@ -143,7 +143,7 @@ def _error(message: str) -> None:
     sys.stderr.flush()
 
 
-def _connect(bridge: Bridge) -> _socket.socket | int:
+def connect(bridge: Bridge) -> _socket.socket | int:
     """The connected socket, or the exit status after saying why not."""
     path = bridge.mcp_socket
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
@@ -224,7 +224,7 @@ _kept: list[_socket.socket] = []
 
 def bridge(target: Bridge) -> int:
     """Connect, then pump until the daemon closes; return the exit status."""
-    connected = _connect(target)
+    connected = connect(target)
     if isinstance(connected, int):
         return connected
     sock = connected

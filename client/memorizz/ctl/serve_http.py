@@ -1,0 +1,612 @@
+"""``memorizzctl mcp serve --transport streamable-http``: the MCP face over HTTP.
+
+For MCP clients that only speak HTTP, the same bridge as the stdio one
+(``memorizz.ctl.serve``), with MCP's Streamable HTTP transport on the outside:
+one endpoint, ``http://HOST:PORT/mcp``, where each POST carries one JSON-RPC
+message.
+
+    initialize, no Mcp-Session-Id   a new session: a connection of its own to
+                                    mcp.sock, its id (a random token) in the
+                                    reply's ``Mcp-Session-Id`` header
+    a request                       written to the session's connection as one
+                                    line; the line whose ``id`` matches is the
+                                    answer, ``application/json``
+    a notification or a response    written; ``202 Accepted``
+    a request without a session     its own connection, closed after the answer
+                                    (2026-07-28 has no sessions)
+    DELETE                          the session's connection is closed
+    GET                             ``405``: no stream is offered, so what the
+                                    daemon says outside an answer is dropped
+
+A session ends on DELETE or when the daemon closes its connection; its id is
+then ``404``, as is a request still waiting for an answer there.
+
+Who may talk to it: every request needs ``Authorization: Bearer TOKEN`` (the
+token read from ``--token-file``, or made up at start and printed to stderr),
+compared in constant time, else ``401``. Against DNS rebinding (a page whose
+name now resolves to 127.0.0.1), the ``Host`` must name the listening port
+on an address literal or ``localhost`` (else ``421``), and an ``Origin``, when
+sent, must be such a host over http (else ``403``). It listens on loopback
+unless ``--allow-remote`` says otherwise.
+
+Bounded: a body over ``MAX_BODY`` is ``413``, at most ``MAX_SESSIONS`` sessions
+(when full, sessions idle for ``IDLE_S`` make room; else ``503``).
+
+Standard library and msgspec only, imported only when this transport is chosen.
+"""
+
+from __future__ import annotations
+
+import _socket
+import hmac
+import http.server
+import ipaddress
+import secrets
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Final
+from urllib.parse import urlsplit
+
+import msgspec
+
+from memorizz.ctl.exits import EXIT_ERROR, EXIT_OK, PROG, UsageError
+from memorizz.ctl.serve import Bridge, connect
+
+ENDPOINT: Final = "/mcp"
+MAX_BODY: Final = 4 << 20
+MAX_SESSIONS: Final = 64
+IDLE_S: Final = 600.0
+VERSIONS: Final = frozenset({"2025-06-18", "2025-11-25", "2026-07-28"})
+"""``MCP-Protocol-Version`` values let through (the face negotiates)."""
+
+_CHUNK: Final = 1 << 16
+_DRAIN: Final = 4 * MAX_BODY  # a larger declared body is not read before the 413
+
+RequestId = int | str
+
+
+class _Message(msgspec.Struct):
+    """What the bridge reads of a message: the rest goes through unread."""
+
+    id: RequestId | msgspec.UnsetType | None = msgspec.UNSET
+    method: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class _Outcome(msgspec.Struct):
+    """Whether an answer is an error."""
+
+    error: dict[str, object] | None = None
+
+
+_decode = msgspec.json.Decoder(_Message).decode
+_decode_outcome = msgspec.json.Decoder(_Outcome).decode
+
+
+class Listen:
+    """``--listen HOST:PORT``: the address, and which Host headers name it."""
+
+    def __init__(self, text: str, *, allow_remote: bool) -> None:
+        host, sep, port_text = text.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")
+        if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+            raise UsageError(
+                f"--listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8765"
+            )
+        if host == "localhost":
+            host = "127.0.0.1"
+        try:
+            address = ipaddress.ip_address(host)
+        except ValueError:
+            raise UsageError(
+                f"--listen {text!r}: HOST must be an IP address (or localhost)"
+            ) from None
+        if not address.is_loopback and not allow_remote:
+            raise UsageError(
+                f"--listen {text!r} is not a loopback address: add --allow-remote"
+                " to serve other hosts (each still needs the bearer token)"
+            )
+        self.host = str(address)
+        self.port = int(port_text)
+        self.family = _socket.AF_INET6 if address.version == 6 else _socket.AF_INET
+        self.loopback = address.is_loopback
+
+    def url(self) -> str:
+        host = f"[{self.host}]" if self.family == _socket.AF_INET6 else self.host
+        return f"http://{host}:{self.port}{ENDPOINT}"
+
+    def names_us(self, netloc: str) -> bool:
+        """Whether ``netloc`` (a Host header, an Origin's) names this listener:
+        this port, on localhost or an address literal (a DNS name could be
+        rebound; loopback listeners take only loopback names)."""
+        host, sep, port = netloc.rpartition(":")
+        if not sep or "]" in port:  # no port: http's own
+            host, port = netloc, "80"
+        if port != str(self.port):
+            return False
+        host = host.lower()
+        if host == "localhost":
+            return True
+        try:
+            address = ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+        except ValueError:
+            return False
+        return address.is_loopback if self.loopback else True
+
+
+# --- sessions -------------------------------------------------------------------
+
+
+class Gone(Exception):
+    """The session's connection is closed: its id is 404 from now on."""
+
+
+class Unreachable(Exception):
+    """mcp.sock refused a new connection (the message says why)."""
+
+
+class DuplicateIdError(Exception):
+    """A request reuses the id of one still waiting in its session."""
+
+
+class _Waiter:
+    __slots__ = ("done", "reply")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.reply: bytes | None = None
+
+
+class Session:
+    """One connection to mcp.sock, and the requests waiting for its answers."""
+
+    def __init__(
+        self,
+        sock: _socket.socket,
+        on_close: Callable[[Session], None] | None = None,
+    ) -> None:
+        self.sock = sock
+        self.last_used = time.monotonic()
+        self._send_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._waiting: dict[RequestId, _Waiter] = {}
+        self._closed = False
+        self._on_close = on_close
+        threading.Thread(target=self._read, daemon=True).start()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._waiting)
+
+    def send(self, line: bytes) -> None:
+        with self._send_lock:
+            if self._closed:
+                raise Gone
+            try:
+                self.sock.sendall(line)
+            except OSError:
+                raise Gone from None
+
+    def ask(self, request_id: RequestId, line: bytes) -> bytes:
+        """Write ``line``, and return the line that answers ``request_id``."""
+        waiter = _Waiter()
+        with self._lock:
+            if self._closed:
+                raise Gone
+            if request_id in self._waiting:
+                raise DuplicateIdError
+            self._waiting[request_id] = waiter
+        try:
+            self.send(line)
+            waiter.done.wait()
+        finally:
+            with self._lock:
+                self._waiting.pop(request_id, None)
+            self.last_used = time.monotonic()
+        if waiter.reply is None:
+            raise Gone
+        return waiter.reply
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(_socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _read(self) -> None:
+        pending = b""
+        try:
+            while data := self.sock.recv(_CHUNK):
+                *lines, pending = (pending + data).split(b"\n")
+                for line in lines:
+                    self._answer(line.rstrip(b"\r"))
+        except OSError:
+            pass
+        with self._lock:
+            self._closed = True
+            waiting = list(self._waiting.values())
+        for waiter in waiting:
+            waiter.done.set()
+        self.sock.close()
+        if self._on_close is not None:
+            self._on_close(self)
+
+    def _answer(self, line: bytes) -> None:
+        try:
+            message = _decode(line)
+        except msgspec.DecodeError:
+            return
+        if not isinstance(message.method, msgspec.UnsetType):
+            # The daemon's own requests and notifications have no stream to
+            # travel on (no GET stream): a request is told so at once.
+            if isinstance(message.id, int | str):
+                refusal = msgspec.json.encode(
+                    {
+                        "jsonrpc": "2.0",
+                        "id": message.id,
+                        "error": {
+                            "code": -32601,
+                            "message": "this client's HTTP transport takes no requests",
+                        },
+                    }
+                )
+                try:
+                    self.send(refusal + b"\n")
+                except Gone:
+                    pass
+            return
+        if isinstance(message.id, int | str):
+            with self._lock:
+                waiter = self._waiting.get(message.id)
+            if waiter is not None:
+                waiter.reply = line
+                waiter.done.set()
+
+
+class Sessions:
+    """The live sessions by id, at most ``limit`` of them."""
+
+    def __init__(self, bridge: Bridge, limit: int = MAX_SESSIONS) -> None:
+        self.bridge = bridge
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._by_id: dict[str, Session] = {}
+
+    def open(self) -> tuple[str, Session] | None:
+        """A new session, or ``None`` when full (``Unreachable``: no daemon)."""
+        sock = _connect(self.bridge)
+        session_id = secrets.token_urlsafe(24)
+        with self._lock:
+            if len(self._by_id) >= self.limit and not self._evict_idle():
+                sock.close()
+                return None
+            session = Session(sock, lambda s: self._forget(session_id, s))
+            self._by_id[session_id] = session
+        return session_id, session
+
+    def get(self, session_id: str) -> Session | None:
+        with self._lock:
+            return self._by_id.get(session_id)
+
+    def end(self, session_id: str) -> bool:
+        with self._lock:
+            session = self._by_id.pop(session_id, None)
+        if session is None:
+            return False
+        session.close()
+        return True
+
+    def _forget(self, session_id: str, session: Session) -> None:
+        with self._lock:
+            if self._by_id.get(session_id) is session:
+                del self._by_id[session_id]
+
+    def _evict_idle(self) -> bool:
+        now = time.monotonic()
+        idle = [
+            (sid, s)
+            for sid, s in self._by_id.items()
+            if not s.busy and now - s.last_used > IDLE_S
+        ]
+        for sid, s in idle:
+            del self._by_id[sid]
+            s.close()
+        return bool(idle)
+
+
+def _connect(bridge: Bridge) -> _socket.socket:
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.connect(bridge.mcp_socket)
+    except OSError as exc:
+        sock.close()
+        raise Unreachable(
+            f"cannot reach memorizzd's MCP socket at {bridge.mcp_socket}:"
+            f" {exc.strerror or exc}"
+        ) from None
+    return sock
+
+
+def _one_shot(bridge: Bridge, request_id: RequestId, line: bytes) -> bytes:
+    """A request outside any session: its own connection, closed after the answer."""
+    session = Session(_connect(bridge))
+    try:
+        return session.ask(request_id, line)
+    finally:
+        session.close()
+
+
+# --- HTTP -----------------------------------------------------------------------
+
+
+def _error_body(code: int, message: str, request_id: RequestId | None = None) -> bytes:
+    return msgspec.json.encode(
+        {
+            "jsonrpc": "2.0",
+            "id": request_id,
+            "error": {"code": code, "message": message},
+        }
+    )
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "memorizzctl"
+    sys_version = ""
+    server: _Server
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass  # no access log: errors only, and those are said where they happen
+
+    # -- answers
+
+    def _send(
+        self,
+        status: int,
+        body: bytes = b"",
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self.send_response(status)
+        if body:
+            self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        if body:
+            self.wfile.write(body)
+
+    def _refuse(
+        self,
+        status: int,
+        message: str,
+        code: int = -32600,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self._send(status, _error_body(code, message), headers)
+
+    def _admitted(self) -> bool:
+        """Host, Origin, the bearer token and the path, in that order."""
+        listen = self.server.listen
+        hosts = self.headers.get_all("Host") or []
+        if len(hosts) != 1 or not listen.names_us(hosts[0]):
+            self._refuse(421, "this Host is not served here")
+            return False
+        origins = self.headers.get_all("Origin") or []
+        if origins:
+            origin = urlsplit(origins[0])
+            if (
+                len(origins) != 1
+                or origin.scheme != "http"
+                or not listen.names_us(origin.netloc)
+            ):
+                self._refuse(403, "this Origin may not use this server")
+                return False
+        scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(
+            token.strip().encode(), self.server.token
+        ):
+            self._refuse(
+                401,
+                "a bearer token is required",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+            return False
+        if urlsplit(self.path).path != ENDPOINT:
+            self._refuse(404, f"the MCP endpoint is {ENDPOINT}")
+            return False
+        version = self.headers.get("MCP-Protocol-Version")
+        if version is not None and version not in VERSIONS:
+            self._refuse(400, f"unsupported MCP-Protocol-Version: {version}")
+            return False
+        return True
+
+    # -- methods
+
+    def do_GET(self) -> None:
+        if self._admitted():
+            self._refuse(
+                405, "no server stream is offered", headers={"Allow": "POST, DELETE"}
+            )
+
+    def do_DELETE(self) -> None:
+        if not self._admitted():
+            return
+        session_id = self.headers.get("Mcp-Session-Id")
+        if session_id is None:
+            self._refuse(400, "Mcp-Session-Id is required")
+        elif self.server.sessions.end(session_id):
+            self._send(200)
+        else:
+            self._refuse(404, "no such session")
+
+    def do_POST(self) -> None:
+        if not self._admitted():
+            return
+        body = self._body()
+        if body is None:
+            return
+        try:
+            message = _decode(body)
+        except msgspec.ValidationError:
+            self._refuse(400, "not a single JSON-RPC message")
+            return
+        except msgspec.DecodeError:
+            self._refuse(400, "parse error", code=-32700)
+            return
+        # Valid JSON: a raw newline can only be whitespace, and the socket
+        # takes one message per line.
+        line = body.replace(b"\r", b" ").replace(b"\n", b" ") + b"\n"
+        self._post(message, line)
+
+    def _body(self) -> bytes | None:
+        length_text = self.headers.get("Content-Length")
+        if length_text is None or not length_text.isdigit():
+            self.close_connection = True
+            self._refuse(411, "a Content-Length is required")
+            return None
+        length = int(length_text)
+        if length > MAX_BODY:
+            self.close_connection = True
+            if length <= _DRAIN:  # read so the client reads the answer, not a reset
+                while length > 0:
+                    chunk = self.rfile.read(min(length, 1 << 16))
+                    if not chunk:
+                        break
+                    length -= len(chunk)
+            self._refuse(413, f"a message is at most {MAX_BODY} bytes")
+            return None
+        return self.rfile.read(length)
+
+    def _post(self, message: _Message, line: bytes) -> None:
+        sessions = self.server.sessions
+        session_id = self.headers.get("Mcp-Session-Id")
+        request_id = message.id
+        if isinstance(message.method, msgspec.UnsetType):
+            if isinstance(request_id, msgspec.UnsetType):
+                self._refuse(400, "not a JSON-RPC request, notification or response")
+                return
+            request_id = None  # a response: nothing comes back
+        elif request_id is None:
+            self._refuse(400, "a request's id may not be null")
+            return
+        elif isinstance(request_id, msgspec.UnsetType):
+            request_id = None  # a notification
+        try:
+            if session_id is None:
+                if message.method == "initialize" and request_id is not None:
+                    self._initialize(request_id, line)
+                elif request_id is not None:
+                    self._reply(_one_shot(sessions.bridge, request_id, line))
+                else:
+                    self._send(202)  # nowhere to go without a session
+                return
+            session = sessions.get(session_id)
+            if session is None:
+                self._refuse(404, "no such session")
+            elif request_id is not None:
+                self._reply(session.ask(request_id, line))
+            else:
+                session.send(line)
+                self._send(202)
+        except Gone:
+            self._refuse(404, "the session ended")
+        except DuplicateIdError:
+            self._refuse(400, "a request with this id is still waiting")
+        except Unreachable as exc:
+            _error(str(exc))
+            self._refuse(503, "memorizzd is unreachable", code=-32603)
+
+    def _initialize(self, request_id: RequestId, line: bytes) -> None:
+        opened = self.server.sessions.open()
+        if opened is None:
+            self._refuse(
+                503, "too many sessions", code=-32603, headers={"Retry-After": "1"}
+            )
+            return
+        session_id, session = opened
+        try:
+            reply = session.ask(request_id, line)
+        except Gone:  # not a session's end: there never was one
+            self._refuse(503, "memorizzd closed the connection", code=-32603)
+            return
+        if _decode_outcome(reply).error is not None:  # refused: no session to keep
+            self.server.sessions.end(session_id)
+            self._reply(reply)
+            return
+        self._reply(reply, {"Mcp-Session-Id": session_id})
+
+    def _reply(self, line: bytes, headers: dict[str, str] | None = None) -> None:
+        self._send(200, line, headers)
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, listen: Listen, token: bytes, sessions: Sessions) -> None:
+        self.address_family = listen.family
+        self.listen = listen
+        self.token = token
+        self.sessions = sessions
+        super().__init__((listen.host, listen.port), _Handler)
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        exc = sys.exc_info()[1]
+        if not isinstance(exc, ConnectionError):  # a client that left is no news
+            _error(f"error serving a request: {exc!r}")
+
+
+# --- the command ----------------------------------------------------------------
+
+
+def _error(message: str) -> None:
+    sys.stderr.write(f"{PROG} mcp serve: {message}\n")
+    sys.stderr.flush()
+
+
+def _read_token(path: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            token = f.read().strip()
+    except OSError as exc:
+        raise UsageError(f"--token-file {path}: {exc.strerror or exc}") from None
+    if not token or any(c < 0x21 or c > 0x7E for c in token):
+        raise UsageError(
+            f"--token-file {path}: the token must be one word of printable ASCII"
+        )
+    return token
+
+
+def serve(
+    bridge: Bridge,
+    listen_text: str | None,
+    *,
+    token_file: str | None = None,
+    allow_remote: bool = False,
+    max_sessions: int = MAX_SESSIONS,
+) -> int:
+    """Serve until interrupted; return the exit status."""
+    if not listen_text:
+        raise UsageError("--transport streamable-http needs --listen HOST:PORT")
+    listen = Listen(listen_text, allow_remote=allow_remote)
+    token = _read_token(token_file) if token_file else None
+    checked = connect(bridge)  # the daemon's there now, or say why not
+    if isinstance(checked, int):
+        return checked
+    checked.close()
+    printed = token is None
+    if token is None:
+        token = secrets.token_urlsafe(32).encode()
+    try:
+        server = _Server(listen, token, Sessions(bridge, max_sessions))
+    except OSError as exc:
+        _error(f"cannot listen on {listen_text}: {exc.strerror or exc}")
+        return EXIT_ERROR
+    with server:
+        listen.port = server.server_address[1]  # when PORT was 0
+        _error(f"serving MCP (Streamable HTTP) at {listen.url()}")
+        if printed:
+            _error(f"bearer token: {token.decode()}")
+        server.serve_forever()
+    return EXIT_OK

@@ -1,0 +1,369 @@
+"""``memorizzctl mcp serve --transport streamable-http``: the face over HTTP.
+
+The installed ``memorizzctl`` serves on a loopback port (``--listen
+127.0.0.1:0``: the kernel picks, the bridge says which on stderr) in front of
+a real daemon with a real upstream; the official MCP Python SDK client lists
+and calls its tools, and plain HTTP requests hold the transport's rules: the
+bearer token, Host and Origin against DNS rebinding, the body bound, sessions
+(404 once ended), 202 for what gets no answer, 405 for GET.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+
+from memorizz import cli
+from memorizz.ctl import serve_http
+from memorizzd.listeners import face_socket_path
+from tests.harness import DaemonHarness, daemon_config, short_tempdir, stdio_spec
+
+MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
+WAIT_S = 30  # a guard against a hang, never a measurement
+TOKEN = secrets.token_urlsafe(24)
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"},
+    },
+}
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen[bytes]
+    url: str
+    port: int
+    token: str
+
+    def headers(self, **extra: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}", **extra}
+
+    def post(self, body: object, **headers: str) -> httpx2.Response:
+        with httpx2.Client(timeout=WAIT_S) as http:
+            return http.post(self.url, json=body, headers=self.headers(**headers))
+
+
+def _start(*args: str, token: str | None) -> Served:
+    """The bridge, started; ``token=None``: it makes one up and prints it."""
+    proc = subprocess.Popen(
+        [MEMORIZZCTL, "mcp", "serve", "--transport", "streamable-http", *args],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    first = proc.stderr.readline().decode()
+    assert " at http://127.0.0.1:" in first, first
+    url = first.rsplit(" ", 1)[1].strip()
+    if token is None:
+        token = proc.stderr.readline().decode().rsplit(" ", 1)[1].strip()
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    return Served(proc, url, port, token)
+
+
+def _stop(served: Served) -> bytes:
+    """Stop the bridge; what it said on stderr after its start."""
+    served.proc.terminate()
+    served.proc.wait(timeout=WAIT_S)
+    assert served.proc.stderr is not None
+    with served.proc.stderr:
+        return served.proc.stderr.read()
+
+
+@pytest.fixture(scope="module")
+def daemon() -> Iterator[DaemonHarness]:
+    base = short_tempdir()
+    with DaemonHarness.running(
+        daemon_config(base, servers=[stdio_spec("alpha")])
+    ) as harness:
+        harness.wait_ready("alpha")
+        yield harness
+
+
+@pytest.fixture(scope="module")
+def served(daemon: DaemonHarness) -> Iterator[Served]:
+    token_file = os.path.join(os.path.dirname(daemon.socket), "token")
+    with open(token_file, "w") as f:
+        f.write(TOKEN + "\n")
+    running = _start(
+        "--socket",
+        daemon.socket,
+        "--listen",
+        "127.0.0.1:0",
+        "--token-file",
+        token_file,
+        token=TOKEN,
+    )
+    try:
+        yield running
+    finally:
+        assert _stop(running) == b""  # no request made it say anything
+
+
+# --- the official SDK client -------------------------------------------------------
+
+
+def _sdk(served: Served, mode: str, session_ids: set[str]) -> tuple[list[str], str]:
+    async def capture(response: httpx2.Response) -> None:
+        if sid := response.headers.get("mcp-session-id"):
+            session_ids.add(sid)
+
+    async def work() -> tuple[list[str], str]:
+        async with httpx2.AsyncClient(
+            headers=served.headers(),
+            timeout=WAIT_S,
+            event_hooks={"response": [capture]},
+        ) as http:
+            transport = streamable_http_client(served.url, http_client=http)
+            async with Client(transport, mode=mode) as client:
+                tools = await client.list_tools()
+                result = await client.call_tool("echo", {"text": "over http"})
+                assert not result.is_error
+                text = result.content[0].text  # type: ignore[union-attr]
+                return sorted(t.name for t in tools.tools), text
+
+    return anyio.run(work)
+
+
+def test_the_sdk_client_lists_and_calls_tools_in_a_session_ended_on_close(
+    served: Served,
+) -> None:
+    session_ids: set[str] = set()
+    names, text = _sdk(served, "legacy", session_ids)
+    assert "echo" in names  # one server in scope: its names unchanged
+    assert text == "over http"
+    (session_id,) = session_ids
+    # The client's DELETE on close ended it.
+    ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+    assert served.post(ping, **{"Mcp-Session-Id": session_id}).status_code == 404
+
+
+def test_the_sdk_client_of_the_sessionless_era_is_served_too(served: Served) -> None:
+    """``auto`` negotiates 2026-07-28: no session, each request on its own."""
+    session_ids: set[str] = set()
+    names, text = _sdk(served, "auto", session_ids)
+    assert "echo" in names
+    assert text == "over http"
+    assert session_ids == set()
+
+
+# --- the transport's rules, by plain requests ---------------------------------------
+
+
+def _session(served: Served) -> str:
+    reply = served.post(INITIALIZE)
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["content-type"] == "application/json"
+    assert reply.json()["result"]["protocolVersion"] == "2025-11-25"
+    return reply.headers["mcp-session-id"]
+
+
+def test_a_session_answers_requests_and_takes_notifications_with_202(
+    served: Served,
+) -> None:
+    sid = {"Mcp-Session-Id": _session(served)}
+    initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    reply = served.post(initialized, **sid, **{"MCP-Protocol-Version": "2025-11-25"})
+    assert (reply.status_code, reply.content) == (202, b"")
+    pretty = b'{\n  "jsonrpc": "2.0",\n  "id": "p",\n  "method": "ping"\n}'
+    with httpx2.Client(timeout=WAIT_S) as http:
+        reply = http.post(
+            served.url,
+            content=pretty,  # one message over several lines: sent as one
+            headers=served.headers(**sid, **{"Content-Type": "application/json"}),
+        )
+        assert reply.json() == {"jsonrpc": "2.0", "id": "p", "result": {}}
+        assert http.delete(served.url, headers=served.headers(**sid)).status_code == 200
+        assert http.delete(served.url, headers=served.headers(**sid)).status_code == 404
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [None, "Bearer wrong-token", "Basic {token}", "Bearer", "Bearer {token}x"],
+)
+def test_a_request_without_the_token_is_401(
+    served: Served, authorization: str | None
+) -> None:
+    headers = {}
+    if authorization is not None:
+        headers["Authorization"] = authorization.format(token=TOKEN)
+    with httpx2.Client(timeout=WAIT_S) as http:
+        reply = http.post(served.url, json=INITIALIZE, headers=headers)
+    assert reply.status_code == 401
+    assert reply.headers["www-authenticate"] == "Bearer"
+    assert "mcp-session-id" not in reply.headers
+
+
+@pytest.mark.parametrize(
+    ("origin", "status"),
+    [
+        ("http://evil.example", 403),
+        ("http://evil.example:{port}", 403),
+        ("https://127.0.0.1:{port}", 403),
+        ("http://127.0.0.1:1", 403),
+        ("null", 403),
+        ("http://localhost:{port}", 200),
+        ("http://127.0.0.1:{port}", 200),
+    ],
+)
+def test_an_origin_other_than_this_listener_is_403(
+    served: Served, origin: str, status: int
+) -> None:
+    reply = served.post(INITIALIZE, Origin=origin.format(port=served.port))
+    assert reply.status_code == status, reply.text
+
+
+@pytest.mark.parametrize(
+    ("host", "status"),
+    [
+        ("evil.example:{port}", 421),
+        ("rebound.example:{port}", 421),
+        ("127.0.0.1:1", 421),
+        ("127.0.0.1", 421),
+        ("localhost:{port}", 200),
+        ("[::1]:{port}", 200),
+    ],
+)
+def test_a_host_other_than_this_listener_is_refused(
+    served: Served, host: str, status: int
+) -> None:
+    """The connection goes to 127.0.0.1 all the same: only the header differs."""
+    reply = served.post(INITIALIZE, Host=host.format(port=served.port))
+    assert reply.status_code == status, reply.text
+
+
+def test_a_body_over_4_mib_is_413(served: Served) -> None:
+    with httpx2.Client(timeout=WAIT_S) as http:
+        reply = http.post(
+            served.url,
+            content=b" " * (serve_http.MAX_BODY + 1),
+            headers=served.headers(**{"Content-Type": "application/json"}),
+        )
+    assert reply.status_code == 413
+
+
+@pytest.mark.parametrize(
+    ("body", "headers", "status"),
+    [
+        ({"jsonrpc": "2.0", "id": 9, "method": "ping"}, {"Mcp-Session-Id": "nope"}, 404),
+        ({"jsonrpc": "2.0", "method": "x"}, {"Mcp-Session-Id": "nope"}, 404),
+        (INITIALIZE, {"MCP-Protocol-Version": "1999-01-01"}, 400),
+        ([INITIALIZE], {}, 400),
+        ({"jsonrpc": "2.0", "id": None, "method": "ping"}, {}, 400),
+        ({"jsonrpc": "2.0", "method": "notifications/initialized"}, {}, 202),
+    ],
+    ids=["unknown-session", "unknown-session-notification", "bad-version", "batch",
+         "null-id", "sessionless-notification"],
+)  # fmt: skip
+def test_requests_the_transport_does_not_take(
+    served: Served, body: object, headers: dict[str, str], status: int
+) -> None:
+    assert served.post(body, **headers).status_code == status
+
+
+def test_get_offers_no_stream_and_other_paths_are_404(served: Served) -> None:
+    with httpx2.Client(timeout=WAIT_S) as http:
+        get = http.get(served.url, headers=served.headers())
+        assert get.status_code == 405
+        assert get.headers["allow"] == "POST, DELETE"
+        other = served.url.replace("/mcp", "/other")
+        assert (
+            http.post(other, json=INITIALIZE, headers=served.headers()).status_code
+            == 404
+        )
+
+
+def _closing_face(path: str) -> socket.socket:
+    """A stand-in mcp.sock that answers one line per connection, then hangs up."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen()
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn, conn.makefile("rb") as lines:
+                if lines.readline():
+                    conn.sendall(b'{"jsonrpc":"2.0","id":1,"result":{}}\n')
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener
+
+
+def test_a_session_whose_socket_closed_is_404_and_the_token_is_printed() -> None:
+    base = short_tempdir()
+    listener = _closing_face(face_socket_path(os.path.join(base, "d.sock")))
+    served = _start(
+        "--socket", os.path.join(base, "d.sock"), "--listen", "127.0.0.1:0", token=None
+    )
+    try:
+        assert len(served.token) >= 32
+        sid = {"Mcp-Session-Id": _initialized_id(served)}
+        ping = {"jsonrpc": "2.0", "id": 2, "method": "ping"}
+        assert served.post(ping, **sid).status_code == 404
+    finally:
+        _stop(served)
+        listener.close()
+
+
+def _initialized_id(served: Served) -> str:
+    reply = served.post(INITIALIZE)
+    assert reply.status_code == 200, reply.text
+    return reply.headers["mcp-session-id"]
+
+
+# --- the command line ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "said"),
+    [
+        (["--listen", "0.0.0.0:8765"], 2, "add --allow-remote"),
+        (["--listen", "example.com:8765"], 2, "must be an IP address"),
+        (["--listen", "127.0.0.1"], 2, "expected HOST:PORT"),
+        ([], 2, "needs --listen"),
+        (
+            ["--listen", "127.0.0.1:0", "--token-file", "/nonexistent/t"],
+            2,
+            "--token-file",
+        ),
+        (["--listen", "127.0.0.1:0"], 69, "cannot reach memorizzd's MCP socket"),
+    ],
+)
+def test_bad_lines_and_a_missing_daemon_are_said_with_memorizzctls_statuses(
+    args: list[str], status: int, said: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    base = short_tempdir()
+    argv = ["--socket", os.path.join(base, "d.sock"), "mcp", "serve"]
+    assert cli.main([*argv, "--transport", "streamable-http", *args]) == status
+    captured = capfd.readouterr()
+    assert said in captured.err
+    assert captured.out == ""
+
+
+def test_the_http_options_need_the_http_transport(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["mcp", "serve", "--listen", "127.0.0.1:1"]) == 2
+    assert "go with --transport streamable-http" in capfd.readouterr().err
