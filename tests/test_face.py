@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import mcp_types as types
 import msgspec
 import pytest
 from mcp import Client, StdioServerParameters
@@ -282,3 +283,57 @@ def test_a_relayed_result_gains_only_its_result_type(
         assert bytes(completed) == relayed
     else:
         assert msgspec.json.decode(bytes(completed)) == expected
+
+
+def test_an_upstreams_list_change_reaches_the_sessions_that_see_it(
+    faced: DaemonHarness,
+) -> None:
+    """``alpha`` announces a new tool: a session on the operator's face hears
+    ``notifications/tools/list_changed`` and lists it; the agent's face, which
+    cannot see ``alpha``, is told nothing."""
+    agent_heard: list[str] = []
+
+    async def listen_as_agent(ready: anyio.Event, done: anyio.Event) -> None:
+        async def handler(message: Any) -> None:
+            agent_heard.append(type(message).__name__)
+
+        params = StdioServerParameters(
+            command=MEMORIZZCTL,
+            args=["--socket", agent_socket_path(faced.config, "bot"), "mcp", "serve"],
+        )
+        async with Client(
+            stdio_client(params), mode="legacy", message_handler=handler
+        ) as client:
+            await client.list_tools()
+            ready.set()
+            await done.wait()
+
+    async def work() -> list[str]:
+        changed = anyio.Event()
+
+        async def handler(message: Any) -> None:
+            if isinstance(message, types.ToolListChangedNotification):
+                changed.set()
+
+        params = StdioServerParameters(
+            command=MEMORIZZCTL, args=["--socket", faced.socket, "mcp", "serve"]
+        )
+        async with anyio.create_task_group() as tg:
+            agent_ready, done = anyio.Event(), anyio.Event()
+            tg.start_soon(listen_as_agent, agent_ready, done)
+            await agent_ready.wait()
+            async with Client(
+                stdio_client(params), mode="legacy", message_handler=handler
+            ) as client:
+                before = {t.name for t in (await client.list_tools()).tools}
+                await client.call_tool("alpha__change_tools", {})
+                with anyio.fail_after(10):
+                    await changed.wait()
+                after = {t.name for t in (await client.list_tools()).tools}
+            done.set()
+        return sorted(after - before)
+
+    added = anyio.run(work)
+    assert len(added) == 1
+    assert added[0].startswith("alpha__dyn_")
+    assert "ToolListChangedNotification" not in agent_heard

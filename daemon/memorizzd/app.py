@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 import anyio
 import msgspec
 
+from memorizz.api import methods as m
 from memorizzd import __version__, stored
 from memorizzd.approvals import ApprovalBook
 from memorizzd.audit import Auditor, load_key
@@ -115,7 +116,14 @@ async def running_daemon(
                 mirror_to_journal=journal_available(),
             )
             book = ApprovalBook(store, vault, auditor, ttl_s=config.approval_ttl_s)
-            pool.on_tools = book.tools_listed
+            face_listeners: list[FaceDispatcher] = []
+
+            async def tools_listed(server: str, tools: list[m.Tool]) -> None:
+                await book.tools_listed(server, tools)  # approvals re-check first
+                for face_dispatcher in face_listeners:
+                    await face_dispatcher.tools_listed(server, tools)
+
+            pool.on_tools = tools_listed
             servers: list[SocketServer] = []
             broker = Broker(
                 config,
@@ -132,6 +140,7 @@ async def running_daemon(
             )
             dispatcher = Dispatcher(broker.handlers(), on_error=broker.on_error)
             face = FaceDispatcher(broker)
+            face_listeners.append(face)
             servers += [
                 SocketServer(
                     item.path,

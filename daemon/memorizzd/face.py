@@ -33,7 +33,11 @@ What it serves (this first version; issue 11 has the rest):
   URI goes to the first server, by name, that lists it), ``prompts/list`` and
   ``prompts/get`` (named like tools).
 
-Nothing is kept per session: names are a function of the listings, so a
+* ``notifications/tools/list_changed``: when an upstream says its tools
+  changed, the daemon lists them again (``supervisor.py``) and every session
+  that can see that server is told (``tools_listed``).
+
+Nothing else is kept per session: names are a function of the listings, so a
 call resolves its name against the warm caches as they are now.
 """
 
@@ -45,6 +49,7 @@ import re
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any, Final
 
+import anyio
 import msgspec
 
 from memorizz.api import methods as m
@@ -60,7 +65,7 @@ from memorizz.api.protocol import Reply, Request
 from memorizzd import __version__
 from memorizzd.broker import Broker
 from memorizzd.caller import Caller
-from memorizzd.rpc.dispatch import encode_error, parse_request
+from memorizzd.rpc.dispatch import Session, encode_error, parse_request
 from memorizzd.upstream.actor import Upstream
 
 log = logging.getLogger("memorizzd.face")
@@ -93,8 +98,12 @@ INSTRUCTIONS: Final = (
 )
 
 _encoder: Final = msgspec.json.Encoder()
+_TOOLS_CHANGED: Final = (
+    b'{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}\n'
+)
+LIST_CHANGED_SEND_S: Final = 1.0
 _CAPABILITIES: Final = {
-    "tools": {"listChanged": False},
+    "tools": {"listChanged": True},
     "resources": {"listChanged": False},
     "prompts": {"listChanged": False},
 }
@@ -174,6 +183,8 @@ class FaceDispatcher:
 
     def __init__(self, broker: Broker) -> None:
         self._broker = broker
+        self._sessions: set[Session] = set()
+        """The open connections of every face socket (told of list changes)."""
         self._handlers: dict[str, Handler] = {
             "initialize": self._initialize,
             "server/discover": self._discover,
@@ -189,6 +200,22 @@ class FaceDispatcher:
 
     def parse(self, line: bytes) -> Request | bytes:
         return parse_request(line)
+
+    def opened(self, session: Session) -> None:
+        self._sessions.add(session)
+
+    def closed(self, session: Session) -> None:
+        self._sessions.discard(session)
+
+    async def tools_listed(self, server: str, tools: list[m.Tool]) -> None:
+        """A server's tools were listed afresh (``Pool.on_tools``): every
+        session that can see it hears ``notifications/tools/list_changed``
+        (a slow reader is skipped after a second, never waited for)."""
+        for session in list(self._sessions):
+            if not any(u.name == server for u in self._broker.in_scope(session.caller)):
+                continue
+            with anyio.move_on_after(LIST_CHANGED_SEND_S):
+                await session.send(_TOOLS_CHANGED)
 
     def notified(self, caller: Caller, request: Request) -> bool:
         """``notifications/initialized``, ``notifications/cancelled`` and the

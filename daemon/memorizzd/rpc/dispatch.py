@@ -69,6 +69,20 @@ class LineDispatcher(Protocol):
 
     async def run(self, caller: Caller, request: Request) -> bytes: ...
 
+    def opened(self, session: Session) -> None:
+        """A connection began (a session the protocol may send messages to)."""
+        ...
+
+    def closed(self, session: Session) -> None: ...
+
+
+class Session(Protocol):
+    """A connection as a protocol sees it: who, and a way to send it a line."""
+
+    caller: Caller
+
+    async def send(self, line: bytes) -> None: ...
+
 
 class Dispatcher:
     def __init__(
@@ -97,6 +111,12 @@ class Dispatcher:
         """A notification: this API takes none (every method has an effect or
         an answer, so one without an id is dropped by the server)."""
         return False
+
+    def opened(self, session: Session) -> None:
+        """This API sends nothing unasked."""
+
+    def closed(self, session: Session) -> None:
+        pass
 
     async def run(
         self,

@@ -359,7 +359,18 @@ class _Connection:
         self.notifications = 0
         self.notification_log = _Every()
 
+    async def send(self, line: bytes) -> None:
+        """A message the protocol sends unasked (the MCP face's notifications)."""
+        await self._send(line)
+
     async def serve(self) -> None:
+        self.dispatcher.opened(self)
+        try:
+            await self._serve()
+        finally:
+            self.dispatcher.closed(self)
+
+    async def _serve(self) -> None:
         async with self.stream, anyio.create_task_group() as tg:
             tg.start_soon(self._watch)
             async with anyio.create_task_group() as calls:

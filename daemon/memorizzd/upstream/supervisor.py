@@ -103,6 +103,8 @@ class Supervisor:
         self._was_ready = False
         self._check = anyio.Event()
         """Set: the health loop probes the session now (a request timed out)."""
+        self._relist = anyio.Event()
+        """Set: the server said its tools changed; list them again."""
         self._checking: anyio.Event | None = None
         """While such a probe runs: set when it has its answer."""
         self._handshake_next = False
@@ -283,6 +285,7 @@ class Supervisor:
                     tg.start_soon(self._watch_process, process)
                 tg.start_soon(self._health_loop, client)
                 tg.start_soon(self._watch_tool_changes, client)
+                tg.start_soon(self._relist_on_change, client)
                 await self._dead.wait()
                 tg.cancel_scope.cancel()
             self._publish(None)
@@ -374,7 +377,21 @@ class Supervisor:
             self._tools_changed()
 
     def _tools_changed(self) -> None:
-        self._tools.invalidate()  # the next tools/list fetches afresh
+        self._tools.invalidate()  # a tools/list until the relist is in fetches afresh
+        self._relist.set()
+
+    async def _relist_on_change(self, client: Connection) -> None:
+        """Fetch the listing again as soon as the server says it changed, so
+        that its listeners (approvals re-check, the MCP face tells its
+        sessions) hear of the change without waiting for a caller to list."""
+        while True:
+            await self._relist.wait()
+            self._relist = anyio.Event()
+            try:
+                with anyio.fail_after(self.spec.timeout_s):
+                    await self._tools.refresh(client, server_name=self.server_name)
+            except (RemoteError, errors.ConnectionLost, TimeoutError) as exc:
+                log.info("%s: no listing after a change: %s", self.name, exc)
 
     async def _watch_tool_changes(self, client: Connection) -> None:
         try:
