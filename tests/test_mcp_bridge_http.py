@@ -28,6 +28,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from memorizz import cli
 from memorizz.ctl import serve_http
+from memorizz.ctl.serve import Bridge
+from memorizz.ctl.session import Sessions
 from memorizzd.listeners import face_socket_path
 from tests.harness import DaemonHarness, daemon_config, short_tempdir, stdio_spec
 
@@ -367,3 +369,23 @@ def test_the_http_options_need_the_http_transport(
 ) -> None:
     assert cli.main(["mcp", "serve", "--listen", "127.0.0.1:1"]) == 2
     assert "go with --transport streamable-http" in capfd.readouterr().err
+
+
+def test_sessions_are_bounded() -> None:
+    """Past the limit, a new session is refused (the bridge answers 503) while
+    the others stay; one ended makes room."""
+    base = short_tempdir()
+    path = os.path.join(base, "mcp.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(8)  # connections wait in the backlog, open: sessions that stay
+    sessions = Sessions(Bridge(path, None), limit=2)
+    try:
+        first = sessions.open()
+        assert first is not None
+        assert sessions.open() is not None
+        assert sessions.open() is None
+        assert sessions.end(first[0])
+        assert sessions.open() is not None
+    finally:
+        listener.close()

@@ -30,7 +30,8 @@ sent, must be such a host over http (else ``403``). It listens on loopback
 unless ``--allow-remote`` says otherwise.
 
 Bounded: a body over ``MAX_BODY`` is ``413``, at most ``MAX_SESSIONS`` sessions
-(when full, sessions idle for ``IDLE_S`` make room; else ``503``).
+(``memorizz.ctl.session``; when full, idle ones make room, else ``503``), and a
+connection silent for ``TIMEOUT_S`` is closed.
 
 Standard library and msgspec only, imported only when this transport is chosen.
 """
@@ -43,9 +44,6 @@ import http.server
 import ipaddress
 import secrets
 import sys
-import threading
-import time
-from collections.abc import Callable
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -53,35 +51,26 @@ import msgspec
 
 from memorizz.ctl.exits import EXIT_ERROR, EXIT_OK, PROG, UsageError
 from memorizz.ctl.serve import Bridge, connect
+from memorizz.ctl.session import (
+    MAX_SESSIONS,
+    DuplicateIdError,
+    FaceUnreachableError,
+    Message,
+    RequestId,
+    SessionGoneError,
+    Sessions,
+    decode,
+    decode_outcome,
+    one_shot,
+)
 
 ENDPOINT: Final = "/mcp"
 MAX_BODY: Final = 4 << 20
-MAX_SESSIONS: Final = 64
-IDLE_S: Final = 600.0
 VERSIONS: Final = frozenset({"2025-06-18", "2025-11-25", "2026-07-28"})
 """``MCP-Protocol-Version`` values let through (the face negotiates)."""
 
-_CHUNK: Final = 1 << 16
+TIMEOUT_S: Final = 60.0
 _DRAIN: Final = 4 * MAX_BODY  # a larger declared body is not read before the 413
-
-RequestId = int | str
-
-
-class _Message(msgspec.Struct):
-    """What the bridge reads of a message: the rest goes through unread."""
-
-    id: RequestId | msgspec.UnsetType | None = msgspec.UNSET
-    method: str | msgspec.UnsetType = msgspec.UNSET
-
-
-class _Outcome(msgspec.Struct):
-    """Whether an answer is an error."""
-
-    error: dict[str, object] | None = None
-
-
-_decode = msgspec.json.Decoder(_Message).decode
-_decode_outcome = msgspec.json.Decoder(_Outcome).decode
 
 
 class Listen:
@@ -135,208 +124,6 @@ class Listen:
         return address.is_loopback if self.loopback else True
 
 
-# --- sessions -------------------------------------------------------------------
-
-
-class Gone(Exception):
-    """The session's connection is closed: its id is 404 from now on."""
-
-
-class Unreachable(Exception):
-    """mcp.sock refused a new connection (the message says why)."""
-
-
-class DuplicateIdError(Exception):
-    """A request reuses the id of one still waiting in its session."""
-
-
-class _Waiter:
-    __slots__ = ("done", "reply")
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.reply: bytes | None = None
-
-
-class Session:
-    """One connection to mcp.sock, and the requests waiting for its answers."""
-
-    def __init__(
-        self,
-        sock: _socket.socket,
-        on_close: Callable[[Session], None] | None = None,
-    ) -> None:
-        self.sock = sock
-        self.last_used = time.monotonic()
-        self._send_lock = threading.Lock()
-        self._lock = threading.Lock()
-        self._waiting: dict[RequestId, _Waiter] = {}
-        self._closed = False
-        self._on_close = on_close
-        threading.Thread(target=self._read, daemon=True).start()
-
-    @property
-    def busy(self) -> bool:
-        return bool(self._waiting)
-
-    def send(self, line: bytes) -> None:
-        with self._send_lock:
-            if self._closed:
-                raise Gone
-            try:
-                self.sock.sendall(line)
-            except OSError:
-                raise Gone from None
-
-    def ask(self, request_id: RequestId, line: bytes) -> bytes:
-        """Write ``line``, and return the line that answers ``request_id``."""
-        waiter = _Waiter()
-        with self._lock:
-            if self._closed:
-                raise Gone
-            if request_id in self._waiting:
-                raise DuplicateIdError
-            self._waiting[request_id] = waiter
-        try:
-            self.send(line)
-            waiter.done.wait()
-        finally:
-            with self._lock:
-                self._waiting.pop(request_id, None)
-            self.last_used = time.monotonic()
-        if waiter.reply is None:
-            raise Gone
-        return waiter.reply
-
-    def close(self) -> None:
-        try:
-            self.sock.shutdown(_socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def _read(self) -> None:
-        pending = b""
-        try:
-            while data := self.sock.recv(_CHUNK):
-                *lines, pending = (pending + data).split(b"\n")
-                for line in lines:
-                    self._answer(line.rstrip(b"\r"))
-        except OSError:
-            pass
-        with self._lock:
-            self._closed = True
-            waiting = list(self._waiting.values())
-        for waiter in waiting:
-            waiter.done.set()
-        self.sock.close()
-        if self._on_close is not None:
-            self._on_close(self)
-
-    def _answer(self, line: bytes) -> None:
-        try:
-            message = _decode(line)
-        except msgspec.DecodeError:
-            return
-        if not isinstance(message.method, msgspec.UnsetType):
-            # The daemon's own requests and notifications have no stream to
-            # travel on (no GET stream): a request is told so at once.
-            if isinstance(message.id, int | str):
-                refusal = msgspec.json.encode(
-                    {
-                        "jsonrpc": "2.0",
-                        "id": message.id,
-                        "error": {
-                            "code": -32601,
-                            "message": "this client's HTTP transport takes no requests",
-                        },
-                    }
-                )
-                try:
-                    self.send(refusal + b"\n")
-                except Gone:
-                    pass
-            return
-        if isinstance(message.id, int | str):
-            with self._lock:
-                waiter = self._waiting.get(message.id)
-            if waiter is not None:
-                waiter.reply = line
-                waiter.done.set()
-
-
-class Sessions:
-    """The live sessions by id, at most ``limit`` of them."""
-
-    def __init__(self, bridge: Bridge, limit: int = MAX_SESSIONS) -> None:
-        self.bridge = bridge
-        self.limit = limit
-        self._lock = threading.Lock()
-        self._by_id: dict[str, Session] = {}
-
-    def open(self) -> tuple[str, Session] | None:
-        """A new session, or ``None`` when full (``Unreachable``: no daemon)."""
-        sock = _connect(self.bridge)
-        session_id = secrets.token_urlsafe(24)
-        with self._lock:
-            if len(self._by_id) >= self.limit and not self._evict_idle():
-                sock.close()
-                return None
-            session = Session(sock, lambda s: self._forget(session_id, s))
-            self._by_id[session_id] = session
-        return session_id, session
-
-    def get(self, session_id: str) -> Session | None:
-        with self._lock:
-            return self._by_id.get(session_id)
-
-    def end(self, session_id: str) -> bool:
-        with self._lock:
-            session = self._by_id.pop(session_id, None)
-        if session is None:
-            return False
-        session.close()
-        return True
-
-    def _forget(self, session_id: str, session: Session) -> None:
-        with self._lock:
-            if self._by_id.get(session_id) is session:
-                del self._by_id[session_id]
-
-    def _evict_idle(self) -> bool:
-        now = time.monotonic()
-        idle = [
-            (sid, s)
-            for sid, s in self._by_id.items()
-            if not s.busy and now - s.last_used > IDLE_S
-        ]
-        for sid, s in idle:
-            del self._by_id[sid]
-            s.close()
-        return bool(idle)
-
-
-def _connect(bridge: Bridge) -> _socket.socket:
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    try:
-        sock.connect(bridge.mcp_socket)
-    except OSError as exc:
-        sock.close()
-        raise Unreachable(
-            f"cannot reach memorizzd's MCP socket at {bridge.mcp_socket}:"
-            f" {exc.strerror or exc}"
-        ) from None
-    return sock
-
-
-def _one_shot(bridge: Bridge, request_id: RequestId, line: bytes) -> bytes:
-    """A request outside any session: its own connection, closed after the answer."""
-    session = Session(_connect(bridge))
-    try:
-        return session.ask(request_id, line)
-    finally:
-        session.close()
-
-
 # --- HTTP -----------------------------------------------------------------------
 
 
@@ -352,6 +139,7 @@ def _error_body(code: int, message: str, request_id: RequestId | None = None) ->
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    timeout = TIMEOUT_S  # reads and writes; not the wait for the daemon's answer
     server_version = "memorizzctl"
     sys_version = ""
     server: _Server
@@ -448,7 +236,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if body is None:
             return
         try:
-            message = _decode(body)
+            message = decode(body)
         except msgspec.ValidationError:
             self._refuse(400, "not a single JSON-RPC message")
             return
@@ -479,7 +267,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return None
         return self.rfile.read(length)
 
-    def _post(self, message: _Message, line: bytes) -> None:
+    def _post(self, message: Message, line: bytes) -> None:
         sessions = self.server.sessions
         session_id = self.headers.get("Mcp-Session-Id")
         request_id = message.id
@@ -498,7 +286,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 if message.method == "initialize" and request_id is not None:
                     self._initialize(request_id, line)
                 elif request_id is not None:
-                    self._reply(_one_shot(sessions.bridge, request_id, line))
+                    self._reply(one_shot(sessions.bridge, request_id, line))
                 else:
                     self._send(202)  # nowhere to go without a session
                 return
@@ -510,11 +298,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             else:
                 session.send(line)
                 self._send(202)
-        except Gone:
+        except SessionGoneError:
             self._refuse(404, "the session ended")
         except DuplicateIdError:
             self._refuse(400, "a request with this id is still waiting")
-        except Unreachable as exc:
+        except FaceUnreachableError as exc:
             _error(str(exc))
             self._refuse(503, "memorizzd is unreachable", code=-32603)
 
@@ -528,10 +316,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         session_id, session = opened
         try:
             reply = session.ask(request_id, line)
-        except Gone:  # not a session's end: there never was one
+        except SessionGoneError:  # not a session's end: there never was one
             self._refuse(503, "memorizzd closed the connection", code=-32603)
             return
-        if _decode_outcome(reply).error is not None:  # refused: no session to keep
+        if decode_outcome(reply).error is not None:  # refused: no session to keep
             self.server.sessions.end(session_id)
             self._reply(reply)
             return
