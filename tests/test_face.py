@@ -337,3 +337,34 @@ def test_an_upstreams_list_change_reaches_the_sessions_that_see_it(
     assert len(added) == 1
     assert added[0].startswith("alpha__dyn_")
     assert "ToolListChangedNotification" not in agent_heard
+
+
+def test_the_same_call_again_runs_the_approved_proposal_once(base_dir: str) -> None:
+    """With no wait (``face_approval_wait_s = 0``) the first call answers
+    "pending"; once the operator approves, the same call runs that proposal,
+    once; the next one is a new proposal."""
+    calls_log = os.path.join(base_dir, "calls.log")
+    config = daemon_config(
+        base_dir,
+        servers=[stdio_spec("alpha", env={"CALL_LOG": calls_log})],
+        face_approval_wait_s=0.0,
+    )
+    with DaemonHarness.running(config) as harness:
+        harness.wait_ready("alpha")
+
+        async def call(client: Client) -> Any:
+            result = await client.call_tool("record", {"tag": "again"})
+            return result.is_error, result.structured_content
+
+        first, pending = run(harness.socket, call)  # type: ignore[misc]
+        assert first
+        assert pending["status"] == "pending"
+        with harness.client() as c:
+            c.approve(pending["proposal_id"])
+        second, _ = run(harness.socket, call)  # type: ignore[misc]
+        assert not second
+        assert Path(calls_log).read_text().splitlines() == ["again"]
+        third, again = run(harness.socket, call)  # type: ignore[misc]
+        assert third
+        assert again["proposal_id"] != pending["proposal_id"]  # consumed: a new one
+    assert Path(calls_log).read_text().splitlines() == ["again"]

@@ -74,9 +74,15 @@ class Calls:
         tool: str,
         arguments: msgspec.Raw,
         timeout_s: float | None,
+        reuse_approved: bool = False,
     ) -> msgspec.Raw:
         """``tools/call``: policy first (anything but allow is refused, or held
-        for approval, before the upstream sees it), then the relay."""
+        for approval, before the upstream sees it), then the relay.
+
+        ``reuse_approved`` (the MCP face, whose clients cannot resume): a call
+        decided ``ask`` that this caller already proposed and an operator
+        approved (same server, tool and arguments) runs that proposal, once,
+        instead of proposing again."""
         started = time.time()
         verdict: dict[str, Any] = {}  # what the audit records of the policy's answer
         read: CallArguments | None = None
@@ -89,6 +95,13 @@ class Calls:
                 decided, listed = await upstream.tool_verdict(tool, deadline=deadline)
                 verdict = {"risk": decided.risk, "decision": decided.decision}
                 if decided.decision == "ask" and not decided.blocked:
+                    approved = (
+                        await self._approved(caller, upstream.name, tool, read)
+                        if reuse_approved
+                        else None
+                    )
+                    if approved is not None:
+                        return await self.resume(caller, approved, timeout_s=timeout_s)
                     proposal = await self._book.propose(
                         caller,
                         server=upstream.name,
@@ -179,6 +192,21 @@ class Calls:
             )
         finally:
             self._running -= 1
+
+    async def _approved(
+        self, caller: Caller, server: str, tool: str, read: CallArguments
+    ) -> m.Proposal | None:
+        """The caller's approved, unused proposal of exactly this call, if any."""
+        approved = await self._book.list_for(caller, status="approved", limit=100)
+        return next(
+            (
+                p
+                for p in approved
+                if (p.server, p.tool, p.arguments_hmac) == (server, tool, read.hmac)
+                and p.caller_uid == caller.uid
+            ),
+            None,
+        )
 
     async def _relay(
         self,

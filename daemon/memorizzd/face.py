@@ -17,7 +17,7 @@ What it serves (this first version; issue 11 has the rest):
 * ``tools/list``: the tools of every server in scope that is connected, named
   ``SERVER__TOOL`` (``exposed_names``: valid MCP tool names within the common
   64-character ``[A-Za-z0-9_-]`` limit of model APIs; a scope of one server
-  keeps the names unchanged). A blocked tool is not listed; a tool decided
+  keeps the names unchanged). A blocked or denied tool is not listed; a tool decided
   ``ask`` says in its description that it needs approval; the daemon's
   verdict is in ``_meta`` (``memorizz/risk``, ``memorizz/decision``,
   ``memorizz/server``);
@@ -279,7 +279,11 @@ class FaceDispatcher:
             except RemoteError as exc:
                 log.info("face: %s not listed: %s", upstream.name, exc.message)
                 continue
-            found += [(upstream, tool) for tool in sorted(tools, key=lambda t: t.name)]
+            found += [
+                (upstream, tool)
+                for tool in sorted(tools, key=lambda t: t.name)
+                if tool.decision != "deny"  # refused whatever the arguments
+            ]
         names = exposed_names(
             ((u.name, t.name) for u, t in found), single=len(upstreams) == 1
         )
@@ -307,7 +311,12 @@ class FaceDispatcher:
         calls = self._broker.tool_calls
         try:
             return await calls.call(
-                caller, server, tool=tool, arguments=call.arguments, timeout_s=None
+                caller,
+                server,
+                tool=tool,
+                arguments=call.arguments,
+                timeout_s=None,
+                reuse_approved=True,
             )
         except ApprovalRequiredError as exc:
             held = exc
@@ -439,7 +448,8 @@ def _held(exc: ApprovalRequiredError, status: str) -> msgspec.Raw:
         text = (
             f"This call needs an operator's approval; it is stored as proposal "
             f"{proposal_id} and is still pending. An operator approves it with "
-            f"`memorizzctl mcp approve {proposal_id}`; then call the tool again."
+            f"`memorizzctl mcp approve {proposal_id}`; once it is approved, the same "
+            "call (same tool, same arguments) runs it."
         )
     else:
         text = f"This call was not approved: proposal {proposal_id} is {status}."
