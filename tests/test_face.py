@@ -368,3 +368,28 @@ def test_the_same_call_again_runs_the_approved_proposal_once(base_dir: str) -> N
         assert third
         assert again["proposal_id"] != pending["proposal_id"]  # consumed: a new one
     assert Path(calls_log).read_text().splitlines() == ["again"]
+
+
+def test_a_client_that_cancels_a_call_cancels_it_upstream(faced: DaemonHarness) -> None:
+    """The client gives up on a call (the SDK sends ``notifications/cancelled``):
+    the daemon cancels it upstream at once, sends no reply, and audits it."""
+    calls_log = Path(faced.config.servers[0].env["CALL_LOG"])
+    tag = "face-cancel"
+
+    async def work(client: Client) -> None:
+        with anyio.move_on_after(1.5):
+            await client.call_tool("alpha__watched", {"seconds": 30, "tag": tag})
+        # the session goes on: the next call is answered
+        result = await client.call_tool("alpha__echo", {"text": "after"})
+        assert result.content[0].text == "after"  # type: ignore[union-attr]
+
+    run(faced.socket, work)
+    wait_until(
+        lambda: f"cancelled:{tag}" in calls_log.read_text().splitlines(),
+        what="the upstream to hear the cancellation",
+    )
+    with faced.client() as c:
+        records = [r for r in c.audit(limit=10).records if r.tool == "watched"]
+    assert records[0].outcome == "client_aborted"
+    assert records[0].reason == "cancelled"
+    assert records[0].duration_ms < 20_000

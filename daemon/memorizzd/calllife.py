@@ -45,13 +45,23 @@ ABORTABLE_METHODS: Final = frozenset(
 class CallLife:
     """One request's scope: cancelled if its client leaves while it may be."""
 
-    __slots__ = ("abortable", "aborted", "gone", "scope")
+    __slots__ = ("abortable", "aborted", "gone", "reason", "scope")
 
     def __init__(self, method: str) -> None:
         self.abortable = method in ABORTABLE_METHODS
         self.gone = False
         self.aborted = False
+        self.reason = "client_gone"
+        """Why it was aborted: ``client_gone`` or ``cancelled`` (asked to stop)."""
         self.scope = anyio.CancelScope()
+
+    def cancel(self) -> None:
+        """The client asked to stop (MCP's ``notifications/cancelled``): the
+        request is cancelled whatever its effects (its upstream request is
+        cancelled too, and decides what that means), and no reply is sent."""
+        self.aborted = True
+        self.reason = "cancelled"
+        self.scope.cancel()
 
     def client_gone(self) -> None:
         """The client went away: cancel the request if nothing is lost by it."""
@@ -77,6 +87,13 @@ def mark_abortable(abortable: bool) -> None:
 
 
 def client_aborted() -> bool:
-    """Whether the running request is being cancelled because its client left."""
+    """Whether the running request is being cancelled because its client left
+    or asked to stop (``aborted_reason`` says which)."""
     life = current.get()
     return life is not None and life.aborted
+
+
+def aborted_reason() -> str:
+    """``client_gone`` or ``cancelled`` (for the audit record of an aborted call)."""
+    life = current.get()
+    return "client_gone" if life is None else life.reason

@@ -41,7 +41,7 @@ from memorizzd.approvals import (
 )
 from memorizzd.audit import Auditor, CallArguments, outcome_for
 from memorizzd.caller import Caller
-from memorizzd.calllife import client_aborted, mark_abortable
+from memorizzd.calllife import aborted_reason, client_aborted, mark_abortable
 from memorizzd.policy import refusal
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.pool import Pool
@@ -229,7 +229,7 @@ class Calls:
             raise
         except BaseException as exc:  # a bug, or cancelled (client gone, shutdown)
             if client_aborted():
-                outcome, reason = "client_aborted", "client_gone"
+                outcome, reason = "client_aborted", aborted_reason()
             else:
                 outcome = "failed"
                 reason = "internal" if isinstance(exc, Exception) else "cancelled"

@@ -130,6 +130,10 @@ class _ResultType(msgspec.Struct, rename="camel"):
 _decode_result_type: Final = msgspec.json.Decoder(_ResultType).decode
 
 
+class _Cancelled(msgspec.Struct, rename="camel"):
+    request_id: int | str
+
+
 class _Initialize(msgspec.Struct, rename="camel"):
     protocol_version: str = VERSIONS[-1]
 
@@ -217,9 +221,16 @@ class FaceDispatcher:
             with anyio.move_on_after(LIST_CHANGED_SEND_S):
                 await session.send(_TOOLS_CHANGED)
 
-    def notified(self, caller: Caller, request: Request) -> bool:
-        """``notifications/initialized``, ``notifications/cancelled`` and the
-        like: taken, nothing to do yet (a call's own client leaving cancels it)."""
+    def notified(self, session: Session, request: Request) -> bool:
+        """``notifications/cancelled`` cancels that request of the session (and
+        its upstream request); ``notifications/initialized`` and the rest are
+        taken, with nothing to do."""
+        if request.method == "notifications/cancelled":
+            try:
+                cancelled = msgspec.json.decode(request.params, type=_Cancelled)
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                return True
+            session.cancel(cancelled.request_id)
         return True
 
     async def run(self, caller: Caller, request: Request) -> bytes:

@@ -63,7 +63,7 @@ class LineDispatcher(Protocol):
 
     def parse(self, line: bytes) -> Request | bytes: ...
 
-    def notified(self, caller: Caller, request: Request) -> bool:
+    def notified(self, session: Session, request: Request) -> bool:
         """Take a notification (no id); False: the server drops and logs it."""
         ...
 
@@ -82,6 +82,10 @@ class Session(Protocol):
     caller: Caller
 
     async def send(self, line: bytes) -> None: ...
+
+    def cancel(self, request_id: RequestId) -> None:
+        """Cancel a request of this connection still running (no reply follows)."""
+        ...
 
 
 class Dispatcher:
@@ -107,7 +111,7 @@ class Dispatcher:
         the connection can refuse them without starting a task."""
         return parse_request(line)
 
-    def notified(self, caller: Caller, request: Request) -> bool:
+    def notified(self, session: Session, request: Request) -> bool:
         """A notification: this API takes none (every method has an effect or
         an answer, so one without an id is dropped by the server)."""
         return False

@@ -363,6 +363,12 @@ class _Connection:
         """A message the protocol sends unasked (the MCP face's notifications)."""
         await self._send(line)
 
+    def cancel(self, request_id: RequestId) -> None:
+        """The client asked to stop one of its requests (unknown ids: nothing)."""
+        life = self.lives.get(request_id)
+        if life is not None:
+            life.cancel()
+
     async def serve(self) -> None:
         self.dispatcher.opened(self)
         try:
@@ -477,7 +483,7 @@ class _Connection:
             await self._send(parsed)
             return
         if parsed.id is None:
-            if not self.dispatcher.notified(self.caller, parsed):
+            if not self.dispatcher.notified(self, parsed):
                 self._drop_notification(parsed)
             return
         if parsed.id in self.lives:
