@@ -12,7 +12,15 @@
     an SDK server spends ~1 ms of CPU per call, which caps (d) near 1,000/s on
     2 cores whatever the daemon does; (d') shows the daemon's own capacity;
 (e) the daemon's RSS with 20 warm stdio servers (their own processes not counted),
-    then with one Streamable HTTP server more (which loads the MCP SDK).
+    then with one Streamable HTTP server more (which loads the MCP SDK);
+(f) the MCP face (bench/face.py): the official SDK ``Client`` (mode "legacy",
+    the handshake era, and the default "auto") over ``stdio_client`` running
+    ``memorizzctl --socket S mcp serve`` -> the daemon's face -> the warm echo
+    server of (b), against the same client over ``stdio_client`` spawning the
+    echo server itself; ABBA blocks as (a)/(b), right after them;
+(g) a fresh daemon's RSS with 100 raw sessions (``initialize``, held open) on
+    the operator's face (its mcp.sock has the operator socket's fixed cap, 128
+    per uid; an agent face has its profile's limits, 32 per uid by default).
 
 Bridge start-up: the installed ``memorizzctl mcp serve``, from process start
 until it has connected to an MCP socket (a listener of this process stands in
@@ -66,6 +74,7 @@ from bench.harness import (
     cpu_ns,
     median,
     p99,
+    pause,
     rss_bytes,
     wait_until,
 )
@@ -92,6 +101,13 @@ MAX_BRIDGE_START_MS: Final = 100.0
 ONE_SHOT_WARMUP: Final = 3
 MEMORIZZCTL: Final = os.path.join(os.path.dirname(sys.executable), "memorizzctl")
 
+MAX_RATIO_FACE: Final = 1.2
+"""(f): SDK client through the face / the same client direct, at the median."""
+FACE_MODES: Final = ("legacy", "auto")
+"""(f): the SDK Client's modes: the handshake era, and its default (discover first)."""
+FACE_SESSIONS: Final = 100
+MAX_FACE_SESSIONS_RSS: Final = 15_000_000
+"""(g): the daemon's RSS growth with ``FACE_SESSIONS`` face sessions open."""
 READY_TIMEOUT_S: Final = 120.0
 COLD_TIMEOUT_S: Final = 60.0
 
@@ -120,6 +136,28 @@ class Sequential(msgspec.Struct, kw_only=True):
     """The MCP protocol version the session negotiated."""
 
 
+class FaceRun(msgspec.Struct, kw_only=True):
+    """(f) in one SDK Client mode: through the face, and direct."""
+
+    mode: str
+    tool: str
+    """The name the face listed the echo tool under."""
+    face: Sequential
+    direct: Sequential
+    bridge_cpu_ns: int | None = None
+
+
+class FaceRss(msgspec.Struct, kw_only=True):
+    """(g): the daemon's RSS with 0, 1 and ``sessions`` face sessions open."""
+
+    sessions: int
+    before: int
+    one: int
+    after: int
+    socket: str
+    """Which face, and the cap that lets ``sessions`` in."""
+
+
 class Results(msgspec.Struct, kw_only=True):
     a: Sequential
     b: Sequential
@@ -146,6 +184,8 @@ class Results(msgspec.Struct, kw_only=True):
     daemon_log: list[str]
     load: tuple[float, float]
     """The 1-minute load average before and after: other work on the machine skews all."""
+    face: list[FaceRun] = []
+    face_rss: FaceRss | None = None
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
@@ -313,6 +353,86 @@ def sequential(
             for _ in range(options.batches)
         ]
     return a, b, rates
+
+
+def face_sequential(
+    options: Options, daemon: DaemonProcess, client: Client, workdir: str
+) -> list[FaceRun]:
+    """(f): per SDK Client mode, a warm ``tools/call`` through the installed
+    bridge (``memorizzctl --socket S mcp serve``) and the daemon's face to its
+    warm echo server, against the same client straight to an echo server of
+    its own; ABBA blocks, as (a)/(b)."""
+    from bench.face import face_and_direct  # imports mcp: keep it out of workers
+
+    per_block = options.n // options.blocks
+    warmup = min(200, max(20, options.n // 10))
+    daemon_server = _server_pid(client, "echo")
+    runs: list[FaceRun] = []
+    with open(os.path.join(workdir, "face-stderr.log"), "a") as errlog:
+        for mode in FACE_MODES:
+            with face_and_direct(daemon.socket, mode, errlog) as (pair, bridge, own):
+                face = Sequential(protocol=pair.face.protocol_version)
+                direct = Sequential(protocol=pair.direct.protocol_version)
+                run = FaceRun(mode=mode, tool=pair.face.tool, face=face, direct=direct)
+                progress(f"(f) {mode}: {warmup} warm-up calls each")
+                pair.face.sequential(warmup)
+                pair.direct.sequential(warmup)
+                bridge0 = cpu_ns(bridge) if bridge else 0
+                order = ("abba" * options.blocks)[: 2 * options.blocks]
+                for step, which in enumerate(order, 1):
+                    if which == "a":
+                        _timed_block(
+                            direct,
+                            lambda: pair.direct.sequential(per_block),
+                            daemon_pid=None,
+                            server_pid=own,
+                        )
+                    else:
+                        _timed_block(
+                            face,
+                            lambda: pair.face.sequential(per_block),
+                            daemon_pid=daemon.pid,
+                            server_pid=daemon_server,
+                        )
+                    progress(f"(f) {mode}: block {step}/{len(order)} ({which}) done")
+                if bridge:
+                    run.bridge_cpu_ns = cpu_ns(bridge) - bridge0
+                runs.append(run)
+    return runs
+
+
+def face_sessions_rss(daemon: DaemonProcess) -> FaceRss:
+    """(g): a fresh daemon with the echo server warm; its RSS before, with one,
+    and with ``FACE_SESSIONS`` raw sessions open on the operator's face (its
+    mcp.sock has the operator socket's fixed caps, 128 connections in all and
+    per uid; an agent face has its profile's ``limits``, 64 and 32 by default)."""
+    from bench.face import open_session
+    from memorizzd.listeners import face_socket_path
+    from memorizzd.rpc.server import OPERATOR_MAX_CONNECTIONS
+
+    daemon.start()
+    path = face_socket_path(daemon.socket)
+    with Client(daemon.socket) as client:
+        client.hello("memorizz-bench")
+        daemon.add_servers(client, ["echo"], timeout_s=READY_TIMEOUT_S)
+    pause(0.2)
+    before = rss_bytes(daemon.pid)
+    with contextlib.ExitStack() as held:
+        held.enter_context(open_session(path))
+        pause(0.2)
+        one = rss_bytes(daemon.pid)
+        for _ in range(FACE_SESSIONS - 1):
+            held.enter_context(open_session(path))
+        pause(0.2)
+        after = rss_bytes(daemon.pid)
+        progress(f"(g): {FACE_SESSIONS} face sessions open")
+    return FaceRss(
+        sessions=FACE_SESSIONS,
+        before=before,
+        one=one,
+        after=after,
+        socket=f"operator face mcp.sock (cap {OPERATOR_MAX_CONNECTIONS} per uid)",
+    )
 
 
 def cold(options: Options, socket_path: str) -> tuple[list[int], list[int]]:
@@ -494,6 +614,7 @@ def run(options: Options, workdir: str, stack: contextlib.ExitStack) -> Results:
     daemon.add_servers(client, ["echo"], timeout_s=READY_TIMEOUT_S)
 
     a, b, floor_rates = sequential(options, daemon, client)
+    face = face_sequential(options, daemon, client, workdir)
     progress(
         f"(d): {options.batches} x {options.calls} calls over "
         f"{options.connections} connections ({options.procs} processes)"
@@ -557,7 +678,12 @@ def run(options: Options, workdir: str, stack: contextlib.ExitStack) -> Results:
     stack.callback(rss_daemon.stop)
     rss, rss_http = resident(options, rss_daemon)
     rss_daemon.stop()
-    daemons = [daemon, rss_daemon]
+    face_daemon = DaemonProcess(workdir, "face")
+    stack.callback(face_daemon.stop)
+    progress(f"(g): daemon RSS with {FACE_SESSIONS} face sessions")
+    face_rss = face_sessions_rss(face_daemon)
+    face_daemon.stop()
+    daemons = [daemon, rss_daemon, face_daemon]
     return Results(
         a=a,
         b=b,
@@ -577,6 +703,8 @@ def run(options: Options, workdir: str, stack: contextlib.ExitStack) -> Results:
         orphans=[pid for d in daemons for pid in d.orphans()],
         daemon_log=[line for d in daemons for line in d.log_tail(5).splitlines()],
         load=(load_before, os.getloadavg()[0]),
+        face=face,
+        face_rss=face_rss,
     )
 
 
@@ -648,6 +776,66 @@ def _latency_rows(r: Results) -> list[str]:
             f"{len(samples):>6}"
         )
     return lines
+
+
+def _face_rows(r: Results) -> list[str]:
+    """(f) and (g), with the latency table's columns."""
+    lines: list[str] = []
+    for run in r.face:
+        rows = (
+            (f"(f) {run.mode}: SDK -> memorizzctl mcp serve -> face", run.face),
+            (f"    {run.mode}: the same SDK client -> stdio, direct", run.direct),
+        )
+        for label, seq in rows:
+            n = len(seq.samples)
+            cpu = "".join(
+                f"{_cpu(x, n):>7}"
+                for x in (seq.client_cpu_ns, seq.daemon_cpu_ns, seq.server_cpu_ns)
+            )
+            lines.append(
+                f"{label:54}{_us(median(seq.samples)):>11}{_us(p99(seq.samples)):>11}"
+                f"{n:>6}   {cpu:>32}"
+            )
+        lines.append(
+            f"    {run.mode}: tool {run.tool!r}; protocol face {run.face.protocol}, "
+            f"direct {run.direct.protocol}; bridge CPU/call "
+            f"{_cpu(run.bridge_cpu_ns, len(run.face.samples))} µs"
+        )
+    if r.face_rss is not None:
+        g = r.face_rss
+        lines.append(
+            f"(g) daemon RSS, {g.sessions} face sessions (initialize, held open; "
+            f"{g.socket}): before {_mb(g.before)}, with 1 {_mb(g.one)}, "
+            f"with {g.sessions} {_mb(g.after)}"
+        )
+    return lines
+
+
+def _face_targets(r: Results) -> list[tuple[str, str, str, bool | None]]:
+    targets: list[tuple[str, str, str, bool | None]] = []
+    for run in r.face:
+        ratio = median(run.face.samples) / median(run.direct.samples)
+        targets.append(
+            (
+                f"(f) {run.mode}: face/direct, median",
+                f"{ratio:.2f}",
+                f"<= {MAX_RATIO_FACE}",
+                ratio <= MAX_RATIO_FACE,
+            )
+        )
+        ratio99 = p99(run.face.samples) / p99(run.direct.samples)
+        targets.append(("    face/direct at p99 (context)", f"{ratio99:.2f}", "", None))
+    if r.face_rss is not None:
+        grown = r.face_rss.after - r.face_rss.before
+        targets.append(
+            (
+                f"(g) RSS, {r.face_rss.sessions} face sessions",
+                f"+{_mb(grown)}",
+                f"+<= {_mb(MAX_FACE_SESSIONS_RSS)}",
+                grown <= MAX_FACE_SESSIONS_RSS,
+            )
+        )
+    return targets
 
 
 def _cpu_per_call(batches: Sequence[load.Batch]) -> dict[str, float]:
@@ -755,6 +943,7 @@ def _target_rows(options: Options, r: Results) -> list[str]:
             r.rss_http <= MAX_RSS_HTTP,
         ),
     ]
+    targets += _face_targets(r)
     lines = [f"{'target':34}{'value':>12}{'goal':>14}"]
     lines += [
         f"{name:34}{value:>12}{goal:>14}  {'' if ok is None else 'PASS' if ok else 'MISS'}"
@@ -769,6 +958,8 @@ def report(options: Options, r: Results) -> str:
     lines += _latency_rows(r)
     lines.append("")
     lines += _load_rows(options, r)
+    lines.append("")
+    lines += _face_rows(r)
     lines.append("")
     lines += _target_rows(options, r)
     lines.append("")
