@@ -65,6 +65,15 @@ async def slow(seconds: float) -> str:
 
 
 @mcp.tool()
+async def progressing(steps: int, ctx: Context) -> str:
+    """Report progress ``steps`` times under the caller's progressToken."""
+    for step in range(1, steps + 1):
+        await ctx.report_progress(step, steps, message=f"step {step}")
+        await anyio.sleep(0.01)
+    return f"done in {steps} steps"
+
+
+@mcp.tool()
 async def chatty(seconds: float, ctx: Context) -> str:
     """Send a progress notification (token: this request's id) every 20 ms
     for ``seconds``, then answer: progress must not extend a deadline."""

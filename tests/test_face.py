@@ -393,3 +393,25 @@ def test_a_client_that_cancels_a_call_cancels_it_upstream(faced: DaemonHarness) 
     assert records[0].outcome == "client_aborted"
     assert records[0].reason == "cancelled"
     assert records[0].duration_ms < 20_000
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_a_calls_progress_reaches_the_client_under_its_own_token(
+    faced: DaemonHarness, mode: str
+) -> None:
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def work(client: Client) -> str:
+        async def on_progress(
+            progress: float, total: float | None, message: str | None
+        ) -> None:
+            seen.append((progress, total, message))
+
+        result = await client.call_tool(
+            "alpha__progressing", {"steps": 3}, progress_callback=on_progress
+        )
+        return result.content[0].text  # type: ignore[union-attr]
+
+    text = run(faced.socket, work, mode)
+    assert text == "done in 3 steps"
+    assert seen == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]

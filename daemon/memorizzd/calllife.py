@@ -14,6 +14,7 @@ without importing ``rpc``.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Final
 
@@ -45,9 +46,16 @@ ABORTABLE_METHODS: Final = frozenset(
 class CallLife:
     """One request's scope: cancelled if its client leaves while it may be."""
 
-    __slots__ = ("abortable", "aborted", "gone", "reason", "scope")
+    __slots__ = ("abortable", "aborted", "gone", "reason", "scope", "send")
 
-    def __init__(self, method: str) -> None:
+    def __init__(
+        self,
+        method: str,
+        send: Callable[[bytes], Awaitable[None]] | None = None,
+    ) -> None:
+        self.send = send
+        """Sends a line to the request's client, unasked (the MCP face's
+        progress notifications); None where the protocol sends nothing."""
         self.abortable = method in ABORTABLE_METHODS
         self.gone = False
         self.aborted = False
@@ -91,6 +99,12 @@ def client_aborted() -> bool:
     or asked to stop (``aborted_reason`` says which)."""
     life = current.get()
     return life is not None and life.aborted
+
+
+def client_send() -> Callable[[bytes], Awaitable[None]] | None:
+    """How to send the running request's client a line unasked, if its protocol can."""
+    life = current.get()
+    return None if life is None else life.send
 
 
 def aborted_reason() -> str:

@@ -44,6 +44,7 @@ from memorizzd.caller import Caller
 from memorizzd.calllife import aborted_reason, client_aborted, mark_abortable
 from memorizzd.policy import refusal
 from memorizzd.upstream.actor import Upstream
+from memorizzd.upstream.connection import ProgressHandler
 from memorizzd.upstream.pool import Pool
 
 _encode = msgspec.json.encode
@@ -75,6 +76,7 @@ class Calls:
         arguments: msgspec.Raw,
         timeout_s: float | None,
         reuse_approved: bool = False,
+        progress: ProgressHandler | None = None,
     ) -> msgspec.Raw:
         """``tools/call``: policy first (anything but allow is refused, or held
         for approval, before the upstream sees it), then the relay.
@@ -101,7 +103,9 @@ class Calls:
                         else None
                     )
                     if approved is not None:
-                        return await self.resume(caller, approved, timeout_s=timeout_s)
+                        return await self.resume(
+                            caller, approved, timeout_s=timeout_s, progress=progress
+                        )
                     proposal = await self._book.propose(
                         caller,
                         server=upstream.name,
@@ -132,13 +136,18 @@ class Calls:
                 self._audit, caller, "tools/call", started, upstream.name, tool, read
             )
             return await self._relay(
-                upstream, tool, read, decided.risk, deadline, audit, verdict
+                upstream, tool, read, decided.risk, deadline, audit, verdict, progress
             )
         finally:
             self._running -= 1
 
     async def resume(
-        self, caller: Caller, proposal: m.Proposal, *, timeout_s: float | None
+        self,
+        caller: Caller,
+        proposal: m.Proposal,
+        *,
+        timeout_s: float | None,
+        progress: ProgressHandler | None = None,
     ) -> msgspec.Raw:
         """``approvals/resume``: the stored call, checked against the server as
         it is now (the tool's schema; the policy still allows it), consumed
@@ -189,6 +198,7 @@ class Calls:
                 deadline,
                 audit,
                 verdict,
+                progress,
             )
         finally:
             self._running -= 1
@@ -217,12 +227,13 @@ class Calls:
         deadline: float,
         audit: partial[Any],
         verdict: dict[str, Any],
+        progress: ProgressHandler | None = None,
     ) -> msgspec.Raw:
         # a read may be abandoned with its client; anything else runs to the end
         mark_abortable(risk == "read")
         try:
             result = await upstream.call_tool(
-                tool, read.raw, risk=risk, deadline=deadline
+                tool, read.raw, risk=risk, deadline=deadline, progress=progress
             )
         except RemoteError as exc:
             await audit(outcome=outcome_for(exc.reason), reason=exc.reason, **verdict)

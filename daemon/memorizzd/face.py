@@ -33,6 +33,10 @@ What it serves (this first version; issue 11 has the rest):
   URI goes to the first server, by name, that lists it), ``prompts/list`` and
   ``prompts/get`` (named like tools).
 
+* progress: a call whose client gave a ``progressToken`` has the upstream's
+  ``notifications/progress`` passed on under that token (the upstream gets a
+  token of the daemon's own);
+* ``notifications/cancelled`` from the client cancels that call, upstream too;
 * ``notifications/tools/list_changed``: when an upstream says its tools
   changed, the daemon lists them again (``supervisor.py``) and every session
   that can see that server is told (``tools_listed``).
@@ -65,8 +69,10 @@ from memorizz.api.protocol import Reply, Request
 from memorizzd import __version__
 from memorizzd.broker import Broker
 from memorizzd.caller import Caller
+from memorizzd.calllife import client_send
 from memorizzd.rpc.dispatch import Session, encode_error, parse_request
 from memorizzd.upstream.actor import Upstream
+from memorizzd.upstream.connection import ProgressHandler
 
 log = logging.getLogger("memorizzd.face")
 
@@ -142,9 +148,20 @@ class _Cursor(msgspec.Struct):
     cursor: str | None = None
 
 
+class _CallMeta(msgspec.Struct, rename="camel"):
+    progress_token: int | str | None = None
+
+
 class _Call(msgspec.Struct):
     name: str
     arguments: msgspec.Raw = msgspec.field(default_factory=m.arguments)
+    meta: _CallMeta | None = msgspec.field(default=None, name="_meta")
+
+
+class _ProgressReport(msgspec.Struct, rename="camel", omit_defaults=True):
+    progress: float
+    total: float | None = None
+    message: str | None = None
 
 
 class _Read(msgspec.Struct):
@@ -320,6 +337,7 @@ class FaceDispatcher:
             )
         server, tool = route
         calls = self._broker.tool_calls
+        progress = _progress_to(call)
         try:
             return await calls.call(
                 caller,
@@ -328,6 +346,7 @@ class FaceDispatcher:
                 arguments=call.arguments,
                 timeout_s=None,
                 reuse_approved=True,
+                progress=progress,
             )
         except ApprovalRequiredError as exc:
             held = exc
@@ -337,7 +356,9 @@ class FaceDispatcher:
         book = self._broker.book
         proposal = await book.wait(caller, proposal_id, wait_s)
         if proposal.status == "approved":
-            return await calls.resume(caller, proposal, timeout_s=None)
+            return await calls.resume(
+                caller, proposal, timeout_s=None, progress=progress
+            )
         return _held(held, proposal.status)
 
     # --- resources and prompts -----------------------------------------------
@@ -418,6 +439,29 @@ class FaceDispatcher:
         upstream = self._broker.scoped(caller, server)
         result = await upstream.get_prompt(name, get.arguments, timeout_s=None)
         return _builtins(result)
+
+
+def _progress_to(call: _Call) -> ProgressHandler | None:
+    """Where the call's progress goes: the client's own token, on its
+    connection (None: the client asked for none, or cannot be sent to)."""
+    token = None if call.meta is None else call.meta.progress_token
+    send = client_send()
+    if token is None or send is None:
+        return None
+
+    async def forward(params: msgspec.Raw) -> None:
+        try:
+            report = msgspec.json.decode(params, type=_ProgressReport)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            return
+        note = {
+            "jsonrpc": "2.0",
+            "method": "notifications/progress",
+            "params": {"progressToken": token, **msgspec.to_builtins(report)},
+        }
+        await send(_encoder.encode(note) + b"\n")
+
+    return forward
 
 
 def _decode(params: msgspec.Raw, into: type[Any]) -> Any:

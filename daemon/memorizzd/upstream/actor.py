@@ -27,7 +27,7 @@ from memorizz.api.errors import (
 from memorizzd.config import Config
 from memorizzd.policy import ToolsView, ToolVerdict
 from memorizzd.store import Store
-from memorizzd.upstream.connection import Connection, ToolResult
+from memorizzd.upstream.connection import Connection, ProgressHandler, ToolResult
 from memorizzd.upstream.diagnostics import diagnose
 from memorizzd.upstream.errors import ConnectionLost, SessionExpired
 from memorizzd.upstream.retry import LOST_SENDS, RetryBudget, busy_wait, lost_wait
@@ -273,14 +273,20 @@ class Upstream(Supervisor):
         return self._tools.verdict(name)
 
     async def call_tool(
-        self, name: str, arguments: bytes, *, risk: m.Risk, deadline: float
+        self,
+        name: str,
+        arguments: bytes,
+        *,
+        risk: m.Risk,
+        deadline: float,
+        progress: ProgressHandler | None = None,
     ) -> ToolResult:
         """Relay one call: ``arguments`` (a JSON object, the caller's bytes) go
         out as they are, and the result comes back as the server wrote it. A
         ``read`` call may be sent again after a busy answer; no call is ever
         sent again after a lost connection (it may have run)."""
         return await self.request(
-            lambda client: client.call_tool(name, arguments),
+            lambda client: client.call_tool(name, arguments, progress),
             deadline=deadline,
             safe=False,
             repeatable=risk == "read",

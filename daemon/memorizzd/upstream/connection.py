@@ -13,7 +13,7 @@ Every method raises our classes only: ``RemoteError`` subclasses for answers,
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import msgspec
@@ -21,6 +21,10 @@ import msgspec
 from memorizz.api import methods as m
 
 CAPABILITIES = ("tools", "resources", "prompts")
+
+ProgressHandler = Callable[[msgspec.Raw], Awaitable[None]]
+"""Told each ``notifications/progress`` of a call: its params, raw (the
+caller rewrites the token to its own)."""
 
 
 class ToolResult(msgspec.Struct, frozen=True):
@@ -48,8 +52,11 @@ class Connection(Protocol):
         """Whether the server declared ``capability`` (tools, resources, prompts)."""
         ...
 
-    async def call_tool(self, name: str, arguments: bytes) -> ToolResult:
-        """``arguments``: a JSON object's bytes, as the caller sent them."""
+    async def call_tool(
+        self, name: str, arguments: bytes, progress: ProgressHandler | None = None
+    ) -> ToolResult:
+        """``arguments``: a JSON object's bytes, as the caller sent them.
+        ``progress``: the server's progress on this call, if it reports any."""
         ...
 
     async def list_tools(self, *, page_limit: int) -> list[m.Tool]: ...

@@ -44,7 +44,7 @@ import msgspec
 from memorizz.api import methods as m
 from memorizz.api.errors import RemoteError, UpstreamError
 from memorizzd import __version__
-from memorizzd.upstream.connection import CallShape, ToolResult
+from memorizzd.upstream.connection import CallShape, ProgressHandler, ToolResult
 from memorizzd.upstream.errors import (
     METHOD_NOT_FOUND,
     ConnectionLost,
@@ -59,6 +59,8 @@ HANDSHAKE_VERSION: Final = "2025-11-25"
 HANDSHAKE_VERSIONS: Final = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 DISCOVER_TIMEOUT_S: Final = 10.0
 CANCEL_WRITE_S: Final = 1.0
+PROGRESS_SEND_S: Final = 1.0
+"""How long one progress notification may take to pass on before it is dropped."""
 """How long a ``notifications/cancelled`` may take to write before it is skipped."""
 
 _PROTOCOL_VERSION_KEY: Final = "io.modelcontextprotocol/protocolVersion"
@@ -131,6 +133,11 @@ class _PromptsPage(msgspec.Struct, rename="camel"):
     next_cursor: str | None = None
 
 
+class _Progress(msgspec.Struct, rename="camel"):
+    progress_token: int | str | None = None
+
+
+_decode_progress = msgspec.json.Decoder(_Progress).decode
 _decode_message = msgspec.json.Decoder(_Message).decode
 _decode_shape = msgspec.json.Decoder(CallShape).decode
 _encode = msgspec.json.Encoder().encode
@@ -167,6 +174,9 @@ class JsonRpcSession:
         self.server_name: str | None = None
         self.server_version: str | None = None
         self._capabilities: dict[str, Any] = {}
+        self._progress: dict[str, ProgressHandler] = {}
+        """Calls that asked for progress, by the token we sent."""
+        self._progress_ids = itertools.count(1)
         self.ended = anyio.Event()
         """Set when the server closed its stdout (the session is over)."""
 
@@ -175,9 +185,25 @@ class JsonRpcSession:
     def declares(self, capability: str) -> bool:
         return isinstance(self._capabilities.get(capability), dict)
 
-    async def call_tool(self, name: str, arguments: bytes) -> ToolResult:
+    async def call_tool(
+        self, name: str, arguments: bytes, progress: ProgressHandler | None = None
+    ) -> ToolResult:
         params = b'{"name":' + _encode(name) + b',"arguments":' + arguments
-        raw = await self._request("tools/call", params + self._meta + b"}")
+        if progress is None:
+            raw = await self._request("tools/call", params + self._meta + b"}")
+        else:  # a token of ours in _meta: its notifications come to progress
+            token = f"mz-{next(self._progress_ids)}"
+            self._progress[token] = progress
+            stamp = b'"progressToken":' + _encode(token)
+            meta = (
+                b',"_meta":{' + stamp + b"," + self._meta[len(b',"_meta":{') :]
+                if self._meta
+                else b',"_meta":{' + stamp + b"}"
+            )
+            try:
+                raw = await self._request("tools/call", params + meta + b"}")
+            finally:
+                del self._progress[token]
         try:
             shape = _decode_shape(raw)
         except msgspec.ValidationError as exc:
@@ -407,7 +433,10 @@ class JsonRpcSession:
                 if message.method is None:
                     self._answered(message)
                 elif message.id is None:
-                    self._notified(message.method, message)
+                    if message.method == "notifications/progress":
+                        await self._progressed(message.params)
+                    else:
+                        self._notified(message.method, message)
                 else:
                     await self._answer_request(message)
         finally:
@@ -422,6 +451,17 @@ class JsonRpcSession:
             return  # abandoned, or not ours
         waiter.message = message
         waiter.done.set()
+
+    async def _progressed(self, params: msgspec.Raw) -> None:
+        """A call's progress, to whoever asked for it (a slow one is skipped)."""
+        try:
+            token = _decode_progress(params).progress_token
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            return
+        handler = self._progress.get(token) if isinstance(token, str) else None
+        if handler is not None:
+            with anyio.move_on_after(PROGRESS_SEND_S):
+                await handler(params)
 
     def _notified(self, method: str, message: _Message) -> None:
         if self._on_notification is not None:

@@ -17,13 +17,14 @@ import mcp_types as types
 from mcp import Client
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.dispatcher import CallOptions
+from mcp.shared.dispatcher import CallOptions, ProgressFnT
 from mcp.shared.exceptions import MCPError
 
 __all__ = [
     "CallOptions",
     "Client",
     "MCPError",
+    "ProgressFnT",
     "sse_client",
     "streamable_http_client",
     "types",

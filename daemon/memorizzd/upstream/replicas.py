@@ -27,7 +27,7 @@ from typing import TypeVar
 import anyio
 
 from memorizz.api import methods as m
-from memorizzd.upstream.connection import ToolResult
+from memorizzd.upstream.connection import ProgressHandler, ToolResult
 from memorizzd.upstream.jsonrpc import JsonRpcSession, Launch, open_session
 from memorizzd.upstream.stdio import StdioProcess
 
@@ -57,8 +57,12 @@ class ReplicaSet:
     def declares(self, capability: str) -> bool:
         return self._sessions[0].declares(capability)
 
-    async def call_tool(self, name: str, arguments: bytes) -> ToolResult:
-        return await self._on_least_busy(lambda s: s.call_tool(name, arguments))
+    async def call_tool(
+        self, name: str, arguments: bytes, progress: ProgressHandler | None = None
+    ) -> ToolResult:
+        return await self._on_least_busy(
+            lambda s: s.call_tool(name, arguments, progress)
+        )
 
     async def list_tools(self, *, page_limit: int) -> list[m.Tool]:
         return await self._on_least_busy(lambda s: s.list_tools(page_limit=page_limit))

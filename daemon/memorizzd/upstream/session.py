@@ -33,7 +33,7 @@ from memorizzd.egress.oversize import TOO_LARGE_MARKER
 from memorizzd.egress.replies import refusal_in
 from memorizzd.egress.transport import BearerSource
 from memorizzd.egress.urls import check_url, without_trailing_dot
-from memorizzd.upstream.connection import ToolResult
+from memorizzd.upstream.connection import ProgressHandler, ToolResult
 from memorizzd.upstream.errors import (
     METHOD_NOT_FOUND,
     ConnectionLost,
@@ -49,6 +49,7 @@ from memorizzd.upstream.mcp_sdk import (
     CallOptions,
     Client,
     MCPError,
+    ProgressFnT,
     sse_client,
     streamable_http_client,
     types,
@@ -270,7 +271,9 @@ class SdkConnection:
     async def _guarded(self, call: Callable[[], Awaitable[T]]) -> T:
         return await guarded(call, server=self._server)
 
-    async def call_tool(self, name: str, arguments: bytes) -> ToolResult:
+    async def call_tool(
+        self, name: str, arguments: bytes, progress: ProgressHandler | None = None
+    ) -> ToolResult:
         """Proxied verbatim: no output-schema validation, no implicit listing
         (``ClientSession.call_tool`` does both), so the request is sent as a
         plain ``send_request``."""
@@ -280,15 +283,34 @@ class SdkConnection:
         )
         session = self._client.session
 
+        handler = progress
+
+        async def on_progress(
+            progress: float, total: float | None, message: str | None
+        ) -> None:  # the SDK's ProgressFnT, by its parameter names
+            report: dict[str, object] = {"progressToken": "", "progress": progress}
+            if total is not None:
+                report["total"] = total
+            if message is not None:
+                report["message"] = message
+            if handler is not None:
+                await handler(msgspec.Raw(msgspec.json.encode(report)))
+
+        callback: ProgressFnT | None = None if handler is None else on_progress
+
         async def send() -> types.CallToolResult:
             try:
-                return await session.send_request(request, types.CallToolResult)
+                return await session.send_request(
+                    request, types.CallToolResult, progress_callback=callback
+                )
             except MCPError as exc:
                 if exc.code != types.HEADER_MISMATCH or self.protocol_version != MODERN:
                     raise
             # 2026-07-28: the server wants a fresh listing of this tool first; once.
             await self._client.list_tools(cache_mode="refresh")
-            return await session.send_request(request, types.CallToolResult)
+            return await session.send_request(
+                request, types.CallToolResult, progress_callback=callback
+            )
 
         result = await self._guarded(send)
         raw = result.model_dump_json(by_alias=True, exclude_none=True).encode()
