@@ -173,6 +173,14 @@ class _GetPrompt(msgspec.Struct):
     arguments: dict[str, str] = {}
 
 
+class _Routes(msgspec.Struct):
+    names: dict[str, tuple[str, str]]
+    views: list[Any]
+
+
+_ROUTE_CACHE_MAX: Final = 256
+
+
 def exposed_names(
     listed: Iterable[tuple[str, str]], *, single: bool
 ) -> dict[str, tuple[str, str]]:
@@ -206,6 +214,8 @@ class FaceDispatcher:
         self._broker = broker
         self._sessions: set[Session] = set()
         """The open connections of every face socket (told of list changes)."""
+        self._routes: dict[tuple[tuple[str, int], ...], _Routes] = {}
+        """Tool names resolved per scope and listings (``_route``)."""
         self._handlers: dict[str, Handler] = {
             "initialize": self._initialize,
             "server/discover": self._discover,
@@ -326,10 +336,35 @@ class FaceDispatcher:
         _, listed = await self._tools(caller)
         return {"tools": listed}
 
+    async def _route(self, caller: Caller, name: str) -> tuple[str, str] | None:
+        """Which server's which tool a shown name is. Resolved from the warm
+        listings, and remembered until one of them changes (a call must not
+        rebuild every server's listing); a cold listing is fetched first."""
+        upstreams = self._broker.in_scope(caller)
+        views = [(u.name, u.tools_view) for u in upstreams if u.connected]
+        if any(view is None for _, view in views):
+            routes, _ = await self._tools(caller)
+            return routes.get(name)
+        key = tuple((server, id(view)) for server, view in views)
+        found = self._routes.get(key)
+        if found is None:
+            pairs = [
+                (server, tool.name)
+                for server, view in views
+                if view is not None
+                for tool in sorted(view.tools, key=lambda t: t.name)
+                if tool.decision != "deny"
+            ]
+            names = exposed_names(pairs, single=len(upstreams) == 1)
+            if len(self._routes) >= _ROUTE_CACHE_MAX:
+                self._routes.clear()
+            # the views are kept with their names: their ids stay theirs
+            found = self._routes[key] = _Routes(names, [v for _, v in views])
+        return found.names.get(name)
+
     async def _tools_call(self, caller: Caller, params: msgspec.Raw) -> msgspec.Raw:
         call = _decode(params, _Call)
-        routes, _ = await self._tools(caller)
-        route = routes.get(call.name)
+        route = await self._route(caller, call.name)
         if route is None:
             raise InvalidParamsError(
                 f"unknown tool {call.name!r} (tools/list shows the tools)",

@@ -268,6 +268,12 @@ class Upstream(Supervisor):
             view = await self.request(self._refresh_tools, deadline=deadline, safe=True)
         return view.verdict(name), view.tool(name)
 
+    @property
+    def tools_view(self) -> ToolsView | None:
+        """The warm listing as policy shows it (None: none now); a new object
+        after every fresh listing, so its identity says whether it changed."""
+        return self._tools.view
+
     def cached_verdict(self, name: str) -> ToolVerdict | None:
         """The verdict from the warm cache, or None when there is none (no I/O)."""
         return self._tools.verdict(name)
