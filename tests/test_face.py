@@ -415,3 +415,55 @@ def test_a_calls_progress_reaches_the_client_under_its_own_token(
     text = run(faced.socket, work, mode)
     assert text == "done in 3 steps"
     assert seen == [(1, 3, "step 1"), (2, 3, "step 2"), (3, 3, "step 3")]
+
+
+def test_an_agents_built_in_tools_list_and_resume_its_own_proposals(
+    base_dir: str,
+) -> None:
+    """``face_tools = ["proposals", "resume"]``: the agent sees its proposal,
+    and runs it once the operator approved; the operator's face has neither."""
+    config = daemon_config(
+        base_dir,
+        servers=[stdio_spec("beta")],
+        face_approval_wait_s=0.0,
+        profiles=[
+            Profile(
+                name="bot",
+                servers=["beta"],
+                uids=[os.getuid()],
+                face_tools=["proposals", "resume"],
+            )
+        ],
+    )
+    with DaemonHarness.running(config) as harness:
+        harness.wait_ready("beta")
+        agent = agent_socket_path(harness.config, "bot")
+
+        async def propose(client: Client) -> Any:
+            names = {t.name for t in (await client.list_tools()).tools}
+            assert {"memorizz__proposals", "memorizz__resume"} <= names
+            held = await client.call_tool("annotated_destroy", {})
+            listed = await client.call_tool("memorizz__proposals", {})
+            return held.structured_content, listed.structured_content
+
+        held, listed = run(agent, propose)  # type: ignore[misc]
+        proposal_id = held["proposal_id"]
+        assert [(p["id"], p["status"]) for p in listed["proposals"]] == [
+            (proposal_id, "pending")
+        ]
+
+        async def resume(client: Client) -> Any:
+            result = await client.call_tool("memorizz__resume", {"id": proposal_id})
+            return result.is_error, result.content[0].text  # type: ignore[union-attr]
+
+        assert run(agent, resume)[0]  # type: ignore[index]  # not approved yet
+        with harness.client() as c:
+            c.approve(proposal_id)
+        is_error, text = run(agent, resume)  # type: ignore[misc]
+        assert not is_error
+        assert text == "destroyed nothing"
+
+        async def operator_tools(client: Client) -> set[str]:
+            return {t.name for t in (await client.list_tools()).tools}
+
+        assert "memorizz__resume" not in run(harness.socket, operator_tools)  # type: ignore[operator]

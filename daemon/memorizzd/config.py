@@ -12,7 +12,7 @@ import grp
 import os
 import tomllib
 from pathlib import Path
-from typing import Final
+from typing import Final, Literal
 
 import msgspec
 
@@ -83,6 +83,10 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Group owning the socket (mode 0660); without it the socket is 0666 when
     ``uids``/``gids`` gate it in-process, else 0660 with the daemon's group."""
     limits: Limits = msgspec.field(default_factory=Limits)
+    face_tools: list[Literal["proposals", "resume"]] = []
+    """Built-in tools on this profile's MCP face (off unless named):
+    ``proposals`` (``memorizz__proposals``: the profile's own proposals and
+    their status) and ``resume`` (``memorizz__resume``: run an approved one)."""
 
 
 class Operators(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

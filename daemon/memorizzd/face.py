@@ -37,6 +37,9 @@ What it serves (this first version; issue 11 has the rest):
   ``notifications/progress`` passed on under that token (the upstream gets a
   token of the daemon's own);
 * ``notifications/cancelled`` from the client cancels that call, upstream too;
+* two built-in tools on an agent's face, off unless its profile names them
+  (``face_tools``): ``memorizz__proposals`` (the profile's own proposals and
+  their status) and ``memorizz__resume`` (run an approved one, once);
 * ``notifications/tools/list_changed``: when an upstream says its tools
   changed, the daemon lists them again (``supervisor.py``) and every session
   that can see that server is told (``tools_listed``).
@@ -171,6 +174,37 @@ class _Read(msgspec.Struct):
 class _GetPrompt(msgspec.Struct):
     name: str
     arguments: dict[str, str] = {}
+
+
+class _ResumeArguments(msgspec.Struct):
+    id: str
+
+
+_BUILTIN_TOOLS: Final = {
+    "proposals": {
+        "name": "memorizz__proposals",
+        "description": (
+            "Your calls that wait for or got an operator's decision (memorizzd "
+            "proposals): id, status, server and tool."
+        ),
+        "inputSchema": {"type": "object", "properties": {}},
+        "annotations": {"readOnlyHint": True},
+    },
+    "resume": {
+        "name": "memorizz__resume",
+        "description": (
+            "Run one of your proposals that an operator approved, once; its "
+            "result is the call's."
+        ),
+        "inputSchema": {
+            "type": "object",
+            "properties": {"id": {"type": "string", "description": "The proposal id"}},
+            "required": ["id"],
+        },
+    },
+}
+"""Built-in tools of an agent's face, off unless its profile names them."""
+_BUILTIN_NAMES: Final = {tool["name"]: key for key, tool in _BUILTIN_TOOLS.items()}
 
 
 class _Routes(msgspec.Struct):
@@ -334,7 +368,50 @@ class FaceDispatcher:
 
     async def _tools_list(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
         _, listed = await self._tools(caller)
-        return {"tools": listed}
+        return {"tools": self._builtin_tools(caller) + listed}
+
+    def _builtins_of(self, caller: Caller) -> frozenset[str]:
+        """The built-in tools the caller's profile names (``face_tools``)."""
+        if caller.profile is None:
+            return frozenset()
+        profile = next(
+            (p for p in self._broker.config.profiles if p.name == caller.profile), None
+        )
+        return frozenset() if profile is None else frozenset(profile.face_tools)
+
+    def _builtin_tools(self, caller: Caller) -> list[dict[str, Any]]:
+        names = self._builtins_of(caller)
+        return [dict(tool) for key, tool in _BUILTIN_TOOLS.items() if key in names]
+
+    async def _builtin_call(
+        self, caller: Caller, key: str, arguments: msgspec.Raw
+    ) -> Any:
+        """``memorizz__proposals`` and ``memorizz__resume`` (an agent's own proposals)."""
+        book = self._broker.book
+        if key == "proposals":
+            proposals = await book.list_for(caller, status=None, limit=50)
+            rows = [
+                {
+                    "id": p.id,
+                    "status": p.status,
+                    "server": p.server,
+                    "tool": p.tool,
+                    "expires_at": p.expires_at,
+                }
+                for p in proposals
+            ]
+            text = "\n".join(
+                f"{r['id']} {r['status']} {r['server']}/{r['tool']}" for r in rows
+            )
+            return {
+                "content": [{"type": "text", "text": text or "no proposals"}],
+                "structuredContent": {"proposals": rows},
+            }
+        proposal_id = _decode(arguments, _ResumeArguments).id
+        proposal = await book.get(caller, proposal_id)
+        if proposal.status != "approved":
+            return _held_status(proposal.id, proposal.status)
+        return await self._broker.tool_calls.resume(caller, proposal, timeout_s=None)
 
     async def _route(self, caller: Caller, name: str) -> tuple[str, str] | None:
         """Which server's which tool a shown name is. Resolved from the warm
@@ -362,8 +439,11 @@ class FaceDispatcher:
             found = self._routes[key] = _Routes(names, [v for _, v in views])
         return found.names.get(name)
 
-    async def _tools_call(self, caller: Caller, params: msgspec.Raw) -> msgspec.Raw:
+    async def _tools_call(self, caller: Caller, params: msgspec.Raw) -> Any:
         call = _decode(params, _Call)
+        builtin = _BUILTIN_NAMES.get(call.name)
+        if builtin is not None and builtin in self._builtins_of(caller):
+            return await self._builtin_call(caller, builtin, call.arguments)
         route = await self._route(caller, call.name)
         if route is None:
             raise InvalidParamsError(
@@ -527,6 +607,16 @@ def _mcp_tool(tool: m.Tool, shown: str, server: str) -> dict[str, Any]:
         "memorizz/decision": decision,
     }
     return item
+
+
+def _held_status(proposal_id: str, status: str) -> msgspec.Raw:
+    text = f"Proposal {proposal_id} is {status}: it can run only once approved."
+    result = {
+        "content": [{"type": "text", "text": text}],
+        "structuredContent": {"proposal_id": proposal_id, "status": status},
+        "isError": True,
+    }
+    return msgspec.Raw(_encoder.encode(result))
 
 
 def _held(exc: ApprovalRequiredError, status: str) -> msgspec.Raw:
