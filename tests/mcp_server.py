@@ -212,7 +212,7 @@ async def evolve(ctx: Context) -> str:
     return "ok"
 
 
-# Tools for the policy tests (tests/test_policy.py): names from the risk catalog
+# Tools for the policy tests (tests/daemon/test_policy.py): names from the risk catalog
 # and MCP annotations. They only answer; nothing is stored or deleted.
 
 

@@ -6,7 +6,7 @@ config file of its own (an empty one, written by ``start()``, unless the caller
 gives one), a socket and a state directory under ``base``. Without ``--config``
 the daemon would read ``/etc/memorizzd/memorizzd.toml`` when it exists (the
 packaged default) and serve that host's servers to the test.
-``tests/test_process.py`` holds this.
+``tests/daemon/test_process.py`` holds this.
 
 Only the standard library and the memorizz client: benchmark worker processes
 import this module, and they must start fast and stay small.

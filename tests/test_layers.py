@@ -111,7 +111,7 @@ def test_only_the_store_imports_sqlite3() -> None:
 
 def test_the_store_imports_nothing_of_the_wire_contract() -> None:
     """Its rows are its own types: a wire change is never a schema change by
-    accident (memorizzd.stored converts; tests/test_store_rows.py)."""
+    accident (memorizzd.stored converts; tests/daemon/test_store_rows.py)."""
     assert not {n for n in IMPORTS["memorizzd.store"] if _top(n) == "memorizz"}
 
 

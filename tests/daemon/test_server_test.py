@@ -20,6 +20,7 @@ from memorizz.api.methods import ServerSpec
 from memorizz.ctl.render import render_test
 from memorizzd.egress import client as egress_client
 from memorizzd.egress.backend import Network
+from tests.daemon.test_static_auth import guarded, http_spec
 from tests.egress_world import (
     PUBLIC_NAME,
     PUBLIC_V4,
@@ -36,7 +37,6 @@ from tests.harness import (
     stdio_spec,
     wait_until,
 )
-from tests.test_static_auth import guarded, http_spec
 
 
 @pytest.fixture(scope="module")

@@ -35,9 +35,9 @@ from memorizzd.oauth.grant import load_grant
 from memorizzd.oauth.keeper import TokenKeeper
 from memorizzd.store import Store
 from memorizzd.vault import FernetCredentialStore, keys_for
+from tests.daemon.test_oauth import login, oauth_spec, start_login, wait_state
 from tests.harness import DaemonHarness, daemon_config, stdio_spec, wait_until
 from tests.oauth_world import TestAuthorizationServer, browser, serve_protected
-from tests.test_oauth import login, oauth_spec, start_login, wait_state
 
 
 @contextlib.contextmanager

@@ -253,7 +253,7 @@ def test_wal_and_full_sync_where_a_lost_write_would_matter(base_dir: str) -> Non
     the rotated refresh token before it is used) and approval proposals, at
     ``synchronous=FULL``. The audit trail has its own connection at NORMAL: in
     WAL mode a committed record survives a crash of the daemon (see
-    tests/test_crash_consistency.py), though not a power cut."""
+    tests/e2e/test_crash_consistency.py), though not a power cut."""
     s = Store(os.path.join(base_dir, "state"))
     try:
         assert s._db.execute("PRAGMA journal_mode").fetchone() == ("wal",)

@@ -24,6 +24,7 @@ from starlette.routing import Route
 from memorizz.api.errors import LoginError, PermissionDeniedError, RemoteError
 from memorizz.api.methods import ServerSpec
 from memorizzd.egress import client as egress_client
+from tests.daemon.test_egress import ADDRESS_NOT_ALLOWED
 from tests.egress_world import (
     PUBLIC_NAME,
     PUBLIC_V4,
@@ -41,7 +42,6 @@ from tests.harness import (
     short_tempdir,
     wait_until,
 )
-from tests.test_egress import ADDRESS_NOT_ALLOWED
 
 BASE = f"https://{PUBLIC_NAME}"
 MCP_URL = f"{BASE}/mcp"

@@ -3,14 +3,14 @@
 The servers are tests/legacy_server.py (hand-written, no SDK, so it starts
 fast) in its fault modes. Covered elsewhere:
 
-* a 10 MB (20 MB) line on stdout: tests/test_lifecycle.py::test_a_huge_result_does_not_grow_the_daemon,
-  tests/test_reliability.py::test_a_huge_result_is_refused_without_hurting_the_session,
-  tests/test_id_last.py (the id written last);
+* a 10 MB (20 MB) line on stdout: tests/e2e/test_lifecycle.py::test_a_huge_result_does_not_grow_the_daemon,
+  tests/daemon/test_reliability.py::test_a_huge_result_is_refused_without_hurting_the_session,
+  tests/e2e/test_id_last.py (the id written last);
 * a server that exits mid-call:
-  tests/test_reliability.py::test_a_crash_mid_call_fails_that_call_and_the_next_one_succeeds;
-* a server that forks a grandchild: tests/test_lifecycle.py::test_a_crashed_server_leaves_no_orphan,
+  tests/daemon/test_reliability.py::test_a_crash_mid_call_fails_that_call_and_the_next_one_succeeds;
+* a server that forks a grandchild: tests/e2e/test_lifecycle.py::test_a_crashed_server_leaves_no_orphan,
   ::test_removing_a_server_or_stopping_the_daemon_leaves_no_process_behind;
-* a request the SDK cannot encode: tests/test_deep_arguments.py.
+* a request the SDK cannot encode: tests/daemon/test_deep_arguments.py.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from tests.harness import (
     short_tempdir,
 )
 
-RELAY_SERVER = str(Path(__file__).parent / "relay_server.py")
+RELAY_SERVER = str(Path(__file__).parents[1] / "relay_server.py")
 
 
 def relay_spec(name: str, era: str) -> ServerSpec:

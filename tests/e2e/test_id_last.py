@@ -31,7 +31,7 @@ from memorizz.api.methods import ServerSpec
 from tests.harness import MCP_SERVER, DaemonHarness, serve_http, stdio_spec
 from tests.mcp_server import id_last
 
-NODE_DIR = Path(__file__).parent / "node"
+NODE_DIR = Path(__file__).parents[1] / "node"
 NODE_SERVER = str(NODE_DIR / "big_server.mjs")
 EVERYTHING = str(
     NODE_DIR / "node_modules/@modelcontextprotocol/server-everything/dist/index.js"

@@ -42,7 +42,7 @@ from tests.harness import (
 
 MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 """The installed console script: what users run."""
-TINY_ECHO_SERVER = str(Path(__file__).parent.parent / "bench" / "tiny_echo_server.py")
+TINY_ECHO_SERVER = str(Path(__file__).parents[2] / "bench" / "tiny_echo_server.py")
 
 HEAVY = frozenset(
     {
@@ -70,7 +70,7 @@ ONE_SHOT_MODULES = frozenset(
 def warm() -> Iterator[DaemonHarness]:
     """A daemon with a warm echo server ``t``: the benchmark's minimal one,
     which starts in a tenth of the SDK server's time (the SDK server's
-    results go through the one-shot path in tests/test_cli_e2e.py's tour)."""
+    results go through the one-shot path in tests/e2e/test_cli_e2e.py's tour)."""
     base = short_tempdir()
     try:
         spec = stdio_spec("t", args=[TINY_ECHO_SERVER], protocol="legacy")
@@ -197,12 +197,14 @@ def _argparse(argv: list[str]) -> argparse.Namespace | None:
 
 
 def _expected_line(args: argparse.Namespace) -> dict[str, Any]:
-    """The request ``Client.call_tool`` sends for this line, decoded."""
+    """The request ``Client.call_tool`` sends for this line (memorizzctl asks
+    for progress: its first token), decoded."""
     params = m.ToolsCallParams(
         server=args.server,
         name=args.tool,
         arguments=args.arguments,
         timeout_s=args.timeout,
+        progress_token=1,
     )
     envelope = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
     decoded: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(envelope))

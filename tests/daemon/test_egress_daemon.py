@@ -23,6 +23,7 @@ from memorizz.api.errors import (
 )
 from memorizz.api.methods import ServerSpec
 from memorizzd.egress import client as egress_client
+from tests.daemon.test_egress import ADDRESS_NOT_ALLOWED
 from tests.egress_world import (
     PUBLIC_NAME,
     PUBLIC_V4,
@@ -36,7 +37,6 @@ from tests.egress_world import (
     trap_app,
 )
 from tests.harness import DaemonHarness, daemon_config, wait_until
-from tests.test_egress import ADDRESS_NOT_ALLOWED
 
 SSE_NAME = "sse.example.test"
 SSE_V4 = "8.8.4.4"

@@ -1,7 +1,7 @@
 """Arguments nested deeper than the MCP SDK can encode (about 254 levels; the
 daemon's own decoder takes up to about 1000) must fail that call alone.
 
-Found by the socket fuzz (tests/test_fuzz_frames.py): on stdio the SDK's
+Found by the socket fuzz (tests/daemon/test_fuzz_frames.py): on stdio the SDK's
 serialization error ended the session every caller shares, failing each call
 in flight on that server (any agent could do it); fixed in
 ``upstream/stdio.py``. The HTTP transports have the same defect inside the SDK

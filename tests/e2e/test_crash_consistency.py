@@ -6,13 +6,13 @@ points that matter, start it again, and check what it finds.
   so a kill can lose an unacknowledged batch but never tear a record. Every
   call acknowledged before the kill is in the trail, every record is whole,
   ids keep increasing. (There is no log file, so no HMAC chain and no torn
-  last line to truncate; tests/test_store.py checks the journal modes.)
+  last line to truncate; tests/daemon/test_store.py checks the journal modes.)
 * Around an OAuth refresh: killed after the authorization server rotated the
   refresh token but before the daemon stored the answer, the grant is
   ``login_required`` after the restart; killed once the daemon used the new
   access token, the rotated grant is there. Never a refresh loop.
 * The socket file a SIGKILL leaves behind is replaced at the next start (as
-  tests/test_lifecycle.py::test_a_stale_socket_is_replaced_and_a_live_one_is_not_stolen
+  tests/e2e/test_lifecycle.py::test_a_stale_socket_is_replaced_and_a_live_one_is_not_stolen
   shows for a socket bound by someone else).
 """
 

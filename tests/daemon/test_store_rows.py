@@ -32,7 +32,7 @@ from memorizzd.store import (
 )
 from tests.harness import http_spec, stdio_spec
 
-STORE = Path(__file__).resolve().parent.parent / "daemon" / "memorizzd" / "store.py"
+STORE = Path(__file__).resolve().parents[2] / "daemon" / "memorizzd" / "store.py"
 
 _LOADED_AFTER_IMPORTING_THE_STORE = (
     "import sys, memorizzd.store;"

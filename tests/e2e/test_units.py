@@ -13,7 +13,7 @@ import pytest
 
 from tests.harness import DAEMON_EXE
 
-UNITS = Path(__file__).parent.parent / "systemd"
+UNITS = Path(__file__).parents[2] / "systemd"
 SERVICE = UNITS / "memorizzd.service"
 SOCKET = UNITS / "memorizzd.socket"
 EXPOSURE_AT_MOST = 9.1
@@ -51,7 +51,7 @@ def test_the_service_sets_its_open_files_limit() -> None:
 
 def test_the_service_has_a_watchdog_the_daemon_pings() -> None:
     """systemd kills and restarts a daemon whose event loop stops pinging
-    (tests/test_watchdog.py shows the pings stop when the loop blocks).
+    (tests/e2e/test_watchdog.py shows the pings stop when the loop blocks).
     NotifyAccess=main: the pings come from the main process itself."""
     service = _settings(SERVICE)
     assert service["Type"] == ["notify"]
