@@ -9,7 +9,7 @@ place, for the modules that use the store (the broker's ``servers/add`` and
 A server's spec is stored as the JSON document it was given, with the version
 of its format (``SPEC_VERSION``); it is decoded into the wire's ``ServerSpec``
 here, and a version this daemon does not know is a ``StoreError``, not a
-guess. A wire field added or renamed shows up in tests/test_store_rows.py,
+guess. A wire field added or renamed shows up in tests/daemon/test_store_rows.py,
 which round-trips every field: storing it is then a decision (a row field, a
 migration), never a side effect.
 """
