@@ -8,6 +8,11 @@ It depends on the standard library and msgspec only, so it starts in
 milliseconds and can be vendored into any tool. One ``Client`` holds one
 connection and sends one request at a time (guarded by a lock, so threads may
 share it); open one client per thread for parallel calls.
+
+A call that asks for progress (``call_tool(..., on_progress=...)``) gets the
+daemon's ``notifications/progress`` lines before its reply; each is handed to
+the callback, in order, on the calling thread. Any other line the daemon sends
+unasked is skipped.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import itertools
 import os
 import socket
 import threading
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Final, Self, TypeVar
 
@@ -33,7 +39,12 @@ from memorizz.api.protocol import (
     PROTOCOL_VERSION,
     default_socket_path,
 )
-from memorizz.api.replies import decode_reply
+from memorizz.api.replies import (
+    Notification,
+    decode_progress,
+    decode_reply,
+    notification,
+)
 
 P = TypeVar("P", bound=m.Params)
 R = TypeVar("R", bound=m.Result)
@@ -45,6 +56,18 @@ START_HINT: Final = (
     "is memorizzd running? start it with `make run` (foreground) or "
     "`systemctl start memorizzd`, or point --socket/MEMORIZZ_SOCKET at its socket"
 )
+
+
+ProgressCallback = Callable[[m.ProgressParams], object]
+"""Called with each progress report of a call, in the order the daemon sent them."""
+NoteCallback = Callable[[Notification], object]
+
+
+class _CallbackError(Exception):
+    """The caller's callback raised: its exception, kept apart from the socket's."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
 
 
 class _Envelope(msgspec.Struct, kw_only=True):
@@ -62,6 +85,7 @@ class Client:
         self._sock: socket.socket | None = None
         self._buffer = bytearray()
         self._ids = itertools.count(1)
+        self._tokens = itertools.count(1)
         self._lock = threading.Lock()
 
     # --- plumbing -----------------------------------------------------------
@@ -104,25 +128,48 @@ class Client:
             raise DaemonUnreachableError(msg) from None
         return sock
 
-    def call(self, method: m.Method[P, R], params: P) -> R:
+    def call(
+        self,
+        method: m.Method[P, R],
+        params: P,
+        *,
+        on_note: NoteCallback | None = None,
+    ) -> R:
         """Send one declared method (``memorizz.api.methods``) and return its
-        result, decoded as the declaration says."""
-        return self.request(method.name, params, method.result)
+        result, decoded as the declaration says (``on_note``: see ``request``)."""
+        return self.request(method.name, params, method.result, on_note=on_note)
 
-    def request(self, method: str, params: m.Params, result_type: type[R]) -> R:
+    def request(
+        self,
+        method: str,
+        params: m.Params,
+        result_type: type[R],
+        *,
+        on_note: NoteCallback | None = None,
+    ) -> R:
         """Send one request and wait for its reply; raise the wire error as an exception.
+
+        Lines the daemon sends unasked before the reply go to ``on_note``
+        (skipped without it); if ``on_note`` raises, the connection is closed
+        (its reply would be unread) and the exception propagates.
 
         A connection the daemon closed for being idle is opened again and the
         request sent again: the daemon says so only when it read no request."""
         try:
-            return self._request(method, params, result_type)
+            return self._request(method, params, result_type, on_note)
         except DeadlineExceededError as exc:
             if exc.reason != "idle_timeout":
                 raise
             self.close()
-            return self._request(method, params, result_type)
+            return self._request(method, params, result_type, on_note)
 
-    def _request(self, method: str, params: m.Params, result_type: type[R]) -> R:
+    def _request(
+        self,
+        method: str,
+        params: m.Params,
+        result_type: type[R],
+        on_note: NoteCallback | None = None,
+    ) -> R:
         with self._lock:
             if self._sock is None:
                 self._sock = self._connect()
@@ -138,12 +185,31 @@ class Client:
                     # closed: read it before reporting a broken connection.
                     raw = self._read_line(self._sock)
                 else:
-                    raw = self._read_line(self._sock)
+                    raw = self._read_reply(self._sock, on_note)
             except (OSError, EOFError) as exc:
                 self.close()
                 msg = f"connection to memorizzd at {self.socket_path} broke: {exc}"
                 raise DaemonUnreachableError(msg) from None
+            except _CallbackError as failed:
+                self.close()  # the reply is still to come: nobody will read it
+                raise failed.exc from None
+            except BaseException:  # Ctrl-C mid-read: the same
+                self.close()
+                raise
         return decode_reply(raw, request_id, result_type)
+
+    def _read_reply(self, sock: socket.socket, on_note: NoteCallback | None) -> bytes:
+        """The reply line, past any notification lines before it."""
+        while True:
+            raw = self._read_line(sock)
+            note = notification(raw)
+            if note is None:
+                return raw
+            if on_note is not None:
+                try:
+                    on_note(note)
+                except Exception as exc:
+                    raise _CallbackError(exc) from exc
 
     def _read_line(self, sock: socket.socket) -> bytes:
         while True:
@@ -302,17 +368,30 @@ class Client:
         arguments: dict[str, Any] | None = None,
         *,
         timeout_s: float | None = None,
+        on_progress: ProgressCallback | None = None,
     ) -> m.ToolsCallResult:
-        """Call a tool; an ``isError`` result is returned, not raised."""
-        return self.call(
-            m.TOOLS_CALL,
-            m.ToolsCallParams(
-                server=server,
-                name=name,
-                arguments=m.arguments(arguments),
-                timeout_s=timeout_s,
-            ),
+        """Call a tool; an ``isError`` result is returned, not raised.
+
+        ``on_progress``: ask for the call's progress, and get each report the
+        server sends while the call runs (before this returns), in order."""
+        token: int | None = None
+        on_note: NoteCallback | None = None
+        if on_progress is not None:
+            token = next(self._tokens)
+
+            def on_note(note: Notification) -> None:
+                report = decode_progress(note)
+                if report is not None and report.progress_token == token:
+                    on_progress(report)
+
+        params = m.ToolsCallParams(
+            server=server,
+            name=name,
+            arguments=m.arguments(arguments),
+            timeout_s=timeout_s,
+            progress_token=token,
         )
+        return self.call(m.TOOLS_CALL, params, on_note=on_note)
 
     def list_resources(self, server: str) -> list[m.Resource]:
         return self.call(

@@ -598,6 +598,7 @@ def test_tool_call_error_result_goes_to_stderr_and_exits_1(
         "name": "search",
         "arguments": {"q": "x"},
         "timeout_s": 2.0,
+        "progress_token": 1,  # memorizzctl shows a call's progress
     }
 
 

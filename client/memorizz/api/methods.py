@@ -161,12 +161,41 @@ def arguments(value: dict[str, Any] | None = None) -> msgspec.Raw:
     return msgspec.Raw(msgspec.json.encode(value or {}))
 
 
+ProgressToken = Annotated[str, msgspec.Meta(max_length=256)] | int
+"""A caller's name for one call's progress reports (the daemon echoes it)."""
+
+
 class ToolsCallParams(ServerParams, kw_only=True, frozen=True):
     name: str
     arguments: Arguments = msgspec.field(default_factory=arguments)
     """A JSON object (``arguments({...})`` makes one)."""
     timeout_s: Deadline | None = None
     """A shorter deadline for this call; capped by the server's ``timeout_s``."""
+    progress_token: ProgressToken | None = None
+    """Ask for the call's progress: while it runs, the daemon sends
+    ``notifications/progress`` (``ProgressNotification``) lines carrying this
+    token on this connection, before the reply. Without it, nothing but the
+    reply is ever sent (the opt-in is per call)."""
+
+
+class ProgressParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One progress report of a ``tools/call`` that carried ``progress_token``:
+    the upstream's report (MCP ``notifications/progress``), under the caller's
+    token. ``total`` and ``message`` are there when the server gave them."""
+
+    progress_token: ProgressToken
+    progress: float
+    total: float | None = None
+    message: str | None = None
+
+
+class ProgressNotification(msgspec.Struct, kw_only=True):
+    """The line the daemon sends unasked for a report (no ``id``: not a reply).
+    Fields in this order: a line starts ``{"jsonrpc":"2.0","method":``."""
+
+    jsonrpc: Literal["2.0"] = "2.0"
+    method: Literal["notifications/progress"] = "notifications/progress"
+    params: ProgressParams
 
 
 class ToolsCallResult(Result, kw_only=True, rename="camel", omit_defaults=True):

@@ -2,12 +2,14 @@
 
 The one place a client of the socket turns a reply into a result: the
 ``Client`` reads every reply here, and ``memorizzctl``'s one-shot call each
-reply it does not print itself.
+reply it does not print itself. A line the daemon sends unasked before a reply
+(``notifications/progress`` for a call that asked for it) is told apart by
+``notification``.
 """
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
 import msgspec
 
@@ -18,6 +20,51 @@ from memorizz.api.protocol import Reply
 R = TypeVar("R", bound=m.Result)
 
 _decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
+
+_REPLY_START: Final = b'{"jsonrpc":"2.0","id":'
+"""How the daemon's every reply line starts (``Reply``'s first fields)."""
+
+
+class Notification(msgspec.Struct):
+    """A message sent unasked: no ``id``, never a reply."""
+
+    method: str
+    params: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+class _Message(msgspec.Struct):
+    method: str | None = None
+    params: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+_decode_message = msgspec.json.Decoder(_Message).decode
+_decode_progress = msgspec.json.Decoder(m.ProgressParams).decode
+
+
+def notification(raw: bytes) -> Notification | None:
+    """The notification this line is; ``None`` for a reply (or anything that
+    ``decode_reply`` should judge). A reply line is known by its first bytes,
+    so a reply costs no second decode."""
+    if raw.startswith(_REPLY_START):
+        return None
+    try:
+        message = _decode_message(raw)
+    except msgspec.DecodeError:
+        return None
+    if message.method is None:
+        return None
+    return Notification(message.method, message.params)
+
+
+def decode_progress(note: Notification) -> m.ProgressParams | None:
+    """A ``notifications/progress`` report's params; ``None`` for any other
+    notification or a malformed one (a report is never worth failing a call)."""
+    if note.method != "notifications/progress":
+        return None
+    try:
+        return _decode_progress(note.params)
+    except msgspec.DecodeError:
+        return None
 
 
 def _decoder(result_type: type[R]) -> msgspec.json.Decoder[Reply[R]]:

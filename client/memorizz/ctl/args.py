@@ -10,6 +10,7 @@ Standard library and msgspec only, like the rest of the client.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -58,6 +59,24 @@ def json_object(text: str) -> dict[str, Any]:
         kind = _JSON_KINDS.get(type(value), type(value).__name__)
         raise argparse.ArgumentTypeError(f"must be a JSON object, got {kind}")
     return value
+
+
+def json_object_source(text: str) -> dict[str, Any]:
+    """``json_object`` of the text itself, of a file (``@FILE``), or of
+    standard input (``-``); a file that cannot be read is a usage error."""
+    if text == "-":
+        return json_object(sys.stdin.read())
+    if text.startswith("@"):
+        path = text[1:]
+        try:
+            with open(path, encoding="utf-8") as file:
+                return json_object(file.read())
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or "not UTF-8 text"
+            raise argparse.ArgumentTypeError(
+                f"cannot read {path!r}: {reason}"
+            ) from None
+    return json_object(text)
 
 
 def positive_float(text: str) -> float:

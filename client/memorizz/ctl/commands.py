@@ -39,7 +39,7 @@ from memorizz.ctl.render import (
     render_tools,
 )
 from memorizz.ctl.serve import bridge, bridge_for
-from memorizz.ctl.text import format_ms, to_json
+from memorizz.ctl.text import ProgressLine, format_ms, to_json
 
 Command = Callable[[Client, argparse.Namespace], int]
 
@@ -181,9 +181,18 @@ def show_call(result: m.ToolsCallResult, *, as_json: bool) -> int:
 
 
 def cmd_mcp_call(client: Client, args: argparse.Namespace) -> int:
-    result = client.call_tool(
-        args.server, args.tool, args.arguments, timeout_s=args.timeout
-    )
+    """The call, its progress (if the server reports any) on stderr as it runs."""
+    line = ProgressLine(sys.stderr)
+    try:
+        result = client.call_tool(
+            args.server,
+            args.tool,
+            args.arguments,
+            timeout_s=args.timeout,
+            on_progress=lambda p: line.show(p.progress, p.total, p.message),
+        )
+    finally:
+        line.clear()
     return show_call(result, as_json=args.json)
 
 

@@ -25,8 +25,12 @@ and returns ``None`` for anything else (an error reply, ``--json``, images,
 an empty content list, a reply msgspec would reject); the caller decodes that
 line as the ``Client`` does and renders it with the general renderer.
 
-The request is the one ``Client.call_tool`` sends, field for field. A test
-(tests/test_cli_startup.py) holds the import set, and that this path is taken.
+The request is the one ``Client.call_tool`` sends, field for field, with
+``on_progress`` (token 1): the server's progress reports, if it sends any,
+come before the reply and are shown on stderr (``memorizz.ctl.text.ProgressLine``,
+imported only then). ``--arguments @FILE`` and ``--arguments -`` (stdin) are
+declined. A test (tests/e2e/test_cli_startup.py) holds the import set, and that
+this path is taken.
 """
 
 from __future__ import annotations
@@ -50,6 +54,10 @@ else:
 
 REQUEST_ID = 1
 """The id of the one request a one-shot connection sends."""
+PROGRESS_TOKEN = 1
+"""Its progress token (``Client``'s first)."""
+_NOTIFICATION = b'{"jsonrpc":"2.0","method":'
+"""How a line the daemon sends unasked starts (``ProgressNotification``)."""
 
 _OPTIONS = ("--socket", "--arguments", "--timeout")
 _JSON_SPACE = " \t\n\r"
@@ -116,6 +124,8 @@ def _parse(argv: list[str]) -> Call:
         if name == "--socket":
             socket_path = value
         elif name == "--arguments":
+            if value == "-" or value.startswith("@"):
+                raise Decline  # stdin or a file: argparse reads them
             arguments = _arguments(value)
         else:
             timeout = _timeout(value)
@@ -126,7 +136,8 @@ def _parse(argv: list[str]) -> Call:
         f'{{"jsonrpc":"2.0","id":{REQUEST_ID},"method":"tools/call","params":'
         f'{{"server":{_json.encode_basestring(server)},'
         f'"name":{_json.encode_basestring(tool)},"arguments":{arguments},'
-        f'"timeout_s":{"null" if timeout is None else repr(timeout)}}}}}\n'
+        f'"timeout_s":{"null" if timeout is None else repr(timeout)},'
+        f'"progress_token":{PROGRESS_TOKEN}}}}}\n'
     )
     try:
         line = text.encode()  # a lone surrogate (undecodable argv bytes) fails here
@@ -243,8 +254,8 @@ def exchange(call: Call) -> bytes | None:
             except OSError:
                 # A refused connection is answered with one error line and
                 # closed: read it before reporting a broken connection.
-                return _read_line(sock)
-            return _read_line(sock)
+                return _read_reply(sock)
+            return _read_reply(sock)
         except (OSError, EOFError) as exc:
             from memorizz.api.errors import DaemonUnreachableError
 
@@ -254,17 +265,57 @@ def exchange(call: Call) -> bytes | None:
         sock.close()
 
 
-def _read_line(sock: _socket.socket) -> bytes:
+def _read_reply(sock: _socket.socket) -> bytes:
+    """The reply line; the progress lines before it are shown on stderr."""
     buffer = bytearray()
+    start = 0
+    shown: Any = None  # the ProgressLine, once a report came
     while True:
-        chunk = sock.recv(_READ_CHUNK)
-        if not chunk:
-            raise EOFError("daemon closed the connection")
-        start = len(buffer)
-        buffer += chunk
         end = buffer.find(b"\n", start)
-        if end >= 0:
-            return bytes(buffer[:end])
+        if end < 0:
+            chunk = sock.recv(_READ_CHUNK)
+            if not chunk:
+                raise EOFError("daemon closed the connection")
+            start = len(buffer)
+            buffer += chunk
+            continue
+        line = bytes(buffer[:end])
+        del buffer[: end + 1]
+        start = 0
+        if line.startswith(_NOTIFICATION):
+            shown = _progressed(line, shown)
+            continue
+        if shown is not None:
+            shown.clear()
+        return line
+
+
+def _progressed(line: bytes, shown: Any) -> Any:
+    """Show one progress report (anything else unasked is skipped)."""
+    try:
+        note = _decode(line.decode())
+    except (Decline, UnicodeError):
+        return shown
+    params = note.get("params") if type(note) is dict else None
+    if (
+        type(params) is not dict
+        or note.get("method") != "notifications/progress"
+        or params.get("progress_token") != PROGRESS_TOKEN
+    ):
+        return shown
+    progress, total, message = (params.get(k) for k in ("progress", "total", "message"))
+    if type(progress) not in (int, float) or type(total) not in (
+        int,
+        float,
+        type(None),
+    ):
+        return shown
+    if shown is None:
+        from memorizz.ctl.text import ProgressLine
+
+        shown = ProgressLine(sys.stderr)
+    shown.show(progress, total, message if type(message) is str else None)
+    return shown
 
 
 # --- the reply ------------------------------------------------------------------

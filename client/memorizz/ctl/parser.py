@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Any, get_args
 from memorizz.api import methods as m
 from memorizz.api.protocol import default_socket_path
 from memorizz.ctl.add import add_options
-from memorizz.ctl.args import json_object, key_value, positive_float, positive_int
+from memorizz.ctl.args import (
+    json_object_source,
+    key_value,
+    positive_float,
+    positive_int,
+)
 from memorizz.ctl.commands import (
     Command,
     cmd_audit,
@@ -387,9 +392,9 @@ def _call(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--arguments",
         metavar="JSON",
-        type=json_object,
+        type=json_object_source,
         default={},
-        help="the tool's arguments as a JSON object",
+        help="the tool's arguments as a JSON object; @FILE reads it from FILE, - from stdin",
     )
     _timeout(p)
 

@@ -1,4 +1,5 @@
-"""Text primitives for memorizzctl's output: tables, ages, sizes, one safe line.
+"""Text primitives for memorizzctl's output: tables, ages, sizes, one safe line,
+and the progress line a call shows on stderr (``ProgressLine``).
 
 Tables are left-aligned columns two spaces apart. Text that comes from upstream
 servers goes through ``one_line``, so control characters never reach the
@@ -10,7 +11,7 @@ Pure functions, standard library and msgspec only, like the rest of the client.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from typing import Final, TextIO
 
 import msgspec
 
@@ -86,3 +87,43 @@ def blocks(parts: Sequence[str]) -> str:
 
 def to_json(value: object) -> str:
     return msgspec.json.format(msgspec.json.encode(value), indent=2).decode() + "\n"
+
+
+def format_progress(
+    progress: float, total: float | None = None, message: str | None = None
+) -> str:
+    """``progress: 2/5 (40%) copying``: a server's report, its message made safe."""
+    if total:
+        shown = f"{progress:g}/{total:g} ({min(progress / total, 1.0):.0%})"
+    else:
+        shown = f"{progress:g}"
+    text = one_line(message)
+    return f"progress: {shown}  {text}" if text else f"progress: {shown}"
+
+
+class ProgressLine:
+    """A call's progress on ``stream`` (stderr): one line rewritten in place on
+    a terminal, one plain line per report otherwise (a log, a pipe)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._tty = stream.isatty()
+        self._shown = False
+
+    def show(
+        self, progress: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        line = format_progress(progress, total, message)
+        if self._tty:
+            self._stream.write("\r\x1b[K" + line)
+        else:
+            self._stream.write(line + "\n")
+        self._stream.flush()
+        self._shown = True
+
+    def clear(self) -> None:
+        """Before the result: wipe the terminal's progress line, if one is shown."""
+        if self._tty and self._shown:
+            self._stream.write("\r\x1b[K")
+            self._stream.flush()
+        self._shown = False
