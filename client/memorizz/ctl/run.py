@@ -12,7 +12,7 @@ serve`` (``memorizz.ctl.serve``, the stdio bridge to the MCP face); whatever
 they decline, and every other command, goes the general way: argparse, the
 ``Client``, a renderer. This module imports the general way's modules only
 when it takes it, so that the one-shot ways stay small
-(tests/e2e/test_cli_startup.py, tests/test_mcp_bridge.py).
+(tests/e2e/test_cli_startup.py, tests/e2e/test_mcp_bridge.py).
 
 Standard library, msgspec and memorizz only: no event loop, and none of the
 daemon's dependencies (a test checks).

@@ -29,7 +29,7 @@ says what is wrong, or, for a line only it accepts, runs ``bridge`` too.
 Built-in modules only (``_socket``, ``_thread``): no argparse, no msgspec, no
 event loop. The pump is two threads, each blocking on one side; the main
 thread carries the replies, so Ctrl-C interrupts it and a daemon that closes
-ends the process at once. tests/test_mcp_bridge.py holds the import set.
+ends the process at once. tests/e2e/test_mcp_bridge.py holds the import set.
 """
 
 from __future__ import annotations

@@ -174,12 +174,33 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     ) -> None:
         self._send(status, _error_body(code, message), headers)
 
+    def _refuse_unread(
+        self,
+        status: int,
+        message: str,
+        code: int = -32600,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        """A refusal before the body was read: the body is read (up to
+        ``_DRAIN``) so that no next request is read from its middle, and the
+        connection closes after the answer."""
+        self.close_connection = True
+        length_text = self.headers.get("Content-Length") or "0"
+        length = int(length_text) if length_text.isdigit() else 0
+        if length <= _DRAIN:
+            while length > 0:
+                chunk = self.rfile.read(min(length, 1 << 16))
+                if not chunk:
+                    break
+                length -= len(chunk)
+        self._refuse(status, message, code, headers)
+
     def _admitted(self) -> bool:
         """Host, Origin, the bearer token and the path, in that order."""
         listen = self.server.listen
         hosts = self.headers.get_all("Host") or []
         if len(hosts) != 1 or not listen.names_us(hosts[0]):
-            self._refuse(421, "this Host is not served here")
+            self._refuse_unread(421, "this Host is not served here")
             return False
         origins = self.headers.get_all("Origin") or []
         if origins:
@@ -189,24 +210,24 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 or origin.scheme != "http"
                 or not listen.names_us(origin.netloc)
             ):
-                self._refuse(403, "this Origin may not use this server")
+                self._refuse_unread(403, "this Origin may not use this server")
                 return False
         scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(
             token.strip().encode(), self.server.token
         ):
-            self._refuse(
+            self._refuse_unread(
                 401,
                 "a bearer token is required",
                 headers={"WWW-Authenticate": "Bearer"},
             )
             return False
         if urlsplit(self.path).path != ENDPOINT:
-            self._refuse(404, f"the MCP endpoint is {ENDPOINT}")
+            self._refuse_unread(404, f"the MCP endpoint is {ENDPOINT}")
             return False
         version = self.headers.get("MCP-Protocol-Version")
         if version is not None and version not in VERSIONS:
-            self._refuse(400, f"unsupported MCP-Protocol-Version: {version}")
+            self._refuse_unread(400, f"unsupported MCP-Protocol-Version: {version}")
             return False
         return True
 

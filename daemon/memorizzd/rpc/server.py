@@ -575,7 +575,13 @@ class _Connection:
             except BlockingIOError:
                 sent = 0
             if sent < len(data):  # the rest as the client reads it
-                await self.stream.send(data[sent:])
+                try:
+                    await self.stream.send(data[sent:])
+                except anyio.get_cancelled_exc_class():
+                    # Half a line is out (an unasked message given up on): the
+                    # framing is lost for this client, so it is cut off.
+                    self._shut()
+                    raise
             self.last_activity = anyio.current_time()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             self.broken = True  # the client went away; its replies have nowhere to go

@@ -389,3 +389,19 @@ def test_sessions_are_bounded() -> None:
         assert sessions.open() is not None
     finally:
         listener.close()
+
+
+def test_a_refused_request_does_not_poison_its_connection(served: Served) -> None:
+    """A request refused before its body is read (here: a Host from elsewhere)
+    has its body read and its connection closed: the next request, on the same
+    client connection, is answered on its own (it was read from the middle of
+    the refused body and answered 501)."""
+    with httpx2.Client(timeout=WAIT_S) as http:
+        refused = http.post(
+            served.url,
+            json=INITIALIZE,
+            headers=served.headers(Host=f"evil.example:{served.port}"),
+        )
+        assert refused.status_code == 421
+        answered = http.post(served.url, json=INITIALIZE, headers=served.headers())
+    assert answered.status_code == 200, answered.text

@@ -26,7 +26,7 @@ from memorizzd.listeners import agent_socket_path, face_socket_path
 from tests.harness import DaemonHarness, daemon_config, short_tempdir, stdio_spec
 
 MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
-NODE_DIR = Path(__file__).parent / "node"
+NODE_DIR = Path(__file__).parent.parent / "node"
 FACE_CLIENT = str(NODE_DIR / "face_client.mjs")
 RUN_TIMEOUT_S = 60.0
 """A bound on a hung client only, far above its usual run (well under 1 s)."""
