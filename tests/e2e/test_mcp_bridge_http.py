@@ -405,3 +405,29 @@ def test_a_refused_request_does_not_poison_its_connection(served: Served) -> Non
         assert refused.status_code == 421
         answered = http.post(served.url, json=INITIALIZE, headers=served.headers())
     assert answered.status_code == 200, answered.text
+
+
+def test_a_call_that_asks_for_progress_is_answered_as_an_event_stream(
+    served: Served,
+) -> None:
+    """The SDK client sends a progressToken: the bridge answers with
+    text/event-stream, each progress notification as it comes, then the result."""
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def work() -> str:
+        async def on_progress(
+            progress: float, total: float | None, message: str | None
+        ) -> None:
+            seen.append((progress, total, message))
+
+        http = httpx2.AsyncClient(headers=served.headers(), timeout=WAIT_S)
+        async with http:
+            transport = streamable_http_client(served.url, http_client=http)
+            async with Client(transport, mode="legacy") as client:
+                result = await client.call_tool(
+                    "progressing", {"steps": 2}, progress_callback=on_progress
+                )
+        return result.content[0].text  # type: ignore[union-attr]
+
+    assert anyio.run(work) == "done in 2 steps"
+    assert seen == [(1, 2, "step 1"), (2, 2, "step 2")]

@@ -42,8 +42,10 @@ import _socket
 import hmac
 import http.server
 import ipaddress
+import itertools
 import secrets
 import sys
+from collections.abc import Iterator
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -315,7 +317,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if session is None:
                 self._refuse(404, "no such session")
             elif request_id is not None:
-                self._reply(session.ask(request_id, line))
+                token = message.progress_token()
+                if token is not None and self._takes_events():
+                    self._stream(session.ask_streamed(request_id, line, token))
+                else:
+                    self._reply(session.ask(request_id, line))
             else:
                 session.send(line)
                 self._send(202)
@@ -345,6 +351,26 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._reply(reply)
             return
         self._reply(reply, {"Mcp-Session-Id": session_id})
+
+    def _takes_events(self) -> bool:
+        return "text/event-stream" in (self.headers.get("Accept") or "")
+
+    def _stream(self, lines: Iterator[bytes]) -> None:
+        """A request that asked for progress, answered as an event stream: each
+        progress notification as it comes, then the answer; the connection
+        closes after it (the stream has no length)."""
+        first = next(lines)  # SessionGoneError here: a 404, before any header
+        self.close_connection = True
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        try:
+            for line in itertools.chain((first,), lines):
+                self.wfile.write(b"event: message\ndata: " + line + b"\n\n")
+                self.wfile.flush()
+        except SessionGoneError:
+            return  # the answer never came: the stream just ends
 
     def _reply(self, line: bytes, headers: dict[str, str] | None = None) -> None:
         self._send(200, line, headers)

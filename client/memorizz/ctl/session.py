@@ -17,10 +17,11 @@ Standard library and msgspec only.
 from __future__ import annotations
 
 import _socket
+import queue
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Final
 
 import msgspec
@@ -35,11 +36,35 @@ _CHUNK: Final = 1 << 16
 RequestId = int | str
 
 
+class _Token(msgspec.Struct, rename="camel"):
+    progress_token: RequestId | None = None
+
+
+class _Meta(msgspec.Struct):
+    meta: _Token | None = msgspec.field(default=None, name="_meta")
+
+
+class _Progress(msgspec.Struct, rename="camel"):
+    progress_token: RequestId | None = None
+
+
 class Message(msgspec.Struct):
     """What the bridge reads of a message: the rest goes through unread."""
 
     id: RequestId | msgspec.UnsetType | None = msgspec.UNSET
     method: str | msgspec.UnsetType = msgspec.UNSET
+    params: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"{}"))
+
+    def progress_token(self) -> RequestId | None:
+        """A request's ``params._meta.progressToken``, or a progress
+        notification's ``params.progressToken`` (None: none)."""
+        try:
+            if self.method == "notifications/progress":
+                return msgspec.json.decode(self.params, type=_Progress).progress_token
+            meta = msgspec.json.decode(self.params, type=_Meta).meta
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            return None
+        return None if meta is None else meta.progress_token
 
 
 class Outcome(msgspec.Struct):
@@ -65,11 +90,15 @@ class DuplicateIdError(Exception):
 
 
 class _Waiter:
-    __slots__ = ("done", "reply")
+    __slots__ = ("done", "notes", "reply", "token")
 
-    def __init__(self) -> None:
+    def __init__(self, token: RequestId | None = None) -> None:
         self.done = threading.Event()
         self.reply: bytes | None = None
+        self.token = token
+        """The request's progressToken: its progress notifications come here."""
+        self.notes: queue.SimpleQueue[bytes | None] | None = None
+        """While the request is streamed: its notifications, then None."""
 
 
 class Session:
@@ -101,6 +130,31 @@ class Session:
                 self.sock.sendall(line)
             except OSError:
                 raise SessionGoneError from None
+
+    def ask_streamed(
+        self, request_id: RequestId, line: bytes, token: RequestId
+    ) -> Iterator[bytes]:
+        """Write ``line``; yield each progress notification of ``token`` as it
+        comes, then the line that answers ``request_id``."""
+        waiter = _Waiter(token)
+        waiter.notes = queue.SimpleQueue()
+        with self._lock:
+            if self._closed:
+                raise SessionGoneError
+            if request_id in self._waiting:
+                raise DuplicateIdError
+            self._waiting[request_id] = waiter
+        try:
+            self.send(line)
+            while (note := waiter.notes.get()) is not None:
+                yield note
+        finally:
+            with self._lock:
+                self._waiting.pop(request_id, None)
+            self.last_used = time.monotonic()
+        if waiter.reply is None:
+            raise SessionGoneError
+        yield waiter.reply
 
     def ask(self, request_id: RequestId, line: bytes) -> bytes:
         """Write ``line``, and return the line that answers ``request_id``."""
@@ -142,6 +196,8 @@ class Session:
             waiting = list(self._waiting.values())
         for waiter in waiting:
             waiter.done.set()
+            if waiter.notes is not None:
+                waiter.notes.put(None)
         self.sock.close()
         if self._on_close is not None:
             self._on_close(self)
@@ -152,8 +208,23 @@ class Session:
         except msgspec.DecodeError:
             return
         if not isinstance(message.method, msgspec.UnsetType):
-            # The daemon's own requests and notifications have no stream to
-            # travel on (no GET stream): a request is told so at once.
+            # A call's progress goes to its streamed answer; other requests and
+            # notifications of the daemon's have no stream to travel on (no GET
+            # stream): a request is told so at once.
+            if message.method == "notifications/progress":
+                token = message.progress_token()
+                with self._lock:
+                    found = [
+                        w
+                        for w in self._waiting.values()
+                        if w.notes is not None
+                        and token is not None
+                        and w.token == token
+                    ]
+                for streamed in found:
+                    if streamed.notes is not None:
+                        streamed.notes.put(line)
+                return
             if isinstance(message.id, int | str):
                 refusal = msgspec.json.encode(
                     {
@@ -176,6 +247,8 @@ class Session:
             if waiter is not None:
                 waiter.reply = line
                 waiter.done.set()
+                if waiter.notes is not None:
+                    waiter.notes.put(None)
 
 
 class Sessions:
