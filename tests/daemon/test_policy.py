@@ -520,7 +520,9 @@ def test_a_call_after_the_cache_is_dropped_fetches_the_listing_first(
     upstream = policy_daemon.daemon.pool.get("plain")
 
     async def drop() -> None:
-        upstream._tools_changed()  # what a tools/list_changed notification does
+        # What a tools/list_changed notification does first (the relist that
+        # follows it is not waited for here: the call must not need it).
+        upstream._tools.invalidate()
 
     policy_daemon.portal.call(drop)
     assert upstream.cached_verdict("annotated_destroy") is None

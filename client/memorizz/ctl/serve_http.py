@@ -195,7 +195,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 if not chunk:
                     break
                 length -= len(chunk)
-        self._refuse(status, message, code, headers)
+        self._refuse(status, message, code, {**(headers or {}), "Connection": "close"})
 
     def _admitted(self) -> bool:
         """Host, Origin, the bearer token and the path, in that order."""
