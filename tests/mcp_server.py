@@ -30,6 +30,7 @@ import anyio
 import mcp_types
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.mcpserver.prompts import Prompt
 from mcp_types import ToolAnnotations
 
 mcp = MCPServer("memorizz-test-server", version="1.2.3", log_level="WARNING")
@@ -62,6 +63,18 @@ async def slow(seconds: float) -> str:
     """Sleep, then answer."""
     await anyio.sleep(seconds)
     return f"slept {seconds}"
+
+
+@mcp.tool()
+async def change_prompts(ctx: Context) -> str:
+    """Add a prompt and announce prompts/list_changed."""
+    count = len(await mcp.list_prompts())
+    mcp.add_prompt(Prompt.from_function(lambda: "new", name=f"dyn_prompt_{count}"))
+    if ctx.protocol_version and ctx.protocol_version >= "2026":
+        await ctx.notify_prompts_changed()
+    else:
+        await ctx.session.send_prompt_list_changed()
+    return "ok"
 
 
 @mcp.tool()

@@ -113,8 +113,8 @@ _TOOLS_CHANGED: Final = (
 LIST_CHANGED_SEND_S: Final = 1.0
 _CAPABILITIES: Final = {
     "tools": {"listChanged": True},
-    "resources": {"listChanged": False},
-    "prompts": {"listChanged": False},
+    "resources": {"listChanged": True},
+    "prompts": {"listChanged": True},
 }
 Handler = Callable[[Caller, msgspec.Raw], Awaitable[Any]]
 
@@ -276,11 +276,21 @@ class FaceDispatcher:
         """A server's tools were listed afresh (``Pool.on_tools``): every
         session that can see it hears ``notifications/tools/list_changed``
         (a slow reader is skipped after a second, never waited for)."""
+        await self._tell(server, _TOOLS_CHANGED)
+
+    async def lists_changed(self, server: str, method: str) -> None:
+        """A server said its resources or prompts changed (``Pool.on_lists_changed``):
+        the sessions that can see it are told the same."""
+        await self._tell(
+            server, _encoder.encode({"jsonrpc": "2.0", "method": method}) + b"\n"
+        )
+
+    async def _tell(self, server: str, line: bytes) -> None:
         for session in list(self._sessions):
             if not any(u.name == server for u in self._broker.in_scope(session.caller)):
                 continue
             with anyio.move_on_after(LIST_CHANGED_SEND_S):
-                await session.send(_TOOLS_CHANGED)
+                await session.send(line)
 
     def notified(self, session: Session, request: Request) -> bool:
         """``notifications/cancelled`` cancels that request of the session (and

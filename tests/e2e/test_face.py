@@ -467,3 +467,34 @@ def test_an_agents_built_in_tools_list_and_resume_its_own_proposals(
             return {t.name for t in (await client.list_tools()).tools}
 
         assert "memorizz__resume" not in run(harness.socket, operator_tools)  # type: ignore[operator]
+
+
+def test_an_upstreams_prompt_list_change_reaches_its_sessions(
+    faced: DaemonHarness,
+) -> None:
+    """``alpha`` adds a prompt and says so: a face session hears
+    ``notifications/prompts/list_changed`` and lists the new prompt."""
+
+    async def work() -> list[str]:
+        changed = anyio.Event()
+
+        async def handler(message: Any) -> None:
+            if isinstance(message, types.PromptListChangedNotification):
+                changed.set()
+
+        params = StdioServerParameters(
+            command=MEMORIZZCTL, args=["--socket", faced.socket, "mcp", "serve"]
+        )
+        async with Client(
+            stdio_client(params), mode="legacy", message_handler=handler
+        ) as client:
+            before = {p.name for p in (await client.list_prompts()).prompts}
+            await client.call_tool("alpha__change_prompts", {})
+            with anyio.fail_after(10):
+                await changed.wait()
+            after = {p.name for p in (await client.list_prompts()).prompts}
+        return sorted(after - before)
+
+    added = anyio.run(work)
+    assert len(added) == 1
+    assert added[0].startswith("alpha__dyn_prompt_")

@@ -246,17 +246,22 @@ class JsonRpcSession:
             await self._request("ping", b"{}")
 
     async def watch_tool_changes(self, on_change: Callable[[], None]) -> None:
-        """2026-07-28: a ``subscriptions/listen`` stream (its notifications
-        reach ``on_notification`` like the handshake era's); held open until
-        the session ends. The handshake era needs nothing: returns at once."""
-        tools = self._capabilities.get("tools")
-        if (
-            self.protocol_version != MODERN
-            or not isinstance(tools, dict)
-            or not tools.get("listChanged")
-        ):
+        """2026-07-28: a ``subscriptions/listen`` stream for the tools,
+        resources and prompts list changes the server declares (its
+        notifications reach ``on_notification`` like the handshake era's);
+        held open until the session ends. The handshake era needs nothing:
+        returns at once."""
+        if self.protocol_version != MODERN:
             return
-        params = self._params({"notifications": {"toolsListChanged": True}})
+        wanted = {
+            f"{capability}ListChanged": True
+            for capability in ("tools", "resources", "prompts")
+            if isinstance(declared := self._capabilities.get(capability), dict)
+            and declared.get("listChanged")
+        }
+        if not wanted:
+            return
+        params = self._params({"notifications": wanted})
         await self._request("subscriptions/listen", params, request_id="listen-1")
 
     # --- negotiation -------------------------------------------------------

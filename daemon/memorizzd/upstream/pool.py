@@ -42,6 +42,12 @@ class Pool:
         self._upstreams: dict[str, Upstream] = {}
         self.on_tools: Callable[[str, list[m.Tool]], Awaitable[None]] | None = None
         """Told every fresh tools listing (the approvals check schemas)."""
+        self.on_lists_changed: Callable[[str, str], Awaitable[None]] | None = None
+        """Told when a server's resources or prompts change (server, method)."""
+
+    async def _lists_changed(self, server: str, method: str) -> None:
+        if self.on_lists_changed is not None:
+            await self.on_lists_changed(server, method)
 
     async def _tools_listed(self, server: str, tools: list[m.Tool]) -> None:
         if self.on_tools is not None:
@@ -79,6 +85,7 @@ class Pool:
             vault=self._vault,
             on_tools=self._tools_listed,
         )
+        upstream.on_lists_changed = self._lists_changed
         self._upstreams[spec.name] = upstream
         if refused is not None:
             log.error("%s: not started: %s", spec.name, refused)

@@ -26,6 +26,7 @@ import logging
 import math
 import random
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from functools import partial
 from typing import TYPE_CHECKING, Final
@@ -52,6 +53,12 @@ if TYPE_CHECKING:
     from memorizzd.oauth.keeper import TokenKeeper
 
 log = logging.getLogger("memorizzd.upstream")
+
+LISTS_CHANGED: Final = frozenset(
+    {"notifications/resources/list_changed", "notifications/prompts/list_changed"}
+)
+ListsListener = Callable[[str, str], Awaitable[None]]
+"""Told (server name, notification method) when a server's resources or prompts change."""
 
 FAILED_AFTER: Final = 5
 """Consecutive failed connects after which the state reads ``failed`` (it still retries)."""
@@ -105,6 +112,11 @@ class Supervisor:
         """Set: the health loop probes the session now (a request timed out)."""
         self._relist = anyio.Event()
         """Set: the server said its tools changed; list them again."""
+        self.on_lists_changed: ListsListener | None = None
+        """Told when the server says its resources or prompts changed (the
+        method of its notification): the MCP face tells its sessions."""
+        self._lists_changed: set[str] = set()
+        self._lists_event = anyio.Event()
         self._checking: anyio.Event | None = None
         """While such a probe runs: set when it has its answer."""
         self._handshake_next = False
@@ -286,6 +298,7 @@ class Supervisor:
                 tg.start_soon(self._health_loop, client)
                 tg.start_soon(self._watch_tool_changes, client)
                 tg.start_soon(self._relist_on_change, client)
+                tg.start_soon(self._forward_list_changes)
                 await self._dead.wait()
                 tg.cancel_scope.cancel()
             self._publish(None)
@@ -375,6 +388,23 @@ class Supervisor:
     def _on_notification(self, method: str, params: msgspec.Raw) -> None:
         if method == "notifications/tools/list_changed":
             self._tools_changed()
+        elif method in LISTS_CHANGED:
+            self._lists_changed.add(method)
+            self._lists_event.set()
+
+    async def _forward_list_changes(self) -> None:
+        """Pass the server's resources/prompts list changes on (``on_lists_changed``)."""
+        while True:
+            await self._lists_event.wait()
+            self._lists_event = anyio.Event()
+            changed, self._lists_changed = self._lists_changed, set()
+            if self.on_lists_changed is None:
+                continue
+            for method in sorted(changed):
+                try:
+                    await self.on_lists_changed(self.name, method)
+                except Exception:  # the session goes on; a listener's fault is logged
+                    log.exception("%s: a list-change listener failed", self.name)
 
     def _tools_changed(self) -> None:
         self._tools.invalidate()  # a tools/list until the relist is in fetches afresh
