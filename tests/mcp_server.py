@@ -78,6 +78,13 @@ async def change_prompts(ctx: Context) -> str:
 
 
 @mcp.tool()
+async def logged(text: str, ctx: Context) -> str:
+    """Log ``text`` at info (notifications/message), then answer."""
+    await ctx.info(text)
+    return "logged"
+
+
+@mcp.tool()
 async def progressing(steps: int, ctx: Context) -> str:
     """Report progress ``steps`` times under the caller's progressToken."""
     for step in range(1, steps + 1):

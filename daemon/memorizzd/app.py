@@ -141,7 +141,7 @@ async def running_daemon(
             dispatcher = Dispatcher(broker.handlers(), on_error=broker.on_error)
             face = FaceDispatcher(broker)
             face_listeners.append(face)
-            pool.on_lists_changed = face.lists_changed
+            pool.on_notice = face.notice
             servers += [
                 SocketServer(
                     item.path,

@@ -46,13 +46,17 @@ ABORTABLE_METHODS: Final = frozenset(
 class CallLife:
     """One request's scope: cancelled if its client leaves while it may be."""
 
-    __slots__ = ("abortable", "aborted", "gone", "reason", "scope", "send")
+    __slots__ = ("abortable", "aborted", "gone", "reason", "scope", "send", "session")
 
     def __init__(
         self,
         method: str,
         send: Callable[[bytes], Awaitable[None]] | None = None,
+        session: object | None = None,
     ) -> None:
+        self.session = session
+        """The connection the request came on (a key for per-session state,
+        e.g. the MCP face's log level); None outside a socket."""
         self.send = send
         """Sends a line to the request's client, unasked (the MCP face's
         progress notifications); None where the protocol sends nothing."""
@@ -105,6 +109,12 @@ def client_send() -> Callable[[bytes], Awaitable[None]] | None:
     """How to send the running request's client a line unasked, if its protocol can."""
     life = current.get()
     return None if life is None else life.send
+
+
+def client_session() -> object | None:
+    """The running request's connection (see ``CallLife.session``)."""
+    life = current.get()
+    return None if life is None else life.session
 
 
 def aborted_reason() -> str:

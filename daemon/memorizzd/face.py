@@ -54,7 +54,7 @@ import hashlib
 import logging
 import re
 from collections.abc import Awaitable, Callable, Iterable
-from typing import Any, Final
+from typing import Any, Final, Literal, cast, get_args
 
 import anyio
 import msgspec
@@ -72,7 +72,7 @@ from memorizz.api.protocol import Reply, Request
 from memorizzd import __version__
 from memorizzd.broker import Broker
 from memorizzd.caller import Caller
-from memorizzd.calllife import client_send
+from memorizzd.calllife import client_send, client_session
 from memorizzd.rpc.dispatch import Session, encode_error, parse_request
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
@@ -112,6 +112,7 @@ _TOOLS_CHANGED: Final = (
 )
 LIST_CHANGED_SEND_S: Final = 1.0
 _CAPABILITIES: Final = {
+    "logging": {},
     "tools": {"listChanged": True},
     "resources": {"listChanged": True},
     "prompts": {"listChanged": True},
@@ -141,6 +142,22 @@ _decode_result_type: Final = msgspec.json.Decoder(_ResultType).decode
 
 class _Cancelled(msgspec.Struct, rename="camel"):
     request_id: int | str
+
+
+LogLevel = Literal[
+    "debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"
+]
+_LEVELS: Final[tuple[str, ...]] = get_args(LogLevel)
+
+
+class _SetLevel(msgspec.Struct):
+    level: LogLevel
+
+
+class _LogMessage(msgspec.Struct):
+    level: LogLevel
+    data: Any = None
+    logger: str | None = None
 
 
 class _Initialize(msgspec.Struct, rename="camel"):
@@ -248,12 +265,15 @@ class FaceDispatcher:
         self._broker = broker
         self._sessions: set[Session] = set()
         """The open connections of every face socket (told of list changes)."""
+        self._levels: dict[Session, int] = {}
+        """Sessions that asked for log messages, and from which level on."""
         self._routes: dict[tuple[tuple[str, int], ...], _Routes] = {}
         """Tool names resolved per scope and listings (``_route``)."""
         self._handlers: dict[str, Handler] = {
             "initialize": self._initialize,
             "server/discover": self._discover,
             "ping": self._ping,
+            "logging/setLevel": self._set_level,
             "tools/list": self._tools_list,
             "tools/call": self._tools_call,
             "resources/list": self._resources_list,
@@ -271,6 +291,7 @@ class FaceDispatcher:
 
     def closed(self, session: Session) -> None:
         self._sessions.discard(session)
+        self._levels.pop(session, None)
 
     async def tools_listed(self, server: str, tools: list[m.Tool]) -> None:
         """A server's tools were listed afresh (``Pool.on_tools``): every
@@ -278,12 +299,43 @@ class FaceDispatcher:
         (a slow reader is skipped after a second, never waited for)."""
         await self._tell(server, _TOOLS_CHANGED)
 
-    async def lists_changed(self, server: str, method: str) -> None:
-        """A server said its resources or prompts changed (``Pool.on_lists_changed``):
-        the sessions that can see it are told the same."""
-        await self._tell(
-            server, _encoder.encode({"jsonrpc": "2.0", "method": method}) + b"\n"
+    async def notice(self, server: str, method: str, params: msgspec.Raw) -> None:
+        """What a server says that callers may hear (``Pool.on_notice``): its
+        resources or prompts list changes go to every session that can see
+        it; its log messages to those that set a level (``logging/setLevel``)
+        at or below the message's, with the server's name as the logger."""
+        if method != "notifications/message":
+            await self._tell(
+                server, _encoder.encode({"jsonrpc": "2.0", "method": method}) + b"\n"
+            )
+            return
+        try:
+            message = msgspec.json.decode(params, type=_LogMessage)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            return
+        rank = _LEVELS.index(message.level)
+        logger = server if message.logger is None else f"{server}/{message.logger}"
+        line = (
+            _encoder.encode(
+                {
+                    "jsonrpc": "2.0",
+                    "method": method,
+                    "params": {
+                        "level": message.level,
+                        "logger": logger,
+                        "data": message.data,
+                    },
+                }
+            )
+            + b"\n"
         )
+        for session, level in list(self._levels.items()):
+            if rank < level or not any(
+                u.name == server for u in self._broker.in_scope(session.caller)
+            ):
+                continue
+            with anyio.move_on_after(LIST_CHANGED_SEND_S):
+                await session.send(line)
 
     async def _tell(self, server: str, line: bytes) -> None:
         for session in list(self._sessions):
@@ -341,6 +393,15 @@ class FaceDispatcher:
             "instructions": INSTRUCTIONS,
             "_meta": {_SERVER_INFO_KEY: {"name": "memorizzd", "version": __version__}},
         }
+
+    async def _set_level(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
+        """This session's log level: upstream log messages from it on reach it
+        (each session its own; the shared upstream sessions are not told)."""
+        level = _decode(params, _SetLevel).level
+        session = client_session()
+        if session is not None:
+            self._levels[cast(Session, session)] = _LEVELS.index(level)
+        return {}
 
     async def _ping(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
         return {}

@@ -498,3 +498,51 @@ def test_an_upstreams_prompt_list_change_reaches_its_sessions(
     added = anyio.run(work)
     assert len(added) == 1
     assert added[0].startswith("alpha__dyn_prompt_")
+
+
+@pytest.mark.filterwarnings(
+    "ignore::mcp.shared.exceptions.MCPDeprecationWarning"
+)  # logging/setLevel is the handshake era's way (2026-07-28 asks per request)
+def test_an_upstreams_log_messages_reach_the_sessions_that_asked(
+    base_dir: str,
+) -> None:
+    """A session that set a level hears the server's log message, with the
+    server's name as its logger; one that set none hears nothing. (A
+    handshake-era upstream logs unasked; a 2026-07-28 one only to a request
+    that opts in, which the daemon does not yet do.)"""
+    config = daemon_config(base_dir, servers=[stdio_spec("alpha", protocol="legacy")])
+
+    async def session(
+        api_socket: str, set_level: bool
+    ) -> list[tuple[str, str | None, Any]]:
+        heard: list[tuple[str, str | None, Any]] = []
+
+        async def handler(message: Any) -> None:
+            if isinstance(message, types.LoggingMessageNotification):
+                params = message.params
+                heard.append((params.level, params.logger, params.data))
+
+        params = StdioServerParameters(
+            command=MEMORIZZCTL, args=["--socket", api_socket, "mcp", "serve"]
+        )
+        async with Client(
+            stdio_client(params), mode="legacy", message_handler=handler
+        ) as client:
+            if set_level:
+                await client.session.set_logging_level("info")
+            await client.call_tool("logged", {"text": f"set {set_level}"})
+            await anyio.sleep(0.5)  # a notice is passed on after the reply
+        return heard
+
+    with DaemonHarness.running(config) as harness:
+        harness.wait_ready("alpha")
+
+        async def both() -> tuple[Any, Any]:
+            return (
+                await session(harness.socket, True),
+                await session(harness.socket, False),
+            )
+
+        asked, silent = anyio.run(both)
+    assert ("info", "alpha", "set True") in asked
+    assert silent == []

@@ -507,7 +507,9 @@ class _Connection:
             return
         self.in_flight += 1
         server._track(+1)
-        life = self.lives[parsed.id] = CallLife(parsed.method, send=self._send)
+        life = self.lives[parsed.id] = CallLife(
+            parsed.method, send=self._send, session=self
+        )
         calls.start_soon(self._run_one, parsed, parsed.id, life, name=parsed.method)
 
     def _drop_notification(self, request: Request) -> None:

@@ -8,6 +8,7 @@ from contextlib import asynccontextmanager
 
 import anyio
 import anyio.abc
+import msgspec
 
 from memorizz.api import methods as m
 from memorizz.api.errors import ConflictError, NotFoundError
@@ -15,6 +16,7 @@ from memorizzd.config import Config
 from memorizzd.store import Store
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.errors import FailureKind
+from memorizzd.upstream.supervisor import NoticeListener
 from memorizzd.vault import CredentialStore
 
 log = logging.getLogger("memorizzd.pool")
@@ -42,12 +44,12 @@ class Pool:
         self._upstreams: dict[str, Upstream] = {}
         self.on_tools: Callable[[str, list[m.Tool]], Awaitable[None]] | None = None
         """Told every fresh tools listing (the approvals check schemas)."""
-        self.on_lists_changed: Callable[[str, str], Awaitable[None]] | None = None
-        """Told when a server's resources or prompts change (server, method)."""
+        self.on_notice: NoticeListener | None = None
+        """Told what a server says that its callers may hear (``Supervisor.on_notice``)."""
 
-    async def _lists_changed(self, server: str, method: str) -> None:
-        if self.on_lists_changed is not None:
-            await self.on_lists_changed(server, method)
+    async def _noticed(self, server: str, method: str, params: msgspec.Raw) -> None:
+        if self.on_notice is not None:
+            await self.on_notice(server, method, params)
 
     async def _tools_listed(self, server: str, tools: list[m.Tool]) -> None:
         if self.on_tools is not None:
@@ -85,7 +87,7 @@ class Pool:
             vault=self._vault,
             on_tools=self._tools_listed,
         )
-        upstream.on_lists_changed = self._lists_changed
+        upstream.on_notice = self._noticed
         self._upstreams[spec.name] = upstream
         if refused is not None:
             log.error("%s: not started: %s", spec.name, refused)

@@ -22,6 +22,7 @@ deadline bounds what it costs.
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 import random
@@ -54,11 +55,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("memorizzd.upstream")
 
-LISTS_CHANGED: Final = frozenset(
-    {"notifications/resources/list_changed", "notifications/prompts/list_changed"}
+NOTICES: Final = frozenset(
+    {
+        "notifications/resources/list_changed",
+        "notifications/prompts/list_changed",
+        "notifications/message",
+    }
 )
-ListsListener = Callable[[str, str], Awaitable[None]]
-"""Told (server name, notification method) when a server's resources or prompts change."""
+"""What a server says that its callers may hear (``on_notice``)."""
+NOTICES_MAX: Final = 256
+"""Notices waiting to be passed on; past it the oldest are dropped."""
+NoticeListener = Callable[[str, str, msgspec.Raw], Awaitable[None]]
+"""Told (server name, notification method, its raw params)."""
 
 FAILED_AFTER: Final = 5
 """Consecutive failed connects after which the state reads ``failed`` (it still retries)."""
@@ -112,11 +120,13 @@ class Supervisor:
         """Set: the health loop probes the session now (a request timed out)."""
         self._relist = anyio.Event()
         """Set: the server said its tools changed; list them again."""
-        self.on_lists_changed: ListsListener | None = None
-        """Told when the server says its resources or prompts changed (the
-        method of its notification): the MCP face tells its sessions."""
-        self._lists_changed: set[str] = set()
-        self._lists_event = anyio.Event()
+        self.on_notice: NoticeListener | None = None
+        """Told what the server says that callers may hear: its resources or
+        prompts list changes and its log messages (the MCP face passes them on)."""
+        self._notices: collections.deque[tuple[str, msgspec.Raw]] = collections.deque(
+            maxlen=NOTICES_MAX
+        )
+        self._noticed = anyio.Event()
         self._checking: anyio.Event | None = None
         """While such a probe runs: set when it has its answer."""
         self._handshake_next = False
@@ -298,7 +308,7 @@ class Supervisor:
                 tg.start_soon(self._health_loop, client)
                 tg.start_soon(self._watch_tool_changes, client)
                 tg.start_soon(self._relist_on_change, client)
-                tg.start_soon(self._forward_list_changes)
+                tg.start_soon(self._forward_notices)
                 await self._dead.wait()
                 tg.cancel_scope.cancel()
             self._publish(None)
@@ -388,23 +398,24 @@ class Supervisor:
     def _on_notification(self, method: str, params: msgspec.Raw) -> None:
         if method == "notifications/tools/list_changed":
             self._tools_changed()
-        elif method in LISTS_CHANGED:
-            self._lists_changed.add(method)
-            self._lists_event.set()
+        elif method in NOTICES:
+            self._notices.append((method, params))  # the oldest go past NOTICES_MAX
+            self._noticed.set()
 
-    async def _forward_list_changes(self) -> None:
-        """Pass the server's resources/prompts list changes on (``on_lists_changed``)."""
+    async def _forward_notices(self) -> None:
+        """Pass the server's notices on (``on_notice``), in order, in this task:
+        the reader that received them never waits for a listener."""
         while True:
-            await self._lists_event.wait()
-            self._lists_event = anyio.Event()
-            changed, self._lists_changed = self._lists_changed, set()
-            if self.on_lists_changed is None:
-                continue
-            for method in sorted(changed):
+            await self._noticed.wait()
+            self._noticed = anyio.Event()
+            while self._notices:
+                method, params = self._notices.popleft()
+                if self.on_notice is None:
+                    continue
                 try:
-                    await self.on_lists_changed(self.name, method)
+                    await self.on_notice(self.name, method, params)
                 except Exception:  # the session goes on; a listener's fault is logged
-                    log.exception("%s: a list-change listener failed", self.name)
+                    log.exception("%s: a notice listener failed", self.name)
 
     def _tools_changed(self) -> None:
         self._tools.invalidate()  # a tools/list until the relist is in fetches afresh
