@@ -40,6 +40,11 @@ What it serves (this first version; issue 11 has the rest):
 * two built-in tools on an agent's face, off unless its profile names them
   (``face_tools``): ``memorizz__proposals`` (the profile's own proposals and
   their status) and ``memorizz__resume`` (run an approved one, once);
+* ``logging/setLevel`` per session: an upstream's ``notifications/message``
+  at that level and above reaches the sessions that can see it, the
+  server's name as the logger (the shared upstream sessions are not told);
+* resources and prompts list changes pass on to the sessions that can see
+  the server;
 * ``notifications/tools/list_changed``: when an upstream says its tools
   changed, the daemon lists them again (``supervisor.py``) and every session
   that can see that server is told (``tools_listed``).

@@ -65,13 +65,9 @@ NOT_APPLICABLE: dict[str, str] = {
     "elicitation-sep1034-defaults": "elicitation, as tools-call-elicitation",
     "elicitation-sep1330-enums": "elicitation, as tools-call-elicitation",
     "tools-call-with-logging": (
-        "notifications/message during a call: the face does not forward an upstream's log"
-        " messages, and the HTTP bridge answers application/json only, dropping whatever"
-        " the daemon says before the answer (serve_http.py)"
-    ),
-    "logging-set-level": (
-        "logging/setLevel is not served by the face: upstream sessions are shared, so one"
-        " client may not set their level for all (issue 11)"
+        "notifications/message during a call: the face passes a stdio upstream's log"
+        " messages on, but not an HTTP upstream's (the reference server here is one), and"
+        " the HTTP bridge streams only a call that asked for progress"
     ),
     "completion-complete": "completion/complete is not served by the face yet (issue 11)",
     "resources-subscribe": (
