@@ -49,6 +49,10 @@ What it serves (this first version; issue 11 has the rest):
   changed, the daemon lists them again (``supervisor.py``) and every session
   that can see that server is told (``tools_listed``).
 
+A session may send ``memorizz/scope`` (``{"server": NAME}``) first to see one
+server of its scope, under its own names: a transparent proxy
+(``memorizzctl mcp serve --server NAME``); it narrows, never widens.
+
 Nothing else is kept per session: names are a function of the listings, so a
 call resolves its name against the warm caches as they are now.
 """
@@ -101,6 +105,9 @@ _CACHED: Final = frozenset(
     }
 )
 """2026-07-28 results that carry cache hints (``cacheScope``, ``ttlMs``)."""
+SCOPE_METHOD: Final = "memorizz/scope"
+"""A notification a session sends first to see one server of its scope, under
+its own names (``memorizzctl mcp serve --server NAME``)."""
 SEPARATOR: Final = "__"
 NAME_MAX: Final = 64
 _NAME_OK: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -143,6 +150,10 @@ class _ResultType(msgspec.Struct, rename="camel"):
 
 
 _decode_result_type: Final = msgspec.json.Decoder(_ResultType).decode
+
+
+class _Scope(msgspec.Struct):
+    server: str
 
 
 class _Cancelled(msgspec.Struct, rename="camel"):
@@ -271,8 +282,10 @@ class FaceDispatcher:
         self._sessions: set[Session] = set()
         """The open connections of every face socket (told of list changes)."""
         self._levels: dict[Session, int] = {}
+        self._narrowed: dict[Session, str] = {}
+        """Sessions that chose one server (``memorizz/scope``): its names unchanged."""
         """Sessions that asked for log messages, and from which level on."""
-        self._routes: dict[tuple[tuple[str, int], ...], _Routes] = {}
+        self._routes: dict[tuple[object, ...], _Routes] = {}
         """Tool names resolved per scope and listings (``_route``)."""
         self._handlers: dict[str, Handler] = {
             "initialize": self._initialize,
@@ -291,12 +304,27 @@ class FaceDispatcher:
     def parse(self, line: bytes) -> Request | bytes:
         return parse_request(line)
 
+    def _scope_of(self, session: Session) -> list[Upstream]:
+        """The servers this session sees: its caller's, or the one it chose
+        (``memorizz/scope``: a session may narrow its scope, never widen it)."""
+        found = self._broker.in_scope(session.caller)
+        chosen = self._narrowed.get(session)
+        return found if chosen is None else [u for u in found if u.name == chosen]
+
+    def _in_scope(self, caller: Caller) -> list[Upstream]:
+        """The running request's session's servers (``_scope_of``)."""
+        session = client_session()
+        if session is None:
+            return self._broker.in_scope(caller)
+        return self._scope_of(cast(Session, session))
+
     def opened(self, session: Session) -> None:
         self._sessions.add(session)
 
     def closed(self, session: Session) -> None:
         self._sessions.discard(session)
         self._levels.pop(session, None)
+        self._narrowed.pop(session, None)
 
     async def tools_listed(self, server: str, tools: list[m.Tool]) -> None:
         """A server's tools were listed afresh (``Pool.on_tools``): every
@@ -336,7 +364,7 @@ class FaceDispatcher:
         )
         for session, level in list(self._levels.items()):
             if rank < level or not any(
-                u.name == server for u in self._broker.in_scope(session.caller)
+                u.name == server for u in self._scope_of(session)
             ):
                 continue
             with anyio.move_on_after(LIST_CHANGED_SEND_S):
@@ -344,7 +372,7 @@ class FaceDispatcher:
 
     async def _tell(self, server: str, line: bytes) -> None:
         for session in list(self._sessions):
-            if not any(u.name == server for u in self._broker.in_scope(session.caller)):
+            if not any(u.name == server for u in self._scope_of(session)):
                 continue
             with anyio.move_on_after(LIST_CHANGED_SEND_S):
                 await session.send(line)
@@ -353,6 +381,13 @@ class FaceDispatcher:
         """``notifications/cancelled`` cancels that request of the session (and
         its upstream request); ``notifications/initialized`` and the rest are
         taken, with nothing to do."""
+        if request.method == SCOPE_METHOD:  # the bridge's --server NAME
+            try:
+                chosen = msgspec.json.decode(request.params, type=_Scope)
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                return True
+            self._narrowed[session] = chosen.server
+            return True
         if request.method == "notifications/cancelled":
             try:
                 cancelled = msgspec.json.decode(request.params, type=_Cancelled)
@@ -417,7 +452,7 @@ class FaceDispatcher:
         self, caller: Caller
     ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """(exposed name -> (upstream, tool)), and the MCP tool objects."""
-        upstreams = self._broker.in_scope(caller)
+        upstreams = self._in_scope(caller)
         found: list[tuple[Upstream, m.Tool]] = []
         for upstream in upstreams:
             if not upstream.connected:
@@ -493,12 +528,13 @@ class FaceDispatcher:
         """Which server's which tool a shown name is. Resolved from the warm
         listings, and remembered until one of them changes (a call must not
         rebuild every server's listing); a cold listing is fetched first."""
-        upstreams = self._broker.in_scope(caller)
+        upstreams = self._in_scope(caller)
         views = [(u.name, u.tools_view) for u in upstreams if u.connected]
         if any(view is None for _, view in views):
             routes, _ = await self._tools(caller)
             return routes.get(name)
-        key = tuple((server, id(view)) for server, view in views)
+        single = len(upstreams) == 1
+        key = (single, *((server, id(view)) for server, view in views))
         found = self._routes.get(key)
         if found is None:
             pairs = [
@@ -508,7 +544,7 @@ class FaceDispatcher:
                 for tool in sorted(view.tools, key=lambda t: t.name)
                 if tool.decision != "deny"
             ]
-            names = exposed_names(pairs, single=len(upstreams) == 1)
+            names = exposed_names(pairs, single=single)
             if len(self._routes) >= _ROUTE_CACHE_MAX:
                 self._routes.clear()
             # the views are kept with their names: their ids stay theirs
@@ -558,7 +594,7 @@ class FaceDispatcher:
         self, caller: Caller, fetch: Callable[[Upstream], Awaitable[list[Any]]]
     ) -> list[tuple[Upstream, Any]]:
         found: list[tuple[Upstream, Any]] = []
-        for upstream in self._broker.in_scope(caller):
+        for upstream in self._in_scope(caller):
             if not upstream.connected:
                 continue
             try:
@@ -601,7 +637,7 @@ class FaceDispatcher:
     async def _prompts(
         self, caller: Caller
     ) -> tuple[dict[str, tuple[str, str]], list[Any]]:
-        upstreams = self._broker.in_scope(caller)
+        upstreams = self._in_scope(caller)
         found = await self._listed(caller, lambda u: u.list_prompts())
         names = exposed_names(
             ((u.name, p.name) for u, p in found), single=len(upstreams) == 1

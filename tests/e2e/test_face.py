@@ -546,3 +546,33 @@ def test_an_upstreams_log_messages_reach_the_sessions_that_asked(
         asked, silent = anyio.run(both)
     assert ("info", "alpha", "set True") in asked
     assert silent == []
+
+
+def test_the_bridge_can_show_one_server_under_its_own_names(
+    faced: DaemonHarness,
+) -> None:
+    """``memorizzctl mcp serve --server alpha``: a transparent proxy of
+    ``alpha`` on the operator's face; on the agent's face, whose scope lacks
+    ``alpha``, nothing (a session narrows its scope, never widens it)."""
+
+    async def session(api_socket: str) -> tuple[set[str], Any]:
+        params = StdioServerParameters(
+            command=MEMORIZZCTL,
+            args=["--socket", api_socket, "mcp", "serve", "--server", "alpha"],
+        )
+        async with Client(stdio_client(params), mode="legacy") as client:
+            names = {t.name for t in (await client.list_tools()).tools}
+            if "echo" not in names:
+                return names, None
+            result = await client.call_tool("echo", {"text": "only alpha"})
+            return names, result.content[0].text  # type: ignore[union-attr]
+
+    names, text = anyio.run(session, faced.socket)
+    assert "echo" in names
+    assert not any("__" in name for name in names)
+    assert text == "only alpha"
+    with faced.client() as c:
+        record = c.audit(limit=1).records[0]
+    assert (record.server, record.tool) == ("alpha", "echo")
+    agent_names, _ = anyio.run(session, agent_socket_path(faced.config, "bot"))
+    assert agent_names == set()

@@ -38,7 +38,7 @@ from memorizz.ctl.render import (
     render_test,
     render_tools,
 )
-from memorizz.ctl.serve import bridge, bridge_for
+from memorizz.ctl.serve import bridge, bridge_for, scope_line
 from memorizz.ctl.text import ProgressLine, format_ms, to_json
 
 Command = Callable[[Client, argparse.Namespace], int]
@@ -251,7 +251,12 @@ def cmd_mcp_serve(client: Client, args: argparse.Namespace) -> int:
     """The stdio bridge (``memorizz.ctl.serve``), for a line only argparse
     accepted: the ``Client`` is never connected, only its socket path used.
     ``--transport streamable-http`` serves HTTP instead (``memorizz.ctl.serve_http``)."""
-    target = bridge_for(client.socket_path, args.mcp_socket)
+    try:
+        target = bridge_for(client.socket_path, args.mcp_socket, args.server)
+        if args.server is not None:
+            scope_line(args.server)  # refuse a bad name before anything starts
+    except ValueError as exc:
+        raise UsageError(f"--server: {exc}") from None
     if args.transport == "streamable-http":
         from memorizz.ctl import serve_http
 

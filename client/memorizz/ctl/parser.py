@@ -466,6 +466,12 @@ def _wait(p: argparse.ArgumentParser) -> None:
 
 def _serve(p: argparse.ArgumentParser) -> None:
     p.add_argument(
+        "--server",
+        metavar="NAME",
+        help="show only this server of the socket's scope, under its own tool"
+        " and prompt names (a transparent proxy)",
+    )
+    p.add_argument(
         "--mcp-socket",
         metavar="PATH",
         help="the MCP socket itself (default: mcp.sock beside the API socket)",

@@ -65,11 +65,16 @@ _STDOUT = 1
 class Bridge:
     """A parsed ``mcp serve`` line: the MCP socket, and the API socket it came from."""
 
-    __slots__ = ("api_socket", "mcp_socket")
+    __slots__ = ("api_socket", "mcp_socket", "server")
 
-    def __init__(self, mcp_socket: str, api_socket: str | None) -> None:
+    def __init__(
+        self, mcp_socket: str, api_socket: str | None, server: str | None = None
+    ) -> None:
         self.mcp_socket = mcp_socket
         self.api_socket = api_socket  # None when --mcp-socket named it
+        self.server = server
+        """``--server NAME``: the session shows that server only, its names
+        unchanged (the face's ``memorizz/scope``, sent before anything else)."""
 
 
 def mcp_socket_path(api_socket: str) -> str:
@@ -77,11 +82,27 @@ def mcp_socket_path(api_socket: str) -> str:
     return os.path.join(os.path.dirname(api_socket), MCP_SOCKET_NAME)
 
 
-def bridge_for(api_socket: str, mcp_socket: str | None) -> Bridge:
+def bridge_for(
+    api_socket: str, mcp_socket: str | None, server: str | None = None
+) -> Bridge:
     """``--mcp-socket`` if given (and not empty), else the sibling of ``api_socket``."""
     if mcp_socket:
-        return Bridge(mcp_socket, None)
-    return Bridge(mcp_socket_path(api_socket), api_socket)
+        return Bridge(mcp_socket, None, server)
+    return Bridge(mcp_socket_path(api_socket), api_socket, server)
+
+
+def scope_line(server: str) -> bytes:
+    """The face's ``memorizz/scope`` notification for ``server`` (a name of
+    letters, digits, ``-``, ``_`` and ``.``: nothing to escape)."""
+    if not server or not all(
+        c.isascii() and (c.isalnum() or c in "-_.") for c in server
+    ):
+        raise ValueError(f"not a server name: {server!r}")
+    return (
+        b'{"jsonrpc":"2.0","method":"memorizz/scope","params":{"server":"'
+        + server.encode()
+        + b'"}}\n'
+    )
 
 
 # --- the line -------------------------------------------------------------------
@@ -175,6 +196,13 @@ def connect(bridge: Bridge) -> _socket.socket | int:
         sock.close()
         _error(f"cannot reach memorizzd's MCP socket at {path}: {exc}")
         return EXIT_UNAVAILABLE
+    if bridge.server is not None:  # before anything of the client's
+        try:
+            sock.sendall(scope_line(bridge.server))
+        except OSError as exc:
+            sock.close()
+            _error(f"cannot reach memorizzd's MCP socket at {path}: {exc}")
+            return EXIT_UNAVAILABLE
     return sock
 
 

@@ -26,7 +26,7 @@ from typing import Final
 
 import msgspec
 
-from memorizz.ctl.serve import Bridge
+from memorizz.ctl.serve import Bridge, scope_line
 
 MAX_SESSIONS: Final = 64
 IDLE_S: Final = 600.0
@@ -312,6 +312,14 @@ def connect(bridge: Bridge) -> _socket.socket:
             f"cannot reach memorizzd's MCP socket at {bridge.mcp_socket}:"
             f" {exc.strerror or exc}"
         ) from None
+    if bridge.server is not None:  # --server NAME: before anything of the client's
+        try:
+            sock.sendall(scope_line(bridge.server))
+        except OSError as exc:
+            sock.close()
+            raise FaceUnreachableError(
+                f"cannot reach memorizzd's MCP socket at {bridge.mcp_socket}: {exc}"
+            ) from None
     return sock
 
 
