@@ -7,6 +7,7 @@ beside it); behind the face, the daemon's warm sessions to real servers.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -23,12 +24,15 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 
+from memorizz.api.methods import ServerSpec
 from memorizzd.config import Profile
 from memorizzd.face import _completed, exposed_names
 from memorizzd.listeners import agent_socket_path, face_socket_path
 from tests.harness import (
     DaemonHarness,
     daemon_config,
+    http_spec,
+    serve_http,
     short_tempdir,
     stdio_spec,
     wait_until,
@@ -503,14 +507,29 @@ def test_an_upstreams_prompt_list_change_reaches_its_sessions(
 @pytest.mark.filterwarnings(
     "ignore::mcp.shared.exceptions.MCPDeprecationWarning"
 )  # logging/setLevel is the handshake era's way (2026-07-28 asks per request)
+@pytest.mark.parametrize("transport", ["stdio", "streamable_http"])
 def test_an_upstreams_log_messages_reach_the_sessions_that_asked(
-    base_dir: str,
+    base_dir: str, transport: str
 ) -> None:
     """A session that set a level hears the server's log message, with the
     server's name as its logger; one that set none hears nothing. (A
     handshake-era upstream logs unasked; a 2026-07-28 one only to a request
     that opts in, which the daemon does not yet do.)"""
-    config = daemon_config(base_dir, servers=[stdio_spec("alpha", protocol="legacy")])
+    with contextlib.ExitStack() as stack:
+        if transport == "stdio":
+            spec = stdio_spec("alpha", protocol="legacy")
+        else:
+            url = stack.enter_context(serve_http("streamable_http"))
+            spec = http_spec("alpha", url, "streamable_http", protocol="legacy")
+        asked, silent = _log_sessions(base_dir, spec)
+    assert ("info", "alpha", "set True") in asked
+    assert silent == []
+
+
+def _log_sessions(base_dir: str, spec: ServerSpec) -> tuple[Any, Any]:
+    """Two face sessions on a daemon with ``spec`` as ``alpha``: one that set
+    a level, one that did not; what each heard of ``alpha``'s log message."""
+    config = daemon_config(base_dir, servers=[spec])
 
     async def session(
         api_socket: str, set_level: bool
@@ -543,9 +562,7 @@ def test_an_upstreams_log_messages_reach_the_sessions_that_asked(
                 await session(harness.socket, False),
             )
 
-        asked, silent = anyio.run(both)
-    assert ("info", "alpha", "set True") in asked
-    assert silent == []
+        return anyio.run(both)
 
 
 def test_the_bridge_can_show_one_server_under_its_own_names(

@@ -62,6 +62,12 @@ T = TypeVar("T")
 MODERN: Final = "2026-07-28"
 _CLIENT_INFO: Final = types.Implementation(name="memorizzd", version=__version__)
 _SSE_TOO_LARGE: Final = "Server-sent event exceeded"
+_PASSED_ON: Final = (
+    types.ToolListChangedNotification,
+    types.ResourceListChangedNotification,
+    types.PromptListChangedNotification,
+    types.LoggingMessageNotification,
+)
 SSE_EVENT_MAX: Final = 1 << 20
 """The SDK's legacy SSE reader dies on a larger event; cap below it."""
 
@@ -99,7 +105,7 @@ async def open_connection(
     spec: m.ServerSpec,
     *,
     mode: str,
-    on_tools_changed: Callable[[], None],
+    on_notification: Callable[[str, msgspec.Raw], None],
     host_allowlist: Sequence[str],
     secrets: ServerSecrets | None = None,
     bearer: BearerSource | None = None,
@@ -118,8 +124,16 @@ async def open_connection(
     """
 
     async def on_message(message: Any) -> None:
-        if isinstance(message, types.ToolListChangedNotification):
-            on_tools_changed()
+        """The server's notifications, as our stdio client hands them on
+        (method, raw params): list changes and log messages."""
+        if isinstance(message, _PASSED_ON):
+            params = message.params
+            raw = (
+                b"{}"
+                if params is None
+                else params.model_dump_json(by_alias=True, exclude_none=True).encode()
+            )
+            on_notification(message.method, msgspec.Raw(raw))
 
     client_kwargs: dict[str, Any] = {
         "mode": mode,

@@ -340,7 +340,7 @@ class Supervisor:
         return open_connection(
             spec,
             mode=mode,
-            on_tools_changed=self._tools_changed,
+            on_notification=self._on_notification,
             host_allowlist=self._config.host_allowlist,
             secrets=secrets,
             bearer=self.keeper,
