@@ -65,9 +65,9 @@ NOT_APPLICABLE: dict[str, str] = {
     "elicitation-sep1034-defaults": "elicitation, as tools-call-elicitation",
     "elicitation-sep1330-enums": "elicitation, as tools-call-elicitation",
     "tools-call-with-logging": (
-        "notifications/message during a call: the face passes a stdio upstream's log"
-        " messages on, but not an HTTP upstream's (the reference server here is one), and"
-        " the HTTP bridge streams only a call that asked for progress"
+        "notifications/message during a call: the face passes an upstream's log messages"
+        " to the sessions that set a level, but the HTTP bridge streams only a call that"
+        " asked for progress (it offers no server stream for the rest)"
     ),
     "completion-complete": "completion/complete is not served by the face yet (issue 11)",
     "resources-subscribe": (
