@@ -22,6 +22,7 @@ import socket
 import sys
 import tempfile
 import time
+from functools import partial
 from typing import Final
 
 import anyio
@@ -100,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         path = os.path.join(tempfile.mkdtemp(prefix="mzf-", dir="/tmp"), "s.sock")
         server = mp.Process(target=_server, args=(path, kind))
         server.start()
-        wait_until(lambda: os.path.exists(path), timeout_s=30, what="the line server")
+        wait_until(partial(os.path.exists, path), timeout_s=30, what="the line server")
         with socket.socket(socket.AF_UNIX) as client:
             client.connect(path)
             for _ in range(500):  # warm-up
