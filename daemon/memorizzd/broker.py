@@ -36,8 +36,7 @@ from memorizzd.approval_methods import ApprovalMethods
 from memorizzd.approvals import ApprovalBook
 from memorizzd.audit import REFUSALS, Auditor
 from memorizzd.caller import Caller, Handler
-from memorizzd.calllife import client_send
-from memorizzd.calls import Calls
+from memorizzd.calls import Calls, ProgressReport, progress_to_client
 from memorizzd.config import Config
 from memorizzd.egress.urls import check_server_url
 from memorizzd.execution import resolve_command
@@ -553,38 +552,20 @@ def _rss_bytes() -> int:
         return 0
 
 
-class _UpstreamProgress(msgspec.Struct, omit_defaults=True):
-    """What we take of an upstream's ``notifications/progress`` params."""
-
-    progress: float
-    total: float | None = None
-    message: str | None = None
-
-
-_decode_progress = msgspec.json.Decoder(_UpstreamProgress).decode
-
-
 def _progress_to(token: m.ProgressToken | None) -> ProgressHandler | None:
     """Where a socket ``tools/call``'s progress goes: ``notifications/progress``
     lines under the caller's token, on its connection (None: the caller asked
     for none, so it gets exactly the reply, as before)."""
-    send = client_send()
-    if token is None or send is None:
+    if token is None:
         return None
 
-    async def forward(params: msgspec.Raw) -> None:
-        try:
-            report = _decode_progress(params)
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            return  # a malformed report is not worth failing the call over
-        note = m.ProgressNotification(
-            params=m.ProgressParams(
-                progress_token=token,
-                progress=report.progress,
-                total=report.total,
-                message=report.message,
-            )
+    def note(report: ProgressReport) -> bytes:
+        params = m.ProgressParams(
+            progress_token=token,
+            progress=report.progress,
+            total=report.total,
+            message=report.message,
         )
-        await send(_encoder.encode(note) + b"\n")
+        return _encoder.encode(m.ProgressNotification(params=params)) + b"\n"
 
-    return forward
+    return progress_to_client(note)

@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 import anyio
 import msgspec
@@ -41,7 +41,12 @@ from memorizzd.approvals import (
 )
 from memorizzd.audit import Auditor, CallArguments, outcome_for
 from memorizzd.caller import Caller
-from memorizzd.calllife import aborted_reason, client_aborted, mark_abortable
+from memorizzd.calllife import (
+    aborted_reason,
+    client_aborted,
+    client_send,
+    mark_abortable,
+)
 from memorizzd.policy import refusal
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
@@ -274,3 +279,35 @@ class Calls:
             busy=self._running > 1,
             **fields,
         )
+
+
+class ProgressReport(msgspec.Struct, omit_defaults=True):
+    """What a front takes of an upstream's ``notifications/progress`` params."""
+
+    progress: float
+    total: float | None = None
+    message: str | None = None
+
+
+_decode_report: Final = msgspec.json.Decoder(ProgressReport).decode
+
+
+def progress_to_client(
+    note: Callable[[ProgressReport], bytes],
+) -> ProgressHandler | None:
+    """A call's progress, each report sent to the running request's client as
+    the line ``note`` makes of it (each front speaks its own protocol); None
+    where the client's protocol cannot be sent to. A malformed report is
+    dropped: it is not worth failing the call over."""
+    send = client_send()
+    if send is None:
+        return None
+
+    async def forward(params: msgspec.Raw) -> None:
+        try:
+            report = _decode_report(params)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            return
+        await send(note(report))
+
+    return forward

@@ -81,7 +81,8 @@ from memorizz.api.protocol import Reply, Request
 from memorizzd import __version__
 from memorizzd.broker import Broker
 from memorizzd.caller import Caller
-from memorizzd.calllife import client_send, client_session
+from memorizzd.calllife import client_session
+from memorizzd.calls import ProgressReport, progress_to_client
 from memorizzd.rpc.dispatch import Session, encode_error, parse_request
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
@@ -192,12 +193,6 @@ class _Call(msgspec.Struct):
     name: str
     arguments: msgspec.Raw = msgspec.field(default_factory=m.arguments)
     meta: _CallMeta | None = msgspec.field(default=None, name="_meta")
-
-
-class _ProgressReport(msgspec.Struct, rename="camel", omit_defaults=True):
-    progress: float
-    total: float | None = None
-    message: str | None = None
 
 
 class _Read(msgspec.Struct):
@@ -521,7 +516,7 @@ class FaceDispatcher:
         proposal_id = _decode(arguments, _ResumeArguments).id
         proposal = await book.get(caller, proposal_id)
         if proposal.status != "approved":
-            return _held_status(proposal.id, proposal.status)
+            return _not_run(proposal.id, proposal.status)
         return await self._broker.tool_calls.resume(caller, proposal, timeout_s=None)
 
     async def _route(self, caller: Caller, name: str) -> tuple[str, str] | None:
@@ -586,7 +581,9 @@ class FaceDispatcher:
             return await calls.resume(
                 caller, proposal, timeout_s=None, progress=progress
             )
-        return _held(held, proposal.status)
+        return _not_run(
+            proposal_id, proposal.status, {"reason": held.reason, **held.data}
+        )
 
     # --- resources and prompts -----------------------------------------------
 
@@ -672,23 +669,19 @@ def _progress_to(call: _Call) -> ProgressHandler | None:
     """Where the call's progress goes: the client's own token, on its
     connection (None: the client asked for none, or cannot be sent to)."""
     token = None if call.meta is None else call.meta.progress_token
-    send = client_send()
-    if token is None or send is None:
+    if token is None:
         return None
 
-    async def forward(params: msgspec.Raw) -> None:
-        try:
-            report = msgspec.json.decode(params, type=_ProgressReport)
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            return
-        note = {
+    def note(report: ProgressReport) -> bytes:
+        params = {"progressToken": token, **msgspec.to_builtins(report)}
+        message = {
             "jsonrpc": "2.0",
             "method": "notifications/progress",
-            "params": {"progressToken": token, **msgspec.to_builtins(report)},
+            "params": params,
         }
-        await send(_encoder.encode(note) + b"\n")
+        return _encoder.encode(message) + b"\n"
 
-    return forward
+    return progress_to_client(note)
 
 
 def _decode(params: msgspec.Raw, into: type[Any]) -> Any:
@@ -721,21 +714,12 @@ def _mcp_tool(tool: m.Tool, shown: str, server: str) -> dict[str, Any]:
     return item
 
 
-def _held_status(proposal_id: str, status: str) -> msgspec.Raw:
-    text = f"Proposal {proposal_id} is {status}: it can run only once approved."
-    result = {
-        "content": [{"type": "text", "text": text}],
-        "structuredContent": {"proposal_id": proposal_id, "status": status},
-        "isError": True,
-    }
-    return msgspec.Raw(_encoder.encode(result))
-
-
-def _held(exc: ApprovalRequiredError, status: str) -> msgspec.Raw:
+def _not_run(
+    proposal_id: str, status: str, facts: dict[str, Any] | None = None
+) -> msgspec.Raw:
     """A call the operator has not approved (yet), as a tool result the model
-    can read: the proposal, its status and what to do."""
-    data = dict(exc.data)
-    proposal_id = data.get("proposal_id")
+    can read: the proposal, its status (and ``facts``: the refusal's data) and
+    what to do."""
     if status == "pending":
         text = (
             f"This call needs an operator's approval; it is stored as proposal "
@@ -747,7 +731,11 @@ def _held(exc: ApprovalRequiredError, status: str) -> msgspec.Raw:
         text = f"This call was not approved: proposal {proposal_id} is {status}."
     result = {
         "content": [{"type": "text", "text": text}],
-        "structuredContent": {"reason": exc.reason, **data, "status": status},
+        "structuredContent": {
+            **(facts or {}),
+            "proposal_id": proposal_id,
+            "status": status,
+        },
         "isError": True,
     }
     return msgspec.Raw(_encoder.encode(result))

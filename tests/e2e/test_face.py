@@ -527,42 +527,52 @@ def test_an_upstreams_log_messages_reach_the_sessions_that_asked(
 
 
 def _log_sessions(base_dir: str, spec: ServerSpec) -> tuple[Any, Any]:
-    """Two face sessions on a daemon with ``spec`` as ``alpha``: one that set
-    a level, one that did not; what each heard of ``alpha``'s log message."""
+    """Two face sessions open at once on a daemon with ``spec`` as ``alpha``,
+    one that set a level and one that did not: the silent one calls first,
+    then the other, which waits for its own message. A server's notices are
+    passed on in order, so by then the silent one's has been too."""
     config = daemon_config(base_dir, servers=[spec])
+    heard: dict[bool, list[tuple[str, str | None, Any]]] = {True: [], False: []}
+    mine = anyio.Event()
 
-    async def session(
-        api_socket: str, set_level: bool
-    ) -> list[tuple[str, str | None, Any]]:
-        heard: list[tuple[str, str | None, Any]] = []
+    def bridge(api_socket: str) -> StdioServerParameters:
+        return StdioServerParameters(
+            command=MEMORIZZCTL, args=["--socket", api_socket, "mcp", "serve"]
+        )
 
+    def listener(asked: bool) -> Any:
         async def handler(message: Any) -> None:
             if isinstance(message, types.LoggingMessageNotification):
                 params = message.params
-                heard.append((params.level, params.logger, params.data))
+                heard[asked].append((params.level, params.logger, params.data))
+                if params.data == "set True":
+                    mine.set()
 
-        params = StdioServerParameters(
-            command=MEMORIZZCTL, args=["--socket", api_socket, "mcp", "serve"]
-        )
-        async with Client(
-            stdio_client(params), mode="legacy", message_handler=handler
-        ) as client:
-            if set_level:
-                await client.session.set_logging_level("info")
-            await client.call_tool("logged", {"text": f"set {set_level}"})
-            await anyio.sleep(0.5)  # a notice is passed on after the reply
-        return heard
+        return handler
+
+    async def both(api_socket: str) -> None:
+        async with (
+            Client(
+                stdio_client(bridge(api_socket)),
+                mode="legacy",
+                message_handler=listener(False),
+            ) as silent,
+            Client(
+                stdio_client(bridge(api_socket)),
+                mode="legacy",
+                message_handler=listener(True),
+            ) as asked,
+        ):
+            await asked.session.set_logging_level("info")
+            await silent.call_tool("logged", {"text": "set False"})
+            await asked.call_tool("logged", {"text": "set True"})
+            with anyio.fail_after(10):
+                await mine.wait()
 
     with DaemonHarness.running(config) as harness:
         harness.wait_ready("alpha")
-
-        async def both() -> tuple[Any, Any]:
-            return (
-                await session(harness.socket, True),
-                await session(harness.socket, False),
-            )
-
-        return anyio.run(both)
+        anyio.run(both, harness.socket)
+    return heard[True], heard[False]
 
 
 def test_the_bridge_can_show_one_server_under_its_own_names(
