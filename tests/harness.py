@@ -42,6 +42,30 @@ __all__ = [  # re-exported: tests import the subprocess helper from here too
 ]
 
 TESTS = Path(__file__).parent
+NODE_DIR = TESTS / "node"
+"""The TypeScript SDK servers and clients (``scripts/bootstrap`` installs them)."""
+
+
+def node(purpose: str) -> str:
+    """The node executable with tests/node's packages installed, else skip
+    (fail under CI=true: there scripts/bootstrap must have installed them, and
+    ``purpose`` says what was to be run)."""
+    import pytest  # the harness is also the benchmarks'
+
+    exe = shutil.which("node")
+    installed = (NODE_DIR / "node_modules/@modelcontextprotocol/sdk").is_dir()
+    if exe is None or not installed:
+        why = (
+            "node is not installed"
+            if exe is None
+            else "tests/node has no node_modules (run scripts/bootstrap)"
+        )
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}: CI must run {purpose}")
+        pytest.skip(why)
+    return exe
+
+
 MCP_SERVER = str(TESTS / "mcp_server.py")
 LEGACY_SERVER = str(TESTS / "legacy_server.py")
 

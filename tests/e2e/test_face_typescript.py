@@ -11,7 +11,6 @@ tools, gets a prompt, reads a resource and prints one JSON line of what it saw.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -23,30 +22,25 @@ import pytest
 
 from memorizzd.config import Profile
 from memorizzd.listeners import agent_socket_path, face_socket_path
-from tests.harness import DaemonHarness, daemon_config, short_tempdir, stdio_spec
+from tests.harness import (
+    NODE_DIR,
+    DaemonHarness,
+    daemon_config,
+    short_tempdir,
+    stdio_spec,
+)
+from tests.harness import (
+    node as harness_node,
+)
 
 MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
-NODE_DIR = Path(__file__).parent.parent / "node"
 FACE_CLIENT = str(NODE_DIR / "face_client.mjs")
 RUN_TIMEOUT_S = 60.0
 """A bound on a hung client only, far above its usual run (well under 1 s)."""
 
 
 def node() -> str:
-    """The node executable with tests/node's packages installed, else skip
-    (fail under CI=true: there scripts/bootstrap must have installed them)."""
-    exe = shutil.which("node")
-    installed = (NODE_DIR / "node_modules/@modelcontextprotocol/sdk").is_dir()
-    if exe is None or not installed:
-        why = (
-            "node is not installed"
-            if exe is None
-            else "tests/node has no node_modules (run scripts/bootstrap)"
-        )
-        if os.environ.get("CI"):
-            pytest.fail(f"{why}: CI must run the TypeScript SDK client")
-        pytest.skip(why)
-    return exe
+    return harness_node("the TypeScript SDK client")
 
 
 @pytest.fixture(scope="module")

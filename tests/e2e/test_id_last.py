@@ -15,12 +15,9 @@ before it (the bound is generous: it tells "at once" from "at the deadline").
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,10 +25,18 @@ import pytest
 from memorizz import Client
 from memorizz.api.errors import TooLargeError
 from memorizz.api.methods import ServerSpec
-from tests.harness import MCP_SERVER, DaemonHarness, serve_http, stdio_spec
+from tests.harness import (
+    MCP_SERVER,
+    NODE_DIR,
+    DaemonHarness,
+    serve_http,
+    stdio_spec,
+)
+from tests.harness import (
+    node as harness_node,
+)
 from tests.mcp_server import id_last
 
-NODE_DIR = Path(__file__).parents[1] / "node"
 NODE_SERVER = str(NODE_DIR / "big_server.mjs")
 EVERYTHING = str(
     NODE_DIR / "node_modules/@modelcontextprotocol/server-everything/dist/index.js"
@@ -43,20 +48,7 @@ AT_ONCE_S = 4.0
 
 
 def node() -> str:
-    """The node executable with tests/node's packages installed, else skip
-    (fail under CI=true: there scripts/bootstrap must have installed them)."""
-    exe = shutil.which("node")
-    installed = (NODE_DIR / "node_modules/@modelcontextprotocol/sdk").is_dir()
-    if exe is None or not installed:
-        why = (
-            "node is not installed"
-            if exe is None
-            else "tests/node has no node_modules (run scripts/bootstrap)"
-        )
-        if os.environ.get("CI"):
-            pytest.fail(f"{why}: CI must run the TypeScript SDK servers")
-        pytest.skip(why)
-    return exe
+    return harness_node("the TypeScript SDK servers")
 
 
 @contextlib.contextmanager
