@@ -45,6 +45,13 @@ What it serves (this first version; issue 11 has the rest):
   server's name as the logger (the shared upstream sessions are not told);
 * resources and prompts list changes pass on to the sessions that can see
   the server;
+* ``resources/subscribe`` and ``resources/unsubscribe`` (advertised when a
+  server in scope takes them: a handshake-era session that declares
+  ``resources.subscribe``): a URI is routed as ``resources/read`` routes it,
+  subscribed upstream once for all the sessions that hold it
+  (``upstream/subscriptions.py``), and an upstream's
+  ``notifications/resources/updated`` reaches the sessions subscribed to
+  that URI of that server, and no other;
 * ``notifications/tools/list_changed``: when an upstream says its tools
   changed, the daemon lists them again (``supervisor.py``) and every session
   that can see that server is told (``tools_listed``).
@@ -130,6 +137,8 @@ _CAPABILITIES: Final = {
     "resources": {"listChanged": True},
     "prompts": {"listChanged": True},
 }
+"""What the face always offers (``_capabilities`` adds what its scope can)."""
+_UPDATED: Final = "notifications/resources/updated"
 Handler = Callable[[Caller, msgspec.Raw], Awaitable[Any]]
 
 
@@ -196,6 +205,10 @@ class _Call(msgspec.Struct):
 
 
 class _Read(msgspec.Struct):
+    uri: str
+
+
+class _Updated(msgspec.Struct):
     uri: str
 
 
@@ -280,6 +293,8 @@ class FaceDispatcher:
         self._narrowed: dict[Session, str] = {}
         """Sessions that chose one server (``memorizz/scope``): its names unchanged."""
         """Sessions that asked for log messages, and from which level on."""
+        self._subscribed: dict[Session, set[tuple[str, str]]] = {}
+        """Each session's resource subscriptions: (server, URI)."""
         self._routes: dict[tuple[object, ...], _Routes] = {}
         """Tool names resolved per scope and listings (``_route``)."""
         self._handlers: dict[str, Handler] = {
@@ -292,6 +307,8 @@ class FaceDispatcher:
             "resources/list": self._resources_list,
             "resources/templates/list": self._templates_list,
             "resources/read": self._resources_read,
+            "resources/subscribe": self._subscribe,
+            "resources/unsubscribe": self._unsubscribe,
             "prompts/list": self._prompts_list,
             "prompts/get": self._prompts_get,
         }
@@ -320,6 +337,11 @@ class FaceDispatcher:
         self._sessions.discard(session)
         self._levels.pop(session, None)
         self._narrowed.pop(session, None)
+        held = self._subscribed.pop(session, set())
+        servers = {server for server, _ in held}
+        for upstream in self._broker.in_scope(session.caller):
+            if upstream.name in servers:  # the last holder's unsubscribe follows
+                upstream.subscriptions.release(session)
 
     async def tools_listed(self, server: str, tools: list[m.Tool]) -> None:
         """A server's tools were listed afresh (``Pool.on_tools``): every
@@ -332,6 +354,9 @@ class FaceDispatcher:
         resources or prompts list changes go to every session that can see
         it; its log messages to those that set a level (``logging/setLevel``)
         at or below the message's, with the server's name as the logger."""
+        if method == _UPDATED:
+            await self._updated(server, params)
+            return
         if method != "notifications/message":
             await self._tell(
                 server, _encoder.encode({"jsonrpc": "2.0", "method": method}) + b"\n"
@@ -364,6 +389,25 @@ class FaceDispatcher:
                 continue
             with anyio.move_on_after(LIST_CHANGED_SEND_S):
                 await session.send(line)
+
+    async def _updated(self, server: str, params: msgspec.Raw) -> None:
+        """``notifications/resources/updated``: to the sessions subscribed to
+        that URI of that server, and no other."""
+        try:
+            uri = msgspec.json.decode(params, type=_Updated).uri
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            return
+        line = (
+            b'{"jsonrpc":"2.0","method":"'
+            + _UPDATED.encode()
+            + b'","params":'
+            + bytes(params)
+            + b"}\n"
+        )
+        for session, held in list(self._subscribed.items()):
+            if (server, uri) in held:
+                with anyio.move_on_after(LIST_CHANGED_SEND_S):
+                    await session.send(line)
 
     async def _tell(self, server: str, line: bytes) -> None:
         for session in list(self._sessions):
@@ -415,7 +459,7 @@ class FaceDispatcher:
         version = asked if asked in VERSIONS else VERSIONS[-1]
         return {
             "protocolVersion": version,
-            "capabilities": _CAPABILITIES,
+            "capabilities": self._capabilities(caller),
             "serverInfo": {"name": "memorizzd", "version": __version__},
             "instructions": INSTRUCTIONS,
         }
@@ -424,10 +468,20 @@ class FaceDispatcher:
         """2026-07-28: what ``initialize`` says, without a session."""
         return {
             "supportedVersions": [MODERN],
-            "capabilities": _CAPABILITIES,
+            "capabilities": self._capabilities(caller),
             "instructions": INSTRUCTIONS,
             "_meta": {_SERVER_INFO_KEY: {"name": "memorizzd", "version": __version__}},
         }
+
+    def _capabilities(self, caller: Caller) -> dict[str, Any]:
+        """What the face offers this session: always tools, resources, prompts
+        and logging; ``resources.subscribe`` when a server in its scope takes
+        subscriptions now (the handshake era's ``resources/subscribe``)."""
+        upstreams = self._in_scope(caller)
+        capabilities = dict(_CAPABILITIES)
+        if any(u.can_subscribe for u in upstreams):
+            capabilities["resources"] = {"listChanged": True, "subscribe": True}
+        return capabilities
 
     async def _set_level(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
         """This session's log level: upstream log messages from it on reach it
@@ -616,6 +670,50 @@ class FaceDispatcher:
         self, caller: Caller, params: msgspec.Raw
     ) -> dict[str, Any]:
         uri = _decode(params, _Read).uri
+        owner = await self._owner_of(caller, uri)
+        result = await owner.read_resource(uri, timeout_s=None)
+        return _builtins(result)
+
+    async def _subscribe(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
+        """This session subscribes to ``uri`` of the server that lists it
+        (routed as ``resources/read``); the server is asked once for all the
+        sessions that hold it (``Upstream.subscribe_resource``)."""
+        uri = _decode(params, _Read).uri
+        session = cast(Session | None, client_session())
+        owner = await self._owner_of(caller, uri)
+        if session is None or not owner.can_subscribe:
+            raise MethodNotFoundError(
+                f"server {owner.name!r} takes no resource subscriptions",
+                data={"server": owner.name},
+            )
+        held = self._subscribed.setdefault(session, set())
+        if (owner.name, uri) not in held:
+            await owner.subscribe_resource(session, uri)
+            held.add((owner.name, uri))
+            if self._subscribed.get(session) is not held:  # closed meanwhile
+                owner.subscriptions.release(session)
+        return {}
+
+    async def _unsubscribe(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
+        """This session lets go of ``uri``: the server hears it when no other
+        session holds it. Unsubscribing what is not held is no error."""
+        uri = _decode(params, _Read).uri
+        session = cast(Session | None, client_session())
+        held = self._subscribed.get(session) if session is not None else None
+        found = next((pair for pair in held or () if pair[1] == uri), None)
+        if session is None or held is None or found is None:
+            return {}
+        held.discard(found)
+        upstream = next(
+            (u for u in self._scope_of(session) if u.name == found[0]), None
+        )
+        if upstream is not None:
+            await upstream.unsubscribe_resource(session, uri)
+        return {}
+
+    async def _owner_of(self, caller: Caller, uri: str) -> Upstream:
+        """The server a URI goes to: the first, by name, that lists it; else
+        (a URI built from a template) the first that has templates."""
         found = await self._listed(caller, lambda u: u.list_resources())
         owner = next((u for u, item in found if item.uri == uri), None)
         if owner is None:  # perhaps a template's: the first server with templates
@@ -628,8 +726,7 @@ class FaceDispatcher:
                 f"no server in scope lists the resource {uri[:200]!r}",
                 reason="not_found",
             )
-        result = await owner.read_resource(uri, timeout_s=None)
-        return _builtins(result)
+        return owner
 
     async def _prompts(
         self, caller: Caller

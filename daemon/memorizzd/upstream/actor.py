@@ -14,7 +14,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import anyio
 
@@ -22,6 +22,7 @@ from memorizz.api import methods as m
 from memorizz.api.errors import (
     AuthRequiredError,
     DeadlineExceededError,
+    RemoteError,
     UnavailableError,
 )
 from memorizzd.config import Config
@@ -345,6 +346,55 @@ class Upstream(Supervisor):
     ) -> m.PromptsGetResult:
         return await self.request(
             lambda client: client.get_prompt(name, arguments),
+            deadline=self.deadline_for(timeout_s),
+            safe=True,
+        )
+
+    @property
+    def can_subscribe(self) -> bool:
+        """Whether the session now takes ``resources/subscribe``."""
+        client = self._client
+        return client is not None and client.can_subscribe()
+
+    def declares(self, capability: str) -> bool:
+        """Whether the session now declares ``capability`` (False: none now)."""
+        client = self._client
+        return client is not None and client.declares(capability)
+
+    async def subscribe_resource(self, holder: object, uri: str) -> None:
+        """``holder`` (a face session) subscribes to ``uri``: sent upstream
+        only if nobody held it (``subscriptions.py``)."""
+
+        async def send(uri: str) -> None:
+            await self.request(
+                lambda client: client.subscribe_resource(uri),
+                deadline=self.deadline_for(None),
+                safe=True,
+            )
+
+        await self.subscriptions.hold(holder, uri, send)
+
+    async def unsubscribe_resource(self, holder: object, uri: str) -> None:
+        """``holder`` lets go of ``uri``; the last one's unsubscribe goes
+        upstream (a session that is gone has nothing to unsubscribe)."""
+
+        async def send(uri: str) -> None:
+            try:
+                await self.request(
+                    lambda client: client.unsubscribe_resource(uri),
+                    deadline=self.deadline_for(None),
+                    safe=True,
+                )
+            except RemoteError as exc:
+                log.info("%s: resources/unsubscribe failed: %s", self.name, exc)
+
+        await self.subscriptions.let_go(holder, uri, send)
+
+    async def complete(
+        self, params: dict[str, Any], *, timeout_s: float | None
+    ) -> dict[str, Any]:
+        return await self.request(
+            lambda client: client.complete(params),
             deadline=self.deadline_for(timeout_s),
             safe=True,
         )

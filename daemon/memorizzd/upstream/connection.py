@@ -14,7 +14,7 @@ Every method raises our classes only: ``RemoteError`` subclasses for answers,
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import msgspec
 
@@ -74,6 +74,20 @@ class Connection(Protocol):
     async def get_prompt(
         self, name: str, arguments: dict[str, str]
     ) -> m.PromptsGetResult: ...
+
+    def can_subscribe(self) -> bool:
+        """Whether ``resources/subscribe`` works on this session: the server
+        declares ``resources.subscribe`` in the handshake era (2026-07-28
+        subscribes on a ``subscriptions/listen`` stream instead: not yet)."""
+        ...
+
+    async def subscribe_resource(self, uri: str) -> None: ...
+
+    async def unsubscribe_resource(self, uri: str) -> None: ...
+
+    async def complete(self, params: dict[str, Any]) -> dict[str, Any]:
+        """``completion/complete`` with ``params`` as MCP has them; the result."""
+        ...
 
     async def probe(self) -> None:
         """A cheap liveness round trip (never cancelled upstream when abandoned)."""

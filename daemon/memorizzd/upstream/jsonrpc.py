@@ -239,6 +239,24 @@ class JsonRpcSession:
         raw = await self._request("prompts/get", params)
         return self._decode(raw, m.PromptsGetResult)
 
+    def can_subscribe(self) -> bool:
+        resources = self._capabilities.get("resources")
+        return (
+            self.protocol_version != MODERN
+            and isinstance(resources, dict)
+            and resources.get("subscribe") is True
+        )
+
+    async def subscribe_resource(self, uri: str) -> None:
+        await self._request("resources/subscribe", self._params({"uri": uri}))
+
+    async def unsubscribe_resource(self, uri: str) -> None:
+        await self._request("resources/unsubscribe", self._params({"uri": uri}))
+
+    async def complete(self, params: dict[str, Any]) -> dict[str, Any]:
+        raw = await self._request("completion/complete", self._params(params))
+        return self._decode(raw, dict[str, Any])
+
     async def probe(self) -> None:
         if self.protocol_version == MODERN:
             await self._request("server/discover", self._params({}))

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
@@ -91,6 +91,19 @@ class ReplicaSet:
         self, name: str, arguments: dict[str, str]
     ) -> m.PromptsGetResult:
         return await self._on_least_busy(lambda s: s.get_prompt(name, arguments))
+
+    def can_subscribe(self) -> bool:
+        return self._sessions[0].can_subscribe()
+
+    async def subscribe_resource(self, uri: str) -> None:
+        """On the first replica only: its updates are the ones told."""
+        await self._sessions[0].subscribe_resource(uri)
+
+    async def unsubscribe_resource(self, uri: str) -> None:
+        await self._sessions[0].unsubscribe_resource(uri)
+
+    async def complete(self, params: dict[str, Any]) -> dict[str, Any]:
+        return await self._on_least_busy(lambda s: s.complete(params))
 
     async def probe(self) -> None:
         for session in self._sessions:  # every one must answer

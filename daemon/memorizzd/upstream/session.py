@@ -67,6 +67,7 @@ _PASSED_ON: Final = (
     types.ResourceListChangedNotification,
     types.PromptListChangedNotification,
     types.LoggingMessageNotification,
+    types.ResourceUpdatedNotification,
 )
 SSE_EVENT_MAX: Final = 1 << 20
 """The SDK's legacy SSE reader dies on a larger event; cap below it."""
@@ -400,6 +401,36 @@ class SdkConnection:
             messages=[_dump(msg) for msg in result.messages],
             description=result.description,
         )
+
+    def can_subscribe(self) -> bool:
+        resources = self._client.server_capabilities.resources
+        return (
+            self.protocol_version != MODERN
+            and resources is not None
+            and resources.subscribe is True
+        )
+
+    async def subscribe_resource(self, uri: str) -> None:
+        request = types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri))
+        session = self._client.session
+        await self._guarded(lambda: session.send_request(request, types.EmptyResult))
+
+    async def unsubscribe_resource(self, uri: str) -> None:
+        request = types.UnsubscribeRequest(
+            params=types.UnsubscribeRequestParams(uri=uri)
+        )
+        session = self._client.session
+        await self._guarded(lambda: session.send_request(request, types.EmptyResult))
+
+    async def complete(self, params: dict[str, Any]) -> dict[str, Any]:
+        request = types.CompleteRequest(
+            params=types.CompleteRequestParams.model_validate(params)
+        )
+        session = self._client.session
+        result = await self._guarded(
+            lambda: session.send_request(request, types.CompleteResult)
+        )
+        return _dump(result)
 
     async def probe(self) -> None:
         """``ping`` (2025-11-25) or ``server/discover`` (2026-07-28).

@@ -46,6 +46,7 @@ from memorizzd.upstream.connection import Connection
 from memorizzd.upstream.jsonrpc import MODERN, Launch, open_session
 from memorizzd.upstream.replicas import open_replicas
 from memorizzd.upstream.stdio import StdioProcess, child_environment
+from memorizzd.upstream.subscriptions import Subscriptions
 from memorizzd.upstream.tools import ToolCache, ToolsListener
 from memorizzd.vault import CredentialStore, VaultError, resolve_secrets
 from memorizzd.vault.server_secrets import ServerSecrets
@@ -60,6 +61,7 @@ NOTICES: Final = frozenset(
         "notifications/resources/list_changed",
         "notifications/prompts/list_changed",
         "notifications/message",
+        "notifications/resources/updated",
     }
 )
 """What a server says that its callers may hear (``on_notice``)."""
@@ -127,6 +129,8 @@ class Supervisor:
             maxlen=NOTICES_MAX
         )
         self._noticed = anyio.Event()
+        self.subscriptions = Subscriptions()
+        """The resource URIs callers hold, subscribed upstream once each."""
         self._checking: anyio.Event | None = None
         """While such a probe runs: set when it has its answer."""
         self._handshake_next = False
@@ -309,6 +313,8 @@ class Supervisor:
                 tg.start_soon(self._watch_tool_changes, client)
                 tg.start_soon(self._relist_on_change, client)
                 tg.start_soon(self._forward_notices)
+                if client.can_subscribe():
+                    tg.start_soon(self._keep_subscriptions, client)
                 await self._dead.wait()
                 tg.cancel_scope.cancel()
             self._publish(None)
@@ -416,6 +422,26 @@ class Supervisor:
                     await self.on_notice(self.name, method, params)
                 except Exception:  # the session goes on; a listener's fault is logged
                     log.exception("%s: a notice listener failed", self.name)
+
+    async def _keep_subscriptions(self, client: Connection) -> None:
+        """A new session is subscribed to every URI still held; then the URIs
+        whose last holder went away are unsubscribed (``Subscriptions``)."""
+
+        async def send(uri: str, subscribe: bool) -> None:
+            verb = "subscribe" if subscribe else "unsubscribe"
+            try:
+                with anyio.fail_after(self.spec.timeout_s):
+                    if subscribe:
+                        await client.subscribe_resource(uri)
+                    else:
+                        await client.unsubscribe_resource(uri)
+            except (RemoteError, errors.ConnectionLost, TimeoutError) as exc:
+                log.info("%s: resources/%s failed: %s", self.name, verb, exc)
+
+        for uri in self.subscriptions.renewed():
+            await send(uri, True)
+        while True:
+            await self.subscriptions.flush(partial(send, subscribe=False))
 
     def _tools_changed(self) -> None:
         self._tools.invalidate()  # a tools/list until the relist is in fetches afresh
