@@ -45,6 +45,10 @@ What it serves (this first version; issue 11 has the rest):
   server's name as the logger (the shared upstream sessions are not told);
 * resources and prompts list changes pass on to the sessions that can see
   the server;
+* ``completion/complete`` (advertised when a server in scope offers
+  completions) goes to the server that owns the reference: a prompt by its
+  shown name (sent upstream under its own), a resource template by its URI
+  template;
 * ``resources/subscribe`` and ``resources/unsubscribe`` (advertised when a
   server in scope takes them: a handshake-era session that declares
   ``resources.subscribe``): a URI is routed as ``resources/read`` routes it,
@@ -212,6 +216,16 @@ class _Updated(msgspec.Struct):
     uri: str
 
 
+class _Ref(msgspec.Struct):
+    type: str
+    name: str | None = None
+    uri: str | None = None
+
+
+class _Complete(msgspec.Struct):
+    ref: _Ref
+
+
 class _GetPrompt(msgspec.Struct):
     name: str
     arguments: dict[str, str] = {}
@@ -311,6 +325,7 @@ class FaceDispatcher:
             "resources/unsubscribe": self._unsubscribe,
             "prompts/list": self._prompts_list,
             "prompts/get": self._prompts_get,
+            "completion/complete": self._complete,
         }
 
     def parse(self, line: bytes) -> Request | bytes:
@@ -481,6 +496,8 @@ class FaceDispatcher:
         capabilities = dict(_CAPABILITIES)
         if any(u.can_subscribe for u in upstreams):
             capabilities["resources"] = {"listChanged": True, "subscribe": True}
+        if any(u.declares("completions") for u in upstreams):
+            capabilities["completions"] = {}
         return capabilities
 
     async def _set_level(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
@@ -760,6 +777,42 @@ class FaceDispatcher:
         upstream = self._broker.scoped(caller, server)
         result = await upstream.get_prompt(name, get.arguments, timeout_s=None)
         return _builtins(result)
+
+    # --- completions ------------------------------------------------------------
+
+    async def _complete(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
+        """``completion/complete``, to the server that owns the ref: a prompt
+        by its shown name (sent under its own), a resource template by its
+        URI template (the first server, by name, that lists it)."""
+        ref = _decode(params, _Complete).ref
+        forwarded: dict[str, Any] = msgspec.json.decode(params)
+        forwarded.pop("_meta", None)  # the upstream request carries its own
+        owner: Upstream | None = None
+        if ref.type == "ref/prompt" and ref.name is not None:
+            routes, _ = await self._prompts(caller)
+            route = routes.get(ref.name)
+            if route is None:
+                raise InvalidParamsError(f"unknown prompt {ref.name[:200]!r}")
+            owner = self._broker.scoped(caller, route[0])
+            forwarded["ref"] = {**forwarded["ref"], "name": route[1]}
+        elif ref.type == "ref/resource" and ref.uri is not None:
+            uri = ref.uri
+            templates = await self._listed(
+                caller, lambda u: u.list_resource_templates()
+            )
+            owner = next((u for u, t in templates if t.uri_template == uri), None)
+            if owner is None:
+                raise InvalidParamsError(
+                    f"no server in scope lists the resource template {uri[:200]!r}"
+                )
+        else:
+            raise InvalidParamsError(f"unknown completion reference {ref.type!r}")
+        if not owner.declares("completions"):
+            raise MethodNotFoundError(
+                f"server {owner.name!r} offers no completions",
+                data={"server": owner.name},
+            )
+        return await owner.complete(forwarded, timeout_s=None)
 
 
 def _progress_to(call: _Call) -> ProgressHandler | None:

@@ -1,9 +1,12 @@
-"""Resource subscriptions through the face: counted across sessions of one warm
-upstream session, and updates routed to the sessions that hold the URI.
+"""Resource subscriptions, completions and roots through the face.
+
+Subscriptions are counted across the sessions of one warm upstream session,
+and updates routed to the sessions that hold the URI; a completion goes to
+the server that owns the prompt or template.
 
 The client is the official Python SDK's (the handshake era: 2026-07-28 has no
 ``resources/subscribe``) over the real bridge; behind the face, a real SDK
-server that takes subscriptions (``tests/features_server.py``), over stdio and
+server that takes subscriptions and completes (``tests/features_server.py``), over stdio and
 over Streamable HTTP, and a second server (``legacy_server.py``) so that URIs
 are routed.
 """
@@ -29,7 +32,9 @@ from tests.harness import (
     daemon_config,
     http_spec,
     light_spec,
+    rmtree,
     serve_asgi,
+    short_tempdir,
     stdio_spec,
     wait_until,
 )
@@ -40,16 +45,16 @@ WATCHED = "feat://watched"
 RED = "feat://colors/red"
 
 
-@contextlib.contextmanager
-def features_daemon(
-    base: str, transport: str, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[DaemonHarness, str]]:
+@pytest.fixture(scope="module", params=["stdio", "streamable_http"])
+def featured(request: pytest.FixtureRequest) -> Iterator[tuple[DaemonHarness, str]]:
     """A daemon with ``feat`` (the features server, handshake era) and
-    ``plain``; yields it and the server's subscription log."""
+    ``plain``, ``feat`` over stdio or Streamable HTTP; yields it and the
+    server's subscription log."""
+    base = short_tempdir()
     log = os.path.join(base, "subs.log")
     Path(log).touch()
     with contextlib.ExitStack() as stack:
-        if transport == "stdio":
+        if request.param == "stdio":
             feat = stdio_spec(
                 "feat",
                 args=[FEATURES, "stdio"],
@@ -57,7 +62,8 @@ def features_daemon(
                 protocol="legacy",
             )
         else:
-            monkeypatch.setattr(features_server, "SUB_LOG", log)
+            patch = stack.enter_context(pytest.MonkeyPatch.context())
+            patch.setattr(features_server, "SUB_LOG", log)
             base_url = stack.enter_context(
                 serve_asgi(lambda _: features_server.mcp.streamable_http_app())
             )
@@ -69,6 +75,13 @@ def features_daemon(
         harness.wait_ready("feat")
         harness.wait_ready("plain")
         yield harness, log
+    rmtree(base)
+
+
+def _bridge(api_socket: str) -> StdioServerParameters:
+    return StdioServerParameters(
+        command=MEMORIZZCTL, args=["--socket", api_socket, "mcp", "serve"]
+    )
 
 
 def _lines(log: str) -> list[str]:
@@ -78,9 +91,8 @@ def _lines(log: str) -> list[str]:
 @pytest.mark.filterwarnings(
     "ignore::mcp.shared.exceptions.MCPDeprecationWarning"
 )  # resources/subscribe is the handshake era's way
-@pytest.mark.parametrize("transport", ["stdio", "streamable_http"])
 def test_a_uri_is_subscribed_upstream_once_and_its_updates_reach_only_its_holders(
-    base_dir: str, transport: str, monkeypatch: pytest.MonkeyPatch
+    featured: tuple[DaemonHarness, str],
 ) -> None:
     """Sessions A and B subscribe to ``feat://watched``, C to another URI:
     the server hears one subscribe for the URI both hold; an update of it
@@ -101,10 +113,7 @@ def test_a_uri_is_subscribed_upstream_once_and_its_updates_reach_only_its_holder
 
         return on_message
 
-    def bridge(api_socket: str) -> StdioServerParameters:
-        return StdioServerParameters(
-            command=MEMORIZZCTL, args=["--socket", api_socket, "mcp", "serve"]
-        )
+    bridge = _bridge
 
     async def sessions(api_socket: str, log: str) -> tuple[Any, list[str]]:
         async with (
@@ -138,10 +147,10 @@ def test_a_uri_is_subscribed_upstream_once_and_its_updates_reach_only_its_holder
                 await b.unsubscribe_resource(WATCHED)
             return capability, after_one
 
-    with features_daemon(base_dir, transport, monkeypatch) as (harness, log):
-        capability, after_one = anyio.run(sessions, harness.socket, log)
-        # C closed holding RED: its unsubscribe follows the session's end
-        wait_until(lambda: f"unsubscribe {RED}" in _lines(log), what="unsubscribe")
+    harness, log = featured
+    capability, after_one = anyio.run(sessions, harness.socket, log)
+    # C closed holding RED: its unsubscribe follows the session's end
+    wait_until(lambda: f"unsubscribe {RED}" in _lines(log), what="unsubscribe")
     assert capability is not None
     assert capability.subscribe is True
     assert heard == {"a": [WATCHED], "b": [WATCHED], "c": [RED]}
@@ -185,3 +194,60 @@ def test_the_face_offers_no_subscriptions_when_no_server_in_scope_takes_them(
     assert capability is not None
     assert not capability.subscribe
     assert code == types.METHOD_NOT_FOUND
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+def test_a_completion_goes_to_the_server_that_owns_the_prompt_or_template(
+    featured: tuple[DaemonHarness, str], mode: str
+) -> None:
+    """The face offers completions (``feat`` does); a prompt's is asked by
+    its shown name and reaches ``feat`` under its own, a template's by its
+    URI template; the values are the server's."""
+
+    async def work(client: Client) -> tuple[Any, list[str], list[str]]:
+        prompt = await client.complete(
+            types.PromptReference(name="feat__pick"), {"name": "color", "value": "gr"}
+        )
+        template = await client.complete(
+            types.ResourceTemplateReference(uri="feat://colors/{color}"),
+            {"name": "color", "value": "b"},
+        )
+        return (
+            client.server_capabilities.completions,
+            prompt.completion.values,
+            template.completion.values,
+        )
+
+    async def session(api_socket: str) -> Any:
+        async with Client(stdio_client(_bridge(api_socket)), mode=mode) as client:
+            return await work(client)
+
+    harness, _ = featured
+    capability, prompt, template = anyio.run(session, harness.socket)
+    assert capability is not None
+    assert prompt == ["green@prompt", "grey@prompt"]
+    assert template == ["blue@template"]
+
+
+def test_a_completion_of_an_unknown_prompt_is_refused_and_none_offered_without_a_server_that_completes(
+    base_dir: str,
+) -> None:
+    """Without a server that completes, the face offers no completions; a
+    completion of a prompt nobody lists is ``-32602``."""
+    from mcp.shared.exceptions import MCPError
+
+    config = daemon_config(base_dir, servers=[light_spec("plain")])
+
+    async def work(api_socket: str) -> tuple[Any, int]:
+        async with Client(stdio_client(_bridge(api_socket)), mode="legacy") as client:
+            with pytest.raises(MCPError) as raised:
+                await client.complete(
+                    types.PromptReference(name="nobody"), {"name": "x", "value": ""}
+                )
+            return client.server_capabilities.completions, raised.value.error.code
+
+    with DaemonHarness.running(config) as harness:
+        harness.wait_ready("plain")
+        capability, code = anyio.run(work, harness.socket)
+    assert capability is None
+    assert code == types.INVALID_PARAMS
