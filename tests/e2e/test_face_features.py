@@ -43,6 +43,7 @@ MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 FEATURES = str(Path(features_server.__file__))
 WATCHED = "feat://watched"
 RED = "feat://colors/red"
+ROOTS = ["file:///srv/project", "file:///home/shared/docs"]
 
 
 @pytest.fixture(scope="module", params=["stdio", "streamable_http"])
@@ -60,6 +61,7 @@ def featured(request: pytest.FixtureRequest) -> Iterator[tuple[DaemonHarness, st
                 args=[FEATURES, "stdio"],
                 env={"SUB_LOG": log},
                 protocol="legacy",
+                roots=ROOTS,
             )
         else:
             patch = stack.enter_context(pytest.MonkeyPatch.context())
@@ -68,7 +70,11 @@ def featured(request: pytest.FixtureRequest) -> Iterator[tuple[DaemonHarness, st
                 serve_asgi(lambda _: features_server.mcp.streamable_http_app())
             )
             feat = http_spec(
-                "feat", base_url + "/mcp", "streamable_http", protocol="legacy"
+                "feat",
+                base_url + "/mcp",
+                "streamable_http",
+                protocol="legacy",
+                roots=ROOTS,
             )
         config = daemon_config(base, servers=[feat, light_spec("plain")])
         harness = stack.enter_context(DaemonHarness.running(config))
@@ -251,3 +257,19 @@ def test_a_completion_of_an_unknown_prompt_is_refused_and_none_offered_without_a
         capability, code = anyio.run(work, harness.socket)
     assert capability is None
     assert code == types.INVALID_PARAMS
+
+
+def test_a_server_is_told_the_roots_of_its_configuration(
+    featured: tuple[DaemonHarness, str],
+) -> None:
+    """``feat``'s tool asks the daemon ``roots/list`` while serving the call:
+    the answer is ``roots`` from its entry (not the face client's, which
+    declares none)."""
+
+    async def session(api_socket: str) -> Any:
+        async with Client(stdio_client(_bridge(api_socket)), mode="legacy") as client:
+            result = await client.call_tool("feat__roots", {})
+            return result.content[0].text  # type: ignore[union-attr]
+
+    harness, _ = featured
+    assert anyio.run(session, harness.socket).splitlines() == ROOTS

@@ -349,6 +349,10 @@ class ServerSpec(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     authorization server's metadata)."""
     oauth_redirect_uri: str | None = None
     """OAuth: the redirect URI (default ``http://127.0.0.1:33418/callback``)."""
+    roots: list[str] = []
+    """``file://`` URIs of absolute paths, declared to the server as the
+    client's roots (``roots/list``). From the configuration, not a caller:
+    callers share the server's one warm session."""
 
 
 class ServerInfo(msgspec.Struct, kw_only=True):

@@ -24,6 +24,9 @@ from memorizz.api.methods import ServerSpec
 
 SERVER_NAME_MAX: Final = 64
 MAX_REPLICAS: Final = 16
+ROOTS_MAX: Final = 64
+ROOT_MAX: Final = 4096
+"""The longest root URI taken (characters)."""
 LOOPBACK_HOSTS: Final = ("localhost", "127.0.0.1", "::1")
 _TOKEN_CHARS: Final = frozenset(
     "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -87,6 +90,30 @@ def check_server_spec(spec: ServerSpec) -> None:
         _invalid(f"{where}: replicas must be in 1..{MAX_REPLICAS}")
     if spec.replicas > 1 and spec.transport != "stdio":
         _invalid(f"{where}: replicas are for stdio servers")
+    _check_roots(spec.roots, where)
+
+
+def _check_roots(roots: list[str], where: str) -> None:
+    """At most ``ROOTS_MAX`` ``file://`` URIs of absolute paths (no host, no
+    query or fragment, no control characters)."""
+    if len(roots) > ROOTS_MAX:
+        _invalid(f"{where}: at most {ROOTS_MAX} roots")
+    for root in roots:
+        parts = urlsplit(root)
+        if (
+            len(root) > ROOT_MAX
+            or not root.startswith("file:///")
+            or parts.scheme != "file"
+            or parts.netloc
+            or not parts.path.startswith("/")
+            or parts.query
+            or parts.fragment
+            or not root.isprintable()
+        ):
+            _invalid(
+                f"{where}: a root must be a file:// URI of an absolute path "
+                f"(file:///path), got {root[:80]!r}"
+            )
 
 
 def _check_scheme(url: str, where: str) -> None:

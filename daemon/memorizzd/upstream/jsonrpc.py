@@ -24,8 +24,9 @@ A request the caller abandons (its deadline, its client gone) is cancelled
 upstream with ``notifications/cancelled``; the negotiation and the probe
 never are (the spec forbids cancelling them; a probe that gets no answer
 condemns the session anyway). The server's own requests get an answer:
-``ping`` an empty result, anything else (sampling, elicitation, roots) a
-``-32601``: the daemon offers no such capability.
+``ping`` an empty result, ``roots/list`` the server's configured roots (if
+any: then the handshake declares ``roots``), anything else (sampling,
+elicitation) a ``-32601``: the daemon offers no such capability.
 """
 
 from __future__ import annotations
@@ -160,10 +161,13 @@ class JsonRpcSession:
         *,
         server: str,
         on_notification: NotificationHandler | None = None,
+        roots: tuple[str, ...] = (),
     ) -> None:
         self._pipes = pipes
         self._server = server
         self._on_notification = on_notification
+        self._roots = roots
+        """The server's configured roots (declared in the handshake era)."""
         self._ids = itertools.count(1)
         self._waiting: dict[int | str, _Waiter] = {}
         self._closed: str | None = None
@@ -335,7 +339,7 @@ class JsonRpcSession:
     async def _initialize(self) -> None:
         params = {
             "protocolVersion": HANDSHAKE_VERSION,
-            "capabilities": {},
+            "capabilities": {"roots": {"listChanged": False}} if self._roots else {},
             "clientInfo": _CLIENT_INFO,
         }
         raw = await self._request("initialize", _encode(params))
@@ -494,6 +498,15 @@ class JsonRpcSession:
         rid = _encode(message.id)
         if message.method == "ping":
             reply = b'{"jsonrpc":"2.0","id":' + rid + b',"result":{}}\n'
+        elif message.method == "roots/list" and self._roots:
+            roots = {"roots": [{"uri": uri} for uri in self._roots]}
+            reply = (
+                b'{"jsonrpc":"2.0","id":'
+                + rid
+                + b',"result":'
+                + _encode(roots)
+                + b"}\n"
+            )
         else:
             error = {"code": METHOD_NOT_FOUND, "message": "not supported by memorizzd"}
             reply = (
@@ -527,6 +540,7 @@ class Launch:
     max_message_bytes: int
     mode: str
     on_notification: NotificationHandler | None = None
+    roots: tuple[str, ...] = ()
 
 
 @asynccontextmanager
@@ -546,7 +560,10 @@ async def open_session(
         anyio.create_task_group() as tg,
     ):
         session = JsonRpcSession(
-            pipes, server=launch.server, on_notification=launch.on_notification
+            pipes,
+            server=launch.server,
+            on_notification=launch.on_notification,
+            roots=launch.roots,
         )
         tg.start_soon(session.read)
         try:

@@ -143,6 +143,15 @@ async def open_connection(
         "client_info": _CLIENT_INFO,
         "cache": None,  # the daemon caches lists itself
     }
+    if spec.roots:  # declared, and roots/list answered, from the configuration
+        roots = types.ListRootsResult.model_validate(
+            {"roots": [{"uri": uri} for uri in spec.roots]}
+        )
+
+        async def list_roots(context: Any) -> types.ListRootsResult:
+            return roots
+
+        client_kwargs["list_roots_callback"] = list_roots
     secrets = secrets or ServerSecrets()
     if spec.transport == "streamable_http":
         url = _checked_url(spec, host_allowlist)

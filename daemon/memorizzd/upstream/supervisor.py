@@ -337,6 +337,7 @@ class Supervisor:
                 max_message_bytes=spec.max_result_bytes + 64 * 1024,
                 mode=mode,
                 on_notification=self._on_notification,
+                roots=tuple(spec.roots),
             )
             if len(self._processes) > 1:
                 return open_replicas(launch, self._processes)
