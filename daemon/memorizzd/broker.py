@@ -40,6 +40,7 @@ from memorizzd.calls import Calls, ProgressReport, progress_to_client
 from memorizzd.config import Config
 from memorizzd.egress.urls import check_server_url
 from memorizzd.execution import resolve_command
+from memorizzd.names import exposed_names, renamed
 from memorizzd.store import Store
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
@@ -495,7 +496,55 @@ class Broker:
         self, caller: Caller, p: m.ServersStatusParams
     ) -> m.ServersStatusResult:
         upstreams = [self._pool.get(p.name)] if p.name is not None else self._pool.all()
-        return m.ServersStatusResult(servers=[u.status() for u in upstreams])
+        shown = {u.name for u in upstreams}
+        return m.ServersStatusResult(
+            servers=[u.status() for u in upstreams],
+            face_renames=[r for r in self._face_renames() if r.server in shown],
+        )
+
+    def separator_of(self, caller: Caller) -> str:
+        """The separator of the caller's MCP face: its profile's, or the
+        operator's ``face_separator``."""
+        if caller.role != "operator" and caller.profile is not None:
+            for profile in self._config.profiles:
+                if profile.name == caller.profile:
+                    return profile.separator
+        return self._config.face_separator
+
+    def _face_renames(self) -> list[m.FaceRename]:
+        """Every face's renames (``names.renamed``), from the warm listings as
+        the face resolves calls: the operator's face, then each profile's."""
+        faces = [("operator", self._pool.all(), self._config.face_separator)]
+        faces += [
+            (
+                profile.name,
+                [
+                    u
+                    for u in self._pool.all()
+                    if u.name in self._scopes.get(profile.name, ())
+                ],
+                profile.separator,
+            )
+            for profile in self._config.profiles
+        ]
+        found: list[m.FaceRename] = []
+        for face, upstreams, separator in faces:
+            single = len(upstreams) == 1
+            pairs = [
+                (u.name, tool.name)
+                for u in upstreams
+                if u.connected and (view := u.tools_view) is not None
+                for tool in sorted(view.tools, key=lambda t: t.name)
+                if tool.decision != "deny"
+            ]
+            names = exposed_names(pairs, single=single, separator=separator, quiet=True)
+            found += [
+                m.FaceRename(face=face, shown=shown, server=server, tool=tool)
+                for shown, server, tool in renamed(
+                    names, single=single, separator=separator
+                )
+            ]
+        return found
 
     async def servers_test(
         self, caller: Caller, p: m.ServersTestParams

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import grp
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Final, Literal
@@ -87,6 +88,9 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Built-in tools on this profile's MCP face (off unless named):
     ``proposals`` (``memorizz__proposals``: the profile's own proposals and
     their status) and ``resume`` (``memorizz__resume``: run an approved one)."""
+    separator: str = "__"
+    """Between a server's name and a tool's (or prompt's) on this profile's
+    MCP face: 1 to 3 characters of ``[A-Za-z0-9_-]``."""
 
 
 class Operators(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -152,10 +156,14 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How long a face's tool call decided ``ask`` waits for the operator
     before it answers "still pending" (0: at once). Below the 60 s request
     timeout common MCP clients use."""
+    face_separator: str = "__"
+    """The operator face's ``separator`` (a profile's face has its own)."""
     config_path: str | None = None
     """Where the config was read from (set by ``load``; not a TOML key)."""
 
 
+SEPARATOR_OK: Final = re.compile(r"[A-Za-z0-9_-]{1,3}")
+"""A face's separator between a server's name and a tool's."""
 _POSITIVE: Final = (
     "connect_wait_s",
     "backoff_initial_s",
@@ -219,6 +227,15 @@ def load(
             raise ConfigError(f"{config_path}: {key} must be greater than 0")
     if config.drain_timeout_s < 0:
         raise ConfigError(f"{config_path}: drain_timeout_s must not be negative")
+    separators = [("face_separator", config.face_separator)] + [
+        (f"profile {p.name!r}: separator", p.separator) for p in config.profiles
+    ]
+    for key, separator in separators:
+        if not SEPARATOR_OK.fullmatch(separator):
+            raise ConfigError(
+                f"{config_path}: {key} must be 1 to 3 characters of"
+                f" [A-Za-z0-9_-], not {separator[:10]!r}"
+            )
     config.state_dir = state_dir or config.state_dir or default_state_dir()
     config.host_allowlist = config.host_allowlist + _env_list(
         "MEMORIZZ_MCP_HOST_ALLOWLIST"

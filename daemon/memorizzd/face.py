@@ -15,7 +15,7 @@ What it serves (this first version; issue 11 has the rest):
   and the cache hints of listings). Each upstream keeps the version it
   negotiated; a relayed tool result gains only ``resultType``;
 * ``tools/list``: the tools of every server in scope that is connected, named
-  ``SERVER__TOOL`` (``exposed_names``: valid MCP tool names within the common
+  ``SERVER__TOOL`` (``names.py``; the separator per profile: valid names within the common
   64-character ``[A-Za-z0-9_-]`` limit of model APIs; a scope of one server
   keeps the names unchanged). A blocked or denied tool is not listed; a tool decided
   ``ask`` says in its description that it needs approval; the daemon's
@@ -70,10 +70,8 @@ call resolves its name against the warm caches as they are now.
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import re
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable
 from typing import Any, Final, Literal, cast, get_args
 
 import anyio
@@ -94,6 +92,7 @@ from memorizzd.broker import Broker
 from memorizzd.caller import Caller
 from memorizzd.calllife import client_session
 from memorizzd.calls import ProgressReport, progress_to_client
+from memorizzd.names import exposed_names
 from memorizzd.rpc.dispatch import Session, encode_error, parse_request
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
@@ -120,10 +119,6 @@ _CACHED: Final = frozenset(
 SCOPE_METHOD: Final = "memorizz/scope"
 """A notification a session sends first to see one server of its scope, under
 its own names (``memorizzctl mcp serve --server NAME``)."""
-SEPARATOR: Final = "__"
-NAME_MAX: Final = 64
-_NAME_OK: Final = re.compile(r"[A-Za-z0-9_-]{1,64}")
-_NAME_BAD_CHARS: Final = re.compile(r"[^A-Za-z0-9_-]")
 INSTRUCTIONS: Final = (
     "memorizzd: the tools of several MCP servers, named SERVER__TOOL. Calls go "
     "through the host's policy; a tool marked as needing approval waits for an "
@@ -268,32 +263,6 @@ class _Routes(msgspec.Struct):
 
 
 _ROUTE_CACHE_MAX: Final = 256
-
-
-def exposed_names(
-    listed: Iterable[tuple[str, str]], *, single: bool
-) -> dict[str, tuple[str, str]]:
-    """Each listed (server, name) under the name the face shows, deterministically.
-
-    ``SERVER__NAME`` (just ``NAME`` when ``single``). A name that is not a
-    valid tool name of at most 64 characters of ``[A-Za-z0-9_-]``, or that
-    another entry took first (in the order given), is shown as its valid
-    prefix plus ``_`` and 8 hex digits of a hash of the full name: never
-    hidden, and the same every time.
-    """
-    exposed: dict[str, tuple[str, str]] = {}
-    for server, name in listed:
-        wanted = name if single else f"{server}{SEPARATOR}{name}"
-        shown = wanted
-        if not _NAME_OK.fullmatch(wanted) or wanted in exposed:
-            digest = hashlib.sha256(wanted.encode()).hexdigest()[:8]
-            prefix = _NAME_BAD_CHARS.sub("_", wanted)[: NAME_MAX - 9]
-            shown = f"{prefix}_{digest}"
-            log.info(
-                "face: %r is shown as %r (invalid, too long or taken)", wanted, shown
-            )
-        exposed[shown] = (server, name)
-    return exposed
 
 
 class FaceDispatcher:
@@ -534,7 +503,9 @@ class FaceDispatcher:
                 if tool.decision != "deny"  # refused whatever the arguments
             ]
         names = exposed_names(
-            ((u.name, t.name) for u, t in found), single=len(upstreams) == 1
+            ((u.name, t.name) for u, t in found),
+            single=len(upstreams) == 1,
+            separator=self.separator_of(caller),
         )
         by_pair = {pair: shown for shown, pair in names.items()}
         listed = [
@@ -546,6 +517,11 @@ class FaceDispatcher:
     async def _tools_list(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
         _, listed = await self._tools(caller)
         return {"tools": self._builtin_tools(caller) + listed}
+
+    def separator_of(self, caller: Caller) -> str:
+        """Between a server's name and a tool's: the caller's profile's
+        ``separator``, the operator's ``face_separator``."""
+        return self._broker.separator_of(caller)
 
     def _builtins_of(self, caller: Caller) -> frozenset[str]:
         """The built-in tools the caller's profile names (``face_tools``)."""
@@ -600,7 +576,8 @@ class FaceDispatcher:
             routes, _ = await self._tools(caller)
             return routes.get(name)
         single = len(upstreams) == 1
-        key = (single, *((server, id(view)) for server, view in views))
+        separator = self.separator_of(caller)
+        key = (single, separator, *((server, id(view)) for server, view in views))
         found = self._routes.get(key)
         if found is None:
             pairs = [
@@ -610,7 +587,7 @@ class FaceDispatcher:
                 for tool in sorted(view.tools, key=lambda t: t.name)
                 if tool.decision != "deny"
             ]
-            names = exposed_names(pairs, single=single)
+            names = exposed_names(pairs, single=single, separator=separator)
             if len(self._routes) >= _ROUTE_CACHE_MAX:
                 self._routes.clear()
             # the views are kept with their names: their ids stay theirs
@@ -751,7 +728,9 @@ class FaceDispatcher:
         upstreams = self._in_scope(caller)
         found = await self._listed(caller, lambda u: u.list_prompts())
         names = exposed_names(
-            ((u.name, p.name) for u, p in found), single=len(upstreams) == 1
+            ((u.name, p.name) for u, p in found),
+            single=len(upstreams) == 1,
+            separator=self.separator_of(caller),
         )
         by_pair = {pair: shown for shown, pair in names.items()}
         listed = []

@@ -457,8 +457,23 @@ class AuthStatus(msgspec.Struct, kw_only=True):
     last_refresh_error: str | None
 
 
+class FaceRename(msgspec.Struct, kw_only=True):
+    """A tool the MCP face shows under another name than ``SERVER__TOOL``
+    (invalid, over 64 characters, or taken by an earlier entry)."""
+
+    face: str
+    """Whose face: ``operator``, or the profile's name."""
+    shown: str
+    """The name the face lists and takes calls by."""
+    server: str
+    tool: str
+    """The tool's own name on its server."""
+
+
 class ServersStatusResult(Result, kw_only=True):
     servers: list[ServerStatus]
+    face_renames: list[FaceRename] = []
+    """The MCP faces' renames of these servers' tools, from the warm listings."""
 
 
 class ServersTestParams(Params, kw_only=True, frozen=True):
