@@ -11,8 +11,11 @@ share it); open one client per thread for parallel calls.
 
 A call that asks for progress (``call_tool(..., on_progress=...)``) gets the
 daemon's ``notifications/progress`` lines before its reply; each is handed to
-the callback, in order, on the calling thread. Any other line the daemon sends
-unasked is skipped.
+the callback, in order, on the calling thread. A call that answers an
+upstream's requests (``on_elicit``, ``on_sample``) declares so on its
+connection (``daemon/hello`` capabilities) and gets them as request lines
+before its reply; each callback's return value is sent back as the answer.
+Any other line the daemon sends unasked is skipped.
 """
 
 from __future__ import annotations
@@ -61,6 +64,12 @@ START_HINT: Final = (
 ProgressCallback = Callable[[m.ProgressParams], object]
 """Called with each progress report of a call, in the order the daemon sent them."""
 NoteCallback = Callable[[Notification], object]
+AskCallback = Callable[[dict[str, Any]], dict[str, Any]]
+"""Given an upstream's request params (MCP's ``elicitation/create`` or
+``sampling/createMessage``, as MCP spells them), returns its MCP result
+(``{"action": "accept", "content": {...}}``; a ``CreateMessageResult``)."""
+ELICIT: Final = "elicitation/create"
+SAMPLE: Final = "sampling/createMessage"
 
 
 class _CallbackError(Exception):
@@ -87,6 +96,8 @@ class Client:
         self._ids = itertools.count(1)
         self._tokens = itertools.count(1)
         self._lock = threading.Lock()
+        self._declared: dict[str, Any] | None = None
+        """The capabilities this connection declared (``daemon/hello``)."""
 
     # --- plumbing -----------------------------------------------------------
 
@@ -106,6 +117,7 @@ class Client:
             self._sock.close()
             self._sock = None
         self._buffer.clear()
+        self._declared = None
 
     def _connect(self) -> socket.socket:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -225,11 +237,30 @@ class Client:
 
     # --- the daemon ---------------------------------------------------------
 
-    def hello(self, client: str = "memorizz-python") -> m.DaemonHelloResult:
-        return self.call(
+    def hello(
+        self,
+        client: str = "memorizz-python",
+        *,
+        capabilities: dict[str, Any] | None = None,
+    ) -> m.DaemonHelloResult:
+        """Check the protocol; ``capabilities``: what this connection's calls
+        answer (MCP's spelling: ``{"elicitation": {"form": {}}}``)."""
+        result = self.call(
             m.DAEMON_HELLO,
-            m.DaemonHelloParams(protocol_version=PROTOCOL_VERSION, client=client),
+            m.DaemonHelloParams(
+                protocol_version=PROTOCOL_VERSION,
+                client=client,
+                capabilities=capabilities or {},
+            ),
         )
+        self._declared = capabilities or {}
+        return result
+
+    def _answer(self, request_id: int | str, line: dict[str, Any]) -> None:
+        """Send the daemon the answer to its request ``request_id``."""
+        if self._sock is not None:
+            message = {"jsonrpc": JSONRPC, "id": request_id, **line}
+            self._sock.sendall(_encoder.encode(message) + b"\n")
 
     def daemon_status(self) -> m.DaemonStatusResult:
         return self.call(m.DAEMON_STATUS, m.DaemonStatusParams())
@@ -369,19 +400,36 @@ class Client:
         *,
         timeout_s: float | None = None,
         on_progress: ProgressCallback | None = None,
+        on_elicit: AskCallback | None = None,
+        on_sample: AskCallback | None = None,
     ) -> m.ToolsCallResult:
         """Call a tool; an ``isError`` result is returned, not raised.
 
         ``on_progress``: ask for the call's progress, and get each report the
-        server sends while the call runs (before this returns), in order."""
+        server sends while the call runs (before this returns), in order.
+        ``on_elicit`` / ``on_sample``: answer the server's elicitation (form
+        and URL) / sampling (with tools) requests of this call; without them
+        the server is told this client does not support them."""
         token: int | None = None
         on_note: NoteCallback | None = None
+        answers = {ELICIT: on_elicit, SAMPLE: on_sample}
+        capabilities: dict[str, Any] = {}
+        if on_elicit is not None:
+            capabilities["elicitation"] = {"form": {}, "url": {}}
+        if on_sample is not None:
+            capabilities["sampling"] = {"tools": {}}
+        if not capabilities.keys() <= (self._declared or {}).keys():
+            self.hello(capabilities={**(self._declared or {}), **capabilities})
         if on_progress is not None:
             token = next(self._tokens)
+        if on_progress is not None or capabilities:
 
             def on_note(note: Notification) -> None:
+                if note.id is not None:
+                    self._asked(note.id, note, answers.get(note.method))
+                    return
                 report = decode_progress(note)
-                if report is not None and report.progress_token == token:
+                if on_progress and report and report.progress_token == token:
                     on_progress(report)
 
         params = m.ToolsCallParams(
@@ -392,6 +440,18 @@ class Client:
             progress_token=token,
         )
         return self.call(m.TOOLS_CALL, params, on_note=on_note)
+
+    def _asked(
+        self, request_id: int | str, note: Notification, answer: AskCallback | None
+    ) -> None:
+        """The daemon's request ``note``: the callback's result sent back (an
+        error if there is no callback; its exception propagates)."""
+        if answer is None:
+            error = {"code": -32601, "message": f"{note.method} is not answered here"}
+            self._answer(request_id, {"error": error})
+            return
+        result = answer(msgspec.json.decode(note.params))
+        self._answer(request_id, {"result": result})
 
     def list_resources(self, server: str) -> list[m.Resource]:
         return self.call(

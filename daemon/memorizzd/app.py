@@ -22,7 +22,7 @@ from memorizzd.execution import admit, check_config_servers
 from memorizzd.execution.admission import Admission
 from memorizzd.face import FaceDispatcher
 from memorizzd.listeners import close_all, open_all
-from memorizzd.rpc.dispatch import Dispatcher
+from memorizzd.rpc.answers import AnsweringDispatcher
 from memorizzd.rpc.server import SocketServer
 from memorizzd.sdnotify import journal_available, notify, run_watchdog
 from memorizzd.store import Store
@@ -138,7 +138,9 @@ async def running_daemon(
                 vault=vault,
                 book=book,
             )
-            dispatcher = Dispatcher(broker.handlers(), on_error=broker.on_error)
+            dispatcher = AnsweringDispatcher(
+                broker.handlers(), on_error=broker.on_error
+            )
             face = FaceDispatcher(broker)
             face_listeners.append(face)
             pool.on_notice = face.notice

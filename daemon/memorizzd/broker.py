@@ -36,6 +36,7 @@ from memorizzd.approval_methods import ApprovalMethods
 from memorizzd.approvals import ApprovalBook
 from memorizzd.audit import REFUSALS, Auditor
 from memorizzd.caller import Caller, Handler
+from memorizzd.calllife import declare, declared, offer_asks
 from memorizzd.calls import Calls, ProgressReport, progress_to_client
 from memorizzd.config import Config
 from memorizzd.egress.urls import check_server_url
@@ -214,6 +215,9 @@ class Broker:
 
     async def tools_call(self, caller: Caller, p: m.ToolsCallParams) -> msgspec.Raw:
         """The call pipeline (``calls.py``): policy, relay, one audit record."""
+        # what the upstream asks during the call goes to this connection's
+        # client, if it said it answers that (daemon/hello capabilities)
+        offer_asks(declared(), self.config.upstream_request_wait_s)
         return await self._tool_calls.call(
             caller,
             p.server,
@@ -347,6 +351,7 @@ class Broker:
                 data={"supported": [PROTOCOL_VERSION]},
             )
         log.debug("hello from pid %d uid %d: %s", caller.pid, caller.uid, p.client)
+        declare(p.capabilities)  # this connection's client answers these
         return m.DaemonHelloResult(
             protocol_version=PROTOCOL_VERSION, daemon_version=__version__
         )

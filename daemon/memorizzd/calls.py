@@ -43,6 +43,7 @@ from memorizzd.audit import Auditor, CallArguments, outcome_for
 from memorizzd.caller import Caller
 from memorizzd.calllife import (
     aborted_reason,
+    bound_asks,
     client_aborted,
     client_send,
     mark_abortable,
@@ -236,6 +237,7 @@ class Calls:
     ) -> msgspec.Raw:
         # a read may be abandoned with its client; anything else runs to the end
         mark_abortable(risk == "read")
+        bound_asks(deadline)  # what the upstream asks the caller, within its deadline
         try:
             result = await upstream.call_tool(
                 tool, read.raw, risk=risk, deadline=deadline, progress=progress

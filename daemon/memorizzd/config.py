@@ -156,6 +156,9 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """How long a face's tool call decided ``ask`` waits for the operator
     before it answers "still pending" (0: at once). Below the 60 s request
     timeout common MCP clients use."""
+    upstream_request_wait_s: float = 120.0
+    """How long an upstream's elicitation or sampling request waits for the
+    caller's answer (never past the call's own deadline)."""
     face_separator: str = "__"
     """The operator face's ``separator`` (a profile's face has its own)."""
     config_path: str | None = None
@@ -174,6 +177,7 @@ _POSITIVE: Final = (
     "max_in_flight_per_connection",
     "list_page_limit",
     "approval_ttl_s",
+    "upstream_request_wait_s",
 )
 
 

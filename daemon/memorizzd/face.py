@@ -37,6 +37,11 @@ What it serves (this first version; issue 11 has the rest):
   ``notifications/progress`` passed on under that token (the upstream gets a
   token of the daemon's own);
 * ``notifications/cancelled`` from the client cancels that call, upstream too;
+* an upstream's ``elicitation/create`` and ``sampling/createMessage`` during
+  a call go to the session that made it, as requests with ids of the face's
+  own, if its client declared them in ``initialize`` (``calllife.Asker``;
+  ``upstream/asks.py`` decides which call a request is for); the client's
+  response lines come back through ``parse`` (``rpc/answers.py``);
 * two built-in tools on an agent's face, off unless its profile names them
   (``face_tools``): ``memorizz__proposals`` (the profile's own proposals and
   their status) and ``memorizz__resume`` (run an approved one, once);
@@ -90,10 +95,11 @@ from memorizz.api.protocol import Reply, Request
 from memorizzd import __version__
 from memorizzd.broker import Broker
 from memorizzd.caller import Caller
-from memorizzd.calllife import client_session
+from memorizzd.calllife import client_session, offer_asks
 from memorizzd.calls import ProgressReport, progress_to_client
 from memorizzd.names import exposed_names
-from memorizzd.rpc.dispatch import Session, encode_error, parse_request
+from memorizzd.rpc.answers import parse_line, take
+from memorizzd.rpc.dispatch import Session, encode_error
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
 
@@ -187,6 +193,7 @@ class _LogMessage(msgspec.Struct):
 
 class _Initialize(msgspec.Struct, rename="camel"):
     protocol_version: str = VERSIONS[-1]
+    capabilities: dict[str, Any] = {}
 
 
 class _Cursor(msgspec.Struct):
@@ -276,6 +283,9 @@ class FaceDispatcher:
         self._narrowed: dict[Session, str] = {}
         """Sessions that chose one server (``memorizz/scope``): its names unchanged."""
         """Sessions that asked for log messages, and from which level on."""
+        self._clients: dict[Session, dict[str, Any]] = {}
+        """What each session's client declared in ``initialize`` (it is asked
+        an upstream's elicitation and sampling requests only if it can)."""
         self._subscribed: dict[Session, set[tuple[str, str]]] = {}
         """Each session's resource subscriptions: (server, URI)."""
         self._routes: dict[tuple[object, ...], _Routes] = {}
@@ -298,7 +308,7 @@ class FaceDispatcher:
         }
 
     def parse(self, line: bytes) -> Request | bytes:
-        return parse_request(line)
+        return parse_line(line)  # the client's responses to our requests too
 
     def _scope_of(self, session: Session) -> list[Upstream]:
         """The servers this session sees: its caller's, or the one it chose
@@ -321,6 +331,7 @@ class FaceDispatcher:
         self._sessions.discard(session)
         self._levels.pop(session, None)
         self._narrowed.pop(session, None)
+        self._clients.pop(session, None)
         held = self._subscribed.pop(session, set())
         servers = {server for server, _ in held}
         for upstream in self._broker.in_scope(session.caller):
@@ -404,6 +415,8 @@ class FaceDispatcher:
         """``notifications/cancelled`` cancels that request of the session (and
         its upstream request); ``notifications/initialized`` and the rest are
         taken, with nothing to do."""
+        if take(session, request):  # a response to an upstream's request
+            return True
         if request.method == SCOPE_METHOD:  # the bridge's --server NAME
             try:
                 chosen = msgspec.json.decode(request.params, type=_Scope)
@@ -439,8 +452,12 @@ class FaceDispatcher:
     # --- the session ----------------------------------------------------------
 
     async def _initialize(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
-        asked = _decode(params, _Initialize).protocol_version
+        initialize = _decode(params, _Initialize)
+        asked = initialize.protocol_version
         version = asked if asked in VERSIONS else VERSIONS[-1]
+        session = client_session()
+        if session is not None:
+            self._clients[cast(Session, session)] = initialize.capabilities
         return {
             "protocolVersion": version,
             "capabilities": self._capabilities(caller),
@@ -608,6 +625,14 @@ class FaceDispatcher:
         server, tool = route
         calls = self._broker.tool_calls
         progress = _progress_to(call)
+        session = client_session()
+        if session is not None and not _stamped(params):
+            # the handshake era: what the upstream asks goes to this client
+            # (2026-07-28 has no server-to-client requests: none is offered)
+            offer_asks(
+                self._clients.get(cast(Session, session), {}),
+                self._broker.config.upstream_request_wait_s,
+            )
         try:
             return await calls.call(
                 caller,
@@ -872,10 +897,13 @@ def _not_run(
 
 def _modern(request: Request) -> bool:
     """Whether the request is of the 2026-07-28 era (its params are stamped)."""
-    if request.method == "server/discover":
-        return True
+    return request.method == "server/discover" or _stamped(request.params)
+
+
+def _stamped(params: msgspec.Raw) -> bool:
+    """Whether request params carry the 2026-07-28 stamp."""
     try:
-        stamp = _decode_stamped(request.params).meta
+        stamp = _decode_stamped(params).meta
     except (msgspec.ValidationError, msgspec.DecodeError):
         return False
     return stamp is not None and stamp.version == MODERN

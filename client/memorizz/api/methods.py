@@ -267,6 +267,12 @@ class DaemonHelloParams(Params, kw_only=True, frozen=True):
     protocol_version: int
     client: str = ""
     """Free-form client name and version, for the log."""
+    capabilities: dict[str, Any] = {}
+    """What this connection's client answers while its calls run, as MCP's
+    client capabilities spell it: ``elicitation`` (``{"form": {}, "url": {}}``)
+    and ``sampling`` (``{"tools": {}}``). An upstream's request of a call is
+    then sent to it as a request line on this connection (``ElicitRequest``,
+    ``SampleRequest``); without them, the upstream is refused at once."""
 
 
 class DaemonHelloResult(Result, kw_only=True):

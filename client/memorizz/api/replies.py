@@ -26,15 +26,19 @@ _REPLY_START: Final = b'{"jsonrpc":"2.0","id":'
 
 
 class Notification(msgspec.Struct):
-    """A message sent unasked: no ``id``, never a reply."""
+    """A message sent unasked, never a reply: a notification (no ``id``), or a
+    request the client is to answer under ``id`` (an upstream's
+    ``elicitation/create`` or ``sampling/createMessage``)."""
 
     method: str
     params: msgspec.Raw = msgspec.Raw(b"{}")
+    id: int | str | None = None
 
 
 class _Message(msgspec.Struct):
     method: str | None = None
     params: msgspec.Raw = msgspec.Raw(b"{}")
+    id: int | str | None = None
 
 
 _decode_message = msgspec.json.Decoder(_Message).decode
@@ -53,7 +57,7 @@ def notification(raw: bytes) -> Notification | None:
         return None
     if message.method is None:
         return None
-    return Notification(message.method, message.params)
+    return Notification(message.method, message.params, message.id)
 
 
 def decode_progress(note: Notification) -> m.ProgressParams | None:

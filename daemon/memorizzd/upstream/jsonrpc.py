@@ -25,8 +25,10 @@ upstream with ``notifications/cancelled``; the negotiation and the probe
 never are (the spec forbids cancelling them; a probe that gets no answer
 condemns the session anyway). The server's own requests get an answer:
 ``ping`` an empty result, ``roots/list`` the server's configured roots (if
-any: then the handshake declares ``roots``), anything else (sampling,
-elicitation) a ``-32601``: the daemon offers no such capability.
+any: then the handshake declares ``roots``), ``elicitation/create`` and
+``sampling/createMessage`` the answer of the caller whose call they serve
+(``asks.py``: declared in the handshake, relayed in a task of their own),
+anything else a ``-32601``.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ import msgspec
 from memorizz.api import methods as m
 from memorizz.api.errors import RemoteError, UpstreamError
 from memorizzd import __version__
+from memorizzd.calllife import ASKED, AskRefused
+from memorizzd.upstream.asks import Call, InFlight
 from memorizzd.upstream.connection import CallShape, ProgressHandler, ToolResult
 from memorizzd.upstream.errors import (
     METHOD_NOT_FOUND,
@@ -70,6 +74,11 @@ _CLIENT_CAPABILITIES_KEY: Final = "io.modelcontextprotocol/clientCapabilities"
 _SERVER_INFO_KEY: Final = "io.modelcontextprotocol/serverInfo"
 _CLIENT_INFO: Final = {"name": "memorizzd", "version": __version__}
 _NOT_CANCELLED: Final = frozenset({"initialize", "server/discover", "ping"})
+_ASKS: Final[dict[str, Any]] = {
+    "elicitation": {"form": {}, "url": {}},
+    "sampling": {"tools": {}},
+}
+"""Declared in the handshake: a caller's client may answer them (``asks.py``)."""
 
 T = TypeVar("T")
 NotificationHandler = Callable[[str, msgspec.Raw], None]
@@ -181,6 +190,10 @@ class JsonRpcSession:
         self._progress: dict[str, ProgressHandler] = {}
         """Calls that asked for progress, by the token we sent."""
         self._progress_ids = itertools.count(1)
+        self._in_flight = InFlight(server)
+        """Calls in flight, for the server's requests of a caller (``asks.py``)."""
+        self._tasks: anyio.abc.TaskGroup | None = None
+        """Where the server's requests of a caller wait (``open_session``)."""
         self.ended = anyio.Event()
         """Set when the server closed its stdout (the session is over)."""
 
@@ -192,11 +205,20 @@ class JsonRpcSession:
     async def call_tool(
         self, name: str, arguments: bytes, progress: ProgressHandler | None = None
     ) -> ToolResult:
+        key, call = self._in_flight.enter()
+        try:
+            return await self._call_tool(name, arguments, progress, call)
+        finally:
+            self._in_flight.leave(key)
+
+    async def _call_tool(
+        self, name: str, arguments: bytes, progress: ProgressHandler | None, call: Call
+    ) -> ToolResult:
         params = b'{"name":' + _encode(name) + b',"arguments":' + arguments
         if progress is None:
             raw = await self._request("tools/call", params + self._meta + b"}")
         else:  # a token of ours in _meta: its notifications come to progress
-            token = f"mz-{next(self._progress_ids)}"
+            token = call.token = f"mz-{next(self._progress_ids)}"
             self._progress[token] = progress
             stamp = b'"progressToken":' + _encode(token)
             meta = (
@@ -339,7 +361,8 @@ class JsonRpcSession:
     async def _initialize(self) -> None:
         params = {
             "protocolVersion": HANDSHAKE_VERSION,
-            "capabilities": {"roots": {"listChanged": False}} if self._roots else {},
+            "capabilities": _ASKS
+            | ({"roots": {"listChanged": False}} if self._roots else {}),
             "clientInfo": _CLIENT_INFO,
         }
         raw = await self._request("initialize", _encode(params))
@@ -495,6 +518,9 @@ class JsonRpcSession:
             self._on_notification(method, message.params)
 
     async def _answer_request(self, message: _Message) -> None:
+        if message.method in ASKED and self._tasks is not None:
+            self._tasks.start_soon(self._ask_caller, message)  # never in the reader
+            return
         rid = _encode(message.id)
         if message.method == "ping":
             reply = b'{"jsonrpc":"2.0","id":' + rid + b',"result":{}}\n'
@@ -514,6 +540,25 @@ class JsonRpcSession:
             )
         try:
             await self._send(reply)
+        except ConnectionLost:
+            pass
+
+    async def _ask_caller(self, message: _Message) -> None:
+        """The server's request of a caller, relayed (``InFlight.answer``):
+        the caller's result, or the error that says why there is none."""
+        rid = _encode(message.id)
+        try:
+            result = await self._in_flight.answer(
+                message.method or "", bytes(message.params) or b"{}"
+            )
+        except AskRefused as exc:
+            log.info("%s: %s not relayed: %s", self._server, message.method, exc)
+            error = {"code": exc.code, "message": exc.message}
+            reply = b'{"jsonrpc":"2.0","id":' + rid + b',"error":' + _encode(error)
+        else:
+            reply = b'{"jsonrpc":"2.0","id":' + rid + b',"result":' + result
+        try:
+            await self._send(reply + b"}\n")
         except ConnectionLost:
             pass
 
@@ -565,6 +610,7 @@ async def open_session(
             on_notification=launch.on_notification,
             roots=launch.roots,
         )
+        session._tasks = tg
         tg.start_soon(session.read)
         try:
             await session.negotiate(launch.mode)

@@ -10,6 +10,7 @@ public SDK API is used.
 
 from __future__ import annotations
 
+import logging
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -28,11 +29,13 @@ from memorizz.api.errors import (
     UpstreamError,
 )
 from memorizzd import __version__
+from memorizzd.calllife import ELICIT, SAMPLE, AskRefused
 from memorizzd.egress.client import hardened_client
 from memorizzd.egress.oversize import TOO_LARGE_MARKER
 from memorizzd.egress.replies import refusal_in
 from memorizzd.egress.transport import BearerSource
 from memorizzd.egress.urls import check_url, without_trailing_dot
+from memorizzd.upstream.asks import InFlight
 from memorizzd.upstream.connection import ProgressHandler, ToolResult
 from memorizzd.upstream.errors import (
     METHOD_NOT_FOUND,
@@ -58,6 +61,7 @@ from memorizzd.upstream.sse import EndpointWatch, opened_within
 from memorizzd.vault.server_secrets import ServerSecrets
 
 T = TypeVar("T")
+log = logging.getLogger("memorizzd.upstream.session")
 
 MODERN: Final = "2026-07-28"
 _CLIENT_INFO: Final = types.Implementation(name="memorizzd", version=__version__)
@@ -152,6 +156,8 @@ async def open_connection(
             return roots
 
         client_kwargs["list_roots_callback"] = list_roots
+    in_flight = InFlight(spec.name)
+    client_kwargs.update(_ask_callbacks(in_flight, spec.name))
     secrets = secrets or ServerSecrets()
     if spec.transport == "streamable_http":
         url = _checked_url(spec, host_allowlist)
@@ -171,7 +177,7 @@ async def open_connection(
                 max_sse_event_size=spec.max_result_bytes + 65536,
             )
             async with _refusals_raised(Client(transport, **client_kwargs)) as client:
-                yield SdkConnection(client, server=spec.name)
+                yield SdkConnection(client, server=spec.name, in_flight=in_flight)
     else:
         url = _checked_url(spec, host_allowlist)
         # The endpoint event is checked before the SDK reads it, and the open
@@ -197,7 +203,47 @@ async def open_connection(
         )
         bounded = opened_within(transport, spec.timeout_s, watch)
         async with _refusals_raised(Client(bounded, **client_kwargs)) as client:
-            yield SdkConnection(client, server=spec.name)
+            yield SdkConnection(client, server=spec.name, in_flight=in_flight)
+
+
+def _ask_callbacks(in_flight: InFlight, server: str) -> dict[str, Any]:
+    """The SDK's elicitation and sampling callbacks (so the client declares
+    both, sampling with tools): each request goes to the caller whose call
+    it serves (``asks.py``; the SDK's context names no related request, so
+    only a session with one call in flight can be tied), its answer back."""
+
+    async def relay(method: str, params: pydantic.BaseModel, into: Any) -> Any:
+        raw = params.model_dump_json(by_alias=True, exclude_none=True).encode()
+        try:
+            result = await in_flight.answer(method, raw)
+        except AskRefused as exc:
+            log.info("%s: %s not relayed: %s", server, method, exc)
+            return types.ErrorData(code=exc.code, message=exc.message)
+        try:
+            return into.model_validate_json(result)
+        except pydantic.ValidationError:
+            return types.ErrorData(
+                code=types.INTERNAL_ERROR,
+                message="the caller's client answered with a malformed result",
+            )
+
+    async def elicit(context: Any, params: Any) -> Any:
+        return await relay(ELICIT, params, types.ElicitResult)
+
+    async def sample(context: Any, params: Any) -> Any:
+        tools = params.tools is not None or params.tool_choice is not None
+        into = (
+            types.CreateMessageResultWithTools if tools else types.CreateMessageResult
+        )
+        return await relay(SAMPLE, params, into)
+
+    return {
+        "elicitation_callback": elicit,
+        "sampling_callback": sample,
+        "sampling_capabilities": types.SamplingCapability(
+            tools=types.SamplingToolsCapability()
+        ),
+    }
 
 
 def _checked_url(spec: m.ServerSpec, host_allowlist: Sequence[str]) -> str:
@@ -281,9 +327,12 @@ def _dump(model: pydantic.BaseModel) -> dict[str, Any]:
 class SdkConnection:
     """A ``Connection`` on the SDK's ``Client`` (public API only)."""
 
-    def __init__(self, client: Client, *, server: str) -> None:
+    def __init__(
+        self, client: Client, *, server: str, in_flight: InFlight | None = None
+    ) -> None:
         self._client = client
         self._server = server
+        self._in_flight = in_flight or InFlight(server)
         self.protocol_version: str | None = client.protocol_version
         info = client.server_info
         self.server_name = info.name if info else None
@@ -336,7 +385,11 @@ class SdkConnection:
                 request, types.CallToolResult, progress_callback=callback
             )
 
-        result = await self._guarded(send)
+        key, _ = self._in_flight.enter()
+        try:
+            result = await self._guarded(send)
+        finally:
+            self._in_flight.leave(key)
         raw = result.model_dump_json(by_alias=True, exclude_none=True).encode()
         return ToolResult(msgspec.Raw(raw), result.is_error)
 

@@ -1,0 +1,72 @@
+"""Client lines that answer the daemon: responses to its requests.
+
+While a call runs, the daemon may send its client a request (an upstream's
+``elicitation/create`` or ``sampling/createMessage``, ``calllife.Asker``), on
+the MCP face and on the socket API alike; the client's response comes back on
+the same connection as a line with an ``id`` and a ``result`` or ``error``,
+and no ``method``. A socket server knows lines only as requests
+(``LineDispatcher.parse``), so a response is handed on as a notification of
+its own (``ANSWER``, the line as its params), which ``take`` gives to the
+request that waits for it. Requests never pay for this: a line is looked at
+as a response only once it failed to be one.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+import msgspec
+
+from memorizz.api.protocol import Request
+from memorizzd import calllife
+from memorizzd.rpc.dispatch import Dispatcher, Session, parse_request
+
+ANSWER: Final = "memorizz/answer"
+"""The notification a response line is handed on as (never sent by a client
+that means it: one that does answers only its own requests)."""
+
+
+class _Response(msgspec.Struct):
+    id: int | str | None = None
+    method: str | None = None
+    result: msgspec.Raw = msgspec.Raw(b"")
+    error: msgspec.Raw = msgspec.Raw(b"")
+
+
+_decode_response: Final = msgspec.json.Decoder(_Response).decode
+
+
+def parse_line(line: bytes) -> Request | bytes:
+    """``parse_request``, except that a response line becomes ``ANSWER``."""
+    parsed = parse_request(line)
+    if isinstance(parsed, bytes):
+        try:
+            response = _decode_response(line)
+        except (msgspec.DecodeError, RecursionError, ValueError):
+            return parsed  # not JSON, too deep (the error says so), not a response
+        if (
+            response.method is None
+            and response.id is not None
+            and (response.result or response.error)
+        ):
+            return Request(jsonrpc="2.0", method=ANSWER, params=msgspec.Raw(line))
+    return parsed
+
+
+def take(session: Session, request: Request) -> bool:
+    """An ``ANSWER``: handed to the request of ours it answers (an answer to
+    nothing, late or unknown, is dropped). False: not an answer."""
+    if request.method != ANSWER:
+        return False
+    calllife.answered(session, bytes(request.params))
+    return True
+
+
+class AnsweringDispatcher(Dispatcher):
+    """The socket API's ``Dispatcher``, taking its clients' answers too."""
+
+    def parse(self, line: bytes) -> Request | bytes:
+        return parse_line(line)
+
+    def notified(self, session: Session, request: Request) -> bool:
+        return take(session, request)

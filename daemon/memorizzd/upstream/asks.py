@@ -1,0 +1,123 @@
+"""An upstream session's requests of a caller: elicitation and sampling.
+
+While it serves a call, an MCP server may ask the client for something
+(``elicitation/create``, ``sampling/createMessage``). The daemon's upstream
+sessions are shared by every caller of a server, so such a request is routed
+to a caller only when it can be tied to one call unambiguously:
+
+(a) it names the call: its ``params._meta.progressToken`` is the token the
+    daemon gave that call (``mz-N``, stdio calls that asked for progress), or
+(b) exactly one call is in flight on the session.
+
+Otherwise, or when that call's client did not declare the capability the
+request needs, the server gets an MCP error at once. Nothing is ever routed
+to another caller. Each session keeps its calls in flight in an ``InFlight``
+(a replica is a session of its own: with replicas, fewer calls share one).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from typing import Final
+
+import anyio
+import msgspec
+
+from memorizzd.calllife import (
+    INTERNAL_ERROR,
+    METHOD_NOT_FOUND,
+    Asker,
+    AskRefused,
+    client_asker,
+)
+
+log = logging.getLogger("memorizzd.upstream.asks")
+
+
+class _Meta(msgspec.Struct, rename="camel"):
+    progress_token: int | str | None = None
+
+
+class _Named(msgspec.Struct):
+    meta: _Meta | None = msgspec.field(default=None, name="_meta")
+
+
+_decode_named: Final = msgspec.json.Decoder(_Named).decode
+
+
+class Call:
+    """One call in flight: its caller's ``Asker`` (None: its client answers
+    nothing), and what it waits for from that client."""
+
+    __slots__ = ("asker", "scopes", "token")
+
+    def __init__(self, asker: Asker | None) -> None:
+        self.asker = asker
+        self.token: str | None = None
+        self.scopes: set[anyio.CancelScope] = set()
+
+
+class InFlight:
+    """A session's calls in flight, for routing the server's requests."""
+
+    def __init__(self, server: str) -> None:
+        self._server = server
+        self._calls: dict[int, Call] = {}
+        self._keys = itertools.count()
+
+    def enter(self) -> tuple[int, Call]:
+        """A call begins (in its caller's task: its ``Asker`` is read here)."""
+        key = next(self._keys)
+        call = self._calls[key] = Call(client_asker())
+        return key, call
+
+    def leave(self, key: int) -> None:
+        """The call is over: whatever it still asks its client is given up."""
+        call = self._calls.pop(key, None)
+        if call is not None:
+            for scope in call.scopes:
+                scope.cancel()
+
+    def _tied(self, token: int | str | None) -> Call:
+        if token is not None:
+            for call in self._calls.values():
+                if call.token is not None and call.token == token:
+                    return call
+        if len(self._calls) != 1:
+            raise AskRefused(
+                INTERNAL_ERROR,
+                f"no caller can answer: {len(self._calls)} calls in flight on "
+                "memorizzd's shared session, and the request names none of them",
+            )
+        return next(iter(self._calls.values()))
+
+    async def answer(self, method: str, params: bytes) -> bytes:
+        """The caller's answer to the server's request: the result's JSON, or
+        ``AskRefused`` (the error the server gets)."""
+        try:
+            named = _decode_named(params).meta
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            named = None
+        call = self._tied(None if named is None else named.progress_token)
+        asker = call.asker
+        if asker is None:
+            raise AskRefused(
+                METHOD_NOT_FOUND,
+                f"the caller's client does not support {method.split('/')[0]}",
+            )
+        with anyio.CancelScope(deadline=asker.when()) as scope:
+            call.scopes.add(scope)
+            try:
+                return await asker.ask(method, params)
+            finally:
+                call.scopes.discard(scope)
+        if call not in self._calls.values():
+            raise AskRefused(
+                INTERNAL_ERROR, "the call ended before its caller answered"
+            )
+        raise AskRefused(
+            INTERNAL_ERROR,
+            f"the caller did not answer in time (at most {asker.wait_s:g} s, "
+            "within the call's deadline)",
+        )
