@@ -205,7 +205,9 @@ class Client:
             except _CallbackError as failed:
                 self.close()  # the reply is still to come: nobody will read it
                 raise failed.exc from None
-            except BaseException:  # Ctrl-C mid-read: the same
+            except BaseException as exc:  # Ctrl-C mid-read: the same
+                if isinstance(exc, KeyboardInterrupt):
+                    self._cancel(request_id)
                 self.close()
                 raise
         return decode_reply(raw, request_id, result_type)
@@ -255,6 +257,19 @@ class Client:
         )
         self._declared = capabilities or {}
         return result
+
+    def _cancel(self, request_id: int) -> None:
+        """Tell the daemon to stop ``request_id`` (upstream too; best effort)."""
+        note = {
+            "jsonrpc": JSONRPC,
+            "method": "notifications/cancelled",
+            "params": {"requestId": request_id, "reason": "interrupted"},
+        }
+        try:
+            if self._sock is not None:
+                self._sock.sendall(_encoder.encode(note) + b"\n")
+        except OSError:
+            pass
 
     def _answer(self, request_id: int | str, line: dict[str, Any]) -> None:
         """Send the daemon the answer to its request ``request_id``."""

@@ -39,7 +39,7 @@ from memorizz.ctl.render import (
     render_tools,
 )
 from memorizz.ctl.serve import bridge, bridge_for, scope_line
-from memorizz.ctl.text import ProgressLine, format_ms, to_json
+from memorizz.ctl.text import ProgressLine, Prompter, format_ms, to_json
 
 Command = Callable[[Client, argparse.Namespace], int]
 
@@ -181,8 +181,11 @@ def show_call(result: m.ToolsCallResult, *, as_json: bool) -> int:
 
 
 def cmd_mcp_call(client: Client, args: argparse.Namespace) -> int:
-    """The call, its progress (if the server reports any) on stderr as it runs."""
+    """The call, its progress (if the server reports any) on stderr as it runs;
+    on a terminal, the server's elicitations are answered by prompting (else
+    the server is told this client answers none)."""
     line = ProgressLine(sys.stderr)
+    prompter = Prompter(sys.stdin, sys.stderr) if sys.stdin.isatty() else None
     try:
         result = client.call_tool(
             args.server,
@@ -190,6 +193,7 @@ def cmd_mcp_call(client: Client, args: argparse.Namespace) -> int:
             args.arguments,
             timeout_s=args.timeout,
             on_progress=lambda p: line.show(p.progress, p.total, p.message),
+            on_elicit=None if prompter is None else prompter.answer,
         )
     finally:
         line.clear()

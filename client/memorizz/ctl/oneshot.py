@@ -131,6 +131,8 @@ def _parse(argv: list[str]) -> Call:
             timeout = _timeout(value)
     if len(words) != 4 or words[:2] != ["mcp", "call"]:
         raise Decline
+    if os.isatty(0):
+        raise Decline  # on a terminal the general path answers elicitations
     server, tool = words[2], words[3]
     text = (
         f'{{"jsonrpc":"2.0","id":{REQUEST_ID},"method":"tools/call","params":'
@@ -255,7 +257,11 @@ def exchange(call: Call) -> bytes | None:
                 # A refused connection is answered with one error line and
                 # closed: read it before reporting a broken connection.
                 return _read_reply(sock)
-            return _read_reply(sock)
+            try:
+                return _read_reply(sock)
+            except KeyboardInterrupt:  # Ctrl-C: the daemon stops the call too
+                _cancel(sock)
+                raise
         except (OSError, EOFError) as exc:
             from memorizz.api.errors import DaemonUnreachableError
 
@@ -263,6 +269,17 @@ def exchange(call: Call) -> bytes | None:
             raise DaemonUnreachableError(msg) from None
     finally:
         sock.close()
+
+
+def _cancel(sock: _socket.socket) -> None:
+    note = (
+        '{"jsonrpc":"2.0","method":"notifications/cancelled","params":'
+        f'{{"requestId":{REQUEST_ID},"reason":"interrupted"}}}}\n'
+    )
+    try:
+        sock.sendall(note.encode())
+    except OSError:
+        pass
 
 
 def _read_reply(sock: _socket.socket) -> bytes:

@@ -127,3 +127,71 @@ class ProgressLine:
             self._stream.write("\r\x1b[K")
             self._stream.flush()
         self._shown = False
+
+
+class Prompter:
+    """Answers a server's elicitation on a terminal (``mcp call``): its message,
+    then one prompt per field of the requested schema (or the URL to open),
+    on ``out``; lines read from ``into``. End of input declines."""
+
+    def __init__(self, into: TextIO, out: TextIO) -> None:
+        self._in = into
+        self._out = out
+
+    def _ask(self, prompt: str) -> str | None:
+        self._out.write(prompt)
+        self._out.flush()
+        line = self._in.readline()
+        return None if not line else line.rstrip("\n")
+
+    def answer(self, params: dict[str, object]) -> dict[str, object]:
+        """MCP's ``ElicitResult`` for ``params`` (``elicitation/create``)."""
+        self._out.write(
+            f"the server asks: {one_line(str(params.get('message', '')), 500)}\n"
+        )
+        if params.get("mode") == "url":
+            self._out.write(f"  open: {one_line(str(params.get('url', '')), 2000)}\n")
+            said = self._ask("  done there? [y/N] ")
+            return {"action": "accept" if said in ("y", "yes") else "decline"}
+        schema = params.get("requestedSchema")
+        fields = schema.get("properties", {}) if isinstance(schema, dict) else {}
+        required = schema.get("required", []) if isinstance(schema, dict) else []
+        content: dict[str, object] = {}
+        for name, spec in fields.items() if isinstance(fields, dict) else ():
+            spec = spec if isinstance(spec, dict) else {}
+            while True:
+                value = self._field(str(name), spec)
+                if value is _EOF:
+                    return {"action": "decline"}
+                if value is None and name in (required or []):
+                    self._out.write("  (required)\n")
+                    continue
+                break
+            if value is not None:
+                content[str(name)] = value
+        return {"action": "accept", "content": content}
+
+    def _field(self, name: str, spec: dict[str, object]) -> object:
+        kind = spec.get("type", "string")
+        title = one_line(str(spec.get("title") or spec.get("description") or name))
+        choices = spec.get("enum")
+        hint = f" [{'/'.join(map(str, choices))}]" if isinstance(choices, list) else ""
+        text = self._ask(f"  {title} ({kind}){hint}: ")
+        if text is None:
+            return _EOF
+        if text == "":
+            return spec.get("default")
+        try:
+            if kind == "integer":
+                return int(text)
+            if kind == "number":
+                return float(text)
+        except ValueError:
+            self._out.write(f"  not a {kind}\n")
+            return self._field(name, spec)
+        if kind == "boolean":
+            return text.lower() in ("y", "yes", "true", "1")
+        return text
+
+
+_EOF: Final = object()

@@ -34,6 +34,7 @@ class _Response(msgspec.Struct):
 
 
 _decode_response: Final = msgspec.json.Decoder(_Response).decode
+CANCELLED: Final = "notifications/cancelled"
 
 
 def parse_line(line: bytes) -> Request | bytes:
@@ -62,11 +63,25 @@ def take(session: Session, request: Request) -> bool:
     return True
 
 
+class _Cancelled(msgspec.Struct, rename="camel"):
+    request_id: int | str
+
+
 class AnsweringDispatcher(Dispatcher):
-    """The socket API's ``Dispatcher``, taking its clients' answers too."""
+    """The socket API's ``Dispatcher``, taking its clients' answers too, and
+    ``notifications/cancelled`` (as MCP has it: ``requestId``), which cancels
+    that request of the connection whatever its effects, its upstream request
+    too, with no reply (``memorizzctl``'s Ctrl-C sends it)."""
 
     def parse(self, line: bytes) -> Request | bytes:
         return parse_line(line)
 
     def notified(self, session: Session, request: Request) -> bool:
+        if request.method == CANCELLED:
+            try:
+                cancelled = msgspec.json.decode(request.params, type=_Cancelled)
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                return False
+            session.cancel(cancelled.request_id)
+            return True
         return take(session, request)
