@@ -50,6 +50,7 @@ from memorizzd import calllife
 from memorizzd.caller import Caller
 from memorizzd.calllife import CallLife
 from memorizzd.config import Limits
+from memorizzd.loop import TaskSet
 from memorizzd.rpc.authority import SocketRule
 from memorizzd.rpc.dispatch import LineDispatcher, encode_error
 from memorizzd.rpc.peer import peer_of
@@ -379,12 +380,15 @@ class _Connection:
     async def _serve(self) -> None:
         async with self.stream, anyio.create_task_group() as tg:
             tg.start_soon(self._watch)
-            async with anyio.create_task_group() as calls:
+            calls = TaskSet()  # a task per request, without a task group's cost
+            try:
                 ended = await self._read(calls)
                 if ended == "gone":
                     self._client_gone()
                 elif ended == "eof" and self.in_flight:
-                    calls.start_soon(self._watch_hangup)
+                    tg.start_soon(self._watch_hangup)
+            finally:
+                await calls.join()
             tg.cancel_scope.cancel()
 
     def _client_gone(self) -> None:
@@ -403,7 +407,7 @@ class _Connection:
             if poller.poll(0):
                 self._client_gone()
 
-    async def _read(self, calls: anyio.abc.TaskGroup) -> str | None:
+    async def _read(self, calls: TaskSet) -> str | None:
         """Read and admit lines until EOF (``"eof"``), a broken connection
         (``"gone"``), or another reason to stop (None)."""
         server, buffer, max_frame = self.server, bytearray(), self.max_frame
@@ -468,7 +472,7 @@ class _Connection:
                 raise anyio.EndOfStream
             return data
 
-    async def _admit(self, line: bytes, calls: anyio.abc.TaskGroup) -> None:
+    async def _admit(self, line: bytes, calls: TaskSet) -> None:
         """Run one request line in a task of its own, or answer it here and now.
 
         Past the connection's limits (requests pending, reply bytes unsent)
@@ -510,7 +514,7 @@ class _Connection:
         life = self.lives[parsed.id] = CallLife(
             parsed.method, send=self._send, session=self
         )
-        calls.start_soon(self._run_one, parsed, parsed.id, life, name=parsed.method)
+        calls.spawn(self._run_one, parsed, parsed.id, life, name=parsed.method)
 
     def _drop_notification(self, request: Request) -> None:
         self.notifications += 1

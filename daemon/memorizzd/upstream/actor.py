@@ -26,6 +26,7 @@ from memorizz.api.errors import (
     UnavailableError,
 )
 from memorizzd.config import Config
+from memorizzd.loop import deadline_at
 from memorizzd.policy import ToolsView, ToolVerdict
 from memorizzd.store import Store
 from memorizzd.upstream.connection import Connection, ProgressHandler, ToolResult
@@ -161,7 +162,7 @@ class Upstream(Supervisor):
                 if not sent:
                     sent, started = True, time.perf_counter()
                 try:
-                    with anyio.fail_after(deadline - anyio.current_time()):
+                    async with deadline_at(deadline):
                         result = await op(client)
                 except ConnectionLost as exc:
                     if self._client is client:

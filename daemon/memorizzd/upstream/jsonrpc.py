@@ -48,6 +48,7 @@ from memorizz.api import methods as m
 from memorizz.api.errors import RemoteError, UpstreamError
 from memorizzd import __version__
 from memorizzd.calllife import ASKED, AskRefused
+from memorizzd.loop import Signal
 from memorizzd.upstream.asks import Call, InFlight
 from memorizzd.upstream.connection import CallShape, ProgressHandler, ToolResult
 from memorizzd.upstream.errors import (
@@ -157,7 +158,7 @@ class _Waiter:
     __slots__ = ("done", "message")
 
     def __init__(self) -> None:
-        self.done = anyio.Event()
+        self.done = Signal()
         self.message: _Message | None = None
 
 
