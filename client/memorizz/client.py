@@ -36,6 +36,7 @@ from memorizz.api.errors import (
     DeadlineExceededError,
     RemoteError,
     SocketPermissionError,
+    UpstreamError,
 )
 from memorizz.api.protocol import (
     JSONRPC,
@@ -70,6 +71,7 @@ AskCallback = Callable[[dict[str, Any]], dict[str, Any]]
 (``{"action": "accept", "content": {...}}``; a ``CreateMessageResult``)."""
 ELICIT: Final = "elicitation/create"
 SAMPLE: Final = "sampling/createMessage"
+TASK_STATUS: Final = "notifications/tasks/status"
 
 
 class _CallbackError(Exception):
@@ -503,6 +505,64 @@ class Client:
                 server=server, name=name, arguments=arguments or {}, timeout_s=timeout_s
             ),
         )
+
+    # --- tasks (MCP 2025-11-25) ---------------------------------------------
+
+    def call_tool_task(
+        self,
+        server: str,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        ttl_ms: int | None = None,
+        timeout_s: float | None = None,
+    ) -> m.Task:
+        """Call a tool as a task (its ``execution.taskSupport`` is ``required``
+        or ``optional``): the task, at once; the server runs the tool on, and
+        ``task_result`` waits for its result. The server's status
+        notifications of the task come to this connection (``task_result``'s
+        ``on_status`` gets those that arrive while it waits)."""
+        params = m.ToolsCallParams(
+            server=server,
+            name=name,
+            arguments=m.arguments(arguments),
+            timeout_s=timeout_s,
+            task=m.TaskMetadata(ttl=ttl_ms),
+        )
+        task = self.call(m.TOOLS_CALL, params).task
+        if task is None:
+            raise UpstreamError(f"{server}: the call created no task")
+        return task
+
+    def get_task(self, task_id: str) -> m.Task:
+        return self.call(m.TASKS_GET, m.TasksGetParams(task_id=task_id))
+
+    def task_result(
+        self,
+        task_id: str,
+        *,
+        timeout_s: float | None = None,
+        on_status: Callable[[m.Task], object] | None = None,
+    ) -> m.ToolsCallResult:
+        """Wait for the task to end (at most ``timeout_s``, capped by the
+        server's): its tool result (``isError`` returned, not raised)."""
+
+        def on_note(note: Notification) -> None:
+            if on_status is not None and note.method == TASK_STATUS:
+                try:
+                    task = msgspec.json.decode(note.params, type=m.Task)
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    return
+                on_status(task)
+
+        params = m.TasksResultParams(task_id=task_id, timeout_s=timeout_s)
+        return self.call(m.TASKS_RESULT, params, on_note=on_note)
+
+    def cancel_task(self, task_id: str) -> m.Task:
+        return self.call(m.TASKS_CANCEL, m.TasksCancelParams(task_id=task_id))
+
+    def list_tasks(self) -> list[m.Task]:
+        return self.call(m.TASKS_LIST, m.TasksListParams()).tasks
 
 
 __all__ = ["Client", "RemoteError"]

@@ -28,6 +28,7 @@ from memorizzd.sdnotify import journal_available, notify, run_watchdog
 from memorizzd.store import Store
 from memorizzd.upstream.errors import FailureKind
 from memorizzd.upstream.pool import Pool, running_pool
+from memorizzd.upstream.tasks import STATUS as TASK_STATUS
 from memorizzd.vault import FernetCredentialStore, KeySource, keys_for
 
 log = logging.getLogger("memorizzd")
@@ -143,7 +144,15 @@ async def running_daemon(
             )
             face = FaceDispatcher(broker)
             face_listeners.append(face)
-            pool.on_notice = face.notice
+            tasks = broker.tool_calls.tasks
+
+            async def notice(server: str, method: str, params: msgspec.Raw) -> None:
+                if method == TASK_STATUS:  # to the task's creator only
+                    await tasks.noticed(server, params)
+                else:
+                    await face.notice(server, method, params)
+
+            pool.on_notice = notice
             servers += [
                 SocketServer(
                     item.path,

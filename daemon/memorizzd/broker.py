@@ -129,6 +129,10 @@ class Broker:
             m.AUTH_LOGIN: self._audited_auth_login,
             m.AUTH_COMPLETE: self._audited_auth_complete,
             m.AUTH_LOGOUT: self._audited_auth_logout,
+            m.TASKS_GET: self.tasks_get,
+            m.TASKS_RESULT: self.tasks_result,
+            m.TASKS_CANCEL: self.tasks_cancel,
+            m.TASKS_LIST: self.tasks_list,
         }
         return {
             **{method.name: handler for method, handler in passthrough.items()},
@@ -166,6 +170,36 @@ class Broker:
     def tool_calls(self) -> Calls:
         """The call pipeline (every front calls tools through it)."""
         return self._tool_calls
+
+    # --- tasks (MCP 2025-11-25; calls.py, upstream/tasks.py) ---------------
+
+    async def _task_call(self, caller: Caller, p: m.ToolsCallParams) -> msgspec.Raw:
+        """A ``tools/call`` with ``task``: the pipeline relays it as a task; the
+        server's status notifications of it come to this connection."""
+        return await self._tool_calls.call(
+            caller,
+            p.server,
+            tool=p.name,
+            arguments=p.arguments,
+            timeout_s=p.timeout_s,
+            task=_encoder.encode(p.task),
+        )
+
+    async def tasks_get(self, caller: Caller, p: m.TasksGetParams) -> msgspec.Raw:
+        return _raw(await self._tool_calls.task(caller, "tasks/get", p.task_id))
+
+    async def tasks_result(self, caller: Caller, p: m.TasksResultParams) -> msgspec.Raw:
+        calls = self._tool_calls
+        found = await calls.task(
+            caller, "tasks/result", p.task_id, timeout_s=p.timeout_s
+        )
+        return _raw(found)
+
+    async def tasks_cancel(self, caller: Caller, p: m.TasksCancelParams) -> msgspec.Raw:
+        return _raw(await self._tool_calls.task(caller, "tasks/cancel", p.task_id))
+
+    async def tasks_list(self, caller: Caller, p: m.TasksListParams) -> msgspec.Raw:
+        return _raw({"tasks": await self._tool_calls.task_list(caller)})
 
     def _get(self, caller: Caller, name: str) -> Upstream:
         """The caller's server: an operator's any, an agent's where its profile
@@ -215,6 +249,8 @@ class Broker:
 
     async def tools_call(self, caller: Caller, p: m.ToolsCallParams) -> msgspec.Raw:
         """The call pipeline (``calls.py``): policy, relay, one audit record."""
+        if p.task is not None:
+            return await self._task_call(caller, p)
         # what the upstream asks during the call goes to this connection's
         # client, if it said it answers that (daemon/hello capabilities)
         offer_asks(declared(), self.config.upstream_request_wait_s)
@@ -596,6 +632,10 @@ class Broker:
     ) -> m.PromptsGetResult:
         upstream = self._get(caller, p.server)
         return await upstream.get_prompt(p.name, p.arguments, timeout_s=p.timeout_s)
+
+
+def _raw(value: Any) -> msgspec.Raw:
+    return msgspec.Raw(_encoder.encode(value))
 
 
 def _rss_bytes() -> int:

@@ -45,6 +45,9 @@ ABORTABLE_METHODS: Final = frozenset(
         "audit/list",
         "approvals/list",
         "approvals/wait",
+        "tasks/get",
+        "tasks/result",
+        "tasks/list",
     }
 )
 """Methods without effects: abandoned when their client goes away.

@@ -32,7 +32,7 @@ import anyio
 import msgspec
 
 from memorizz.api import methods as m
-from memorizz.api.errors import RemoteError
+from memorizz.api.errors import MethodNotFoundError, RemoteError
 from memorizzd.approvals import (
     ApprovalBook,
     approval_required,
@@ -52,6 +52,7 @@ from memorizzd.policy import refusal
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
 from memorizzd.upstream.pool import Pool
+from memorizzd.upstream.tasks import TaskBook
 
 _encode = msgspec.json.encode
 
@@ -72,6 +73,8 @@ class Calls:
         """The caller's server by name (``unknown_server`` outside its scope)."""
         self._running = 0
         """Calls in flight: the audit batches its writes while it is > 1."""
+        self.tasks = TaskBook()
+        """The tasks calls created, by caller (``upstream/tasks.py``)."""
 
     async def call(
         self,
@@ -83,6 +86,7 @@ class Calls:
         timeout_s: float | None,
         reuse_approved: bool = False,
         progress: ProgressHandler | None = None,
+        task: bytes | None = None,
     ) -> msgspec.Raw:
         """``tools/call``: policy first (anything but allow is refused, or held
         for approval, before the upstream sees it), then the relay.
@@ -90,7 +94,11 @@ class Calls:
         ``reuse_approved`` (the MCP face, whose clients cannot resume): a call
         decided ``ask`` that this caller already proposed and an operator
         approved (same server, tool and arguments) runs that proposal, once,
-        instead of proposing again."""
+        instead of proposing again.
+
+        ``task`` (MCP's task metadata, a JSON object's bytes): the call is
+        relayed as a task (``_create_task``); its result is the server's
+        ``CreateTaskResult``, the task's id the daemon's."""
         started = time.time()
         verdict: dict[str, Any] = {}  # what the audit records of the policy's answer
         read: CallArguments | None = None
@@ -108,7 +116,7 @@ class Calls:
                         if reuse_approved
                         else None
                     )
-                    if approved is not None:
+                    if approved is not None and task is None:
                         return await self.resume(
                             caller, approved, timeout_s=timeout_s, progress=progress
                         )
@@ -141,6 +149,10 @@ class Calls:
             audit = partial(
                 self._audit, caller, "tools/call", started, upstream.name, tool, read
             )
+            if task is not None:
+                return await self._create_task(
+                    caller, upstream, tool, read, task, deadline, audit, verdict
+                )
             return await self._relay(
                 upstream, tool, read, decided.risk, deadline, audit, verdict, progress
             )
@@ -260,6 +272,102 @@ class Calls:
             **verdict,
         )
         return result.raw
+
+    async def _create_task(
+        self,
+        caller: Caller,
+        upstream: Upstream,
+        tool: str,
+        read: CallArguments,
+        task: bytes,
+        deadline: float,
+        audit: partial[Any],
+        verdict: dict[str, Any],
+    ) -> msgspec.Raw:
+        """A task-augmented call: relayed with the caller's task metadata, the
+        task recorded as the caller's (its status notifications go to this
+        connection), the audit's outcome ``task_created``."""
+        name = upstream.name
+        try:
+            if not upstream.takes_tool_tasks:
+                raise MethodNotFoundError(
+                    f"server {name!r} does not take tools/call as a task",
+                    data={"server": name},
+                )
+            raw = await upstream.request(
+                lambda client: client.call_tool_task(tool, read.raw, task),
+                deadline=deadline,
+                safe=False,
+            )
+            _, shown = self.tasks.created(caller, name, tool, raw, client_send())
+        except RemoteError as exc:
+            await audit(outcome=outcome_for(exc.reason), reason=exc.reason, **verdict)
+            raise
+        except BaseException as exc:  # a bug, or cancelled
+            reason = "internal" if isinstance(exc, Exception) else "cancelled"
+            with anyio.CancelScope(shield=True):
+                await audit(outcome="failed", reason=reason, **verdict)
+            raise
+        await audit(outcome="task_created", result_bytes=len(raw), **verdict)
+        return msgspec.Raw(_encode(shown))
+
+    async def task(
+        self,
+        caller: Caller,
+        method: str,
+        task_id: str,
+        *,
+        timeout_s: float | None = None,
+    ) -> dict[str, Any]:
+        """``tasks/get``, ``tasks/result`` or ``tasks/cancel`` of the caller's
+        own task (anyone else's is unknown), sent to its server only; the
+        result as the caller sees it (the daemon's id). A cancel is audited."""
+        entry = self.tasks.get(caller, task_id)
+        upstream = self._scope(caller, entry.server)
+        deadline = upstream.deadline_for(timeout_s)
+        started = time.time()
+        cancel = method == "tasks/cancel"
+        params = {"taskId": entry.upstream_id}
+        try:
+            raw = await upstream.request(
+                lambda client: client.task_request(method, params),
+                deadline=deadline,
+                safe=not cancel,
+            )
+        except RemoteError as exc:
+            if cancel:
+                await self._audit(
+                    caller,
+                    method,
+                    started,
+                    entry.server,
+                    entry.tool,
+                    None,
+                    outcome=outcome_for(exc.reason),
+                    reason=exc.reason,
+                )
+            raise
+        if cancel:
+            await self._audit(
+                caller, method, started, entry.server, entry.tool, None, outcome="ok"
+            )
+        if method == "tasks/result":
+            return self.tasks.payload(entry, raw)
+        shown: dict[str, Any] = self.tasks.shown(entry, msgspec.json.decode(raw))
+        return shown
+
+    async def task_list(self, caller: Caller) -> list[dict[str, Any]]:
+        """The caller's tasks, each as its server says it is now (``tasks/get``);
+        one its server no longer knows is forgotten, one whose server cannot
+        answer now is left out."""
+        found = []
+        for entry in self.tasks.mine(caller):
+            try:
+                found.append(await self.task(caller, "tasks/get", entry.id))
+            except RemoteError as exc:
+                if exc.data.get("upstream_code") == -32602:
+                    self.tasks.forget(entry)
+        return found
 
     async def _audit(
         self,

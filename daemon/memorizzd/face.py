@@ -143,6 +143,12 @@ _CAPABILITIES: Final = {
     "prompts": {"listChanged": True},
 }
 """What the face always offers (``_capabilities`` adds what its scope can)."""
+_TASKS: Final[dict[str, Any]] = {
+    "list": {},
+    "cancel": {},
+    "requests": {"tools": {"call": {}}},
+}
+"""Offered in ``initialize`` when a server in scope takes tasks."""
 _UPDATED: Final = "notifications/resources/updated"
 Handler = Callable[[Caller, msgspec.Raw], Awaitable[Any]]
 
@@ -208,6 +214,12 @@ class _Call(msgspec.Struct):
     name: str
     arguments: msgspec.Raw = msgspec.field(default_factory=m.arguments)
     meta: _CallMeta | None = msgspec.field(default=None, name="_meta")
+    task: dict[str, Any] | None = None
+    """MCP 2025-11-25: call the tool as a task (``ttl``)."""
+
+
+class _TaskRef(msgspec.Struct, rename="camel"):
+    task_id: str
 
 
 class _Read(msgspec.Struct):
@@ -305,6 +317,10 @@ class FaceDispatcher:
             "prompts/list": self._prompts_list,
             "prompts/get": self._prompts_get,
             "completion/complete": self._complete,
+            "tasks/get": self._task_get,
+            "tasks/result": self._task_result,
+            "tasks/cancel": self._task_cancel,
+            "tasks/list": self._tasks_list,
         }
 
     def parse(self, line: bytes) -> Request | bytes:
@@ -458,9 +474,12 @@ class FaceDispatcher:
         session = client_session()
         if session is not None:
             self._clients[cast(Session, session)] = initialize.capabilities
+        capabilities = self._capabilities(caller)
+        if any(u.takes_tool_tasks for u in self._in_scope(caller)):
+            capabilities["tasks"] = _TASKS  # the handshake era's (2025-11-25)
         return {
             "protocolVersion": version,
-            "capabilities": self._capabilities(caller),
+            "capabilities": capabilities,
             "serverInfo": {"name": "memorizzd", "version": __version__},
             "instructions": INSTRUCTIONS,
         }
@@ -624,6 +643,15 @@ class FaceDispatcher:
             )
         server, tool = route
         calls = self._broker.tool_calls
+        if call.task is not None:  # created at once; the caller polls (tasks/*)
+            return await calls.call(
+                caller,
+                server,
+                tool=tool,
+                arguments=call.arguments,
+                timeout_s=None,
+                task=_encoder.encode(call.task),
+            )
         progress = _progress_to(call)
         session = client_session()
         if session is not None and not _stamped(params):
@@ -657,6 +685,25 @@ class FaceDispatcher:
         return _not_run(
             proposal_id, proposal.status, {"reason": held.reason, **held.data}
         )
+
+    # --- tasks (MCP 2025-11-25: calls.py, upstream/tasks.py) ------------------
+
+    async def _task_get(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
+        task_id = _decode(params, _TaskRef).task_id
+        return await self._broker.tool_calls.task(caller, "tasks/get", task_id)
+
+    async def _task_result(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
+        """Waits for the task to end (at most its server's ``timeout_s``)."""
+        task_id = _decode(params, _TaskRef).task_id
+        return await self._broker.tool_calls.task(caller, "tasks/result", task_id)
+
+    async def _task_cancel(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
+        task_id = _decode(params, _TaskRef).task_id
+        return await self._broker.tool_calls.task(caller, "tasks/cancel", task_id)
+
+    async def _tasks_list(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
+        """The caller's own tasks, in one page."""
+        return {"tasks": await self._broker.tool_calls.task_list(caller)}
 
     # --- resources and prompts -----------------------------------------------
 

@@ -165,6 +165,68 @@ ProgressToken = Annotated[str, msgspec.Meta(max_length=256)] | int
 """A caller's name for one call's progress reports (the daemon echoes it)."""
 
 
+TaskId = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+"""A task's id as the daemon shows it (``t_`` and 24 hex digits)."""
+
+
+class TaskMetadata(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """MCP's task metadata of a task-augmented request."""
+
+    ttl: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    """How long the server should keep the task, in milliseconds (it decides)."""
+
+
+class Task(Result, kw_only=True, rename="camel", omit_defaults=True):
+    """An MCP task (2025-11-25), its id the daemon's; also the result of
+    ``tasks/get`` and ``tasks/cancel``. ``_meta`` names its ``memorizz/server``
+    and ``memorizz/tool``."""
+
+    task_id: TaskId
+    status: str
+    """``working``, ``input_required``, ``completed``, ``failed`` or ``cancelled``."""
+    created_at: str | None = None
+    last_updated_at: str | None = None
+    ttl: int | None = None
+    """Milliseconds the server keeps it from its creation; null: no limit."""
+    poll_interval: int | None = None
+    status_message: str | None = None
+    meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
+
+
+class TaskStatusNotification(msgspec.Struct, kw_only=True):
+    """The line a task's creator gets when its server says the task's status
+    changed (MCP ``notifications/tasks/status``), unasked, at any time after
+    the ``tools/call`` that created it."""
+
+    jsonrpc: Literal["2.0"] = "2.0"
+    method: Literal["notifications/tasks/status"] = "notifications/tasks/status"
+    params: Task
+
+
+class TasksGetParams(Params, kw_only=True, frozen=True):
+    task_id: TaskId
+
+
+class TasksResultParams(Params, kw_only=True, frozen=True):
+    task_id: TaskId
+    timeout_s: Deadline | None = None
+    """Wait at most this long (capped by the server's ``timeout_s``) for the
+    task to end; then ``deadline_exceeded``, and the task runs on."""
+
+
+class TasksCancelParams(Params, kw_only=True, frozen=True):
+    task_id: TaskId
+
+
+class TasksListParams(Params, kw_only=True, frozen=True):
+    pass
+
+
+class TasksListResult(Result, kw_only=True):
+    tasks: list[Task]
+    """The caller's own tasks that their servers still keep, oldest first."""
+
+
 class ToolsCallParams(ServerParams, kw_only=True, frozen=True):
     name: str
     arguments: Arguments = msgspec.field(default_factory=arguments)
@@ -176,6 +238,12 @@ class ToolsCallParams(ServerParams, kw_only=True, frozen=True):
     ``notifications/progress`` (``ProgressNotification``) lines carrying this
     token on this connection, before the reply. Without it, nothing but the
     reply is ever sent (the opt-in is per call)."""
+    task: TaskMetadata | None = None
+    """Call the tool as a task (MCP 2025-11-25; the tool's ``execution.taskSupport``
+    is ``required`` or ``optional``): the reply is at once, its ``task`` the
+    task created (``content`` empty), and the server's ``notifications/tasks/status``
+    lines reach this connection; ``tasks/get``, ``tasks/result`` and
+    ``tasks/cancel`` follow it."""
 
 
 class ProgressParams(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -199,11 +267,15 @@ class ProgressNotification(msgspec.Struct, kw_only=True):
 
 
 class ToolsCallResult(Result, kw_only=True, rename="camel", omit_defaults=True):
-    content: list[dict[str, Any]]
-    """Always present (MCP requires it), even when empty."""
+    content: list[dict[str, Any]] = msgspec.field(default_factory=list)
+    """Always present in a tool's result (MCP requires it), even when empty;
+    absent when the call created a task (``task``)."""
     structured_content: dict[str, Any] | None = None
     is_error: bool = False
     meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
+    task: Task | None = None
+    """The task the call created (a ``tools/call`` with ``task``): its result
+    comes later, from ``tasks/result``."""
 
 
 class ResourcesListParams(ServerParams, kw_only=True, frozen=True):
@@ -891,6 +963,34 @@ APPROVALS_WAIT: Final = _own(
     "Wait until a proposal is decided or the deadline passes.",
     roles=AGENTS_TOO,
 )
+TASKS_GET: Final = _own(
+    "tasks/get",
+    TasksGetParams,
+    Task,
+    "The status of one of the caller's tasks.",
+    roles=AGENTS_TOO,
+)
+TASKS_RESULT: Final = _own(
+    "tasks/result",
+    TasksResultParams,
+    ToolsCallResult,
+    "Wait for one of the caller's tasks to end: its tool result.",
+    roles=AGENTS_TOO,
+)
+TASKS_CANCEL: Final = _own(
+    "tasks/cancel",
+    TasksCancelParams,
+    Task,
+    "Cancel one of the caller's tasks (its server cancels it).",
+    roles=AGENTS_TOO,
+)
+TASKS_LIST: Final = _own(
+    "tasks/list",
+    TasksListParams,
+    TasksListResult,
+    "The caller's tasks.",
+    roles=AGENTS_TOO,
+)
 
 METHODS: Final[dict[str, Method[Any, Any]]] = {
     method.name: method
@@ -921,6 +1021,10 @@ METHODS: Final[dict[str, Method[Any, Any]]] = {
         APPROVALS_CANCEL,
         APPROVALS_RESUME,
         APPROVALS_WAIT,
+        TASKS_GET,
+        TASKS_RESULT,
+        TASKS_CANCEL,
+        TASKS_LIST,
     )
 }
 """Every method by name, in the schema's order: THE wire contract's table."""

@@ -362,6 +362,12 @@ class Upstream(Supervisor):
         client = self._client
         return client is not None and client.declares(capability)
 
+    @property
+    def takes_tool_tasks(self) -> bool:
+        """Whether a ``tools/call`` may now be sent as a task (``tasks.py``)."""
+        client = self._client
+        return client is not None and client.takes_tool_tasks()
+
     async def subscribe_resource(self, holder: object, uri: str) -> None:
         """``holder`` (a face session) subscribes to ``uri``: sent upstream
         only if nobody held it (``subscriptions.py``)."""

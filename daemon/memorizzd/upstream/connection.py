@@ -59,6 +59,23 @@ class Connection(Protocol):
         ``progress``: the server's progress on this call, if it reports any."""
         ...
 
+    def takes_tool_tasks(self) -> bool:
+        """Whether a ``tools/call`` may be sent as a task on this session: the
+        server declares ``tasks.requests.tools.call`` (MCP 2025-11-25)."""
+        ...
+
+    async def call_tool_task(
+        self, name: str, arguments: bytes, task: bytes
+    ) -> msgspec.Raw:
+        """``tools/call`` with ``task`` (the caller's task metadata, a JSON
+        object's bytes) in its params: the server's ``CreateTaskResult``, raw."""
+        ...
+
+    async def task_request(self, method: str, params: dict[str, Any]) -> msgspec.Raw:
+        """``tasks/get``, ``tasks/result``, ``tasks/cancel`` or ``tasks/list``
+        with ``params`` as MCP has them: the server's result, raw."""
+        ...
+
     async def list_tools(self, *, page_limit: int) -> list[m.Tool]: ...
 
     async def list_resources(self, *, page_limit: int) -> list[m.Resource]: ...

@@ -240,6 +240,37 @@ class JsonRpcSession:
             ) from None
         return ToolResult(raw, shape.is_error)
 
+    def takes_tool_tasks(self) -> bool:
+        """The handshake era's tasks (2025-11-25): ``tasks.requests.tools.call``."""
+        tasks = self._capabilities.get("tasks")
+        requests = tasks.get("requests") if isinstance(tasks, dict) else None
+        tools = requests.get("tools") if isinstance(requests, dict) else None
+        return (
+            self.protocol_version != MODERN
+            and isinstance(tools, dict)
+            and isinstance(tools.get("call"), dict)
+        )
+
+    async def call_tool_task(
+        self, name: str, arguments: bytes, task: bytes
+    ) -> msgspec.Raw:
+        """A task-augmented ``tools/call``: the arguments and the task metadata
+        go out as the caller's bytes; the ``CreateTaskResult`` comes back raw."""
+        params = (
+            b'{"name":'
+            + _encode(name)
+            + b',"arguments":'
+            + arguments
+            + b',"task":'
+            + task
+            + self._meta
+            + b"}"
+        )
+        return await self._request("tools/call", params)
+
+    async def task_request(self, method: str, params: dict[str, Any]) -> msgspec.Raw:
+        return await self._request(method, self._params(params))
+
     async def list_tools(self, *, page_limit: int) -> list[m.Tool]:
         return await self._listing("tools/list", _ToolsPage, page_limit)
 

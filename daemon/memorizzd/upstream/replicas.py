@@ -25,6 +25,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, TypeVar
 
 import anyio
+import msgspec
 
 from memorizz.api import methods as m
 from memorizzd.upstream.connection import ProgressHandler, ToolResult
@@ -91,6 +92,19 @@ class ReplicaSet:
         self, name: str, arguments: dict[str, str]
     ) -> m.PromptsGetResult:
         return await self._on_least_busy(lambda s: s.get_prompt(name, arguments))
+
+    def takes_tool_tasks(self) -> bool:
+        return self._sessions[0].takes_tool_tasks()
+
+    async def call_tool_task(
+        self, name: str, arguments: bytes, task: bytes
+    ) -> msgspec.Raw:
+        """On the first replica only: a task lives in the process that made it,
+        and every ``tasks/*`` request goes there too."""
+        return await self._sessions[0].call_tool_task(name, arguments, task)
+
+    async def task_request(self, method: str, params: dict[str, Any]) -> msgspec.Raw:
+        return await self._sessions[0].task_request(method, params)
 
     def can_subscribe(self) -> bool:
         return self._sessions[0].can_subscribe()

@@ -24,6 +24,7 @@ import pydantic
 from memorizz.api import methods as m
 from memorizz.api.errors import (
     DeadlineExceededError,
+    MethodNotFoundError,
     RemoteError,
     TooLargeError,
     UpstreamError,
@@ -462,6 +463,26 @@ class SdkConnection:
         return m.PromptsGetResult(
             messages=[_dump(msg) for msg in result.messages],
             description=result.description,
+        )
+
+    def takes_tool_tasks(self) -> bool:
+        """Never: the SDK 2.3 client has no tasks API (no ``tasks/*`` request
+        types, no ``task`` in ``CallToolRequestParams``)."""
+        return False
+
+    async def call_tool_task(
+        self, name: str, arguments: bytes, task: bytes
+    ) -> msgspec.Raw:
+        raise self._no_tasks()
+
+    async def task_request(self, method: str, params: dict[str, Any]) -> msgspec.Raw:
+        raise self._no_tasks()
+
+    def _no_tasks(self) -> MethodNotFoundError:
+        return MethodNotFoundError(
+            f"server {self._server!r}: tasks are not relayed to HTTP servers yet "
+            "(the MCP SDK's client has no tasks API)",
+            data={"server": self._server},
         )
 
     def can_subscribe(self) -> bool:

@@ -62,6 +62,7 @@ NOTICES: Final = frozenset(
         "notifications/prompts/list_changed",
         "notifications/message",
         "notifications/resources/updated",
+        "notifications/tasks/status",
     }
 )
 """What a server says that its callers may hear (``on_notice``)."""

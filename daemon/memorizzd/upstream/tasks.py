@@ -1,0 +1,179 @@
+"""Tasks (MCP 2025-11-25): which caller made which task on which server.
+
+A ``tools/call`` with ``task`` in its params is relayed like any call
+(``calls.py``); the server answers at once with a ``CreateTaskResult`` and
+runs the tool on its own. The daemon keeps one warm session to each server
+for every caller, so the server's task ids are the session's, not any
+caller's: ``TaskBook`` remembers, per task, its server, the server's id, the
+tool, and its owner (the caller's role, profile and uid), and shows the
+caller an id of its own (``t_`` and 24 hex digits) instead. So:
+
+* ids never collide across servers, and an id names its server: nothing a
+  caller sends is routed by the server's id;
+* ``tasks/get``, ``tasks/result``, ``tasks/cancel`` reach the task's server
+  only for its owner: the same uid on the same socket role and profile
+  (through the face or the socket API alike); anyone else is told it does
+  not exist, as for an id never made;
+* ``tasks/list`` lists the owner's tasks only;
+* a server's ``notifications/tasks/status`` reaches the connection that
+  created the task (a face session or a socket connection), its task id
+  rewritten, and no other.
+
+The book lives in memory: tasks do not survive a daemon restart (their
+servers' processes do not either, for stdio servers). It holds at most
+``MAX_TASKS``; past it, the oldest is forgotten.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import anyio
+import msgspec
+
+from memorizz.api.errors import InvalidParamsError, UpstreamError
+from memorizzd.caller import Caller
+
+log = logging.getLogger("memorizzd.upstream.tasks")
+
+MAX_TASKS: Final = 10_000
+STATUS_SEND_S: Final = 1.0
+"""How long one status notification may take to reach its connection."""
+STATUS: Final = "notifications/tasks/status"
+RELATED_TASK: Final = "io.modelcontextprotocol/related-task"
+
+Owner = tuple[str | None, str | None, int]
+"""Who may use a task: the caller's role, profile and uid."""
+Send = Callable[[bytes], Awaitable[None]]
+
+_encoder: Final = msgspec.json.Encoder()
+
+
+@dataclass(slots=True)
+class TaskEntry:
+    id: str
+    """The daemon's id, shown to the caller."""
+    server: str
+    upstream_id: str
+    """The server's own id, sent only to that server."""
+    tool: str
+    owner: Owner
+    send: Send | None
+    """The creating connection (status notifications), while it lasts."""
+
+
+def owner_of(caller: Caller) -> Owner:
+    return (caller.role, caller.profile, caller.uid)
+
+
+class TaskBook:
+    def __init__(self) -> None:
+        self._tasks: OrderedDict[str, TaskEntry] = OrderedDict()
+        self._by_upstream: dict[tuple[str, str], str] = {}
+
+    def created(
+        self,
+        caller: Caller,
+        server: str,
+        tool: str,
+        raw: bytes,
+        send: Send | None,
+    ) -> tuple[TaskEntry, dict[str, Any]]:
+        """Record the task of a server's ``CreateTaskResult`` (``raw``); the
+        result as the caller sees it (its id the daemon's)."""
+        try:
+            result = msgspec.json.decode(raw)
+            upstream_id = result["task"]["taskId"]
+        except (msgspec.DecodeError, KeyError, TypeError):
+            upstream_id = None
+        if not isinstance(upstream_id, str):
+            raise UpstreamError(
+                f"{server}: the server answered a task-augmented call without a task",
+                data={"server": server},
+            )
+        entry = TaskEntry(
+            id=f"t_{secrets.token_hex(12)}",
+            server=server,
+            upstream_id=upstream_id,
+            tool=tool,
+            owner=owner_of(caller),
+            send=send,
+        )
+        self._tasks[entry.id] = entry
+        self._by_upstream[(server, upstream_id)] = entry.id
+        while len(self._tasks) > MAX_TASKS:
+            _, old = self._tasks.popitem(last=False)
+            self._by_upstream.pop((old.server, old.upstream_id), None)
+        result["task"] = self.shown(entry, result["task"])
+        return entry, result
+
+    def get(self, caller: Caller, task_id: str) -> TaskEntry:
+        """The caller's task ``task_id``; any other is unknown (``-32602``, as
+        MCP answers an id it does not know)."""
+        entry = self._tasks.get(task_id)
+        if entry is None or entry.owner != owner_of(caller):
+            raise InvalidParamsError(
+                f"unknown task {task_id[:128]!r}", data={"task_id": task_id[:128]}
+            )
+        return entry
+
+    def mine(self, caller: Caller) -> list[TaskEntry]:
+        owner = owner_of(caller)
+        return [e for e in self._tasks.values() if e.owner == owner]
+
+    def forget(self, entry: TaskEntry) -> None:
+        """The server no longer knows the task (expired): drop it."""
+        if self._tasks.pop(entry.id, None) is not None:
+            self._by_upstream.pop((entry.server, entry.upstream_id), None)
+
+    @staticmethod
+    def shown(entry: TaskEntry, task: Any) -> Any:
+        """A server's task object as its owner sees it: the daemon's id, and
+        its server and tool in ``_meta``."""
+        if not isinstance(task, dict):
+            return task
+        meta = task.get("_meta")
+        return {
+            **task,
+            "taskId": entry.id,
+            "_meta": {
+                **(meta if isinstance(meta, dict) else {}),
+                "memorizz/server": entry.server,
+                "memorizz/tool": entry.tool,
+            },
+        }
+
+    @staticmethod
+    def payload(entry: TaskEntry, raw: bytes) -> dict[str, Any]:
+        """A ``tasks/result`` payload as its owner sees it: the related-task
+        ``_meta`` names the daemon's id."""
+        result: dict[str, Any] = msgspec.json.decode(raw)
+        meta = result.get("_meta")
+        if isinstance(meta, dict) and isinstance(meta.get(RELATED_TASK), dict):
+            result["_meta"] = {**meta, RELATED_TASK: {"taskId": entry.id}}
+        return result
+
+    async def noticed(self, server: str, params: msgspec.Raw) -> None:
+        """A server's ``notifications/tasks/status``: to the connection that
+        created the task, and no other (an unknown task's is dropped)."""
+        try:
+            task = msgspec.json.decode(params)
+            upstream_id = task.get("taskId") if isinstance(task, dict) else None
+        except msgspec.DecodeError:
+            return
+        found = self._by_upstream.get((server, upstream_id)) if upstream_id else None
+        entry = None if found is None else self._tasks.get(found)
+        if entry is None or entry.send is None:
+            return
+        line = {"jsonrpc": "2.0", "method": STATUS, "params": self.shown(entry, task)}
+        with anyio.move_on_after(STATUS_SEND_S):
+            try:
+                await entry.send(_encoder.encode(line) + b"\n")
+            except Exception:  # the connection is gone: it hears no more
+                log.debug("%s: a task's status not delivered", server, exc_info=True)
+                entry.send = None
