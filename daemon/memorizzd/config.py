@@ -181,7 +181,27 @@ _POSITIVE: Final = (
 )
 
 
+def systemd_directory(kind: str) -> str | None:
+    """The directory systemd made for the service (``StateDirectory=`` ->
+    ``$STATE_DIRECTORY``, ``RuntimeDirectory=`` -> ``$RUNTIME_DIRECTORY``,
+    ``ConfigurationDirectory=`` -> ``$CONFIGURATION_DIRECTORY``): the first
+    of a colon-separated list; None outside such a unit."""
+    value = os.environ.get(f"{kind}_DIRECTORY", "").split(":")[0]
+    return value if os.path.isabs(value) else None
+
+
+def default_config_path() -> Path:
+    """``$CONFIGURATION_DIRECTORY/memorizzd.toml`` under systemd, else
+    /etc/memorizzd/memorizzd.toml."""
+    directory = systemd_directory("CONFIGURATION")
+    return (
+        Path(directory, DEFAULT_CONFIG_PATH.name) if directory else DEFAULT_CONFIG_PATH
+    )
+
+
 def default_state_dir() -> str:
+    if directory := systemd_directory("STATE"):
+        return directory  # a unit's StateDirectory=, whoever the daemon runs as
     if os.geteuid() == 0:
         return "/var/lib/memorizzd"
     base = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
@@ -201,7 +221,8 @@ def load(
         if not config_path.exists():
             raise ConfigError(f"{config_path}: no such file")
     else:
-        config_path = DEFAULT_CONFIG_PATH if DEFAULT_CONFIG_PATH.exists() else None
+        default = default_config_path()
+        config_path = default if default.exists() else None
     config = Config()
     if config_path is not None:
         try:
@@ -224,7 +245,9 @@ def load(
         socket
         or os.environ.get("MEMORIZZ_SOCKET")
         or config.socket
-        or os.path.join(default_runtime_dir(), "memorizzd.sock")
+        or os.path.join(
+            systemd_directory("RUNTIME") or default_runtime_dir(), "memorizzd.sock"
+        )
     )
     for key in _POSITIVE:
         if not getattr(config, key) > 0:

@@ -4,8 +4,8 @@ Each socket is either handed over by systemd socket activation
 (``LISTEN_FDS``/``LISTEN_PID``/``LISTEN_FDNAMES``: ``FileDescriptorName=operator``
 or the profile's name) or bound here:
 
-* the operator socket at ``socket`` (0660 as root, else 0600; group
-  ``[operators] socket_group`` when set);
+* the operator socket at ``socket`` (group ``[operators] socket_group`` and
+  0660 when set or as root, else 0600);
 * an agent socket at ``<agents_dir>/<profile>/api.sock``, in a directory of its
   own (0755, as is ``agents_dir``, whatever the umask: a container mounts just
   that directory, and its callers must reach the socket), 0660 with
@@ -119,6 +119,10 @@ async def open_all(
     """
     inherited = activated_sockets() if inherited is None else inherited
     opened: list[Listening] = []
+    # Shared (0660, its directory 0755) as root, or with a socket_group (the
+    # daemon as the user memorizzd, its operators in memorizzd-operators);
+    # else the daemon's uid alone may reach it.
+    shared = os.geteuid() == 0 or config.operators.socket_group is not None
     wanted = [
         (
             OPERATOR_NAME,
@@ -126,9 +130,9 @@ async def open_all(
             operator_rule(config.operators),
             None,
             (
-                0o660 if os.geteuid() == 0 else 0o600,
+                0o660 if shared else 0o600,
                 config.operators.socket_group,
-                0o755 if os.geteuid() == 0 else 0o700,
+                0o755 if shared else 0o700,
             ),
         ),
         *(
