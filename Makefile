@@ -1,5 +1,5 @@
 # Thin aliases for scripts/ (which work without make on a fresh machine).
-.PHONY: run test bench schema fmt conformance
+.PHONY: run test bench schema fmt conformance install uninstall
 run:
 	scripts/run $(ARGS)
 test:
@@ -12,3 +12,8 @@ fmt:
 	scripts/bootstrap && .venv/bin/ruff format client daemon tests bench && .venv/bin/ruff check --fix client daemon tests bench
 conformance:
 	scripts/conformance $(ARGS)
+# As root; packagers: make install DESTDIR=/tmp/stage PREFIX=/usr ARGS=--no-venv
+install:
+	DESTDIR="$(DESTDIR)" PREFIX="$(or $(PREFIX),/usr/local)" scripts/install $(ARGS)
+uninstall:
+	DESTDIR="$(DESTDIR)" PREFIX="$(or $(PREFIX),/usr/local)" scripts/uninstall $(ARGS)

@@ -54,16 +54,25 @@ class Reply(msgspec.Struct, Generic[T], kw_only=True, omit_defaults=True):
     error: ErrorObject | None = None
 
 
+SYSTEM_SOCKET: Final = "/run/memorizzd/memorizzd.sock"
+"""The system daemon's operator socket (memorizzd.socket; root's default)."""
+
+
 def default_socket_path() -> str:
     """Where the operator socket lives when nothing says otherwise.
 
     ``$MEMORIZZ_SOCKET`` wins; root uses /run/memorizzd/memorizzd.sock; any other
     user ``$XDG_RUNTIME_DIR/memorizzd/memorizzd.sock`` (or /tmp/memorizzd-UID/ when
-    the runtime dir is unset).
+    the runtime dir is unset), unless only the system's daemon is there
+    (``SYSTEM_SOCKET`` exists, the user's own socket does not): an operator in
+    memorizzd-operators reaches the installed daemon without saying where.
     """
     if env := os.environ.get("MEMORIZZ_SOCKET"):
         return env
-    return os.path.join(default_runtime_dir(), "memorizzd.sock")
+    own = os.path.join(default_runtime_dir(), "memorizzd.sock")
+    if not os.path.exists(own) and os.path.exists(SYSTEM_SOCKET):
+        return SYSTEM_SOCKET
+    return own
 
 
 def default_runtime_dir() -> str:

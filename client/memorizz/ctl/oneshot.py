@@ -229,11 +229,16 @@ def _default_socket_path() -> str:
     """``memorizz.api.protocol.default_socket_path`` (msgspec comes with that module)."""
     if env := os.environ.get("MEMORIZZ_SOCKET"):
         return env
+    system = "/run/memorizzd/memorizzd.sock"
     if os.geteuid() == 0:
-        return "/run/memorizzd/memorizzd.sock"
+        return system
     if runtime := os.environ.get("XDG_RUNTIME_DIR"):
-        return os.path.join(runtime, "memorizzd", "memorizzd.sock")
-    return f"/tmp/memorizzd-{os.geteuid()}/memorizzd.sock"  # noqa: S108 - per-uid, 0700
+        own = os.path.join(runtime, "memorizzd", "memorizzd.sock")
+    else:
+        own = f"/tmp/memorizzd-{os.geteuid()}/memorizzd.sock"  # noqa: S108 - per-uid, 0700
+    if not os.path.exists(own) and os.path.exists(system):
+        return system  # the installed daemon, for an operator
+    return own
 
 
 # --- the socket -----------------------------------------------------------------
