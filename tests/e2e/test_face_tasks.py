@@ -1,0 +1,105 @@
+"""Tasks (MCP 2025-11-25) through the MCP face (issue 11, item 6), used by the
+official TypeScript SDK client (the Python SDK 2.3 client has no tasks API).
+
+tests/node/face_tasks_client.mjs starts the real bridge (``memorizzctl
+--socket API_SOCKET mcp serve``) and, with the SDK's experimental tasks API,
+runs a task-required and a task-optional tool of tests/node/task_server.mjs
+as tasks, then starts one that runs until cancelled and cancels it. The
+daemon shows its own task ids, and the server's status notifications reach
+the session that created the task.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from memorizz.api import methods as m
+from memorizzd.config import Profile
+from memorizzd.listeners import agent_socket_path
+from tests.harness import (
+    NODE_DIR,
+    DaemonHarness,
+    daemon_config,
+    short_tempdir,
+    stdio_spec,
+)
+from tests.harness import node as harness_node
+
+MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
+CLIENT = str(NODE_DIR / "face_tasks_client.mjs")
+TASK_SERVER = str(NODE_DIR / "task_server.mjs")
+RUN_TIMEOUT_S = 60.0
+"""A bound on a hung client only, far above its usual run (about a second)."""
+
+
+def task_spec() -> m.ServerSpec:
+    node = harness_node("the TypeScript SDK's task server")
+    return stdio_spec("tasks", command=node, args=[TASK_SERVER], cwd=str(NODE_DIR))
+
+
+@pytest.fixture(scope="module")
+def faced() -> Iterator[DaemonHarness]:
+    config = daemon_config(
+        short_tempdir(),
+        servers=[task_spec()],
+        profiles=[Profile(name="bot", servers=["tasks"], uids=[os.getuid()])],
+    )
+    with DaemonHarness.running(config) as harness:
+        harness.wait_ready("tasks")
+        yield harness
+
+
+def run_client(socket: str) -> dict[str, Any]:
+    plan = {"memorizzctl": MEMORIZZCTL, "socket": socket}
+    done = subprocess.run(
+        [harness_node("the TypeScript SDK client"), CLIENT, msgspec.json.encode(plan)],
+        capture_output=True,
+        cwd=NODE_DIR,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
+    seen: dict[str, Any] = msgspec.json.decode(done.stdout.splitlines()[-1])
+    return seen
+
+
+def test_the_typescript_client_runs_tools_as_tasks_through_the_face(
+    faced: DaemonHarness,
+) -> None:
+    seen = run_client(agent_socket_path(faced.config, "bot"))
+    assert seen["tasksCapability"] == {
+        "list": {},
+        "cancel": {},
+        "requests": {"tools": {"call": {}}},
+    }
+    assert seen["taskSupport"]["report"] == "required"
+    assert seen["taskSupport"]["sum"] == "optional"
+    report, total = seen["report"], seen["sum"]
+    assert report["text"] == ["report: otters"], report
+    assert report["created"].startswith("t_")
+    assert report["statuses"][-1] == "completed"
+    assert total["text"] == ["5"], total
+    assert (seen["cancelled"], seen["afterCancel"]) == ("cancelled", "cancelled")
+    created = {report["created"], total["created"], seen["hold"]}
+    assert created <= set(seen["listed"])
+    # the server's notifications/tasks/status reached this session, our ids in them
+    assert {s["taskId"] for s in seen["statuses"]} <= created
+    assert any(s["status"] == "completed" for s in seen["statuses"])
+
+
+def test_the_audit_record_says_the_call_created_a_task(faced: DaemonHarness) -> None:
+    run_client(agent_socket_path(faced.config, "bot"))
+    with faced.client() as c:
+        records = c.audit(server="tasks", tool="report", limit=5).records
+    face = [r for r in records if r.caller_socket.endswith("mcp.sock")]
+    assert face
+    assert face[0].outcome == "task_created"
+    assert face[0].caller_profile == "bot"
