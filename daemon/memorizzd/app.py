@@ -22,6 +22,7 @@ from memorizzd.execution import admit, check_config_servers
 from memorizzd.execution.admission import Admission
 from memorizzd.face import FaceDispatcher
 from memorizzd.listeners import close_all, open_all
+from memorizzd.observe import serve_metrics
 from memorizzd.rpc.answers import AnsweringDispatcher
 from memorizzd.rpc.server import SocketServer
 from memorizzd.sdnotify import journal_available, notify, run_watchdog
@@ -175,6 +176,14 @@ async def running_daemon(
                         await acceptor.start(book.run)
                         for item, each in zip(listening, servers, strict=True):
                             await acceptor.start(each.serve, item.listener, connections)
+                        await acceptor.start(
+                            serve_metrics,
+                            config,
+                            pool,
+                            broker.tool_calls,
+                            servers,
+                            store,
+                        )
                         # Everything imported and built so far lives as long as the
                         # daemon: keep it out of the cyclic GC's collections, and
                         # collect the young generation less often (every call

@@ -49,6 +49,7 @@ from memorizzd.calllife import (
     mark_abortable,
 )
 from memorizzd.policy import refusal
+from memorizzd.telemetry.metrics import OTHER, CallMeter
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
 from memorizzd.upstream.pool import Pool
@@ -75,6 +76,19 @@ class Calls:
         """Calls in flight: the audit batches its writes while it is > 1."""
         self.tasks = TaskBook()
         """The tasks calls created, by caller (``upstream/tasks.py``)."""
+        self._meter = CallMeter(self._labels)
+        """The calls' metrics (``telemetry/metrics.py``), counted with their audit."""
+
+    @property
+    def in_flight(self) -> int:
+        return self._running
+
+    def _labels(self, server: str, tool: str) -> tuple[str, str]:
+        """A call's metric labels: a configured server, a listed tool, else other."""
+        if server not in self._pool:
+            return OTHER, OTHER
+        view = self._pool.get(server).tools_view
+        return server, tool if view is not None and view.tool(tool) else OTHER
 
     async def call(
         self,
@@ -379,6 +393,14 @@ class Calls:
         arguments: CallArguments | None,
         **fields: Any,
     ) -> None:
+        if action != "tasks/cancel":
+            self._meter(
+                server,
+                tool,
+                fields.get("decision"),
+                fields["outcome"],
+                time.time() - started,
+            )
         await self._auditor.record(
             caller,
             action=action,

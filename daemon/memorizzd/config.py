@@ -9,6 +9,7 @@ the state database.
 from __future__ import annotations
 
 import grp
+import ipaddress
 import os
 import re
 import tomllib
@@ -109,6 +110,32 @@ class Operators(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Group owning the operator socket (mode 0660)."""
 
 
+class Metrics(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Prometheus metrics (``[metrics]``; docs/operations.md)."""
+
+    enabled: bool = True
+    """Serve ``GET /metrics`` on ``socket`` (and ``listen``, when set)."""
+    socket: str = ""
+    """Default: ``metrics.sock`` beside the operator socket, with its mode,
+    group and rule (operators only)."""
+    listen: str = ""
+    """Also on TCP, e.g. ``127.0.0.1:9464`` or ``[::1]:9464``; loopback only
+    unless ``allow_remote``."""
+    allow_remote: bool = False
+    """Let ``listen`` be an address other hosts can reach (no authentication:
+    put it behind a firewall or a proxy)."""
+
+
+class Tracing(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """OpenTelemetry traces (``[tracing]``): needs ``memorizzd[otel]``."""
+
+    enabled: bool = False
+    endpoint: str = ""
+    """OTLP/HTTP traces endpoint, e.g. ``http://127.0.0.1:4318/v1/traces``;
+    empty: the exporter's default (``OTEL_EXPORTER_OTLP_*``)."""
+    service_name: str = "memorizzd"
+
+
 class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Everything the daemon reads at start. Field names are the TOML keys."""
 
@@ -161,6 +188,8 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     caller's answer (never past the call's own deadline)."""
     face_separator: str = "__"
     """The operator face's ``separator`` (a profile's face has its own)."""
+    metrics: Metrics = msgspec.field(default_factory=Metrics)
+    tracing: Tracing = msgspec.field(default_factory=Tracing)
     config_path: str | None = None
     """Where the config was read from (set by ``load``; not a TOML key)."""
 
@@ -278,6 +307,7 @@ def load(
     config.agents_dir = config.agents_dir or os.path.join(
         os.path.dirname(config.socket) or ".", "agents"
     )
+    _check_metrics(config.metrics, config_path)
     _check_access(config, config_path)
     seen: set[str] = set()
     for i, spec in enumerate(config.servers):
@@ -289,6 +319,37 @@ def load(
             raise ConfigError(f"{config_path}: duplicate server name {spec.name!r}")
         seen.add(spec.name)
     return config
+
+
+def metrics_address(listen: str) -> tuple[str, int]:
+    """``host:port`` (IPv6 in brackets) as (host, port); ValueError if malformed."""
+    host, colon, port = listen.rpartition(":")
+    if not colon or not port.isdigit() or not 0 < int(port) < 65536 or not host:
+        raise ValueError(f"metrics.listen: {listen!r} is not host:port")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def _check_metrics(metrics: Metrics, where: Path | None) -> None:
+    """``listen`` parses, and is loopback unless ``allow_remote``."""
+    if not metrics.listen:
+        return
+    try:
+        host, _ = metrics_address(metrics.listen)
+    except ValueError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        raise ConfigError(
+            f"{where}: metrics.listen: {host!r} is not an IP address or localhost"
+        ) from None
+    if not loopback and not metrics.allow_remote:
+        raise ConfigError(
+            f"{where}: metrics.listen: {host} is not a loopback address;"
+            " set metrics.allow_remote = true to serve metrics to other hosts"
+        )
 
 
 def gid_of(group: int | str) -> int:

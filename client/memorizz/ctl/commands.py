@@ -12,12 +12,19 @@ Standard library, msgspec and memorizz only.
 from __future__ import annotations
 
 import argparse
+import os
 import queue
+import socket
 import sys
 import time
 from collections.abc import Callable
 
 from memorizz.api import methods as m
+from memorizz.api.errors import (
+    DaemonUnreachableError,
+    ProtocolError,
+    SocketPermissionError,
+)
 from memorizz.client import Client
 from memorizz.ctl.add import build_server_spec
 from memorizz.ctl.exits import EXIT_ERROR, EXIT_OK, EXIT_TEMPFAIL, UsageError
@@ -280,6 +287,41 @@ def cmd_mcp_serve(client: Client, args: argparse.Namespace) -> int:
 def cmd_daemon_status(client: Client, args: argparse.Namespace) -> int:
     status = client.daemon_status()
     _show(args, status, render_daemon_status(status))
+    return EXIT_OK
+
+
+METRICS_SOCKET = "metrics.sock"
+_METRICS_MAX = 64 << 20
+
+
+def cmd_daemon_metrics(client: Client, args: argparse.Namespace) -> int:
+    """``GET /metrics`` over the daemon's metrics socket (``metrics.sock``
+    beside the operator socket, or ``--metrics-socket``): Prometheus text."""
+    path = args.metrics_socket or os.path.join(
+        os.path.dirname(client.socket_path) or ".", METRICS_SOCKET
+    )
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(30.0)
+            sock.connect(path)
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: memorizzd\r\n\r\n")
+            reply = bytearray()
+            while chunk := sock.recv(65536):
+                reply += chunk
+                if len(reply) > _METRICS_MAX:
+                    raise ProtocolError(f"{path}: the metrics are too large")
+    except PermissionError as exc:
+        raise SocketPermissionError(f"may not read the metrics at {path}") from exc
+    except OSError as exc:
+        raise DaemonUnreachableError(
+            f"cannot read the metrics at {path}: {exc.strerror or exc}"
+            " (is [metrics] enabled?)"
+        ) from exc
+    head, _, body = bytes(reply).partition(b"\r\n\r\n")
+    status = head.split(b"\r\n", 1)[0]
+    if not status.startswith(b"HTTP/1.1 200"):
+        raise ProtocolError(f"{path}: {status.decode('latin-1') or 'no answer'}")
+    sys.stdout.write(body.decode())
     return EXIT_OK
 
 

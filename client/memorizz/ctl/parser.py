@@ -31,6 +31,7 @@ from memorizz.ctl.args import (
 from memorizz.ctl.commands import (
     Command,
     cmd_audit,
+    cmd_daemon_metrics,
     cmd_daemon_status,
     cmd_mcp_add,
     cmd_mcp_approvals,
@@ -211,6 +212,21 @@ def _vault(vault: _Lazy) -> None:
 
 def _daemon(daemon: _Lazy) -> None:
     _leaf(daemon, "status", cmd_daemon_status, "version, uptime and counts")
+    _leaf(
+        daemon,
+        "metrics",
+        cmd_daemon_metrics,
+        "the daemon's Prometheus metrics, as a scrape reads them",
+        _metrics,
+    )
+
+
+def _metrics(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--metrics-socket",
+        metavar="PATH",
+        help="the metrics socket (default: metrics.sock beside the daemon's socket)",
+    )
 
 
 def _mcp(mcp: _Lazy) -> None:

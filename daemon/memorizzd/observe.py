@@ -1,0 +1,161 @@
+"""The daemon's metrics endpoint: ``metrics.sock`` and, if asked, loopback TCP.
+
+``serve_metrics`` builds the daemon's registry (``telemetry.metrics``) over
+what it is now (the pool's upstreams, the calls in flight, the sockets'
+connections, the pending proposals) and serves it (``telemetry.http``):
+
+* on ``[metrics] socket``, by default ``metrics.sock`` beside the operator
+  socket, with that socket's mode and group, and only to callers the
+  operator socket's rule admits (the same peer-credential check);
+* on ``[metrics] listen`` (``127.0.0.1:9464``), when set: loopback only
+  unless ``allow_remote`` (``config.py`` refuses anything else).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import typing
+from collections.abc import Sequence
+from contextlib import suppress
+
+import anyio
+import anyio.abc
+
+from memorizz.api import methods as m
+from memorizzd import __version__
+from memorizzd.calls import Calls
+from memorizzd.config import Config, gid_of, metrics_address
+from memorizzd.rpc.authority import operator_rule
+from memorizzd.rpc.peer import peer_of
+from memorizzd.rpc.server import SocketServer, prepare_socket_path
+from memorizzd.store import Store
+from memorizzd.telemetry.http import MetricsServer
+from memorizzd.telemetry.metrics import Snapshot, UpstreamState, registry
+from memorizzd.upstream.pool import Pool
+
+METRICS_SOCKET = "metrics.sock"
+_STATES = typing.get_args(m.ServerState)
+
+
+def metrics_socket_path(config: Config) -> str:
+    """``[metrics] socket``, else ``metrics.sock`` beside the operator socket."""
+    return config.metrics.socket or os.path.join(
+        os.path.dirname(config.socket) or ".", METRICS_SOCKET
+    )
+
+
+class _Watched:
+    """What a scrape reads of the daemon."""
+
+    def __init__(
+        self, pool: Pool, calls: Calls, servers: Sequence[SocketServer], store: Store
+    ) -> None:
+        self._pool = pool
+        self._calls = calls
+        self._servers = servers
+        self._store = store
+        self._pending = 0
+
+    async def refresh(self) -> None:
+        """The pending proposals' count, from the store (in a worker thread)."""
+        rows = await anyio.to_thread.run_sync(
+            lambda: self._store.proposals(
+                now=time.time(), status="pending", limit=1_000_000
+            )
+        )
+        self._pending = len(rows)
+
+    def snapshot(self) -> Snapshot:
+        now = time.time()
+        upstreams = []
+        for upstream in self._pool.all():
+            grant = upstream.keeper.grant if upstream.keeper is not None else None
+            upstreams.append(
+                UpstreamState(
+                    upstream.name,
+                    upstream.state,
+                    upstream.restarts,
+                    None if grant is None else grant.expires_at,
+                )
+            )
+        connections: dict[tuple[str, str], int] = {}
+        for server in self._servers:
+            kind = "mcp" if os.path.basename(server.path) == "mcp.sock" else "api"
+            key = (server.rule.profile or "operator", kind)
+            connections[key] = connections.get(key, 0) + server.connections
+        return Snapshot(
+            upstreams=upstreams,
+            states=_STATES,
+            calls_in_flight=self._calls.in_flight,
+            connections=connections,
+            approvals_pending=self._pending,
+            now=now,
+        )
+
+
+async def serve_metrics(
+    config: Config,
+    pool: Pool,
+    calls: Calls,
+    servers: Sequence[SocketServer],
+    store: Store,
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve the metrics until cancelled (returns at once when disabled)."""
+    if not config.metrics.enabled:
+        task_status.started()
+        return
+    watched = _Watched(pool, calls, servers, store)
+    server = MetricsServer(
+        registry(watched.snapshot, __version__), refresh=watched.refresh
+    )
+    path = metrics_socket_path(config)
+    rule = operator_rule(config.operators)
+
+    def admits(stream: anyio.abc.SocketStream) -> bool:
+        raw: socket.socket = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+        return rule.admits(peer_of(raw, path, profile=None, role="operator"))
+
+    unix = await _bind_unix(config, path)
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(server.serve, unix, admits)
+            if config.metrics.listen:
+                host, port = metrics_address(config.metrics.listen)
+                family = socket.AF_INET6 if ":" in host else socket.AF_INET
+                raw = socket.create_server((host, port), family=family)
+                raw.setblocking(False)
+                tcp = await anyio.abc.SocketListener.from_socket(raw)
+                await tg.start(server.serve, tcp)
+            task_status.started()
+    finally:
+        with suppress(FileNotFoundError):
+            os.unlink(path)
+
+
+async def _bind_unix(config: Config, path: str) -> anyio.abc.SocketListener:
+    """``path`` bound like the operator socket: 0660 with its group (or as
+    root), else 0600."""
+    shared = os.geteuid() == 0 or config.operators.socket_group is not None
+    prepare_socket_path(path)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        old_umask = os.umask(0o177)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old_umask)
+        if config.operators.socket_group is not None:
+            os.chown(path, -1, gid_of(config.operators.socket_group))
+        os.chmod(path, 0o660 if shared else 0o600)
+        sock.listen(64)
+        sock.setblocking(False)
+        return await anyio.abc.SocketListener.from_socket(sock)
+    except BaseException:
+        sock.close()
+        with suppress(FileNotFoundError):
+            os.unlink(path)
+        raise

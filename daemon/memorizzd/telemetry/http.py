@@ -1,0 +1,136 @@
+"""A tiny HTTP/1.1 responder for ``GET /metrics``, on our own listeners.
+
+Prometheus scrapes with one plain GET and reads the body to the end, so the
+responder reads one bounded request head (``HEAD_MAX`` bytes, within
+``HEAD_TIMEOUT_S``), answers it with ``Connection: close`` and closes: no
+keep-alive, no chunking, no body. A Unix socket (``metrics.sock``) and a
+loopback TCP address are served alike. At most ``CONNECTIONS_MAX`` at once;
+past that a connection is closed unanswered.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+import anyio
+import anyio.abc
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+
+log = logging.getLogger("memorizzd.metrics")
+
+HEAD_MAX: Final = 8192
+HEAD_TIMEOUT_S: Final = 10.0
+WRITE_TIMEOUT_S: Final = 30.0
+CONNECTIONS_MAX: Final = 16
+PATH: Final = "/metrics"
+
+Admits = Callable[[anyio.abc.SocketStream], bool]
+"""Whether the peer of a connection may read the metrics (a Unix socket's
+peer credentials against the operator socket's rule)."""
+
+
+class MetricsServer:
+    """Serves ``registry`` as Prometheus text on any number of listeners.
+
+    ``refresh``: awaited before each exposition (what cannot be read on the
+    loop cheaply, e.g. the pending approvals' count from the store)."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        *,
+        refresh: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self._registry = registry
+        self._refresh = refresh
+        self._open = 0
+
+    async def serve(
+        self,
+        listener: anyio.abc.SocketListener,
+        admits: Admits | None = None,
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        async with listener, anyio.create_task_group() as tg:
+            task_status.started()
+            while True:
+                try:
+                    stream = await listener.accept()
+                except OSError as exc:  # EMFILE and the like: keep serving
+                    log.warning("metrics: accept failed: %s", exc)
+                    await anyio.sleep(0.1)
+                    continue
+                if self._open >= CONNECTIONS_MAX or (
+                    admits is not None and not admits(stream)
+                ):
+                    await _close(stream)
+                    continue
+                self._open += 1
+                tg.start_soon(self._answer, stream)
+
+    async def _answer(self, stream: anyio.abc.SocketStream) -> None:
+        try:
+            with anyio.move_on_after(HEAD_TIMEOUT_S):
+                head = await _read_head(stream)
+            if head is None:
+                return
+            status, body, content_type = await self._respond(head)
+            lines = [
+                f"HTTP/1.1 {status}",
+                f"Content-Type: {content_type}",
+                f"Content-Length: {len(body)}",
+                "Connection: close",
+            ]
+            data = ("\r\n".join(lines) + "\r\n\r\n").encode()
+            if not head.startswith(b"HEAD "):
+                data += body
+            with anyio.move_on_after(WRITE_TIMEOUT_S):
+                await stream.send(data)
+        except (OSError, anyio.BrokenResourceError, anyio.EndOfStream):
+            pass  # the scraper went away
+        finally:
+            self._open -= 1
+            await _close(stream)
+
+    async def _respond(self, head: bytes) -> tuple[str, bytes, str]:
+        request_line = head.split(b"\r\n", 1)[0].decode("latin-1")
+        parts = request_line.split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            return "400 Bad Request", b"bad request\n", "text/plain; charset=utf-8"
+        method, target, _ = parts
+        if method not in ("GET", "HEAD"):
+            return (
+                "405 Method Not Allowed",
+                b"only GET /metrics\n",
+                "text/plain; charset=utf-8",
+            )
+        if target.split("?", 1)[0] != PATH:
+            return "404 Not Found", b"try /metrics\n", "text/plain; charset=utf-8"
+        if self._refresh is not None:
+            await self._refresh()
+        return "200 OK", generate_latest(self._registry), CONTENT_TYPE_PLAIN_0_0_4
+
+
+async def _read_head(stream: anyio.abc.SocketStream) -> bytes | None:
+    """The request head up to its blank line; None when it is too long or cut."""
+    head = b""
+    while b"\r\n\r\n" not in head:
+        if len(head) > HEAD_MAX:
+            return None
+        try:
+            head += await stream.receive(HEAD_MAX)
+        except anyio.EndOfStream:
+            return None
+    return head
+
+
+async def _close(stream: anyio.abc.SocketStream) -> None:
+    with anyio.CancelScope(shield=True):
+        try:
+            await stream.aclose()
+        except (OSError, anyio.BrokenResourceError):
+            pass

@@ -1,0 +1,289 @@
+"""The daemon's Prometheus metrics, with ``prometheus-client``.
+
+Two kinds:
+
+* events, counted where they happen: calls (``CallMeter``, one dict lookup
+  and two updates per call: see ``bench/metrics.py``), OAuth refreshes,
+  approvals proposed and decided, egress refusals. These are process-wide
+  objects registered in no registry of their own;
+* state, read when scraped (``DaemonCollector``): each upstream's state and
+  reconnects, calls in flight, connections per socket, approvals pending,
+  OAuth tokens' seconds to expiry. Nothing on the hot path pays for them.
+
+``registry`` builds one daemon's registry from both, plus the process's own
+metrics (``process_*``, ``python_info``).
+
+Label values are bounded: a server label is a configured server's name, a
+tool label one of that server's listed tools; anything else (a name an agent
+made up) is ``other``. Argument values are never labels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Final
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+OTHER: Final = "other"
+"""The label value of a server or tool that is not configured or listed."""
+NONE: Final = "none"
+"""The decision label of a call refused before the policy was asked."""
+
+CALL_BUCKETS: Final = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+)
+"""From a warm stdio call (~100 us) to a slow HTTP tool (minutes)."""
+
+CALLS: Final = Counter(
+    "memorizz_calls",
+    "Tool calls (tools/call, approvals/resume, the MCP face), by server, tool,"
+    " policy decision and outcome (the audit's).",
+    ["server", "tool", "decision", "outcome"],
+    registry=None,
+)
+CALL_SECONDS: Final = Histogram(
+    "memorizz_call_duration_seconds",
+    "Tool calls' duration, from arrival to the audit record, by server.",
+    ["server"],
+    buckets=CALL_BUCKETS,
+    registry=None,
+)
+OAUTH_REFRESHES: Final = Counter(
+    "memorizz_oauth_refreshes",
+    "OAuth access token refreshes, by server and outcome"
+    " (ok, failed: retried, login_required: the grant is dead).",
+    ["server", "outcome"],
+    registry=None,
+)
+APPROVALS_PROPOSED: Final = Counter(
+    "memorizz_approvals_proposed",
+    "Calls held for an operator's approval (proposals made), by server.",
+    ["server"],
+    registry=None,
+)
+APPROVALS_DECIDED: Final = Counter(
+    "memorizz_approvals_decided",
+    "Proposals that left pending or approved, by what became of them"
+    " (approved, rejected, cancelled, invalidated, expired, consumed).",
+    ["decision"],
+    registry=None,
+)
+EGRESS_REFUSALS: Final = Counter(
+    "memorizz_egress_refusals",
+    "Outgoing HTTP requests the egress policy refused, by reason.",
+    ["reason"],
+    registry=None,
+)
+_EVENTS: Final = (
+    CALLS,
+    CALL_SECONDS,
+    OAUTH_REFRESHES,
+    APPROVALS_PROPOSED,
+    APPROVALS_DECIDED,
+    EGRESS_REFUSALS,
+)
+
+_EGRESS_REASONS: Final = frozenset(
+    {
+        "address_not_allowed",
+        "host_not_allowed",
+        "scheme_not_allowed",
+        "credentials_in_url",
+        "redirect_blocked",
+    }
+)
+
+
+def egress_refused(reason: str | None) -> None:
+    """Count one refused outgoing request (a reason we do not know: ``other``)."""
+    EGRESS_REFUSALS.labels(reason if reason in _EGRESS_REASONS else OTHER).inc()
+
+
+def oauth_refreshed(server: str, outcome: str) -> None:
+    OAUTH_REFRESHES.labels(server, outcome).inc()
+
+
+def approval_proposed(server: str) -> None:
+    APPROVALS_PROPOSED.labels(server).inc()
+
+
+def approval_decided(decision: str) -> None:
+    APPROVALS_DECIDED.labels(decision).inc()
+
+
+Labeller = Callable[[str, str], tuple[str, str]]
+"""A call's (server, tool) as label values: each itself when configured and
+listed, else ``other``."""
+_CACHE_MAX: Final = 4096
+
+
+class CallMeter:
+    """Counts one call: ``meter(server, tool, decision, outcome, seconds)``.
+
+    The labelled children are kept per (server, tool, decision, outcome) as
+    given, so a warm call costs one dict lookup, ``inc`` and ``observe``;
+    only calls whose labels are their own names are kept (a made-up name is
+    relabelled each time, and cannot grow the cache)."""
+
+    __slots__ = ("_children", "_labels")
+
+    def __init__(self, labels: Labeller) -> None:
+        self._labels = labels
+        self._children: dict[
+            tuple[str, str, str | None, str], tuple[Counter, Histogram]
+        ] = {}
+
+    def __call__(
+        self,
+        server: str,
+        tool: str,
+        decision: str | None,
+        outcome: str,
+        seconds: float,
+    ) -> None:
+        key = (server, tool, decision, outcome)
+        children = self._children.get(key)
+        if children is None:
+            children = self._miss(key)
+        children[0].inc()
+        children[1].observe(seconds)
+
+    def _miss(self, key: tuple[str, str, str | None, str]) -> tuple[Counter, Histogram]:
+        server, tool, decision, outcome = key
+        shown_server, shown_tool = self._labels(server, tool)
+        children = (
+            CALLS.labels(shown_server, shown_tool, decision or NONE, outcome),
+            CALL_SECONDS.labels(shown_server),
+        )
+        if (shown_server, shown_tool) == (server, tool) and len(
+            self._children
+        ) < _CACHE_MAX:
+            self._children[key] = children
+        return children
+
+
+@dataclass
+class UpstreamState:
+    name: str
+    state: str
+    reconnects: int
+    token_expires_at: float | None = None
+    """An OAuth server's access token's expiry (Unix time), if it has one."""
+
+
+@dataclass
+class Snapshot:
+    """The daemon's state as a scrape sees it (``DaemonCollector``)."""
+
+    upstreams: list[UpstreamState] = field(default_factory=list)
+    states: Iterable[str] = ()
+    """Every state an upstream can be in: each gets a 0 or a 1."""
+    calls_in_flight: int = 0
+    connections: dict[tuple[str, str], int] = field(default_factory=dict)
+    """(profile, socket kind: ``api`` or ``mcp``) -> open connections."""
+    approvals_pending: int = 0
+    now: float = 0.0
+
+
+class DaemonCollector(Collector):
+    """What the daemon is now, read at each scrape from ``snapshot()``."""
+
+    def __init__(self, snapshot: Callable[[], Snapshot], version: str) -> None:
+        self._snapshot = snapshot
+        self._version = version
+
+    def collect(self) -> Iterator[Metric]:
+        seen = self._snapshot()
+        info = GaugeMetricFamily(
+            "memorizz_build_info",
+            "The daemon's version (always 1).",
+            labels=["version"],
+        )
+        info.add_metric([self._version], 1)
+        yield info
+        state = GaugeMetricFamily(
+            "memorizz_upstream_state",
+            "Each server's session state: 1 for the state it is in, 0 for the others.",
+            labels=["server", "state"],
+        )
+        reconnects = CounterMetricFamily(
+            "memorizz_upstream_reconnects",
+            "Sessions a server lost or failed to open, since it was started.",
+            labels=["server"],
+        )
+        expiry = GaugeMetricFamily(
+            "memorizz_oauth_token_expiry_seconds",
+            "Seconds until an OAuth server's access token expires (negative: expired).",
+            labels=["server"],
+        )
+        for upstream in seen.upstreams:
+            for name in seen.states:
+                state.add_metric(
+                    [upstream.name, name], 1.0 if name == upstream.state else 0.0
+                )
+            reconnects.add_metric([upstream.name], upstream.reconnects)
+            if upstream.token_expires_at is not None:
+                expiry.add_metric([upstream.name], upstream.token_expires_at - seen.now)
+        yield state
+        yield reconnects
+        yield expiry
+        yield GaugeMetricFamily(
+            "memorizz_calls_in_flight",
+            "Tool calls running now.",
+            value=seen.calls_in_flight,
+        )
+        connections = GaugeMetricFamily(
+            "memorizz_connections",
+            "Open socket connections, by profile (operator: the operator's) and"
+            " socket (api: the socket API, mcp: the MCP face).",
+            labels=["profile", "socket"],
+        )
+        for (profile, kind), count in sorted(seen.connections.items()):
+            connections.add_metric([profile, kind], count)
+        yield connections
+        yield GaugeMetricFamily(
+            "memorizz_approvals_pending",
+            "Proposals waiting for an operator's decision.",
+            value=seen.approvals_pending,
+        )
+
+
+def registry(snapshot: Callable[[], Snapshot], version: str) -> CollectorRegistry:
+    """One daemon's metrics: the events, its state, and the process's."""
+    built = CollectorRegistry(auto_describe=False)
+    for metric in _EVENTS:
+        built.register(metric)
+    built.register(DaemonCollector(snapshot, version))
+    ProcessCollector(registry=built)
+    PlatformCollector(registry=built)
+    return built

@@ -1,0 +1,204 @@
+"""Prometheus metrics (issue 13, item 4): a real daemon serves ``GET /metrics``
+on ``metrics.sock`` (and on a loopback TCP address when asked), in the text
+exposition the official parser reads; calls are counted by server, tool,
+decision and outcome with bounded label values; ``memorizzctl daemon
+metrics`` prints them; the config refuses a non-loopback listener."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from memorizz.api.errors import RemoteError
+from memorizzd.config import ConfigError, Metrics, load
+from tests.harness import (
+    DaemonHarness,
+    daemon_config,
+    light_spec,
+    rmtree,
+    short_tempdir,
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def http_get(
+    address: str | tuple[str, int], target: str = "/metrics", method: str = "GET"
+) -> tuple[str, bytes]:
+    family = socket.AF_UNIX if isinstance(address, str) else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(address)
+        sock.sendall(f"{method} {target} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    head, _, body = reply.partition(b"\r\n\r\n")
+    return head.decode("latin-1"), body
+
+
+def samples(text: str) -> dict[str, list[Sample]]:
+    found: dict[str, list[Sample]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found.setdefault(sample.name, []).append(sample)
+    return found
+
+
+def value(text: str, name: str, **labels: str) -> float:
+    return sum(
+        s.value
+        for s in samples(text).get(name, [])
+        if all(s.labels.get(k) == v for k, v in labels.items())
+    )
+
+
+@pytest.fixture(scope="module")
+def harness() -> Iterator[DaemonHarness]:
+    base = short_tempdir()
+    try:
+        config = daemon_config(
+            base,
+            servers=[light_spec("lite")],
+            metrics=Metrics(listen=f"127.0.0.1:{free_port()}"),
+        )
+        with DaemonHarness.running(config) as running:
+            running.wait_ready("lite")
+            yield running
+    finally:
+        rmtree(base)
+
+
+def metrics_sock(harness: DaemonHarness) -> str:
+    return os.path.join(os.path.dirname(harness.socket), "metrics.sock")
+
+
+def scrape(harness: DaemonHarness) -> str:
+    head, body = http_get(metrics_sock(harness))
+    assert head.startswith("HTTP/1.1 200"), head
+    assert "text/plain; version=0.0.4" in head
+    return body.decode()
+
+
+def test_calls_are_counted_by_server_tool_decision_and_outcome(
+    harness: DaemonHarness,
+) -> None:
+    before = scrape(harness)
+    with harness.client() as c:
+        c.call_tool("lite", "hello", {})
+        c.call_tool("lite", "hello", {"tag": "argument values are never labels"})
+        with pytest.raises(RemoteError):
+            c.call_tool("made-up-server", "hello", {})
+        try:
+            c.call_tool("lite", "made-up-tool", {})
+        except RemoteError:
+            pass
+    after = scrape(harness)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    ok = {"server": "lite", "tool": "hello", "decision": "allow", "outcome": "ok"}
+    assert delta("memorizz_calls_total", **ok) == 2
+    assert delta("memorizz_calls_total", server="other", tool="other") == 1
+    assert delta("memorizz_calls_total", server="lite", tool="other") == 1
+    assert delta("memorizz_call_duration_seconds_count", server="lite") == 3
+    labels = {s.labels.get("tool") for s in samples(after)["memorizz_calls_total"]}
+    assert labels <= {"hello", "other"}  # names an agent made up never appear
+    assert "argument values" not in after
+
+
+def test_the_exposition_holds_the_daemons_state_and_parses(
+    harness: DaemonHarness,
+) -> None:
+    text = scrape(harness)
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name, kind in {
+        "memorizz_calls": "counter",
+        "memorizz_call_duration_seconds": "histogram",
+        "memorizz_upstream_state": "gauge",
+        "memorizz_upstream_reconnects": "counter",
+        "memorizz_calls_in_flight": "gauge",
+        "memorizz_connections": "gauge",
+        "memorizz_approvals_pending": "gauge",
+        "memorizz_build_info": "gauge",
+        "process_resident_memory_bytes": "gauge",
+        "process_open_fds": "gauge",
+    }.items():
+        assert families[name].type == kind, name
+    assert value(text, "memorizz_upstream_state", server="lite", state="ready") == 1
+    assert value(text, "memorizz_upstream_state", server="lite", state="failed") == 0
+    assert value(text, "memorizz_approvals_pending") == 0
+    with harness.client() as c:
+        c.ping()  # an operator connection, open while the scrape runs
+        during = scrape(harness)
+    assert value(during, "memorizz_connections", profile="operator", socket="api") >= 1
+
+
+def test_the_tcp_listener_serves_the_same_and_only_get_metrics(
+    harness: DaemonHarness,
+) -> None:
+    host, port = harness.config.metrics.listen.split(":")
+    head, body = http_get((host, int(port)))
+    assert head.startswith("HTTP/1.1 200")
+    assert "memorizz_upstream_state" in body.decode()
+    assert http_get((host, int(port)), "/")[0].startswith("HTTP/1.1 404")
+    assert http_get((host, int(port)), method="POST")[0].startswith("HTTP/1.1 405")
+    head, body = http_get(metrics_sock(harness), method="HEAD")
+    assert head.startswith("HTTP/1.1 200")
+    assert body == b""
+
+
+def test_the_metrics_socket_is_the_operators(harness: DaemonHarness) -> None:
+    mode = os.stat(metrics_sock(harness)).st_mode & 0o777
+    assert mode == (0o660 if os.geteuid() == 0 else 0o600)
+
+
+def test_memorizzctl_daemon_metrics_prints_the_exposition(
+    harness: DaemonHarness, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert harness.ctl("daemon", "metrics") == 0
+    out = capsys.readouterr().out
+    assert "# TYPE memorizz_calls_total counter" in out
+    families = [f.name for f in text_string_to_metric_families(out)]
+    assert "memorizz_upstream_state" in families
+    missing = os.path.join(os.path.dirname(harness.socket), "nowhere.sock")
+    assert harness.ctl("daemon", "metrics", "--metrics-socket", missing) == 69
+    assert "cannot read the metrics" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("listen", "allowed"),
+    [
+        ("127.0.0.1:9464", True),
+        ("[::1]:9464", True),
+        ("localhost:9464", True),
+        ("0.0.0.0:9464", False),
+        ("192.0.2.7:9464", False),
+        ("127.0.0.1", False),
+    ],
+)
+def test_the_tcp_listener_is_loopback_unless_allow_remote(
+    tmp_path: Path, listen: str, allowed: bool
+) -> None:
+    path = tmp_path / "m.toml"
+    path.write_text(f'socket = "{tmp_path}/d.sock"\n[metrics]\nlisten = "{listen}"\n')
+    if allowed:
+        assert load(str(path)).metrics.listen == listen
+    else:
+        with pytest.raises(ConfigError, match=r"metrics\.listen"):
+            load(str(path))
+    if not allowed and listen.count(".") == 3 and ":" in listen:
+        path.write_text(path.read_text() + "allow_remote = true\n")
+        assert load(str(path)).metrics.allow_remote
