@@ -56,10 +56,29 @@ R = TypeVar("R", bound=m.Result)
 _encoder: Final = msgspec.json.Encoder()
 _READ_CHUNK: Final = 1 << 16
 
-START_HINT: Final = (
-    "is memorizzd running? start it with `make run` (foreground) or "
-    "`systemctl start memorizzd`, or point --socket/MEMORIZZ_SOCKET at its socket"
+_CHECKOUT: Final = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+"""client/memorizz/client.py -> the checkout's root (when it is one)."""
+UNIT_PATHS: tuple[str, ...] = (
+    "/etc/systemd/system/memorizzd.service",
+    "/usr/lib/systemd/system/memorizzd.service",
+    "/lib/systemd/system/memorizzd.service",
 )
+"""Where an installed memorizzd.service is (scripts/install; a package)."""
+
+
+def start_hint() -> str:
+    """How to start the daemon here: the unit when it is installed, else
+    ``scripts/run`` when this client runs from a checkout, else ``memorizzd``."""
+    if any(os.path.exists(path) for path in UNIT_PATHS):
+        how = "`systemctl start memorizzd` (`systemctl status memorizzd` says why it stopped)"
+    elif os.path.exists(run := os.path.join(_CHECKOUT, "scripts", "run")):
+        how = f"`{run}` (foreground)"
+    else:
+        how = "`memorizzd` (foreground), or install the unit (scripts/install)"
+    return (
+        f"is memorizzd running? start it with {how}, "
+        "or point --socket/MEMORIZZ_SOCKET at its socket"
+    )
 
 
 ProgressCallback = Callable[[m.ProgressParams], object]
@@ -127,7 +146,7 @@ class Client:
             sock.connect(self.socket_path)
         except (FileNotFoundError, ConnectionRefusedError) as exc:
             sock.close()
-            msg = f"cannot reach memorizzd at {self.socket_path}: {exc.strerror}; {START_HINT}"
+            msg = f"cannot reach memorizzd at {self.socket_path}: {exc.strerror}; {start_hint()}"
             raise DaemonUnreachableError(msg) from None
         except PermissionError:
             sock.close()

@@ -19,6 +19,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, get_args
 
+from memorizz import __version__
 from memorizz.api import methods as m
 from memorizz.api.protocol import default_socket_path
 from memorizz.ctl.add import add_options
@@ -185,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[common],
         allow_abbrev=False,
     )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     top = _commands(parser, "command", common)
     _group(top, "mcp", "manage and use upstream MCP servers", _mcp)
     _leaf(

@@ -104,6 +104,9 @@ def _general(argv: list[str]) -> int:
 
     head, trailing = split_trailing(argv)
     parser = build_parser()
+    if not argv:  # bare: the help, on stdout; a usage error all the same (2)
+        parser.print_help()
+        return EXIT_USAGE
     try:
         args = parser.parse_args(head)
     except SystemExit as exc:  # --help (0) or a usage error (2)

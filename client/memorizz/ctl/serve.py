@@ -50,12 +50,24 @@ from memorizz.ctl.exits import (
 MCP_SOCKET_NAME = "mcp.sock"
 """The MCP face's socket: this name, in the directory of its API socket."""
 
-START_HINT = (
-    "is memorizzd running? start it with `make run` (foreground) or "
-    "`systemctl start memorizzd`, or point --socket/MEMORIZZ_SOCKET at its API "
-    "socket (or --mcp-socket at its mcp.sock)"
-)
-"""``memorizz.client.START_HINT``, for the MCP socket (that module imports msgspec)."""
+
+def start_hint() -> str:
+    """``memorizz.client.start_hint``, for the MCP socket (that module imports msgspec)."""
+    units = ("/etc/systemd/system", "/usr/lib/systemd/system", "/lib/systemd/system")
+    checkout = os.path.dirname(
+        os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+    )
+    if any(os.path.exists(os.path.join(d, "memorizzd.service")) for d in units):
+        how = "`systemctl start memorizzd`"
+    elif os.path.exists(run := os.path.join(checkout, "scripts", "run")):
+        how = f"`{run}` (foreground)"
+    else:
+        how = "`memorizzd` (foreground), or install the unit (scripts/install)"
+    return (
+        f"is memorizzd running? start it with {how}, or point "
+        "--socket/MEMORIZZ_SOCKET at its API socket (or --mcp-socket at its mcp.sock)"
+    )
+
 
 _CHUNK = 1 << 16
 _STDIN = 0
@@ -188,7 +200,7 @@ def connect(bridge: Bridge) -> _socket.socket | int:
                 "memorizzd may predate the MCP face (upgrade and restart it)"
             )
         else:
-            _error(f"{where}; {START_HINT}")
+            _error(f"{where}; {start_hint()}")
         return EXIT_UNAVAILABLE
     except PermissionError:
         sock.close()
