@@ -62,6 +62,7 @@ from memorizzd import stored
 from memorizzd.audit import Auditor, CallArguments
 from memorizzd.caller import Caller
 from memorizzd.store import ProposalRow, Store
+from memorizzd.telemetry.metrics import approval_decided, approval_proposed
 from memorizzd.vault import CredentialStore, VaultError
 
 log = logging.getLogger("memorizzd.approvals")
@@ -313,6 +314,7 @@ class ApprovalBook:
         )
         await anyio.to_thread.run_sync(self._persist_time, now)
         self._new.set()
+        approval_proposed(server)
         log.info(
             "proposal %s: %s/%s by uid %d (%s)",
             proposal.id,
@@ -376,6 +378,7 @@ class ApprovalBook:
             )
         )
         if done:
+            approval_decided("invalidated")
             log.warning("proposal %s invalidated: %s", proposal.id, why)
             await self._finished(proposal.id)
             await self._audit(self._self, "approvals/invalidate", proposal, reason=why)
@@ -397,6 +400,7 @@ class ApprovalBook:
             self._store.consume_proposal, proposal.id, self._now()
         ):
             raise not_approved(await self._reread(proposal))
+        approval_decided("consumed")
         await self._finished(proposal.id)
         return arguments
 
@@ -427,6 +431,7 @@ class ApprovalBook:
                 caller, action, proposal, outcome="failed", reason="not_approved"
             )
             raise not_approved(current)
+        approval_decided(to_status)
         if to_status in ("rejected", "cancelled"):
             await self._finished(proposal_id)
         else:
@@ -456,6 +461,7 @@ class ApprovalBook:
         expired = await anyio.to_thread.run_sync(self._store.expire_proposals, now)
         self._swept_until = max(self._swept_until, now)
         for row in expired:
+            approval_decided("expired")
             await self._audit(self._self, "approvals/expire", stored.proposal(row))
             await self._finished(row.id)
 

@@ -11,12 +11,20 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx2
 import pytest
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from memorizz.api.errors import RemoteError
-from memorizzd.config import ConfigError, Metrics, load
+from memorizz.api.errors import (
+    ApprovalRequiredError,
+    PermissionDeniedError,
+    RemoteError,
+)
+from memorizzd.config import ConfigError, Decisions, Metrics, load
+from memorizzd.egress.client import hardened_client
+from memorizzd.telemetry.metrics import EGRESS_REFUSALS
 from tests.harness import (
     DaemonHarness,
     daemon_config,
@@ -62,6 +70,11 @@ def value(text: str, name: str, **labels: str) -> float:
         for s in samples(text).get(name, [])
         if all(s.labels.get(k) == v for k, v in labels.items())
     )
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
 
 
 @pytest.fixture(scope="module")
@@ -202,3 +215,61 @@ def test_the_tcp_listener_is_loopback_unless_allow_remote(
     if not allowed and listen.count(".") == 3 and ":" in listen:
         path.write_text(path.read_text() + "allow_remote = true\n")
         assert load(str(path)).metrics.allow_remote
+
+
+def test_approvals_are_counted_proposed_pending_and_decided() -> None:
+    base = short_tempdir()
+    try:
+        config = daemon_config(
+            base, servers=[light_spec("held")], decisions=Decisions(write="ask")
+        )
+        with DaemonHarness.running(config) as harness:
+            harness.wait_ready("held")
+            before = scrape(harness)
+            with harness.client() as c:
+                with pytest.raises(ApprovalRequiredError) as asked:
+                    c.call_tool("held", "hello", {})
+                pending = scrape(harness)
+                c.approve(asked.value.data["proposal_id"])
+                c.resume(asked.value.data["proposal_id"])
+            after = scrape(harness)
+    finally:
+        rmtree(base)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert value(pending, "memorizz_approvals_pending") == 1
+    assert value(after, "memorizz_approvals_pending") == 0
+    assert delta("memorizz_approvals_proposed_total", server="held") == 1
+    assert delta("memorizz_approvals_decided_total", decision="approved") == 1
+    assert delta("memorizz_approvals_decided_total", decision="consumed") == 1
+    held = {"server": "held", "tool": "hello", "decision": "ask"}
+    assert delta("memorizz_calls_total", **held, outcome="approval_required") == 1
+    assert delta("memorizz_calls_total", **held, outcome="ok") == 1
+
+
+@pytest.mark.anyio
+async def test_an_egress_refusal_is_counted_by_its_reason() -> None:
+    counted = CollectorRegistry()
+    counted.register(EGRESS_REFUSALS)
+
+    def refused(reason: str) -> float:
+        found = counted.get_sample_value(
+            "memorizz_egress_refusals_total", {"reason": reason}
+        )
+        return found or 0.0
+
+    before = refused("address_not_allowed"), refused("scheme_not_allowed")
+    async with hardened_client(
+        limit=1 << 20,
+        timeout=httpx2.Timeout(5.0),
+        allowlist=[],
+        allow_private_network=False,
+    ) as http:
+        with pytest.raises(PermissionDeniedError):
+            await http.get("https://127.0.0.1/")
+        with pytest.raises(PermissionDeniedError):
+            await http.get("http://example.com/")
+    after = refused("address_not_allowed"), refused("scheme_not_allowed")
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 1)

@@ -33,6 +33,7 @@ from memorizz.api.errors import (
 )
 from memorizzd.egress.backend import PinnedBackend
 from memorizzd.egress.urls import check_url
+from memorizzd.telemetry.metrics import egress_refused
 
 _IDENTITY = ("", "identity")
 
@@ -52,6 +53,13 @@ class GuardTransport(httpx2.AsyncBaseTransport):
         self._challenges = challenges
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        try:
+            return await self._guarded(request)
+        except PermissionDeniedError as exc:  # the URL, the address, a redirect
+            egress_refused(exc.reason)
+            raise
+
+    async def _guarded(self, request: httpx2.Request) -> httpx2.Response:
         checked = check_url(
             str(request.url),
             allowlist=self._allowlist,

@@ -45,6 +45,7 @@ from memorizzd.oauth.endpoints import ClientAuth, EndpointError
 from memorizzd.oauth.grant import Grant, delete_grant, load_grant, save_grant
 from memorizzd.oauth.mcp_sdk import union_scopes
 from memorizzd.store import StoreError
+from memorizzd.telemetry.metrics import oauth_refreshed
 from memorizzd.vault import CredentialStore, VaultError
 
 log = logging.getLogger("memorizzd.oauth")
@@ -367,6 +368,7 @@ class TokenKeeper:
             stored = await self._store(fresh)
         self.last_refresh = now
         self.refreshes += 1
+        oauth_refreshed(self.server, "ok")
         self.last_refresh_error = (
             None if stored else "the new grant could not be stored (see the log)"
         )
@@ -398,10 +400,12 @@ class TokenKeeper:
 
     def _failed(self, why: str) -> None:
         self.last_refresh_error = why
+        oauth_refreshed(self.server, "failed")
         log.warning("%s: token refresh failed (will retry): %s", self.server, why)
 
     async def _mark_login_required(self, grant: Grant, why: str) -> None:
         self.last_refresh_error = why
+        oauth_refreshed(self.server, "login_required")
         dead = msgspec.structs.replace(grant, login_required=True)
         await self._store(dead)
         self._publish(dead)
