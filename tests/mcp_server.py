@@ -123,6 +123,14 @@ def crash() -> str:
 
 
 @mcp.tool()
+async def gate(path: str) -> str:
+    """Answer once the file ``path`` exists (a call a test holds in flight)."""
+    while not await anyio.Path(path).exists():  # noqa: ASYNC110 - a test's file
+        await anyio.sleep(0.02)
+    return "opened"
+
+
+@mcp.tool()
 def pid() -> int:
     """The server's process id."""
     return os.getpid()

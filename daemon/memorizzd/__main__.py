@@ -7,6 +7,7 @@ import logging
 import os
 import resource
 import sys
+from functools import partial
 
 import anyio
 
@@ -16,6 +17,10 @@ from memorizzd.execution import check_config_servers, harden_process
 from memorizzd.sdnotify import setup_logging
 
 EX_CONFIG = 78
+RELOAD_ENVIRON = frozenset(
+    {"MEMORIZZ_SOCKET", "MEMORIZZ_MCP_HOST_ALLOWLIST", "MEMORIZZ_MCP_STDIO_ALLOWLIST"}
+)
+"""What ``config.load`` reads from the environment."""
 
 log = logging.getLogger("memorizzd")
 
@@ -82,6 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     except VaultKeyError as exc:
         print(f"memorizzd: vault: {exc}", file=sys.stderr)
         return EX_CONFIG
+    # A reload reads the same file with the same overrides, and the variables
+    # load() reads that harden_process is about to scrub.
+    reload_config = partial(
+        load,
+        config.config_path,
+        socket=args.socket,
+        state_dir=args.state_dir,
+        environ={k: v for k, v in os.environ.items() if k in RELOAD_ENVIRON},
+    )
     harden_process()  # MEMORIZZ_* out of os.environ; /proc/<pid>/environ root-only
     raise_open_files_limit()
     from memorizzd.app import run  # the heavy imports (mcp) only when serving
@@ -90,7 +104,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         anyio.run(
-            run, config, keys, backend="asyncio", backend_options={"use_uvloop": True}
+            run,
+            config,
+            keys,
+            reload_config,
+            backend="asyncio",
+            backend_options={"use_uvloop": True},
         )
     except VaultKeyError as exc:
         print(f"memorizzd: vault: {exc}", file=sys.stderr)

@@ -6,23 +6,26 @@ import ctypes
 import gc
 import logging
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 
 import anyio
 import msgspec
 
 from memorizz.api import methods as m
+from memorizz.api.errors import RemoteError
 from memorizzd import __version__, stored
 from memorizzd.approvals import ApprovalBook
 from memorizzd.audit import Auditor, load_key
 from memorizzd.broker import Broker
-from memorizzd.config import Config
+from memorizzd.config import Config, load
 from memorizzd.execution import admit, check_config_servers
 from memorizzd.execution.admission import Admission
 from memorizzd.face import FaceDispatcher
-from memorizzd.listeners import close_all, open_all
+from memorizzd.listeners import Listening, close_all, open_all
 from memorizzd.observe import serve_metrics
+from memorizzd.reload import SIGNAL_CALLER, Reloader, Sockets
 from memorizzd.rpc.answers import AnsweringDispatcher
 from memorizzd.rpc.server import SocketServer
 from memorizzd.sdnotify import journal_available, notify, run_watchdog
@@ -44,6 +47,8 @@ class Daemon(msgspec.Struct):
     """Every socket's: the operator's first, then its MCP face's (unless
     ``mcp_face`` is off), then each agent profile's socket and face."""
     book: ApprovalBook
+    reloader: Reloader
+    """SIGHUP and ``daemon/reload`` (``reloader.config``: the config in force)."""
 
     @property
     def connections(self) -> int:
@@ -56,7 +61,10 @@ class Daemon(msgspec.Struct):
 
 @asynccontextmanager
 async def running_daemon(
-    config: Config, keys: KeySource | None = None
+    config: Config,
+    keys: KeySource | None = None,
+    *,
+    reload_config: Callable[[], Config] | None = None,
 ) -> AsyncIterator[Daemon]:
     """Everything up and serving inside the block; drained and stopped after it.
 
@@ -66,6 +74,9 @@ async def running_daemon(
 
     On exit: stop accepting, stop reading new requests, let in-flight calls finish
     (bounded by ``drain_timeout_s``), then stop every upstream (no orphans).
+
+    ``reload_config``: how a reload reads the config (``memorizzd.reload``);
+    by default the same file, with the socket and state directory in force.
     """
     # A config server whose command the execution policy refuses: ConfigError.
     config_servers = check_config_servers(config)
@@ -154,8 +165,9 @@ async def running_daemon(
                     await face.notice(server, method, params)
 
             pool.on_notice = notice
-            servers += [
-                SocketServer(
+
+            def socket_server(item: Listening) -> SocketServer:
+                return SocketServer(
                     item.path,
                     face if item.face else dispatcher,
                     max_in_flight=config.max_in_flight_per_connection,
@@ -163,8 +175,8 @@ async def running_daemon(
                     limits=item.limits,
                     on_refused=broker.on_refused_connection,
                 )
-                for item in listening
-            ]
+
+            servers += [socket_server(item) for item in listening]
             server = servers[0]
             try:
                 async with anyio.create_task_group() as connections:
@@ -174,8 +186,34 @@ async def running_daemon(
                     async with anyio.create_task_group() as acceptor:
                         await acceptor.start(auditor.run)
                         await acceptor.start(book.run)
+                        sockets = Sockets(
+                            listening,
+                            servers,
+                            socket_server,
+                            acceptor=acceptor,
+                            connections=connections,
+                        )
+                        reloader = Reloader(
+                            config,
+                            load=reload_config
+                            or partial(
+                                load,
+                                config.config_path,
+                                socket=config.socket,
+                                state_dir=config.state_dir,
+                            ),
+                            admitted=config_servers,
+                            pool=pool,
+                            broker=broker,
+                            book=book,
+                            auditor=auditor,
+                            sockets=sockets,
+                            api_servers=partial(stored.servers, store),
+                            admit=admit,
+                        )
+                        broker.reload = reloader.reload
                         for item, each in zip(listening, servers, strict=True):
-                            await acceptor.start(each.serve, item.listener, connections)
+                            await sockets.serve(item, each)
                         await acceptor.start(
                             serve_metrics,
                             config,
@@ -193,11 +231,12 @@ async def running_daemon(
                         gc.set_threshold(20_000, 20, 20)
                         _trim_heap()
                         try:
-                            yield Daemon(config, pool, server, servers, book)
+                            yield Daemon(config, pool, server, servers, book, reloader)
                         finally:
                             acceptor.cancel_scope.cancel()
                     with anyio.CancelScope(shield=True):
-                        with anyio.move_on_after(config.drain_timeout_s) as drain:
+                        drain_s = reloader.config.drain_timeout_s
+                        with anyio.move_on_after(drain_s) as drain:
                             async with anyio.create_task_group() as draining:
                                 for each in servers:
                                     draining.start_soon(each.drain)
@@ -214,12 +253,16 @@ async def running_daemon(
         await anyio.to_thread.run_sync(store.close)
 
 
-async def run(config: Config, keys: KeySource | None = None) -> None:
-    """Serve until SIGTERM or SIGINT; tell systemd what happens."""
+async def run(
+    config: Config,
+    keys: KeySource | None = None,
+    reload_config: Callable[[], Config] | None = None,
+) -> None:
+    """Serve until SIGTERM or SIGINT, reload on SIGHUP; tell systemd what happens."""
     with anyio.open_signal_receiver(
         signal.SIGTERM, signal.SIGINT, signal.SIGHUP
     ) as signals:
-        async with running_daemon(config, keys) as daemon:
+        async with running_daemon(config, keys, reload_config=reload_config) as daemon:
             log.info(
                 "memorizzd %s listening on %s and %d agent sockets (state in %s, %d servers)",
                 __version__,
@@ -233,13 +276,23 @@ async def run(config: Config, keys: KeySource | None = None) -> None:
                 tg.start_soon(_report_status, daemon)
                 async for signum in signals:
                     if signum == signal.SIGHUP:
-                        log.info("SIGHUP: reloading is not supported yet; ignoring")
+                        log.info("SIGHUP: reloading %s", config.config_path)
+                        tg.start_soon(_reload_on_signal, daemon.reloader)
                         continue
                     log.info("%s: draining and stopping", signal.Signals(signum).name)
                     notify("STOPPING=1")
                     tg.cancel_scope.cancel()
                     break
     log.info("stopped")
+
+
+async def _reload_on_signal(reloader: Reloader) -> None:
+    try:
+        await reloader.reload(SIGNAL_CALLER, trigger="signal")
+    except RemoteError:
+        pass  # logged, audited and kept for daemon/status by the reloader
+    except Exception:
+        log.exception("SIGHUP: the reload failed")
 
 
 async def _report_status(daemon: Daemon) -> None:

@@ -162,6 +162,10 @@ class ApprovalBook:
 
     # --- time -------------------------------------------------------------------
 
+    def reconfigure(self, *, ttl_s: float) -> None:
+        """A reload's ``approval_ttl_s``, for proposals stored from now on."""
+        self._ttl_s = ttl_s
+
     def _now(self) -> float:
         """Wall-clock time that never runs slower than the monotonic clock: a
         wall clock moved back (by hand, by NTP) cannot extend a proposal."""

@@ -27,6 +27,7 @@ from memorizz.api.errors import (
     InvalidParamsError,
     PermissionDeniedError,
     RemoteError,
+    UnavailableError,
     UnsupportedProtocolError,
 )
 from memorizz.api.protocol import PROTOCOL_VERSION
@@ -101,6 +102,10 @@ class Broker:
         }
         self._started = time.monotonic()
         self._changing = anyio.Lock()
+        self.reload: Callable[[Caller], Awaitable[m.DaemonReloadResult]] | None = None
+        """``daemon/reload``'s work (``memorizzd.reload``, set once it runs)."""
+        self.last_reload: m.ReloadStatus | None = None
+        """The last reload's outcome, for ``daemon/status``."""
         self._oauth_service: OAuthService | None = None
 
     def handlers(self) -> Mapping[str, Handler]:
@@ -119,6 +124,7 @@ class Broker:
         own: dict[m.Method[Any, Any], Handler] = {
             m.DAEMON_HELLO: self.daemon_hello,
             m.DAEMON_STATUS: self.daemon_status,
+            m.DAEMON_RELOAD: self.daemon_reload,
             m.SERVERS_LIST: self.servers_list,
             m.SERVERS_ADD: self._audited_servers_add,
             m.SERVERS_REMOVE: self._audited_servers_remove,
@@ -410,7 +416,30 @@ class Broker:
             calls_in_flight=self._in_flight(),
             rss_bytes=_rss_bytes(),
             agent_sockets=dict(self._agent_sockets),
+            last_reload=self.last_reload,
         )
+
+    async def daemon_reload(
+        self, caller: Caller, p: m.DaemonReloadParams
+    ) -> m.DaemonReloadResult:
+        if self.reload is None:
+            raise UnavailableError(
+                "the daemon is still starting", reason="shutting_down"
+            )
+        return await self.reload(caller)
+
+    def reconfigure(self, config: Config, agent_sockets: Mapping[str, str]) -> None:
+        """A reload's config: scopes, policy and settings for every call that
+        starts from now on (no await: no call sees half of each). A profile's
+        connections read its scope per call, so one whose server list shrank
+        loses those servers at once."""
+        self._config = config
+        self._scopes = {
+            profile.name: frozenset(profile.servers) for profile in config.profiles
+        }
+        self._agent_sockets = {
+            name: os.path.abspath(path) for name, path in agent_sockets.items()
+        }
 
     async def ping(self, caller: Caller, p: m.PingParams) -> m.PingResult:
         started = time.perf_counter()

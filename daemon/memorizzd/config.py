@@ -13,6 +13,7 @@ import ipaddress
 import os
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Final, Literal
 
@@ -242,8 +243,14 @@ def load(
     *,
     socket: str | None = None,
     state_dir: str | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Config:
-    """Read the config file (if any), apply overrides and defaults, validate."""
+    """Read the config file (if any), apply overrides and defaults, validate.
+
+    ``environ``: where ``MEMORIZZ_SOCKET`` and the allowlists' variables are
+    read (default ``os.environ``; a reload passes those the daemon started
+    with, scrubbed from its environment since)."""
+    env = os.environ if environ is None else environ
     config_path: Path | None
     if path is not None:
         config_path = Path(path)
@@ -272,7 +279,7 @@ def load(
     config.config_path = str(config_path) if config_path else None
     config.socket = (
         socket
-        or os.environ.get("MEMORIZZ_SOCKET")
+        or env.get("MEMORIZZ_SOCKET")
         or config.socket
         or os.path.join(
             systemd_directory("RUNTIME") or default_runtime_dir(), "memorizzd.sock"
@@ -294,10 +301,10 @@ def load(
             )
     config.state_dir = state_dir or config.state_dir or default_state_dir()
     config.host_allowlist = config.host_allowlist + _env_list(
-        "MEMORIZZ_MCP_HOST_ALLOWLIST"
+        env, "MEMORIZZ_MCP_HOST_ALLOWLIST"
     )
     config.stdio_allowlist = config.stdio_allowlist + _env_list(
-        "MEMORIZZ_MCP_STDIO_ALLOWLIST"
+        env, "MEMORIZZ_MCP_STDIO_ALLOWLIST"
     )
     for pattern in config.host_allowlist:
         if normalise_pattern(pattern) is None:
@@ -417,7 +424,5 @@ def _where(exc: msgspec.ValidationError, raw: dict[str, object]) -> str:
     return text
 
 
-def _env_list(name: str) -> list[str]:
-    return [
-        item.strip() for item in os.environ.get(name, "").split(",") if item.strip()
-    ]
+def _env_list(env: Mapping[str, str], name: str) -> list[str]:
+    return [item.strip() for item in env.get(name, "").split(",") if item.strip()]

@@ -23,7 +23,7 @@ import logging
 import os
 import socket
 import stat
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from contextlib import suppress
 from typing import Final
 
@@ -111,9 +111,13 @@ def activated_sockets(
 
 
 async def open_all(
-    config: Config, inherited: dict[str, socket.socket] | None = None
+    config: Config,
+    inherited: dict[str, socket.socket] | None = None,
+    *,
+    only: Collection[str] | None = None,
 ) -> list[Listening]:
-    """Every socket the config asks for (activated ones where systemd passed them).
+    """Every socket the config asks for (activated ones where systemd passed them);
+    with ``only``, those of the profiles so named (a reload's new ones).
 
     On failure, whatever was already opened is closed again.
     """
@@ -141,11 +145,13 @@ async def open_all(
                 agent_socket_path(config, profile.name),
                 agent_rule(profile),
                 profile.limits,
-                (_agent_mode(profile), profile.socket_group, 0o755),
+                (agent_mode(profile), profile.socket_group, 0o755),
             )
             for profile in config.profiles
         ),
     ]
+    if only is not None:
+        wanted = [each for each in wanted if each[0] in only]
     try:
         for name, path, rule, limits, (mode, group, directory_mode) in wanted:
             opened.append(
@@ -191,7 +197,8 @@ async def close_all(opened: list[Listening]) -> None:
                 os.unlink(item.path)
 
 
-def _agent_mode(profile: Profile) -> int:
+def agent_mode(profile: Profile) -> int:
+    """An agent socket's mode (the module's docstring says why)."""
     if profile.socket_group is None and (profile.uids or profile.gids):
         return 0o666
     return 0o660

@@ -116,6 +116,7 @@ REASONS: Final = frozenset(
         "invalid_state",
         "not_approved",
         "upstream_busy",
+        "invalid_config",
     }
 )
 

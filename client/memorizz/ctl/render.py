@@ -292,10 +292,46 @@ def render_daemon_status(status: m.DaemonStatusResult) -> str:
         ("calls_in_flight", str(status.calls_in_flight)),
         ("rss", format_bytes(status.rss_bytes)),
     ]
+    if (last := status.last_reload) is not None:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(last.time))
+        outcome = "ok" if last.ok else "FAILED, nothing changed"
+        pairs.append(
+            (
+                "last_reload",
+                f"{when} {outcome} ({last.trigger}): {one_line(last.message, 500)}",
+            )
+        )
     width = max(len(key) for key, _ in pairs) + 1
     return "".join(
         f"{key + ':' if key else '':<{width}} {value}\n" for key, value in pairs
     )
+
+
+def render_reload(result: m.DaemonReloadResult) -> str:
+    """What ``daemon reload`` changed, a line per kind (``-``: nothing)."""
+    pairs = [
+        ("config", [result.config_path]),
+        ("servers started", result.servers_started),
+        ("servers restarted", result.servers_restarted),
+        ("servers updated", result.servers_updated),
+        ("servers stopped", result.servers_stopped),
+        ("servers unchanged", result.servers_unchanged),
+        ("profiles added", result.profiles_added),
+        ("profiles removed", result.profiles_removed),
+        ("profiles changed", result.profiles_changed),
+        ("settings applied", result.settings_changed),
+        ("restart required", result.restart_required),
+    ]
+    width = max(len(key) for key, _ in pairs) + 1
+    text = "".join(
+        f"{key + ':':<{width}} {', '.join(names) or '-'}\n" for key, names in pairs
+    )
+    if result.restart_required:
+        text += (
+            f"{PROG}: not applied until the daemon restarts:"
+            f" {', '.join(result.restart_required)}\n"
+        )
+    return text
 
 
 def render_audit(records: Sequence[m.AuditRecord]) -> str:

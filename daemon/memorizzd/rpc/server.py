@@ -197,6 +197,15 @@ class SocketServer:
         self._draining = False
         self._accept_log = _Every()
 
+    def reconfigure(
+        self, rule: SocketRule, limits: Limits | None, *, max_in_flight: int
+    ) -> None:
+        """A reload's rule and limits, for the connections accepted from now on."""
+        self.rule, self.limits, self._max_in_flight = rule, limits, max_in_flight
+        if limits is not None:
+            self.max_connections = limits.max_connections
+            self.max_connections_per_uid = limits.max_connections_per_uid
+
     async def serve(
         self,
         listener: anyio.abc.SocketListener,

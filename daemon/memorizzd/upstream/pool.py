@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Final
 
 import anyio
 import anyio.abc
@@ -20,6 +21,9 @@ from memorizzd.upstream.supervisor import NoticeListener
 from memorizzd.vault import CredentialStore
 
 log = logging.getLogger("memorizzd.pool")
+
+_DRAIN_POLL_S: Final = 0.05
+"""How often a retired server's in-flight count is looked at (reloads only)."""
 
 
 def unknown_server(name: str) -> NotFoundError:
@@ -42,6 +46,9 @@ class Pool:
         self._vault = vault
         self._tg = tg
         self._upstreams: dict[str, Upstream] = {}
+        self._retiring: set[Upstream] = set()
+        """Out of the pool (a reload removed or replaced them): their in-flight
+        calls finish, then they stop."""
         self.on_tools: Callable[[str, list[m.Tool]], Awaitable[None]] | None = None
         """Told every fresh tools listing (the approvals check schemas)."""
         self.on_notice: NoticeListener | None = None
@@ -79,6 +86,18 @@ class Pool:
         only listed, ``failed``, until removed."""
         if spec.name in self._upstreams:
             raise ConflictError(f"a server named {spec.name!r} already exists")
+        return await self._start(
+            spec, source=source, refused=refused, refused_kind=refused_kind
+        )
+
+    async def _start(
+        self,
+        spec: m.ServerSpec,
+        *,
+        source: str,
+        refused: str | None,
+        refused_kind: FailureKind,
+    ) -> Upstream:
         upstream = Upstream(
             spec,
             source=source,
@@ -96,6 +115,59 @@ class Pool:
         await self._tg.start(upstream.run)
         return upstream
 
+    def reconfigure(self, config: Config) -> list[Upstream]:
+        """A reload's config, for every upstream at once (no await: no call
+        sees half of it); the upstreams whose listing callers see changed."""
+        self._config = config
+        return [u for u in self._upstreams.values() if u.reconfigure(config)]
+
+    async def replace(
+        self,
+        spec: m.ServerSpec,
+        *,
+        source: str,
+        refused: str | None = None,
+        refused_kind: FailureKind = "refused_by_policy",
+    ) -> Upstream:
+        """Start ``spec`` in place of the server of that name (a reload changed
+        it): new calls go to the new session at once; the old one's calls
+        finish, then it stops (``retire``)."""
+        old = self._upstreams.pop(spec.name, None)
+        if old is not None:
+            self._retire(old)
+        return await self._start(
+            spec, source=source, refused=refused, refused_kind=refused_kind
+        )
+
+    def retire(self, name: str) -> None:
+        """Take the server out of the pool now (new calls: ``unknown_server``);
+        its in-flight calls finish (bounded by ``drain_timeout_s``), then it stops."""
+        upstream = self._upstreams.pop(name, None)
+        if upstream is not None:
+            self._retire(upstream)
+
+    def _retire(self, upstream: Upstream) -> None:
+        self._retiring.add(upstream)
+        self._tg.start_soon(self._drain_and_stop, upstream)
+
+    async def _drain_and_stop(self, upstream: Upstream) -> None:
+        try:
+            with anyio.move_on_after(self._config.drain_timeout_s) as waited:
+                # polled: a rare wait (reloads), where an Event would cost every call
+                while upstream.in_flight:  # noqa: ASYNC110
+                    await anyio.sleep(_DRAIN_POLL_S)
+            if waited.cancelled_caught:
+                log.warning(
+                    "%s: %d calls still in flight after %.0f s; stopping it",
+                    upstream.name,
+                    upstream.in_flight,
+                    self._config.drain_timeout_s,
+                )
+            await upstream.stop()
+            log.info("%s: stopped (reload)", upstream.name)
+        finally:
+            self._retiring.discard(upstream)
+
     async def stop(self, name: str) -> None:
         upstream = self._upstreams.pop(name, None)
         if upstream is not None:
@@ -105,6 +177,8 @@ class Pool:
         async with anyio.create_task_group() as tg:
             for name in list(self._upstreams):
                 tg.start_soon(self.stop, name)
+            for upstream in list(self._retiring):
+                tg.start_soon(upstream.stop)
 
 
 @asynccontextmanager

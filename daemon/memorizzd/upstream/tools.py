@@ -47,6 +47,9 @@ class ToolCache:
         """The listing as policy shows it, verdicts precomputed (None: none yet)."""
         self.count: int | None = None
         """How many tools callers saw in the last listing (kept on invalidation)."""
+        self._listed: list[m.Tool] = []
+        """The last listing as the server sent it (``reconfigure`` decides it again)."""
+        self._server_name: str | None = None
 
     async def refresh(
         self, client: Connection, *, server_name: str | None
@@ -62,6 +65,7 @@ class ToolCache:
             self._spec, self._config.decisions, server_name=server_name
         )
         self.view = view = policy.view(tools)
+        self._listed, self._server_name = tools, server_name
         self.count = len(view.tools)  # what callers see
         if self._on_tools is not None:
             try:
@@ -69,6 +73,29 @@ class ToolCache:
             except Exception:  # the listing stands; resume re-checks anyway
                 log.exception("%s: the tools listener failed", name)
         return view
+
+    def reconfigure(self, config: Config, spec: m.ServerSpec) -> bool:
+        """A reload's config and spec (same name): the cached listing decided
+        again under the new policy, with no round trip to the server. True:
+        what callers see or get changed (a visible tool, a risk, a decision)."""
+        self._config, self._spec = config, spec
+        old = self.view
+        if old is None:
+            return False  # the next listing is decided under the new policy
+        policy = ToolPolicy.for_server(
+            spec, config.decisions, server_name=self._server_name
+        )
+        self.view = new = policy.view(self._listed)
+        return new.tools != old.tools or new.verdicts != old.verdicts
+
+    async def announce(self) -> None:
+        """Tell the listener the listing as it is now (after ``reconfigure``)."""
+        view = self.view
+        if view is not None and self._on_tools is not None:
+            try:
+                await self._on_tools(self._spec.name, view.tools)
+            except Exception:
+                log.exception("%s: the tools listener failed", self._spec.name)
 
     def invalidate(self) -> None:
         """The server's tools changed: the next listing is fetched afresh."""
