@@ -45,6 +45,7 @@ from memorizz.api.protocol import (
 )
 from memorizz.api.replies import (
     Notification,
+    decode_log,
     decode_progress,
     decode_reply,
     notification,
@@ -83,6 +84,8 @@ def start_hint() -> str:
 
 ProgressCallback = Callable[[m.ProgressParams], object]
 """Called with each progress report of a call, in the order the daemon sent them."""
+LogCallback = Callable[[m.LogParams], object]
+"""Called with each log message of the call's server, in the order sent."""
 NoteCallback = Callable[[Notification], object]
 AskCallback = Callable[[dict[str, Any]], dict[str, Any]]
 """Given an upstream's request params (MCP's ``elicitation/create`` or
@@ -301,10 +304,6 @@ class Client:
     def daemon_status(self) -> m.DaemonStatusResult:
         return self.call(m.DAEMON_STATUS, m.DaemonStatusParams())
 
-    def daemon_reload(self) -> m.DaemonReloadResult:
-        """Re-read the daemon's config file and apply what changed."""
-        return self.call(m.DAEMON_RELOAD, m.DaemonReloadParams())
-
     def ping(self, server: str | None = None) -> m.PingResult:
         return self.call(m.PING, m.PingParams(server=server))
 
@@ -442,6 +441,7 @@ class Client:
         on_progress: ProgressCallback | None = None,
         on_elicit: AskCallback | None = None,
         on_sample: AskCallback | None = None,
+        on_log: LogCallback | None = None,
     ) -> m.ToolsCallResult:
         """Call a tool; an ``isError`` result is returned, not raised.
 
@@ -449,7 +449,10 @@ class Client:
         server sends while the call runs (before this returns), in order.
         ``on_elicit`` / ``on_sample``: answer the server's elicitation (form
         and URL) / sampling (with tools) requests of this call; without them
-        the server is told this client does not support them."""
+        the server is told this client does not support them.
+        ``on_log``: the log messages of the server (any caller's, while this
+        call runs on it: MCP's do not say which call they are about), each
+        with the server's name, before this returns."""
         token: int | None = None
         on_note: NoteCallback | None = None
         answers = {ELICIT: on_elicit, SAMPLE: on_sample}
@@ -458,6 +461,8 @@ class Client:
             capabilities["elicitation"] = {"form": {}, "url": {}}
         if on_sample is not None:
             capabilities["sampling"] = {"tools": {}}
+        if on_log is not None:
+            capabilities["logging"] = {}
         if not capabilities.keys() <= (self._declared or {}).keys():
             self.hello(capabilities={**(self._declared or {}), **capabilities})
         if on_progress is not None:
@@ -467,6 +472,9 @@ class Client:
             def on_note(note: Notification) -> None:
                 if note.id is not None:
                     self._asked(note.id, note, answers.get(note.method))
+                    return
+                if on_log is not None and (logged := decode_log(note)) is not None:
+                    on_log(logged)
                     return
                 report = decode_progress(note)
                 if on_progress and report and report.progress_token == token:

@@ -62,6 +62,7 @@ class CallLife:
         "aborted",
         "asker",
         "gone",
+        "log_level",
         "reason",
         "scope",
         "send",
@@ -89,6 +90,9 @@ class CallLife:
         self.asker: Asker | None = None
         """How an upstream's request reaches this request's client, when its
         front offers it (``offer_asks``)."""
+        self.log_level: str | None = None
+        """The lowest level of the server's log messages this request's client
+        hears (``want_logs``); a 2026-07-28 upstream is asked for them."""
 
     def cancel(self) -> None:
         """The client asked to stop (MCP's ``notifications/cancelled``): the
@@ -146,6 +150,21 @@ def aborted_reason() -> str:
     """``client_gone`` or ``cancelled`` (for the audit record of an aborted call)."""
     life = current.get()
     return "client_gone" if life is None else life.reason
+
+
+def want_logs(level: str) -> None:
+    """The running request's client hears its server's log messages from
+    ``level`` on (MCP's levels): a 2026-07-28 upstream, which logs only to
+    requests that opt in, is asked for them (``_meta`` log level)."""
+    life = current.get()
+    if life is not None:
+        life.log_level = level
+
+
+def client_log_level() -> str | None:
+    """The running request's log level (``want_logs``), if its client asked."""
+    life = current.get()
+    return None if life is None else life.log_level
 
 
 # --- requests back to the client ----------------------------------------------

@@ -95,7 +95,7 @@ from memorizz.api.protocol import Reply, Request
 from memorizzd import __version__
 from memorizzd.broker import Broker
 from memorizzd.caller import Caller
-from memorizzd.calllife import client_session, offer_asks
+from memorizzd.calllife import client_session, offer_asks, want_logs
 from memorizzd.calls import ProgressReport, progress_to_client
 from memorizzd.names import exposed_names
 from memorizzd.rpc.answers import parse_line, take
@@ -654,6 +654,9 @@ class FaceDispatcher:
             )
         progress = _progress_to(call)
         session = client_session()
+        level = None if session is None else self._levels.get(cast(Session, session))
+        if level is not None:  # a 2026-07-28 upstream logs to calls that ask
+            want_logs(_LEVELS[level])
         if session is not None and not _stamped(params):
             # the handshake era: what the upstream asks goes to this client
             # (2026-07-28 has no server-to-client requests: none is offered)

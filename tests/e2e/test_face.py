@@ -514,7 +514,7 @@ def test_an_upstreams_log_messages_reach_the_sessions_that_asked(
     """A session that set a level hears the server's log message, with the
     server's name as its logger; one that set none hears nothing. (A
     handshake-era upstream logs unasked; a 2026-07-28 one only to a request
-    that opts in, which the daemon does not yet do.)"""
+    that opts in: tests/e2e/test_face_logs_modern.py.)"""
     with contextlib.ExitStack() as stack:
         if transport == "stdio":
             spec = stdio_spec("alpha", protocol="legacy")

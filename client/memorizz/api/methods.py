@@ -266,6 +266,33 @@ class ProgressNotification(msgspec.Struct, kw_only=True):
     params: ProgressParams
 
 
+LogLevel = Literal[
+    "debug", "info", "notice", "warning", "error", "critical", "alert", "emergency"
+]
+"""MCP's log levels, lowest first."""
+
+
+class LogParams(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One log message of the server a call runs on (MCP
+    ``notifications/message``), with the server's name: sent to a connection
+    that asked for them (``daemon/hello`` capabilities ``logging``) while it
+    has a call in flight on that server. ``logger`` is there when the server
+    named one."""
+
+    server: str
+    level: LogLevel
+    data: Any = None
+    logger: str | None = None
+
+
+class LogNotification(msgspec.Struct, kw_only=True):
+    """The line the daemon sends unasked for a log message (no ``id``)."""
+
+    jsonrpc: Literal["2.0"] = "2.0"
+    method: Literal["notifications/message"] = "notifications/message"
+    params: LogParams
+
+
 class ToolsCallResult(Result, kw_only=True, rename="camel", omit_defaults=True):
     content: list[dict[str, Any]] = msgspec.field(default_factory=list)
     """Always present in a tool's result (MCP requires it), even when empty;
@@ -344,7 +371,10 @@ class DaemonHelloParams(Params, kw_only=True, frozen=True):
     client capabilities spell it: ``elicitation`` (``{"form": {}, "url": {}}``)
     and ``sampling`` (``{"tools": {}}``). An upstream's request of a call is
     then sent to it as a request line on this connection (``ElicitRequest``,
-    ``SampleRequest``); without them, the upstream is refused at once."""
+    ``SampleRequest``); without them, the upstream is refused at once.
+    ``logging`` (``{}``, or ``{"level": "warning"}``: from that level on) asks
+    for the log messages of the servers its calls run on, while they run
+    (``LogNotification`` lines before the reply)."""
 
 
 class DaemonHelloResult(Result, kw_only=True):
@@ -371,48 +401,6 @@ class DaemonStatusResult(Result, kw_only=True):
     rss_bytes: int
     agent_sockets: dict[str, str] = {}
     """Profile name -> the path of its agent socket (``socket`` is the operator's)."""
-    last_reload: ReloadStatus | None = None
-    """The last reload (``daemon/reload`` or SIGHUP) since start; None: none yet."""
-
-
-class ReloadStatus(msgspec.Struct, kw_only=True):
-    """How the last reload went (kept until the next one)."""
-
-    time: float
-    """When it ran (Unix time)."""
-    ok: bool
-    """False: the file was refused and nothing changed (``message`` says why)."""
-    message: str
-    """What changed, or why the file was refused."""
-    trigger: Literal["api", "signal"]
-    """``daemon/reload`` or SIGHUP (``systemctl reload``)."""
-
-
-class DaemonReloadParams(Params, kw_only=True, frozen=True):
-    pass
-
-
-class DaemonReloadResult(Result, kw_only=True):
-    """What a reload changed: config-file servers by name (servers added
-    through the API are not touched), profiles by name, settings by key."""
-
-    config_path: str
-    servers_started: list[str] = []
-    servers_restarted: list[str] = []
-    """Their spec changed: reconnected with the new one."""
-    servers_updated: list[str] = []
-    """Only their tool policy changed (allow_tools, block_tools, risk, ...):
-    applied to the warm session, not reconnected."""
-    servers_stopped: list[str] = []
-    """Removed from the file: their in-flight calls finish, then they stop."""
-    servers_unchanged: list[str] = []
-    profiles_added: list[str] = []
-    profiles_removed: list[str] = []
-    profiles_changed: list[str] = []
-    settings_changed: list[str] = []
-    """Other keys whose new values apply now (to calls that start from now on)."""
-    restart_required: list[str] = []
-    """Keys whose new values are not applied: they take a restart."""
 
 
 class ServerSpec(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
@@ -911,12 +899,6 @@ DAEMON_STATUS: Final = _own(
     DaemonStatusResult,
     "Daemon version, uptime, counts.",
 )
-DAEMON_RELOAD: Final = _own(
-    "daemon/reload",
-    DaemonReloadParams,
-    DaemonReloadResult,
-    "Re-read the config file and apply what changed (as SIGHUP).",
-)
 SERVERS_LIST: Final = _own(
     "servers/list", ServersListParams, ServersListResult, "Configured servers."
 )
@@ -1045,7 +1027,6 @@ METHODS: Final[dict[str, Method[Any, Any]]] = {
     for method in (
         DAEMON_HELLO,
         DAEMON_STATUS,
-        DAEMON_RELOAD,
         SERVERS_LIST,
         SERVERS_ADD,
         SERVERS_REMOVE,

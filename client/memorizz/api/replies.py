@@ -43,6 +43,7 @@ class _Message(msgspec.Struct):
 
 _decode_message = msgspec.json.Decoder(_Message).decode
 _decode_progress = msgspec.json.Decoder(m.ProgressParams).decode
+_decode_log = msgspec.json.Decoder(m.LogParams).decode
 
 
 def notification(raw: bytes) -> Notification | None:
@@ -67,6 +68,17 @@ def decode_progress(note: Notification) -> m.ProgressParams | None:
         return None
     try:
         return _decode_progress(note.params)
+    except msgspec.DecodeError:
+        return None
+
+
+def decode_log(note: Notification) -> m.LogParams | None:
+    """A ``notifications/message`` (a server's log message)'s params;
+    ``None`` for any other notification or a malformed one."""
+    if note.method != "notifications/message":
+        return None
+    try:
+        return _decode_log(note.params)
     except msgspec.DecodeError:
         return None
 

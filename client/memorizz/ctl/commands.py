@@ -38,7 +38,6 @@ from memorizz.ctl.render import (
     render_prompts,
     render_proposal,
     render_proposals,
-    render_reload,
     render_resources,
     render_servers,
     render_status,
@@ -47,7 +46,13 @@ from memorizz.ctl.render import (
     render_tools,
 )
 from memorizz.ctl.serve import bridge, bridge_for, scope_line
-from memorizz.ctl.text import ProgressLine, Prompter, format_ms, to_json
+from memorizz.ctl.text import (
+    ProgressLine,
+    Prompter,
+    format_log,
+    format_ms,
+    to_json,
+)
 
 Command = Callable[[Client, argparse.Namespace], int]
 
@@ -189,7 +194,8 @@ def show_call(result: m.ToolsCallResult, *, as_json: bool) -> int:
 
 
 def cmd_mcp_call(client: Client, args: argparse.Namespace) -> int:
-    """The call, its progress (if the server reports any) on stderr as it runs;
+    """The call, its progress (if the server reports any) on stderr as it runs,
+    and with ``--verbose`` the server's log messages (``[server] level: text``);
     on a terminal, the server's elicitations are answered by prompting (else
     the server is told this client answers none)."""
     line = ProgressLine(sys.stderr)
@@ -202,6 +208,11 @@ def cmd_mcp_call(client: Client, args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             on_progress=lambda p: line.show(p.progress, p.total, p.message),
             on_elicit=None if prompter is None else prompter.answer,
+            on_log=(
+                (lambda n: line.note(format_log(n.server, n.level, n.data)))
+                if args.verbose
+                else None
+            ),
         )
     finally:
         line.clear()
@@ -293,12 +304,6 @@ def cmd_daemon_status(client: Client, args: argparse.Namespace) -> int:
 
 METRICS_SOCKET = "metrics.sock"
 _METRICS_MAX = 64 << 20
-
-
-def cmd_daemon_reload(client: Client, args: argparse.Namespace) -> int:
-    result = client.daemon_reload()
-    _show(args, result, render_reload(result))
-    return EXIT_OK
 
 
 def cmd_daemon_metrics(client: Client, args: argparse.Namespace) -> int:

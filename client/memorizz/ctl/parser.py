@@ -33,7 +33,6 @@ from memorizz.ctl.commands import (
     Command,
     cmd_audit,
     cmd_daemon_metrics,
-    cmd_daemon_reload,
     cmd_daemon_status,
     cmd_mcp_add,
     cmd_mcp_approvals,
@@ -215,12 +214,6 @@ def _vault(vault: _Lazy) -> None:
 
 def _daemon(daemon: _Lazy) -> None:
     _leaf(daemon, "status", cmd_daemon_status, "version, uptime and counts")
-    _leaf(
-        daemon,
-        "reload",
-        cmd_daemon_reload,
-        "re-read the config file and apply what changed (as SIGHUP)",
-    )
     _leaf(
         daemon,
         "metrics",
@@ -422,6 +415,12 @@ def _call(p: argparse.ArgumentParser) -> None:
         help="the tool's arguments as a JSON object; @FILE reads it from FILE, - from stdin",
     )
     _timeout(p)
+    p.add_argument(
+        "-v",
+        "--verbose",
+        action="store_true",
+        help="show the server's log messages on stderr while the call runs",
+    )
 
 
 def _read(p: argparse.ArgumentParser) -> None:

@@ -101,6 +101,13 @@ def format_progress(
     return f"progress: {shown}  {text}" if text else f"progress: {shown}"
 
 
+def format_log(server: str, level: str, data: object) -> str:
+    """A server's log message as ``mcp call --verbose`` shows it:
+    ``[server] level: message`` (a message that is not text, as JSON)."""
+    text = data if isinstance(data, str) else msgspec.json.encode(data).decode()
+    return f"[{server}] {level}: {text}"
+
+
 class ProgressLine:
     """A call's progress on ``stream`` (stderr): one line rewritten in place on
     a terminal, one plain line per report otherwise (a log, a pipe)."""
@@ -120,6 +127,12 @@ class ProgressLine:
             self._stream.write(line + "\n")
         self._stream.flush()
         self._shown = True
+
+    def note(self, text: str) -> None:
+        """A line of its own (a log message), above the progress line."""
+        self.clear()
+        self._stream.write(text + "\n")
+        self._stream.flush()
 
     def clear(self) -> None:
         """Before the result: wipe the terminal's progress line, if one is shown."""

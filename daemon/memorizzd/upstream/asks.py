@@ -29,7 +29,7 @@ from memorizzd.calllife import (
     METHOD_NOT_FOUND,
     Asker,
     AskRefused,
-    client_asker,
+    current,
 )
 
 log = logging.getLogger("memorizzd.upstream.asks")
@@ -50,10 +50,13 @@ class Call:
     """One call in flight: its caller's ``Asker`` (None: its client answers
     nothing), and what it waits for from that client."""
 
-    __slots__ = ("asker", "scopes", "token")
+    __slots__ = ("asker", "log_level", "scopes", "token")
 
-    def __init__(self, asker: Asker | None) -> None:
+    def __init__(self, asker: Asker | None, log_level: str | None = None) -> None:
         self.asker = asker
+        self.log_level = log_level
+        """The caller hears the server's log messages from this level on: a
+        2026-07-28 server is asked for them (``calllife.want_logs``)."""
         self.token: str | None = None
         self.scopes: set[anyio.CancelScope] = set()
 
@@ -67,9 +70,13 @@ class InFlight:
         self._keys = itertools.count()
 
     def enter(self) -> tuple[int, Call]:
-        """A call begins (in its caller's task: its ``Asker`` is read here)."""
+        """A call begins (in its caller's task: its ``Asker`` and log level
+        are read here)."""
         key = next(self._keys)
-        call = self._calls[key] = Call(client_asker())
+        life = current.get()
+        call = self._calls[key] = (
+            Call(None) if life is None else Call(life.asker, life.log_level)
+        )
         return key, call
 
     def leave(self, key: int) -> None:

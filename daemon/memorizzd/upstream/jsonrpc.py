@@ -73,6 +73,8 @@ _PROTOCOL_VERSION_KEY: Final = "io.modelcontextprotocol/protocolVersion"
 _CLIENT_INFO_KEY: Final = "io.modelcontextprotocol/clientInfo"
 _CLIENT_CAPABILITIES_KEY: Final = "io.modelcontextprotocol/clientCapabilities"
 _SERVER_INFO_KEY: Final = "io.modelcontextprotocol/serverInfo"
+LOG_LEVEL_KEY: Final = b"io.modelcontextprotocol/logLevel"
+"""2026-07-28: a request's ``_meta`` member that asks for the server's logs."""
 _CLIENT_INFO: Final = {"name": "memorizzd", "version": __version__}
 _NOT_CANCELLED: Final = frozenset({"initialize", "server/discover", "ping"})
 _ASKS: Final[dict[str, Any]] = {
@@ -212,18 +214,29 @@ class JsonRpcSession:
         finally:
             self._in_flight.leave(key)
 
+    def _logs(self, call: Call) -> bytes:
+        """The ``_meta`` member with the caller's log level added, when it
+        asked for log messages and the server speaks 2026-07-28 (it logs only
+        to requests that opt in); else ``_meta`` as it is."""
+        if call.log_level is None or not self._meta:
+            return self._meta
+        stamp = b'"' + LOG_LEVEL_KEY + b'":' + _encode(call.log_level) + b","
+        return b',"_meta":{' + stamp + self._meta[len(b',"_meta":{') :]
+
     async def _call_tool(
         self, name: str, arguments: bytes, progress: ProgressHandler | None, call: Call
     ) -> ToolResult:
         params = b'{"name":' + _encode(name) + b',"arguments":' + arguments
-        if progress is None:
+        if progress is None and call.log_level is None:
             raw = await self._request("tools/call", params + self._meta + b"}")
+        elif progress is None:  # the caller hears the server's logs (2026-07-28)
+            raw = await self._request("tools/call", params + self._logs(call) + b"}")
         else:  # a token of ours in _meta: its notifications come to progress
             token = call.token = f"mz-{next(self._progress_ids)}"
             self._progress[token] = progress
             stamp = b'"progressToken":' + _encode(token)
             meta = (
-                b',"_meta":{' + stamp + b"," + self._meta[len(b',"_meta":{') :]
+                b',"_meta":{' + stamp + b"," + self._logs(call)[len(b',"_meta":{') :]
                 if self._meta
                 else b',"_meta":{' + stamp + b"}"
             )

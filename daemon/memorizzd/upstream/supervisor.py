@@ -44,6 +44,7 @@ from memorizzd.stored import fingerprint
 from memorizzd.upstream import errors
 from memorizzd.upstream.connection import Connection
 from memorizzd.upstream.jsonrpc import MODERN, Launch, open_session
+from memorizzd.upstream.logs import LogSink, tell
 from memorizzd.upstream.replicas import open_replicas
 from memorizzd.upstream.stdio import StdioProcess, child_environment
 from memorizzd.upstream.subscriptions import Subscriptions
@@ -131,6 +132,8 @@ class Supervisor:
         )
         self._noticed = anyio.Event()
         self.subscriptions = Subscriptions()
+        self.log_sinks: set[LogSink] = set()
+        """Socket calls in flight whose clients hear the server's log messages."""
         """The resource URIs callers hold, subscribed upstream once each."""
         self._checking: anyio.Event | None = None
         """While such a probe runs: set when it has its answer."""
@@ -215,19 +218,6 @@ class Supervisor:
         self.last_error = reason
         self.last_failure = kind
         self._stopped.set()
-
-    def reconfigure(self, config: Config, spec: m.ServerSpec | None = None) -> bool:
-        """A reload, in one synchronous step: the new config (and a spec that
-        differs only in its tool policy), the tool verdicts decided again from
-        the cached listing. True: what callers see changed (``announce_tools``)."""
-        self._config = config
-        if spec is not None:
-            self.spec = spec
-        return self._tools.reconfigure(config, self.spec)
-
-    async def announce_tools(self) -> None:
-        """Tell the tools listener (approvals, the MCP face) the current listing."""
-        await self._tools.announce()
 
     async def stop(self) -> None:
         if self._scope is not None:
@@ -420,6 +410,8 @@ class Supervisor:
         if method == "notifications/tools/list_changed":
             self._tools_changed()
         elif method in NOTICES:
+            if method == "notifications/message" and self.log_sinks:
+                tell(self.log_sinks, self.name, params)  # in order, before the result
             self._notices.append((method, params))  # the oldest go past NOTICES_MAX
             self._noticed.set()
 
