@@ -304,6 +304,10 @@ class Client:
     def daemon_status(self) -> m.DaemonStatusResult:
         return self.call(m.DAEMON_STATUS, m.DaemonStatusParams())
 
+    def daemon_reload(self) -> m.DaemonReloadResult:
+        """Re-read the daemon's config file and apply what changed."""
+        return self.call(m.DAEMON_RELOAD, m.DaemonReloadParams())
+
     def ping(self, server: str | None = None) -> m.PingResult:
         return self.call(m.PING, m.PingParams(server=server))
 

@@ -401,6 +401,48 @@ class DaemonStatusResult(Result, kw_only=True):
     rss_bytes: int
     agent_sockets: dict[str, str] = {}
     """Profile name -> the path of its agent socket (``socket`` is the operator's)."""
+    last_reload: ReloadStatus | None = None
+    """The last reload (``daemon/reload`` or SIGHUP) since start; None: none yet."""
+
+
+class ReloadStatus(msgspec.Struct, kw_only=True):
+    """How the last reload went (kept until the next one)."""
+
+    time: float
+    """When it ran (Unix time)."""
+    ok: bool
+    """False: the file was refused and nothing changed (``message`` says why)."""
+    message: str
+    """What changed, or why the file was refused."""
+    trigger: Literal["api", "signal"]
+    """``daemon/reload`` or SIGHUP (``systemctl reload``)."""
+
+
+class DaemonReloadParams(Params, kw_only=True, frozen=True):
+    pass
+
+
+class DaemonReloadResult(Result, kw_only=True):
+    """What a reload changed: config-file servers by name (servers added
+    through the API are not touched), profiles by name, settings by key."""
+
+    config_path: str
+    servers_started: list[str] = []
+    servers_restarted: list[str] = []
+    """Their spec changed: reconnected with the new one."""
+    servers_updated: list[str] = []
+    """Only their tool policy changed (allow_tools, block_tools, risk, ...):
+    applied to the warm session, not reconnected."""
+    servers_stopped: list[str] = []
+    """Removed from the file: their in-flight calls finish, then they stop."""
+    servers_unchanged: list[str] = []
+    profiles_added: list[str] = []
+    profiles_removed: list[str] = []
+    profiles_changed: list[str] = []
+    settings_changed: list[str] = []
+    """Other keys whose new values apply now (to calls that start from now on)."""
+    restart_required: list[str] = []
+    """Keys whose new values are not applied: they take a restart."""
 
 
 class ServerSpec(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
@@ -899,6 +941,12 @@ DAEMON_STATUS: Final = _own(
     DaemonStatusResult,
     "Daemon version, uptime, counts.",
 )
+DAEMON_RELOAD: Final = _own(
+    "daemon/reload",
+    DaemonReloadParams,
+    DaemonReloadResult,
+    "Re-read the config file and apply what changed (as SIGHUP).",
+)
 SERVERS_LIST: Final = _own(
     "servers/list", ServersListParams, ServersListResult, "Configured servers."
 )
@@ -1027,6 +1075,7 @@ METHODS: Final[dict[str, Method[Any, Any]]] = {
     for method in (
         DAEMON_HELLO,
         DAEMON_STATUS,
+        DAEMON_RELOAD,
         SERVERS_LIST,
         SERVERS_ADD,
         SERVERS_REMOVE,

@@ -38,6 +38,7 @@ from memorizz.ctl.render import (
     render_prompts,
     render_proposal,
     render_proposals,
+    render_reload,
     render_resources,
     render_servers,
     render_status,
@@ -304,6 +305,12 @@ def cmd_daemon_status(client: Client, args: argparse.Namespace) -> int:
 
 METRICS_SOCKET = "metrics.sock"
 _METRICS_MAX = 64 << 20
+
+
+def cmd_daemon_reload(client: Client, args: argparse.Namespace) -> int:
+    result = client.daemon_reload()
+    _show(args, result, render_reload(result))
+    return EXIT_OK
 
 
 def cmd_daemon_metrics(client: Client, args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ from memorizz.ctl.commands import (
     Command,
     cmd_audit,
     cmd_daemon_metrics,
+    cmd_daemon_reload,
     cmd_daemon_status,
     cmd_mcp_add,
     cmd_mcp_approvals,
@@ -214,6 +215,12 @@ def _vault(vault: _Lazy) -> None:
 
 def _daemon(daemon: _Lazy) -> None:
     _leaf(daemon, "status", cmd_daemon_status, "version, uptime and counts")
+    _leaf(
+        daemon,
+        "reload",
+        cmd_daemon_reload,
+        "re-read the config file and apply what changed (as SIGHUP)",
+    )
     _leaf(
         daemon,
         "metrics",

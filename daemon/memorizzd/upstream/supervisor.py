@@ -219,6 +219,19 @@ class Supervisor:
         self.last_failure = kind
         self._stopped.set()
 
+    def reconfigure(self, config: Config, spec: m.ServerSpec | None = None) -> bool:
+        """A reload, in one synchronous step: the new config (and a spec that
+        differs only in its tool policy), the tool verdicts decided again from
+        the cached listing. True: what callers see changed (``announce_tools``)."""
+        self._config = config
+        if spec is not None:
+            self.spec = spec
+        return self._tools.reconfigure(config, self.spec)
+
+    async def announce_tools(self) -> None:
+        """Tell the tools listener (approvals, the MCP face) the current listing."""
+        await self._tools.announce()
+
     async def stop(self) -> None:
         if self._scope is not None:
             self._scope.cancel()
