@@ -123,6 +123,9 @@ class Calls:
                 upstream = self._scope(caller, server)
                 deadline = upstream.deadline_for(timeout_s)
                 decided, listed = await upstream.tool_verdict(tool, deadline=deadline)
+                if decided.fixed:  # the server's fixed arguments (a preset's workspace)
+                    value = {**read.value, **dict(decided.fixed)}
+                    read = self._auditor.call_arguments(_encode(value), value)
                 verdict = {"risk": decided.risk, "decision": decided.decision}
                 if decided.decision == "ask" and not decided.blocked:
                     approved = (

@@ -21,6 +21,7 @@ import msgspec
 
 from memorizz.api.errors import RemoteError
 from memorizz.api.methods import Decision, ServerSpec
+from memorizz.api.presets import expand_preset, find_preset
 from memorizz.api.protocol import MAX_FRAME, default_runtime_dir
 from memorizz.api.spec import SERVER_NAME_MAX, check_server_spec
 from memorizzd.egress.urls import normalise_pattern
@@ -265,7 +266,10 @@ def load(
             raw = tomllib.loads(config_path.read_text(encoding="utf-8"))
             if "config_path" in raw:
                 raise ConfigError(f"{config_path}: unknown key config_path")
-            servers = msgspec.convert(raw.pop("servers", []), list[ConfigServer])
+            servers = msgspec.convert(
+                _preset_transports(raw.pop("servers", []), config_path),
+                list[ConfigServer],
+            )
             config = msgspec.convert(raw, Config)
             config.servers = [
                 msgspec.convert(msgspec.to_builtins(s), ServerSpec) for s in servers
@@ -317,8 +321,9 @@ def load(
     _check_metrics(config.metrics, config_path)
     _check_access(config, config_path)
     seen: set[str] = set()
-    for i, spec in enumerate(config.servers):
+    for i, given in enumerate(config.servers):
         try:
+            spec = config.servers[i] = expand_preset(given)  # preset = "..."
             check_server_spec(spec)  # the same checks as servers/add and the CLI
         except RemoteError as exc:
             raise ConfigError(f"{config_path}: $.servers[{i}]: {exc.message}") from None
@@ -414,6 +419,26 @@ def _check_access(config: Config, where: Path | None) -> None:
                 )
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def _preset_transports(servers: object, where: Path) -> object:
+    """``[[servers]]`` entries with a ``preset`` and no ``transport`` get the
+    preset's (the rest of the preset is applied to the decoded spec)."""
+    if not isinstance(servers, list):
+        return servers
+    filled: list[object] = []
+    for i, entry in enumerate(servers):
+        if isinstance(entry, dict) and "transport" not in entry:
+            preset = entry.get("preset")
+            if isinstance(preset, str):
+                try:
+                    entry = {**entry, "transport": find_preset(preset).transport}
+                except RemoteError as exc:
+                    raise ConfigError(
+                        f"{where}: $.servers[{i}]: {exc.message}"
+                    ) from None
+        filled.append(entry)
+    return filled
 
 
 def _where(exc: msgspec.ValidationError, raw: dict[str, object]) -> str:

@@ -67,6 +67,10 @@ class ProviderCatalog:
     patterns: tuple[tuple[str, Risk], ...] = field(default=())
     """``fnmatch`` globs for the provider's tools not named above; when several
     match, the highest class wins."""
+    agnostic: bool = True
+    """Its exact names count for servers no provider identifies (step 2 of
+    ``catalog_risk``); off for providers whose tool names are generic
+    (``search``, ``list_events``): they say nothing about anyone else's."""
 
     def risk(self, tool: str) -> Risk | None:
         found = self.tools.get(tool)
@@ -192,6 +196,83 @@ CATALOG: Final[tuple[ProviderCatalog, ...]] = (
             ("memory_*reset*", "destructive"),
         ),
     ),
+    ProviderCatalog(
+        provider="honcho",
+        markers=("honcho",),
+        # The hosted server's documented tools (mcp.honcho.dev); chat asks
+        # Honcho's reasoning about a peer and stores nothing.
+        tools=_tools(
+            read=("inspect_workspace", "list_workspaces", "search", "chat"),
+            write=(
+                "create_session",
+                "create_peer",
+                "add_peers_to_session",
+                "add_messages_to_session",
+            ),
+        ),
+        patterns=(
+            ("get_*", "read"),
+            ("list_*", "read"),
+            ("search*", "read"),
+            ("inspect_*", "read"),
+            ("create_*", "write"),
+            ("add_*", "write"),
+            ("update_*", "write"),
+            ("set_*", "write"),
+            ("*delete*", "destructive"),
+            ("*remove*", "destructive"),
+        ),
+        agnostic=False,
+    ),
+    ProviderCatalog(
+        provider="notion",
+        markers=("notion",),
+        # The hosted server's tools (mcp.notion.com); nothing it documents
+        # deletes (pages are moved, never removed).
+        tools=_tools(
+            read=(
+                "notion-search",
+                "notion-fetch",
+                "notion-get-comments",
+                "notion-get-teams",
+                "notion-get-users",
+                "notion-get-user",
+                "notion-get-self",
+                "notion-list-agents",
+            ),
+            write=(
+                "notion-create-pages",
+                "notion-update-page",
+                "notion-move-pages",
+                "notion-duplicate-page",
+                "notion-create-database",
+                "notion-update-database",
+                "notion-create-comment",
+            ),
+        ),
+        patterns=(
+            ("notion-get-*", "read"),
+            ("notion-list-*", "read"),
+            ("notion-query-*", "read"),
+            ("notion-*delete*", "destructive"),
+        ),
+    ),
+    ProviderCatalog(
+        provider="google-calendar",
+        markers=("calendarmcp", "google-calendar"),
+        tools=_tools(
+            read=(
+                "list_calendars",
+                "list_events",
+                "search_events",
+                "get_event",
+                "suggest_time",
+            ),
+            write=("create_event", "update_event", "respond_to_event"),
+            destructive=("delete_event",),
+        ),
+        agnostic=False,
+    ),
 )
 
 
@@ -199,6 +280,8 @@ def _agnostic(catalog: Iterable[ProviderCatalog]) -> Mapping[str, Risk]:
     """Every exact name, at the highest class any provider gives it."""
     table: dict[str, Risk] = {}
     for entry in catalog:
+        if not entry.agnostic:
+            continue
         for name, risk in entry.tools.items():
             known = table.get(name)
             table[name] = risk if known is None else higher(known, risk)
@@ -206,6 +289,19 @@ def _agnostic(catalog: Iterable[ProviderCatalog]) -> Mapping[str, Risk]:
 
 
 ANY_PROVIDER: Final[Mapping[str, Risk]] = _agnostic(CATALOG)
+
+
+def catalog_named(
+    provider: str, catalog: Iterable[ProviderCatalog] = CATALOG
+) -> ProviderCatalog | None:
+    """The catalog entry of ``provider`` (a preset's ``provider``)."""
+    return next((p for p in catalog if p.provider == provider), None)
+
+
+def preset_tools(provider: str) -> dict[str, Risk]:
+    """A provider's documented tools by name, with their classes."""
+    entry = catalog_named(provider)
+    return {} if entry is None else dict(entry.tools)
 
 
 def provider_hint(server_name: str | None, url: str | None = None) -> str:

@@ -91,6 +91,44 @@ def check_server_spec(spec: ServerSpec) -> None:
     if spec.replicas > 1 and spec.transport != "stdio":
         _invalid(f"{where}: replicas are for stdio servers")
     _check_roots(spec.roots, where)
+    _check_connection(spec, where)
+
+
+FIXED_ARGUMENTS_MAX: Final = 16
+INSTRUCTIONS_MAX: Final = 4000
+"""The longest instructions text taken (characters)."""
+_ARGUMENT_NAME: Final = re.compile(r"[A-Za-z0-9_.$-]{1,64}")
+
+
+def _check_connection(spec: ServerSpec, where: str) -> None:
+    """``workspace`` (with a preset), ``fixed_arguments``, ``instructions``."""
+    if spec.workspace is not None and (
+        spec.preset is None or not _clean(spec.workspace) or len(spec.workspace) > 256
+    ):
+        _invalid(
+            f"{where}: workspace needs a preset that takes one, and must be"
+            " printable text of at most 256 characters"
+        )
+    if len(spec.fixed_arguments) > FIXED_ARGUMENTS_MAX:
+        _invalid(f"{where}: at most {FIXED_ARGUMENTS_MAX} fixed_arguments")
+    for key, value in spec.fixed_arguments.items():
+        if not _ARGUMENT_NAME.fullmatch(key):
+            _invalid(f"{where}: fixed_arguments name {key[:80]!r} is not valid")
+        if not _clean(value) or len(value) > 256:
+            _invalid(
+                f"{where}: fixed_arguments {key!r} must be printable text of at"
+                " most 256 characters"
+            )
+    text = spec.instructions
+    if isinstance(text, str) and (
+        not text.strip()
+        or len(text) > INSTRUCTIONS_MAX
+        or not all(c.isprintable() or c in "\n\t" for c in text)
+    ):
+        _invalid(
+            f"{where}: instructions must be printable text of 1..{INSTRUCTIONS_MAX}"
+            " characters (false: none)"
+        )
 
 
 def _check_roots(roots: list[str], where: str) -> None:

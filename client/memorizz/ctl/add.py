@@ -33,6 +33,27 @@ def add_options(add: argparse.ArgumentParser) -> None:
     """Declare ``mcp add``'s arguments on its subparser."""
     add.add_argument("name", metavar="NAME")
     add.add_argument(
+        "--preset",
+        metavar="PRESET",
+        help="start from a connection preset (`mcp presets`); the other options"
+        " override it (--url too: a self-hosted or stand-in endpoint)",
+    )
+    add.add_argument(
+        "--workspace",
+        metavar="ID",
+        help="presets with a workspace (honcho): set on every call, never by callers",
+    )
+    add.add_argument(
+        "--instructions",
+        metavar="TEXT",
+        help="what agents are told about this server (default: the preset's)",
+    )
+    add.add_argument(
+        "--no-instructions",
+        action="store_true",
+        help="give agents no connection instructions for this server",
+    )
+    add.add_argument(
         "--transport",
         choices=get_args(m.Transport),
         help="default: stdio with --command, streamable_http with --url",
@@ -162,18 +183,26 @@ def add_options(add: argparse.ArgumentParser) -> None:
     add.set_defaults(trailing=[])
 
 
-def build_server_spec(args: argparse.Namespace) -> m.ServerSpec:
+def build_server_spec(
+    args: argparse.Namespace, preset: m.Preset | None = None
+) -> m.ServerSpec:
     """The ``ServerSpec`` for ``mcp add``; raise ``UsageError`` if it cannot work.
 
     The spec is checked here by the same function ``servers/add`` runs
     (``memorizz.api.spec``), so a spec that cannot work is refused before the
-    socket is touched, with the daemon's own message and ``reason``."""
+    socket is touched, with the daemon's own message and ``reason``. With a
+    ``preset`` (the daemon's, from ``presets/list``), the spec sent names it
+    and holds only what the command line gave; it is checked as the daemon
+    will expand it."""
     from memorizz.api.errors import RemoteError
+    from memorizz.api.presets import apply_preset
     from memorizz.api.spec import check_server_spec
 
     command: str | None = args.command
     url: str | None = args.url
     transport: str | None = args.transport
+    if transport is None and preset is not None:
+        transport = preset.transport
     if transport is None:  # the one thing only the command line can get wrong
         if command is not None and url is None:
             transport = "stdio"
@@ -189,6 +218,8 @@ def build_server_spec(args: argparse.Namespace) -> m.ServerSpec:
         if args.oauth
         else args.auth or ("bearer" if token is not None else "none")
     )
+    if args.instructions is not None and args.no_instructions:
+        raise UsageError("give --instructions or --no-instructions, not both")
     client_secret = args.client_secret
     if client_secret == "-":  # noqa: S105 - "-" means stdin
         client_secret = sys.stdin.read().strip()
@@ -219,9 +250,12 @@ def build_server_spec(args: argparse.Namespace) -> m.ServerSpec:
         oauth_token_endpoint_auth_method=args.token_endpoint_auth_method,
         oauth_scopes=list(args.scope),
         oauth_redirect_uri=args.redirect_uri,
+        preset=None if preset is None else preset.name,
+        workspace=args.workspace,
+        instructions=False if args.no_instructions else args.instructions,
     )
     try:
-        check_server_spec(spec)
+        check_server_spec(spec if preset is None else apply_preset(spec, preset))
     except RemoteError as exc:
         raise UsageError(f"{exc.message} ({exc.reason})") from None
     return spec

@@ -47,6 +47,48 @@ def render_servers(servers: Sequence[m.ServerInfo]) -> str:
     return format_table(["name", "transport", "state", "source", "target"], rows)
 
 
+def render_presets(presets: Sequence[m.Preset]) -> str:
+    """Each preset: its endpoint and auth, setup, and its tools' risks."""
+    if not presets:
+        return "no presets\n"
+    out: list[str] = []
+    for p in presets:
+        auth = "/".join([p.auth, *p.auth_alternatives])
+        if p.oauth_registration is not None:
+            auth += f" ({p.oauth_registration.replace('_', '-')} client)"
+        target = p.url or p.command or "(your command)"
+        out.append(f"{p.name}: {p.title}\n  {p.transport} {target}  auth: {auth}\n")
+        if p.oauth_scopes:
+            out.append(f"  scopes: {' '.join(p.oauth_scopes)}\n")
+        if p.workspace_arguments:
+            out.append(
+                f"  workspace: required (--workspace; into {', '.join(p.workspace_arguments)})\n"
+            )
+        if p.setup:
+            out.append(f"  setup: {p.setup}\n")
+        by_risk: dict[str, list[str]] = {}
+        for tool, risk in sorted(p.tools.items()):
+            by_risk.setdefault(risk, []).append(tool)
+        out.extend(
+            f"  {risk}: {', '.join(by_risk[risk])}\n"
+            for risk in ("read", "write", "destructive")
+            if risk in by_risk
+        )
+    return "".join(out)
+
+
+def render_added(info: m.ServerInfo, preset: m.Preset | None) -> str:
+    """What to do next after ``mcp add``: log in, and for a pre-registered
+    OAuth client the exact redirect URI to register with it."""
+    lines: list[str] = []
+    if info.auth == "oauth":
+        if preset is not None and preset.oauth_registration == "pre_registered":
+            uri = info.oauth_redirect_uri or m.DEFAULT_REDIRECT_URI
+            lines.append(f"register this redirect URI with the OAuth client: {uri}\n")
+        lines.append(f"next: {PROG} mcp login {info.name}\n")
+    return "".join(lines)
+
+
 def render_status(statuses: Sequence[m.ServerStatus], now: float) -> str:
     if not statuses:
         return "no servers configured\n"

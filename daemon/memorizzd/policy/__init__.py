@@ -33,6 +33,7 @@ destructive ask). A server's ``require_approval = true`` turns ``allow`` into
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
@@ -49,8 +50,10 @@ from memorizz.api.errors import (
     RemoteError,
 )
 from memorizz.api.methods import Decision, Risk
+from memorizz.api.presets import BY_NAME as PRESETS
 from memorizzd.presets import (
     ProviderCatalog,
+    catalog_named,
     catalog_risk,
     higher,
     provider_hint,
@@ -94,6 +97,9 @@ class ToolVerdict:
     """``deny`` for a blocked tool."""
     blocked: bool = False
     """Hidden by ``allow_tools`` / ``block_tools`` (refused as ``tool_blocked``)."""
+    fixed: tuple[tuple[str, str], ...] = ()
+    """The server's ``fixed_arguments`` this tool's input schema has: set on
+    every call (a caller's value replaced), hidden from the listed schema."""
 
 
 def tool_visible(
@@ -181,6 +187,7 @@ class ToolPolicy:
     operator_risk: Mapping[str, Risk] = field(default_factory=dict)
     decisions: DecisionTable = _DEFAULT_DECISIONS
     providers: tuple[ProviderCatalog, ...] = ()
+    fixed_arguments: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def for_server(
@@ -197,7 +204,8 @@ class ToolPolicy:
             require_approval=spec.require_approval,
             operator_risk=MappingProxyType(dict(spec.risk)),
             decisions=decisions,
-            providers=providers_for(provider_hint(server_name, spec.url)),
+            providers=_providers(spec, server_name),
+            fixed_arguments=MappingProxyType(dict(spec.fixed_arguments)),
         )
 
     def verdict(self, name: str, annotations: Mapping[str, Any] | None) -> ToolVerdict:
@@ -220,12 +228,14 @@ class ToolPolicy:
         verdicts: dict[str, ToolVerdict] = {}
         for tool in tools:
             verdict = self.verdict(tool.name, tool.annotations)
+            if self.fixed_arguments:
+                verdict = dataclasses.replace(verdict, fixed=self._fixed(tool))
             if (seen := verdicts.get(tool.name)) is not None:
                 verdict = _stricter(seen, verdict)  # a name listed twice
             verdicts[tool.name] = verdict
         visible = [
             msgspec.structs.replace(
-                tool,
+                self._projected(tool) if self.fixed_arguments else tool,
                 risk=verdicts[tool.name].risk,
                 decision=verdicts[tool.name].decision,
             )
@@ -233,6 +243,32 @@ class ToolPolicy:
             if not verdicts[tool.name].blocked
         ]
         return ToolsView(visible, verdicts, self)
+
+    def _fixed(self, tool: m.Tool) -> tuple[tuple[str, str], ...]:
+        """The fixed arguments the tool's input schema has."""
+        properties = tool.input_schema.get("properties")
+        if not isinstance(properties, dict):
+            return ()
+        return tuple(
+            (name, value)
+            for name, value in self.fixed_arguments.items()
+            if name in properties
+        )
+
+    def _projected(self, tool: m.Tool) -> m.Tool:
+        """The tool as callers see it: the fixed arguments' properties gone
+        from its input schema (and from ``required``)."""
+        hidden = {name for name, _ in self._fixed(tool)}
+        if not hidden:
+            return tool
+        schema = dict(tool.input_schema)
+        schema["properties"] = {
+            k: v for k, v in schema["properties"].items() if k not in hidden
+        }
+        required = schema.get("required")
+        if isinstance(required, list):
+            schema["required"] = [r for r in required if r not in hidden]
+        return msgspec.structs.replace(tool, input_schema=schema)
 
 
 @dataclass(frozen=True)  # (cached_property writes __dict__ directly: allowed)
@@ -260,6 +296,19 @@ class ToolsView:
         otherwise), and the upstream answers it as an unknown tool."""
         found = self.verdicts.get(name)
         return found if found is not None else self.policy.verdict(name, None)
+
+
+def _providers(
+    spec: m.ServerSpec, server_name: str | None
+) -> tuple[ProviderCatalog, ...]:
+    """The catalog entries for a server: its preset's provider (whatever the
+    server calls itself), and any its serverInfo name or URL host identify."""
+    found = providers_for(provider_hint(server_name, spec.url))
+    preset = PRESETS.get(spec.preset) if spec.preset is not None else None
+    entry = catalog_named(preset.provider) if preset is not None else None
+    if entry is not None and entry not in found:
+        found = (entry, *found)
+    return found
 
 
 def refusal(verdict: ToolVerdict, *, server: str, tool: str) -> RemoteError:
