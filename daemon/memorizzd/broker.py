@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
 import msgspec
@@ -30,7 +30,6 @@ from memorizz.api.errors import (
     UnavailableError,
     UnsupportedProtocolError,
 )
-from memorizz.api.presets import PRESETS, expand_preset, instructions_of
 from memorizz.api.protocol import PROTOCOL_VERSION
 from memorizz.api.spec import check_server_spec
 from memorizzd import __version__, stored
@@ -38,16 +37,22 @@ from memorizzd.approval_methods import ApprovalMethods
 from memorizzd.approvals import ApprovalBook
 from memorizzd.audit import REFUSALS, Auditor
 from memorizzd.caller import Caller, Handler
-from memorizzd.calllife import declare, declared, offer_asks
+from memorizzd.calllife import (
+    client_send,
+    declare,
+    declared,
+    offer_asks,
+    want_logs,
+)
 from memorizzd.calls import Calls, ProgressReport, progress_to_client
 from memorizzd.config import Config
 from memorizzd.egress.urls import check_server_url
 from memorizzd.execution import resolve_command
 from memorizzd.names import exposed_names, renamed
-from memorizzd.presets import preset_tools
 from memorizzd.store import Store
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
+from memorizzd.upstream.logs import LEVELS, LogSink
 from memorizzd.upstream.pool import Pool, unknown_server
 from memorizzd.vault import (
     CredentialStore,
@@ -128,7 +133,6 @@ class Broker:
             m.DAEMON_STATUS: self.daemon_status,
             m.DAEMON_RELOAD: self.daemon_reload,
             m.SERVERS_LIST: self.servers_list,
-            m.PRESETS_LIST: self.presets_list,
             m.SERVERS_ADD: self._audited_servers_add,
             m.SERVERS_REMOVE: self._audited_servers_remove,
             m.SERVERS_STATUS: self.servers_status,
@@ -262,8 +266,10 @@ class Broker:
             return await self._task_call(caller, p)
         # what the upstream asks during the call goes to this connection's
         # client, if it said it answers that (daemon/hello capabilities)
-        offer_asks(declared(), self.config.upstream_request_wait_s)
-        return await self._tool_calls.call(
+        capabilities = declared()
+        offer_asks(capabilities, self.config.upstream_request_wait_s)
+        call = partial(
+            self._tool_calls.call,
             caller,
             p.server,
             tool=p.name,
@@ -271,6 +277,15 @@ class Broker:
             timeout_s=p.timeout_s,
             progress=_progress_to(p.progress_token),
         )
+        sink = _logs_to(capabilities.get("logging"))
+        if sink is None:
+            return await call()
+        # the server's log messages while the call runs, if this client asked
+        try:
+            upstream = self.scoped(caller, p.server)
+        except RemoteError:  # refused by the pipeline, and audited there
+            return await call()
+        return await sink.forwarding(upstream.log_sinks, call)
 
     async def _audited_servers_add(
         self, caller: Caller, p: m.ServersAddParams
@@ -481,21 +496,6 @@ class Broker:
             oauth_scopes=list(spec.oauth_scopes),
             oauth_token_endpoint_auth_method=spec.oauth_token_endpoint_auth_method,
             oauth_redirect_uri=spec.oauth_redirect_uri,
-            preset=spec.preset,
-            workspace=spec.workspace,
-            fixed_arguments=dict(spec.fixed_arguments),
-            instructions=instructions_of(spec),
-        )
-
-    async def presets_list(
-        self, caller: Caller, p: m.PresetsListParams
-    ) -> m.PresetsListResult:
-        """The built-in presets, each with its provider's reviewed tools."""
-        return m.PresetsListResult(
-            presets=[
-                msgspec.structs.replace(preset, tools=preset_tools(preset.provider))
-                for preset in PRESETS
-            ]
         )
 
     async def servers_list(
@@ -506,7 +506,7 @@ class Broker:
     async def servers_add(
         self, caller: Caller, p: m.ServersAddParams
     ) -> m.ServersAddResult:
-        spec = expand_preset(p.server)  # a preset fills what the spec leaves out
+        spec = p.server
         # What needs no state first, as the CLI checks it (the same reason and
         # message), then the egress policy on the URL and the stdio allowlist.
         check_server_spec(spec)
@@ -586,12 +586,7 @@ class Broker:
         upstreams = [self._pool.get(p.name)] if p.name is not None else self._pool.all()
         shown = {u.name for u in upstreams}
         return m.ServersStatusResult(
-            servers=[
-                msgspec.structs.replace(
-                    u.status(), instructions=instructions_of(u.spec)
-                )
-                for u in upstreams
-            ],
+            servers=[u.status() for u in upstreams],
             face_renames=[r for r in self._face_renames() if r.server in shown],
         )
 
@@ -649,11 +644,8 @@ class Broker:
     async def tools_list(
         self, caller: Caller, p: m.ToolsListParams
     ) -> m.ToolsListResult:
-        upstream = self._get(caller, p.server)
-        tools = await upstream.list_tools(refresh=p.refresh)
-        return m.ToolsListResult(
-            tools=tools, instructions=instructions_of(upstream.spec)
-        )
+        tools = await self._get(caller, p.server).list_tools(refresh=p.refresh)
+        return m.ToolsListResult(tools=tools)
 
     async def resources_list(
         self, caller: Caller, p: m.ResourcesListParams
@@ -699,6 +691,32 @@ def _rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def _logs_to(asked: object) -> LogSink | None:
+    """Where a socket ``tools/call``'s server's log messages go, if its
+    connection asked for them (``daemon/hello`` capabilities ``logging``:
+    ``{}`` for every level, ``{"level": L}`` from ``L`` on):
+    ``notifications/message`` lines with the server's name, on its connection
+    (None: it asked for none, or cannot be sent to)."""
+    if not isinstance(asked, dict):
+        return None
+    level = asked.get("level", LEVELS[0])
+    send = client_send()
+    if send is None or level not in LEVELS:
+        return None
+    want_logs(level)  # a 2026-07-28 upstream logs only to requests that ask
+
+    def note(server: str, level: str, data: Any, logger: str | None) -> bytes:
+        params = m.LogParams(
+            server=server,
+            level=cast(m.LogLevel, level),
+            data=data,
+            logger=logger,
+        )
+        return _encoder.encode(m.LogNotification(params=params)) + b"\n"
+
+    return LogSink(send, level, note)
 
 
 def _progress_to(token: m.ProgressToken | None) -> ProgressHandler | None:
