@@ -316,6 +316,9 @@ class Client:
     def list_servers(self) -> list[m.ServerInfo]:
         return self.call(m.SERVERS_LIST, m.ServersListParams()).servers
 
+    def list_presets(self) -> list[m.Preset]:
+        return self.call(m.PRESETS_LIST, m.PresetsListParams()).presets
+
     def add_server(self, spec: m.ServerSpec) -> m.ServerInfo:
         return self.call(m.SERVERS_ADD, m.ServersAddParams(server=spec)).server
 

@@ -30,6 +30,7 @@ from memorizz.api.errors import (
     UnavailableError,
     UnsupportedProtocolError,
 )
+from memorizz.api.presets import PRESETS, expand_preset, instructions_of
 from memorizz.api.protocol import PROTOCOL_VERSION
 from memorizz.api.spec import check_server_spec
 from memorizzd import __version__, stored
@@ -49,6 +50,7 @@ from memorizzd.config import Config
 from memorizzd.egress.urls import check_server_url
 from memorizzd.execution import resolve_command
 from memorizzd.names import exposed_names, renamed
+from memorizzd.presets import preset_tools
 from memorizzd.store import Store
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
@@ -133,6 +135,7 @@ class Broker:
             m.DAEMON_STATUS: self.daemon_status,
             m.DAEMON_RELOAD: self.daemon_reload,
             m.SERVERS_LIST: self.servers_list,
+            m.PRESETS_LIST: self.presets_list,
             m.SERVERS_ADD: self._audited_servers_add,
             m.SERVERS_REMOVE: self._audited_servers_remove,
             m.SERVERS_STATUS: self.servers_status,
@@ -496,6 +499,21 @@ class Broker:
             oauth_scopes=list(spec.oauth_scopes),
             oauth_token_endpoint_auth_method=spec.oauth_token_endpoint_auth_method,
             oauth_redirect_uri=spec.oauth_redirect_uri,
+            preset=spec.preset,
+            workspace=spec.workspace,
+            fixed_arguments=dict(spec.fixed_arguments),
+            instructions=instructions_of(spec),
+        )
+
+    async def presets_list(
+        self, caller: Caller, p: m.PresetsListParams
+    ) -> m.PresetsListResult:
+        """The built-in presets, each with its provider's reviewed tools."""
+        return m.PresetsListResult(
+            presets=[
+                msgspec.structs.replace(preset, tools=preset_tools(preset.provider))
+                for preset in PRESETS
+            ]
         )
 
     async def servers_list(
@@ -506,7 +524,7 @@ class Broker:
     async def servers_add(
         self, caller: Caller, p: m.ServersAddParams
     ) -> m.ServersAddResult:
-        spec = p.server
+        spec = expand_preset(p.server)  # a preset fills what the spec leaves out
         # What needs no state first, as the CLI checks it (the same reason and
         # message), then the egress policy on the URL and the stdio allowlist.
         check_server_spec(spec)
@@ -586,7 +604,12 @@ class Broker:
         upstreams = [self._pool.get(p.name)] if p.name is not None else self._pool.all()
         shown = {u.name for u in upstreams}
         return m.ServersStatusResult(
-            servers=[u.status() for u in upstreams],
+            servers=[
+                msgspec.structs.replace(
+                    u.status(), instructions=instructions_of(u.spec)
+                )
+                for u in upstreams
+            ],
             face_renames=[r for r in self._face_renames() if r.server in shown],
         )
 
@@ -644,8 +667,11 @@ class Broker:
     async def tools_list(
         self, caller: Caller, p: m.ToolsListParams
     ) -> m.ToolsListResult:
-        tools = await self._get(caller, p.server).list_tools(refresh=p.refresh)
-        return m.ToolsListResult(tools=tools)
+        upstream = self._get(caller, p.server)
+        tools = await upstream.list_tools(refresh=p.refresh)
+        return m.ToolsListResult(
+            tools=tools, instructions=instructions_of(upstream.spec)
+        )
 
     async def resources_list(
         self, caller: Caller, p: m.ResourcesListParams

@@ -91,6 +91,7 @@ from memorizz.api.errors import (
     NotFoundError,
     RemoteError,
 )
+from memorizz.api.presets import instructions_of
 from memorizz.api.protocol import Reply, Request
 from memorizzd import __version__
 from memorizzd.broker import Broker
@@ -481,7 +482,7 @@ class FaceDispatcher:
             "protocolVersion": version,
             "capabilities": capabilities,
             "serverInfo": {"name": "memorizzd", "version": __version__},
-            "instructions": INSTRUCTIONS,
+            "instructions": self._instructions(caller),
         }
 
     async def _discover(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
@@ -489,9 +490,19 @@ class FaceDispatcher:
         return {
             "supportedVersions": [MODERN],
             "capabilities": self._capabilities(caller),
-            "instructions": INSTRUCTIONS,
+            "instructions": self._instructions(caller),
             "_meta": {_SERVER_INFO_KEY: {"name": "memorizzd", "version": __version__}},
         }
+
+    def _instructions(self, caller: Caller) -> str:
+        """The session's servers' connection instructions: a single server's
+        own, else ours with each server's, named."""
+        upstreams = self._in_scope(caller)
+        given = [(u.name, text) for u in upstreams if (text := instructions_of(u.spec))]
+        if len(upstreams) == 1 and given:
+            return given[0][1]
+        lines = [f"{name}: {text}" for name, text in given]
+        return "\n\n".join([INSTRUCTIONS, *lines]) if lines else INSTRUCTIONS
 
     def _capabilities(self, caller: Caller) -> dict[str, Any]:
         """What the face offers this session: always tools, resources, prompts

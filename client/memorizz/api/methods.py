@@ -48,6 +48,8 @@ TokenEndpointAuthMethod = Literal["none", "client_secret_basic", "client_secret_
 
 DEFAULT_TIMEOUT_S: Final = 60.0
 DEFAULT_MAX_RESULT_BYTES: Final = 2_000_000
+DEFAULT_REDIRECT_URI: Final = "http://127.0.0.1:33418/callback"
+"""An OAuth server's redirect URI unless ``oauth_redirect_uri`` says otherwise."""
 
 # Every number a caller sends is range-checked where it is decoded, so a
 # handler never sees one that SQLite, a timer or a sleep would choke on.
@@ -149,6 +151,8 @@ class ToolsListParams(ServerParams, kw_only=True, frozen=True):
 
 class ToolsListResult(Result, kw_only=True):
     tools: list[Tool]
+    instructions: str | None = None
+    """The server's connection instructions for agents (null: none)."""
 
 
 Arguments = Annotated[msgspec.Raw, msgspec.Meta(extra_json_schema={"type": "object"})]
@@ -503,6 +507,20 @@ class ServerSpec(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     """``file://`` URIs of absolute paths, declared to the server as the
     client's roots (``roots/list``). From the configuration, not a caller:
     callers share the server's one warm session."""
+    preset: str | None = None
+    """A connection preset (``presets/list``): it fills in what this spec
+    leaves at its default (``memorizz.api.presets``); kept as the server's
+    provenance, and its risk catalog applies whatever the server calls itself."""
+    workspace: str | None = None
+    """Presets with a workspace (``honcho``): configured once, set on every
+    call of a tool whose input schema has the preset's workspace argument."""
+    fixed_arguments: dict[str, str] = {}
+    """Tool arguments the daemon sets on every call of a tool whose input
+    schema has that property, replacing a caller's value; callers do not see
+    the property in the listed schema. Not secrets (shown in ``servers/list``)."""
+    instructions: str | bool | None = None
+    """What agents are told about this server (MCP ``instructions``): a text,
+    ``false`` for none; unset or ``true``: the preset's."""
 
 
 class ServerInfo(msgspec.Struct, kw_only=True):
@@ -537,6 +555,51 @@ class ServerInfo(msgspec.Struct, kw_only=True):
     oauth_scopes: list[str] = []
     oauth_token_endpoint_auth_method: TokenEndpointAuthMethod | None = None
     oauth_redirect_uri: str | None = None
+    preset: str | None = None
+    workspace: str | None = None
+    fixed_arguments: dict[str, str] = {}
+    instructions: str | None = None
+    """The connection instructions agents are given (null: none)."""
+
+
+class Preset(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """A connection preset (``memorizz.api.presets``): reviewed data, no secret."""
+
+    name: str
+    title: str
+    provider: str
+    """The daemon's risk catalog entry for this provider's tools."""
+    transport: Transport
+    url: str | None = None
+    command: str | None = None
+    args: list[str] = []
+    auth: AuthMode = "none"
+    auth_alternatives: list[AuthMode] = []
+    """Other auth kinds the provider takes (``notion``: bearer)."""
+    oauth_registration: Literal["dynamic", "pre_registered"] | None = None
+    """``pre_registered``: give ``oauth_client_id`` (and its secret)."""
+    oauth_authorization_server: str | None = None
+    """The authorization server the provider documents (for reference)."""
+    oauth_scopes: list[str] = []
+    only: list[str] = []
+    """The tool allow-list (``allow_tools``) a server from it starts with."""
+    workspace_arguments: list[str] = []
+    """Tool arguments ``workspace`` is projected into (non-empty: required)."""
+    setup: str = ""
+    """What to do on the provider's side, and which options to give."""
+    instructions: str = ""
+    """The connection instructions agents are given (``ServerSpec.instructions``)."""
+    tools: dict[str, Risk] = {}
+    """The provider's documented tools and their risk classes (the daemon's
+    catalog; ``presets/list`` fills it in)."""
+
+
+class PresetsListParams(Params, kw_only=True, frozen=True):
+    pass
+
+
+class PresetsListResult(Result, kw_only=True):
+    presets: list[Preset]
 
 
 class ServersListParams(Params, kw_only=True, frozen=True):
@@ -587,6 +650,8 @@ class ServerStatus(msgspec.Struct, kw_only=True):
     restarts: int
     auth: AuthStatus | None = None
     """OAuth servers: the grant (never a token)."""
+    instructions: str | None = None
+    """The connection instructions agents are given (null: none)."""
 
 
 class AuthStatus(msgspec.Struct, kw_only=True):
@@ -950,6 +1015,12 @@ DAEMON_RELOAD: Final = _own(
 SERVERS_LIST: Final = _own(
     "servers/list", ServersListParams, ServersListResult, "Configured servers."
 )
+PRESETS_LIST: Final = _own(
+    "presets/list",
+    PresetsListParams,
+    PresetsListResult,
+    "The connection presets servers/add takes.",
+)
 SERVERS_ADD: Final = _own(
     "servers/add",
     ServersAddParams,
@@ -1077,6 +1148,7 @@ METHODS: Final[dict[str, Method[Any, Any]]] = {
         DAEMON_STATUS,
         DAEMON_RELOAD,
         SERVERS_LIST,
+        PRESETS_LIST,
         SERVERS_ADD,
         SERVERS_REMOVE,
         SERVERS_STATUS,

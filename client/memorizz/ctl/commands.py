@@ -29,12 +29,14 @@ from memorizz.client import Client
 from memorizz.ctl.add import build_server_spec
 from memorizz.ctl.exits import EXIT_ERROR, EXIT_OK, EXIT_TEMPFAIL, UsageError
 from memorizz.ctl.render import (
+    render_added,
     render_audit,
     render_call,
     render_contents,
     render_daemon_status,
     render_login_done,
     render_messages,
+    render_presets,
     render_prompts,
     render_proposal,
     render_proposals,
@@ -69,10 +71,25 @@ def cmd_mcp_list(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_mcp_add(client: Client, args: argparse.Namespace) -> int:
-    spec = build_server_spec(args)
+    preset = None
+    if args.preset is not None:
+        known = {p.name: p for p in client.list_presets()}
+        preset = known.get(args.preset)
+        if preset is None:
+            raise UsageError(
+                f"unknown preset {args.preset!r} (known: {', '.join(known)})"
+            )
+    spec = build_server_spec(args, preset)
     info = client.add_server(spec)
     text = f"added {info.name} ({info.transport}, {info.state})\n"
+    text += render_added(info, preset)
     _show(args, m.ServersAddResult(server=info), text)
+    return EXIT_OK
+
+
+def cmd_mcp_presets(client: Client, args: argparse.Namespace) -> int:
+    presets = client.list_presets()
+    _show(args, m.PresetsListResult(presets=presets), render_presets(presets))
     return EXIT_OK
 
 

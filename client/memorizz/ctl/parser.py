@@ -43,6 +43,7 @@ from memorizz.ctl.commands import (
     cmd_mcp_list,
     cmd_mcp_login,
     cmd_mcp_logout,
+    cmd_mcp_presets,
     cmd_mcp_prompt,
     cmd_mcp_prompts,
     cmd_mcp_read,
@@ -242,6 +243,12 @@ def _mcp(mcp: _Lazy) -> None:
     _leaf(mcp, "list", cmd_mcp_list, "list configured servers")
     _leaf(
         mcp,
+        "presets",
+        cmd_mcp_presets,
+        "connection presets for `mcp add NAME --preset P` (hosted providers)",
+    )
+    _leaf(
+        mcp,
         "add",
         cmd_mcp_add,
         "add a server at run time (persisted by the daemon)",
@@ -254,7 +261,8 @@ def _mcp(mcp: _Lazy) -> None:
             f"  {PROG} mcp add fs --command npx -- -y "
             "@modelcontextprotocol/server-filesystem /srv\n"
             f"  {PROG} mcp add docs --transport streamable_http "
-            "--url https://example.com/mcp"
+            "--url https://example.com/mcp\n"
+            f"  {PROG} mcp add mem0 --preset mem0 --token -"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
