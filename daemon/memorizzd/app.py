@@ -29,6 +29,7 @@ from memorizzd.reload import SIGNAL_CALLER, Reloader, Sockets
 from memorizzd.rpc.answers import AnsweringDispatcher
 from memorizzd.rpc.server import SocketServer
 from memorizzd.sdnotify import journal_available, notify, run_watchdog
+from memorizzd.spool import Spool
 from memorizzd.store import Store
 from memorizzd.upstream.errors import FailureKind
 from memorizzd.upstream.pool import Pool, running_pool
@@ -127,7 +128,9 @@ async def running_daemon(
                 store,
                 await anyio.to_thread.run_sync(load_key, config.state_dir),
                 mirror_to_journal=journal_available(),
+                spool=await anyio.to_thread.run_sync(Spool, config.state_dir),
             )
+            await anyio.to_thread.run_sync(auditor.recover)
             book = ApprovalBook(store, vault, auditor, ttl_s=config.approval_ttl_s)
             face_listeners: list[FaceDispatcher] = []
 

@@ -7,9 +7,12 @@ arguments under a dedicated audit key, never their values: equal arguments
 give equal digests (so calls can be correlated) but a low-entropy value cannot
 be recovered by hashing guesses without the key.
 
-Records are written to the state database before the reply is sent (an
-append is a short synchronous write; see store.py), and mirrored to the journal
-with structured fields when running under systemd.
+A record is safe before the reply is sent: appended to the spool
+(``memorizzd.spool``, one ``write``), it survives the daemon being killed, and
+it reaches the state database in a batch within ``FLUSH_AFTER_S`` (at once
+when ``FLUSH_AT`` wait, before the trail is read, and when the daemon stops;
+a spool left by a killed daemon is replayed at start). Records are mirrored
+to the journal with structured fields when running under systemd.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ from anyio.abc import TaskStatus
 from memorizz.api import methods as m
 from memorizz.api.errors import InvalidParamsError
 from memorizzd.caller import Caller
-from memorizzd.loop import Signal, call_soon
+from memorizzd.loop import call_later
+from memorizzd.spool import Spool
 from memorizzd.store import AuditRow, Store, StoreError
 
 log = logging.getLogger("memorizzd.audit")
@@ -38,6 +42,11 @@ log = logging.getLogger("memorizzd.audit")
 KEY_FILE: Final = "audit.key"
 KEY_BYTES: Final = 32
 CHECKPOINT_INTERVAL_S: Final = 30.0
+FLUSH_AFTER_S: Final = 0.1
+"""A spooled record reaches the database within this long."""
+FLUSH_AT: Final = 512
+"""... or at once when this many wait."""
+RETRY_FLUSH_S: Final = 1.0
 
 _canonical: Final = msgspec.json.Encoder(order="sorted")
 
@@ -135,25 +144,50 @@ def load_key(state_dir: str) -> bytes:
 
 
 class Auditor:
-    """Commits records before the reply is sent, cheaply in both regimes.
+    """Writes the audit trail: each record safe before the reply is sent.
 
-    A lone call (``busy=False``, nothing else queued) writes its record right
-    here. Under load records are queued, and once the tasks that are ready
-    have run, one transaction commits them all (group commit), on the loop:
-    an append is a WAL write without an fsync (see store.py), ~10-20 us a
-    record in a batch, cheaper than a trip to a worker thread and back. The
-    checkpoint that folds the WAL back (it does fsync) runs in a thread.
-    Either way ``record`` returns only once its record is committed.
+    With a ``Spool`` (the daemon), a record costs one ``write`` to the spool;
+    records move into the database in batches, one transaction each, on the
+    loop (a WAL append without an fsync: see store.py). Without one (tests of
+    other parts), each record is written to the database at once. Record ids
+    are given here, in order, so a spooled record has its final id.
     """
 
-    def __init__(self, store: Store, key: bytes, *, mirror_to_journal: bool) -> None:
+    def __init__(
+        self,
+        store: Store,
+        key: bytes,
+        *,
+        mirror_to_journal: bool,
+        spool: Spool | None = None,
+    ) -> None:
         self._store = store
         self._key = key
         self._mirror = mirror_to_journal
+        self._spool = spool
         self._pending: list[AuditRow] = []
-        self._waiting: list[Signal] = []
-        self._running = False
+        """Spooled, not yet in the database."""
+        self._flush_timer: Callable[[], None] | None = None
+        self._next_id = 0
+        """The next record's id (0: not read from the store yet)."""
         self._refusals = RefusalBudget()
+
+    def recover(self) -> int:
+        """Move what a stopped daemon left in the spool into the database
+        (records already there are recognised by their id); how many."""
+        if self._spool is None:
+            return 0
+        left = self._spool.read()
+        if left:
+            self._store.append_audit(left)
+            log.warning(
+                "moved %d audit records from %s into the database (the daemon"
+                " stopped before it had)",
+                len(left),
+                self._spool.path,
+            )
+        self._spool.clear()
+        return len(left)
 
     def digest(self, arguments: dict[str, Any]) -> str:
         """HMAC-SHA-256 (hex) of the canonical JSON (sorted keys) of the arguments."""
@@ -181,12 +215,11 @@ class Auditor:
         decision: m.Decision | None = None,
         arguments: CallArguments | None = None,
         result_bytes: int | None = None,
-        busy: bool = False,
         proposal_id: str | None = None,
         refusal: bool | None = None,
     ) -> None:
-        """Write one record and return once it is committed. ``started`` is the
-        ``time.time()`` the action began; ``busy`` says other calls are running.
+        """Write one record; it is safe when this returns (spooled, or in the
+        database). ``started`` is the ``time.time()`` the action began.
 
         A record that cannot be written (a full disk) is logged as an error and
         the daemon keeps serving: the action it describes has already happened.
@@ -224,52 +257,75 @@ class Auditor:
             proposal_id=proposal_id,
             caller_profile=caller.profile,
         )
-        if not self._running or not (busy or self._pending):
-            self._write([record])  # a lone call, or shutting down
+        try:
+            record.id = self._new_id()
+            if self._spool is None:
+                self._store.append_audit([record])
+            else:
+                self._spool.append(record)
+        except (StoreError, OSError) as exc:
+            log.error("could not write an audit record (%s): %s", exc, _summary(record))
             return
-        if not self._pending:
-            call_soon(self._commit_pending)
+        if self._mirror:
+            self._mirror_record(record)
+        if self._spool is None:
+            return
         self._pending.append(record)
-        committed = Signal()
-        self._waiting.append(committed)
-        # cancelled while waiting: the record is committed all the same
-        await committed.wait()
+        if len(self._pending) >= FLUSH_AT:
+            self.flush()
+        elif self._flush_timer is None:
+            self._flush_timer = call_later(FLUSH_AFTER_S, self._flush_due)
+
+    def _new_id(self) -> int:
+        if not self._next_id:
+            self._next_id = self._store.last_audit_id() + 1
+        self._next_id += 1
+        return self._next_id - 1
+
+    def _flush_due(self) -> None:
+        self._flush_timer = None
+        self.flush()
+
+    def flush(self) -> None:
+        """Move the spooled records into the database now (one transaction).
+        If that fails they stay spooled and are tried again."""
+        if self._flush_timer is not None:
+            self._flush_timer()  # cancels it
+            self._flush_timer = None
+        batch, self._pending = self._pending, []
+        if not batch or self._spool is None:
+            return
+        try:
+            self._store.append_audit(batch)
+        except StoreError as exc:
+            log.warning(
+                "could not move %d audit records into the database (%s); they stay"
+                " in %s and are tried again",
+                len(batch),
+                exc,
+                self._spool.path,
+            )
+            self._pending = batch + self._pending
+            self._flush_timer = call_later(RETRY_FLUSH_S, self._flush_due)
+            return
+        try:
+            self._spool.clear()
+        except OSError as exc:  # harmless: a replay skips what is in the database
+            log.warning("could not empty %s: %s", self._spool.path, exc)
 
     async def run(
         self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """While it runs, records are batched; now and then it folds the WAL
-        back into the database, from a worker thread."""
-        self._running = True
+        """Now and then, fold the WAL back into the database from a worker
+        thread; when stopped, move whatever is spooled into the database."""
         task_status.started()
         try:
             while True:
                 await anyio.sleep(CHECKPOINT_INTERVAL_S)
+                self.flush()
                 await self._checkpoint()
         finally:
-            self._running = False
-            self._commit_pending()  # anyone still queued: nothing is left behind
-
-    def _commit_pending(self) -> None:
-        batch, self._pending = self._pending, []
-        waiting, self._waiting = self._waiting, []
-        if batch:
-            self._write(batch)
-        for committed in waiting:
-            committed.set()
-
-    def _write(self, batch: list[AuditRow]) -> None:
-        try:
-            self._store.append_audit(batch)
-        except StoreError as exc:
-            for lost in batch:
-                log.error(
-                    "could not write an audit record (%s): %s", exc, _summary(lost)
-                )
-            return
-        if self._mirror:
-            for written in batch:
-                self._mirror_record(written)
+            self.flush()
 
     async def _checkpoint(self) -> None:
         try:

@@ -38,9 +38,9 @@ deadline_at: Final = asyncio.timeout_at
 clock, which is the loop's): ``TimeoutError`` if the body is not done by then."""
 
 
-def call_soon(callback: Callable[[], object]) -> None:
-    """Run ``callback`` on the loop once the tasks ready now have run."""
-    asyncio.get_running_loop().call_soon(callback)
+def call_later(delay: float, callback: Callable[[], object]) -> Callable[[], None]:
+    """Run ``callback`` on the loop in ``delay`` seconds; returns what cancels it."""
+    return asyncio.get_running_loop().call_later(delay, callback).cancel
 
 
 class Signal:

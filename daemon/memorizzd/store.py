@@ -21,11 +21,12 @@ write transaction, and in WAL mode a reader never waits for a writer. A
 proposal past its deadline reads as ``expired`` before the book's sweep
 (``expire_proposals``) has written it so.
 
-The audit trail is appended on every call, so it has its own connection:
+The audit trail is appended in batches (each record is made safe first in
+``memorizzd.spool``, one write per call), so it has its own connection:
 ``synchronous=NORMAL`` (in WAL mode a committed record survives a crash or
-SIGKILL of the daemon, though not a power cut; an fsync per call would cost
-~250 us each on this class of disk) and no automatic checkpoints, so an append
-is a ~10 us write that can run on the event loop; ``checkpoint()`` folds the
+SIGKILL of the daemon, though not a power cut; an fsync per batch would cost
+~250 us each on this class of disk) and no automatic checkpoints, so a batch
+is a short write that can run on the event loop; ``checkpoint()`` folds the
 WAL back from a worker thread now and then.
 """
 
@@ -213,7 +214,7 @@ class AuditRow(msgspec.Struct, kw_only=True):
     """One record of the append-only audit trail."""
 
     id: int
-    """0 until ``append_audit`` has written it."""
+    """Given by the auditor, in order (``Store.last_audit_id`` + 1, ...)."""
     time: float
     action: str
     caller_socket: str
@@ -325,26 +326,28 @@ class Store:
 
     @_sqlite_errors
     def append_audit(self, records: list[AuditRow]) -> None:
-        """Append records in one transaction and set their ids. Durable when it
-        returns (see above); all or none are written."""
+        """Append records, each with its id (given by the auditor), in one
+        transaction: all or none are written. A record whose id is already
+        in the trail is left as it is (a spool replayed after a crash)."""
         db = self._audit
         if len(records) == 1:  # one statement is its own transaction
-            records[0].id = self._insert_audit(records[0])
+            self._insert_audit(records[0])
             return
         db.execute("BEGIN IMMEDIATE")
         try:
             for record in records:
-                record.id = self._insert_audit(record)
+                self._insert_audit(record)
         except BaseException:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
 
-    def _insert_audit(self, record: AuditRow) -> int:
-        cursor = self._audit.execute(
-            f"INSERT INTO audit ({_AUDIT_COLUMNS}) VALUES"  # noqa: S608 - constant columns
-            " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    def _insert_audit(self, record: AuditRow) -> None:
+        self._audit.execute(
+            f"INSERT OR IGNORE INTO audit (id, {_AUDIT_COLUMNS}) VALUES"  # noqa: S608 - constant columns
+            " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
+                record.id,
                 record.time,
                 record.action,
                 record.caller_socket,
@@ -365,7 +368,12 @@ class Store:
                 record.caller_profile,
             ),
         )
-        return cursor.lastrowid or 0
+
+    @_sqlite_errors
+    def last_audit_id(self) -> int:
+        """The highest id ever given to a record (0: none yet)."""
+        (highest,) = self._audit.execute("SELECT max(id) FROM audit").fetchone()
+        return int(highest or 0)
 
     @_sqlite_errors
     def list_audit(

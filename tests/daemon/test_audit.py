@@ -112,6 +112,7 @@ def test_operator_actions_are_audited_and_the_trail_pages(
 def test_the_trail_is_append_only(daemon: DaemonHarness, base_dir: str) -> None:
     with daemon.client() as c:
         c.add_server(light_spec("x"))
+        assert c.audit().records  # read: the spooled record is in the database
     db = sqlite3.connect(Path(base_dir, "state", "state.db"))
     try:
         for sql in ("UPDATE audit SET outcome = 'ok'", "DELETE FROM audit"):

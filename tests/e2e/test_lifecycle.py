@@ -420,7 +420,14 @@ def test_a_state_directory_left_0755_is_tightened_at_start(base_dir: str) -> Non
         assert {
             p.name: p.stat().st_mode & 0o777 for p in state.iterdir()
         } == dict.fromkeys(
-            ("state.db", "state.db-wal", "state.db-shm", "vault.key", "audit.key"),
+            (
+                "state.db",
+                "state.db-wal",
+                "state.db-shm",
+                "vault.key",
+                "audit.key",
+                "audit.spool",
+            ),
             0o600,
         )
 

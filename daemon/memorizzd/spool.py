@@ -1,0 +1,83 @@
+"""The audit spool: records made durable with one ``write`` before a reply.
+
+A record must be safe before the call it describes is answered. A SQLite
+commit is the slow way to get there on every call: in WAL mode one record
+takes three frames (the table's page, its index's and the id counter's),
+each written as a header and a page, plus six lock calls: ~75 us of CPU.
+The spool is a plain append-only file of JSON lines in the state directory:
+appending a record is one ``write(2)`` to a file opened with ``O_APPEND``,
+after which it survives the daemon being killed (it is in the kernel's page
+cache: the same promise as the WAL with ``synchronous=NORMAL``; neither
+survives a power cut).
+
+The auditor moves spooled records into the state database in batches (one
+transaction for many) and then empties the spool. Records carry their final
+id, so one that reached the database before a crash emptied the spool is
+recognised when the spool is replayed at the next start (``INSERT OR IGNORE``
+on the id) and never written twice. A line cut short by a crash is skipped.
+
+Standard library and msgspec only; the store knows nothing of the spool.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Final
+
+import msgspec
+
+from memorizzd.store import AuditRow
+
+log = logging.getLogger("memorizzd.spool")
+
+FILE_NAME: Final = "audit.spool"
+FILE_MODE: Final = 0o600
+
+_encode: Final = msgspec.json.Encoder().encode
+_decode: Final = msgspec.json.Decoder(AuditRow).decode
+
+
+class Spool:
+    """``<state_dir>/audit.spool``, open for appending."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.path = Path(state_dir) / FILE_NAME
+        self._fd = os.open(
+            self.path,
+            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+            FILE_MODE,
+        )
+        os.fchmod(self._fd, FILE_MODE)  # whatever the umask
+
+    def append(self, record: AuditRow) -> None:
+        """One line, one ``write``: durable against a crash of the daemon
+        when this returns. Raises ``OSError`` (a full disk)."""
+        line = _encode(record) + b"\n"
+        written = os.write(self._fd, line)
+        if written != len(line):  # a regular file: only on a full disk
+            raise OSError(f"short write to {self.path} ({written} of {len(line)})")
+
+    def read(self) -> list[AuditRow]:
+        """Every whole record in the spool (a torn last line is skipped)."""
+        records: list[AuditRow] = []
+        with open(self.path, "rb") as f:
+            for number, line in enumerate(f, 1):
+                try:
+                    records.append(_decode(line))
+                except (msgspec.DecodeError, msgspec.ValidationError):
+                    log.warning(
+                        "%s: line %d is not a whole record (cut short by a crash?);"
+                        " skipped",
+                        self.path,
+                        number,
+                    )
+        return records
+
+    def clear(self) -> None:
+        """Empty the spool: every record in it is in the database."""
+        os.ftruncate(self._fd, 0)  # O_APPEND: the next write goes to offset 0
+
+    def close(self) -> None:
+        os.close(self._fd)
