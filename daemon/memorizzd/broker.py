@@ -386,6 +386,7 @@ class Broker:
     ) -> m.AuditListResult:
         if not 1 <= p.limit <= 1000:
             raise InvalidParamsError("limit must be in 1..1000")
+        self._auditor.flush()  # the spooled records too
         records = await anyio.to_thread.run_sync(
             partial(
                 stored.list_audit,

@@ -73,7 +73,7 @@ class Calls:
         self._scope = scope
         """The caller's server by name (``unknown_server`` outside its scope)."""
         self._running = 0
-        """Calls in flight: the audit batches its writes while it is > 1."""
+        """Calls in flight."""
         self.tasks = TaskBook()
         """The tasks calls created, by caller (``upstream/tasks.py``)."""
         self._meter = CallMeter(self._labels)
@@ -411,7 +411,6 @@ class Calls:
             server=server,
             tool=tool,
             arguments=arguments,
-            busy=self._running > 1,
             **fields,
         )
 
