@@ -49,6 +49,7 @@ from memorizzd.calllife import (
     mark_abortable,
 )
 from memorizzd.policy import refusal
+from memorizzd.telemetry import tracing
 from memorizzd.telemetry.metrics import OTHER, CallMeter
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
@@ -404,6 +405,8 @@ class Calls:
                 fields["outcome"],
                 time.time() - started,
             )
+            if tracing.enabled:
+                _trace(caller, action, started, server, tool, fields)
         await self._auditor.record(
             caller,
             action=action,
@@ -413,6 +416,34 @@ class Calls:
             arguments=arguments,
             **fields,
         )
+
+
+def _trace(
+    caller: Caller,
+    action: str,
+    started: float,
+    server: str,
+    tool: str,
+    fields: dict[str, Any],
+) -> None:
+    """The call as a span (``telemetry/tracing.py``); never argument values."""
+    outcome = fields["outcome"]
+    attributes = {
+        "memorizz.server": server,
+        "memorizz.tool": tool,
+        "memorizz.profile": caller.profile or "operator",
+        "memorizz.decision": fields.get("decision") or "none",
+        "memorizz.outcome": outcome,
+    }
+    if fields.get("proposal_id"):
+        attributes["memorizz.proposal"] = fields["proposal_id"]
+    tracing.call_span(
+        f"{action} {server}/{tool}",
+        started=started,
+        ended=time.time(),
+        attributes=attributes,
+        failed=outcome not in ("ok", "tool_error", "approval_required", "task_created"),
+    )
 
 
 class ProgressReport(msgspec.Struct, omit_defaults=True):

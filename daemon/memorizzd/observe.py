@@ -1,4 +1,5 @@
-"""The daemon's metrics endpoint: ``metrics.sock`` and, if asked, loopback TCP.
+"""The daemon's metrics endpoint: ``metrics.sock`` and, if asked, loopback
+TCP; and the tracer's life (``[tracing]``), for as long as it serves.
 
 ``serve_metrics`` builds the daemon's registry (``telemetry.metrics``) over
 what it is now (the pool's upstreams, the calls in flight, the sockets'
@@ -26,11 +27,12 @@ import anyio.abc
 from memorizz.api import methods as m
 from memorizzd import __version__
 from memorizzd.calls import Calls
-from memorizzd.config import Config, gid_of, metrics_address
+from memorizzd.config import Config, ConfigError, gid_of, metrics_address
 from memorizzd.rpc.authority import operator_rule
 from memorizzd.rpc.peer import peer_of
 from memorizzd.rpc.server import SocketServer, prepare_socket_path
 from memorizzd.store import Store
+from memorizzd.telemetry import tracing
 from memorizzd.telemetry.http import MetricsServer
 from memorizzd.telemetry.metrics import Snapshot, UpstreamState, registry
 from memorizzd.upstream.pool import Pool
@@ -104,7 +106,31 @@ async def serve_metrics(
     *,
     task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve the metrics until cancelled (returns at once when disabled)."""
+    """Serve the metrics until cancelled (returns at once when disabled);
+    with ``[tracing] enabled``, trace calls meanwhile."""
+    if config.tracing.enabled:
+        try:
+            tracing.setup(
+                endpoint=config.tracing.endpoint,
+                service_name=config.tracing.service_name,
+            )
+        except tracing.TracingUnavailableError as exc:
+            raise ConfigError(str(exc)) from None
+    try:
+        await _serve_metrics(config, pool, calls, servers, store, task_status)
+    finally:
+        if config.tracing.enabled:
+            tracing.shutdown()
+
+
+async def _serve_metrics(
+    config: Config,
+    pool: Pool,
+    calls: Calls,
+    servers: Sequence[SocketServer],
+    store: Store,
+    task_status: anyio.abc.TaskStatus[None],
+) -> None:
     if not config.metrics.enabled:
         task_status.started()
         return

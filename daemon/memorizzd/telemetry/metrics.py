@@ -2,8 +2,9 @@
 
 Two kinds:
 
-* events, counted where they happen: calls (``CallMeter``, one dict lookup
-  and two updates per call: see ``bench/metrics.py``), OAuth refreshes,
+* events, counted where they happen: calls (``CallMeter`` into
+  ``CallStats``: one dict lookup and three plain updates per call, no lock:
+  see ``bench/metrics.py``), OAuth refreshes,
   approvals proposed and decided, egress refusals. These are process-wide
   objects registered in no registry of their own;
 * state, read when scraped (``DaemonCollector``): each upstream's state and
@@ -20,6 +21,7 @@ made up) is ``other``. Argument values are never labels.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Final
@@ -27,13 +29,13 @@ from typing import Final
 from prometheus_client import (
     CollectorRegistry,
     Counter,
-    Histogram,
     PlatformCollector,
     ProcessCollector,
 )
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
@@ -64,20 +66,76 @@ CALL_BUCKETS: Final = (
 )
 """From a warm stdio call (~100 us) to a slow HTTP tool (minutes)."""
 
-CALLS: Final = Counter(
-    "memorizz_calls",
-    "Tool calls (tools/call, approvals/resume, the MCP face), by server, tool,"
-    " policy decision and outcome (the audit's).",
-    ["server", "tool", "decision", "outcome"],
-    registry=None,
-)
-CALL_SECONDS: Final = Histogram(
-    "memorizz_call_duration_seconds",
-    "Tool calls' duration, from arrival to the audit record, by server.",
-    ["server"],
-    buckets=CALL_BUCKETS,
-    registry=None,
-)
+
+class _Count:
+    __slots__ = ("value",)
+
+    def __init__(self) -> None:
+        self.value = 0
+
+
+class _Histogram:
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(CALL_BUCKETS) + 1)  # the last: +Inf
+        self.sum = 0.0
+
+
+class CallStats(Collector):
+    """The calls' counter and latency histogram, process-wide.
+
+    Plain integers, updated without a lock: calls are counted on the event
+    loop's thread, and ``generate_latest`` reads them on that thread too
+    (``telemetry/http.py``). prometheus-client's own ``Counter`` and
+    ``Histogram`` take a lock per update (three per call), which costs more
+    than the issue's 5 us budget on a loaded host (``bench/metrics.py``)."""
+
+    def __init__(self) -> None:
+        self.calls: dict[tuple[str, str, str, str], _Count] = {}
+        self.seconds: dict[str, _Histogram] = {}
+
+    def child(
+        self, server: str, tool: str, decision: str, outcome: str
+    ) -> tuple[_Count, _Histogram]:
+        key = (server, tool, decision, outcome)
+        count = self.calls.get(key)
+        if count is None:
+            count = self.calls[key] = _Count()
+        histogram = self.seconds.get(server)
+        if histogram is None:
+            histogram = self.seconds[server] = _Histogram()
+        return count, histogram
+
+    def collect(self) -> Iterator[Metric]:
+        calls = CounterMetricFamily(
+            "memorizz_calls",
+            "Tool calls (tools/call, approvals/resume, the MCP face), by server,"
+            " tool, policy decision and outcome (the audit's).",
+            labels=["server", "tool", "decision", "outcome"],
+        )
+        for key, count in sorted(self.calls.items()):
+            calls.add_metric(list(key), count.value)
+        yield calls
+        seconds = HistogramMetricFamily(
+            "memorizz_call_duration_seconds",
+            "Tool calls' duration, from arrival to the audit record, by server.",
+            labels=["server"],
+        )
+        for server, histogram in sorted(self.seconds.items()):
+            cumulative, buckets = 0, []
+            for bound, observed in zip(
+                (*(repr(float(b)) for b in CALL_BUCKETS), "+Inf"),
+                histogram.counts,
+                strict=True,
+            ):
+                cumulative += observed
+                buckets.append((bound, float(cumulative)))
+            seconds.add_metric([server], buckets, histogram.sum)
+        yield seconds
+
+
+CALLS: Final = CallStats()
 OAUTH_REFRESHES: Final = Counter(
     "memorizz_oauth_refreshes",
     "OAuth access token refreshes, by server and outcome"
@@ -106,7 +164,6 @@ EGRESS_REFUSALS: Final = Counter(
 )
 _EVENTS: Final = (
     CALLS,
-    CALL_SECONDS,
     OAUTH_REFRESHES,
     APPROVALS_PROPOSED,
     APPROVALS_DECIDED,
@@ -150,17 +207,18 @@ _CACHE_MAX: Final = 4096
 class CallMeter:
     """Counts one call: ``meter(server, tool, decision, outcome, seconds)``.
 
-    The labelled children are kept per (server, tool, decision, outcome) as
-    given, so a warm call costs one dict lookup, ``inc`` and ``observe``;
-    only calls whose labels are their own names are kept (a made-up name is
-    relabelled each time, and cannot grow the cache)."""
+    The counter and histogram cells are kept per (server, tool, decision,
+    outcome) as given, so a warm call costs one dict lookup, an increment,
+    a bisection and an addition; only calls whose labels are their own names
+    are kept (a made-up name is relabelled each time, and cannot grow the
+    cache). On the event loop's thread only (``CallStats``)."""
 
     __slots__ = ("_children", "_labels")
 
     def __init__(self, labels: Labeller) -> None:
         self._labels = labels
         self._children: dict[
-            tuple[str, str, str | None, str], tuple[Counter, Histogram]
+            tuple[str, str, str | None, str], tuple[_Count, _Histogram]
         ] = {}
 
     def __call__(
@@ -175,16 +233,15 @@ class CallMeter:
         children = self._children.get(key)
         if children is None:
             children = self._miss(key)
-        children[0].inc()
-        children[1].observe(seconds)
+        count, histogram = children
+        count.value += 1
+        histogram.counts[bisect_left(CALL_BUCKETS, seconds)] += 1
+        histogram.sum += seconds
 
-    def _miss(self, key: tuple[str, str, str | None, str]) -> tuple[Counter, Histogram]:
+    def _miss(self, key: tuple[str, str, str | None, str]) -> tuple[_Count, _Histogram]:
         server, tool, decision, outcome = key
         shown_server, shown_tool = self._labels(server, tool)
-        children = (
-            CALLS.labels(shown_server, shown_tool, decision or NONE, outcome),
-            CALL_SECONDS.labels(shown_server),
-        )
+        children = CALLS.child(shown_server, shown_tool, decision or NONE, outcome)
         if (shown_server, shown_tool) == (server, tool) and len(
             self._children
         ) < _CACHE_MAX:
