@@ -76,8 +76,9 @@ call resolves its name against the warm caches as they are now.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any, Final, Literal, cast, get_args
+from collections.abc import Awaitable, Callable, Coroutine
+from functools import partial
+from typing import Any, Final, Literal, TypeVar, cast, get_args
 
 import anyio
 import msgspec
@@ -96,7 +97,7 @@ from memorizz.api.protocol import Reply, Request
 from memorizzd import __version__
 from memorizzd.broker import Broker
 from memorizzd.caller import Caller
-from memorizzd.calllife import client_session, offer_asks, want_logs
+from memorizzd.calllife import client_send, client_session, offer_asks, want_logs
 from memorizzd.calls import ProgressReport, progress_to_client
 from memorizzd.names import exposed_names
 from memorizzd.rpc.answers import parse_line, take
@@ -105,6 +106,7 @@ from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
 
 log = logging.getLogger("memorizzd.face")
+T = TypeVar("T")
 
 VERSIONS: Final = ("2025-06-18", "2025-11-25")
 """Handshake-era protocol versions the face negotiates, oldest first."""
@@ -137,6 +139,8 @@ _TOOLS_CHANGED: Final = (
     b'{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}\n'
 )
 LIST_CHANGED_SEND_S: Final = 1.0
+APPROVAL_PROGRESS_S: Final = 5.0
+"""How often a call held for the operator tells its client (given a progress token)."""
 _CAPABILITIES: Final = {
     "logging": {},
     "tools": {"listChanged": True},
@@ -691,7 +695,15 @@ class FaceDispatcher:
         proposal_id = str(held.data.get("proposal_id"))
         wait_s = self._broker.config.face_approval_wait_s
         book = self._broker.book
-        proposal = await book.wait(caller, proposal_id, wait_s)
+        token = None if call.meta is None else call.meta.progress_token
+        send = client_send()
+        if token is None or send is None:
+            proposal = await book.wait(caller, proposal_id, wait_s)
+        else:  # the client hears that its call waits, and how long it may
+            proposal = await _telling(
+                book.wait(caller, proposal_id, wait_s),
+                partial(_waiting_notes, send, token, proposal_id, wait_s),
+            )
         if proposal.status == "approved":
             return await calls.resume(
                 caller, proposal, timeout_s=None, progress=progress
@@ -897,6 +909,52 @@ def _progress_to(call: _Call) -> ProgressHandler | None:
         return _encoder.encode(message) + b"\n"
 
     return progress_to_client(note)
+
+
+async def _telling(
+    wait: Awaitable[T], notes: Callable[[], Coroutine[Any, Any, None]]
+) -> T:
+    """``wait``, with ``notes`` sent meanwhile (stopped when it is over)."""
+    failed: Exception | None = None
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(notes)
+        try:
+            result = await wait
+        except Exception as exc:  # noqa: BLE001 - raised again, outside the group
+            failed = exc
+        finally:
+            tg.cancel_scope.cancel()
+    if failed is not None:
+        raise failed
+    return result
+
+
+async def _waiting_notes(
+    send: Callable[[bytes], Awaitable[None]],
+    token: int | str,
+    proposal_id: str,
+    wait_s: float,
+) -> None:
+    """While a call waits for the operator: ``notifications/progress`` under
+    the client's token at once and every ``APPROVAL_PROGRESS_S``, saying so
+    (progress: the seconds waited, of ``wait_s``), so the client knows the
+    call lives (and may reset its request timeout on progress)."""
+    started = anyio.current_time()
+    while True:
+        waited = anyio.current_time() - started
+        params = {
+            "progressToken": token,
+            "progress": round(waited, 3),
+            "total": wait_s,
+            "message": (
+                f"waiting for operator approval of proposal {proposal_id} "
+                f"({max(0.0, wait_s - waited):.0f} s left)"
+            ),
+        }
+        note = {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
+        with anyio.move_on_after(LIST_CHANGED_SEND_S):
+            await send(_encoder.encode(note) + b"\n")
+        await anyio.sleep(APPROVAL_PROGRESS_S)
 
 
 def _decode(params: msgspec.Raw, into: type[Any]) -> Any:
