@@ -286,7 +286,7 @@ def protected_app(base: str, provider: TestAuthorizationServer) -> Any:
         provider.tool_calls += 1
         return "admin done"
 
-    provider.issuer = base
+    provider.issuer = str(AnyHttpUrl(base))  # as its metadata writes it (RFC 9207)
     return _faults(_scope_gate(server.streamable_http_app(), provider, base), provider)
 
 

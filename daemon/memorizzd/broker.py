@@ -499,6 +499,7 @@ class Broker:
             oauth_client_metadata_url=spec.oauth_client_metadata_url,
             oauth_scopes=list(spec.oauth_scopes),
             oauth_token_endpoint_auth_method=spec.oauth_token_endpoint_auth_method,
+            oauth_grant=spec.oauth_grant,
             oauth_redirect_uri=spec.oauth_redirect_uri,
             preset=spec.preset,
             workspace=spec.workspace,

@@ -44,7 +44,10 @@ ServerState = Literal[
 ]
 ProtocolMode = Literal["auto", "legacy", "2026-07-28"]
 AuthMode = Literal["none", "bearer", "oauth"]
-TokenEndpointAuthMethod = Literal["none", "client_secret_basic", "client_secret_post"]
+TokenEndpointAuthMethod = Literal[
+    "none", "client_secret_basic", "client_secret_post", "private_key_jwt"
+]
+OAuthGrantType = Literal["authorization_code", "client_credentials"]
 
 DEFAULT_TIMEOUT_S: Final = 60.0
 DEFAULT_MAX_RESULT_BYTES: Final = 2_000_000
@@ -493,6 +496,12 @@ class ServerSpec(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     (else a client ID metadata document or dynamic registration is used)."""
     oauth_client_secret: str | None = None
     """Input only: the pre-registered client's secret (moved into the vault)."""
+    oauth_private_key: str | None = None
+    """Input only: the pre-registered client's PEM private key, for
+    ``private_key_jwt`` (moved into the vault)."""
+    oauth_grant: OAuthGrantType = "authorization_code"
+    """OAuth: ``client_credentials`` is a machine's grant: no login, the daemon
+    gets (and renews) tokens with the pre-registered client's credentials."""
     oauth_client_metadata_url: str | None = None
     """OAuth: an https URL of this client's metadata document, used as its
     client_id where the authorization server supports that."""
@@ -551,6 +560,7 @@ class ServerInfo(msgspec.Struct, kw_only=True):
     secret_env_keys: list[str] = []
     """Secret environment variables of a stdio server (names only)."""
     oauth_client_id: str | None = None
+    oauth_grant: OAuthGrantType = "authorization_code"
     oauth_client_metadata_url: str | None = None
     oauth_scopes: list[str] = []
     oauth_token_endpoint_auth_method: TokenEndpointAuthMethod | None = None

@@ -236,6 +236,8 @@ def _check_oauth(spec: ServerSpec, where: str) -> None:
         or bool(spec.oauth_scopes)
         or spec.oauth_token_endpoint_auth_method is not None
         or spec.oauth_redirect_uri is not None
+        or spec.oauth_private_key is not None
+        or spec.oauth_grant != "authorization_code"
     )
     if spec.auth != "oauth":
         if oauth_keys:
@@ -247,6 +249,7 @@ def _check_oauth(spec: ServerSpec, where: str) -> None:
         _invalid(f"{where}: oauth_client_secret must be non-empty printable text")
     if spec.oauth_client_id is not None and not _clean(spec.oauth_client_id):
         _invalid(f"{where}: oauth_client_id must be non-empty printable text")
+    _check_machine_grant(spec, where)
     url = spec.oauth_client_metadata_url
     if url is not None:
         parts = urlsplit(url)
@@ -264,6 +267,38 @@ def _check_oauth(spec: ServerSpec, where: str) -> None:
             f"{where}: oauth_redirect_uri must be http://127.0.0.1:PORT/PATH "
             "(loopback) or an https URL, without a fragment"
         )
+
+
+def _check_machine_grant(spec: ServerSpec, where: str) -> None:
+    """``private_key_jwt`` and the client credentials grant need a
+    pre-registered client and its credential (a secret or a PEM private key;
+    "" once moved into the vault)."""
+    key = spec.oauth_private_key
+    method = spec.oauth_token_endpoint_auth_method
+    if key is not None:
+        if not spec.oauth_client_id:
+            _invalid(f"{where}: oauth_private_key needs oauth_client_id")
+        if key and ("-----BEGIN" not in key or "PRIVATE KEY-----" not in key):
+            _invalid(f"{where}: oauth_private_key must be a PEM private key")
+        if method not in (None, "private_key_jwt"):
+            _invalid(f"{where}: oauth_private_key goes with private_key_jwt")
+    if method == "private_key_jwt" and key is None:
+        _invalid(f"{where}: private_key_jwt needs oauth_private_key")
+    if spec.oauth_grant == "client_credentials":
+        if not spec.oauth_client_id:
+            _invalid(
+                f"{where}: the client_credentials grant needs oauth_client_id "
+                "(a client registered with the authorization server)"
+            )
+        if spec.oauth_client_secret is None and key is None:
+            _invalid(
+                f"{where}: the client_credentials grant needs oauth_client_secret "
+                "or oauth_private_key"
+            )
+        if method == "none":
+            _invalid(
+                f"{where}: the client_credentials grant needs client authentication"
+            )
 
 
 def _clean(value: str) -> bool:

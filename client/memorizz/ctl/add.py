@@ -158,6 +158,19 @@ def add_options(add: argparse.ArgumentParser) -> None:
         " moved into the daemon's vault",
     )
     add.add_argument(
+        "--oauth-grant",
+        choices=["authorization-code", "client-credentials"],
+        default="authorization-code",
+        help="OAuth: client-credentials is a machine's grant (no login; needs"
+        " --client-id and --client-secret or --private-key-file)",
+    )
+    add.add_argument(
+        "--private-key-file",
+        metavar="PATH",
+        help="OAuth: the pre-registered client's PEM private key (private_key_jwt);"
+        " moved into the daemon's vault",
+    )
+    add.add_argument(
         "--token-endpoint-auth-method",
         choices=get_args(m.TokenEndpointAuthMethod),
         help="OAuth, pre-registered client: how it authenticates at the token"
@@ -181,6 +194,18 @@ def add_options(add: argparse.ArgumentParser) -> None:
         help="OAuth: the redirect URI (default http://127.0.0.1:33418/callback)",
     )
     add.set_defaults(trailing=[])
+
+
+def _read_private_key(path: str | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read().strip() + "\n"
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(
+            f"--private-key-file: cannot read {path}: {type(exc).__name__}"
+        ) from None
 
 
 def build_server_spec(
@@ -223,6 +248,9 @@ def build_server_spec(
     client_secret = args.client_secret
     if client_secret == "-":  # noqa: S105 - "-" means stdin
         client_secret = sys.stdin.read().strip()
+    private_key = _read_private_key(args.private_key_file)
+    if args.oauth_grant == "client-credentials" and args.auth is None:
+        auth = "oauth"
     spec = m.ServerSpec(
         name=args.name,
         transport=cast(m.Transport, transport),
@@ -246,6 +274,8 @@ def build_server_spec(
         allow_private_network=args.allow_private_network,
         oauth_client_id=args.client_id,
         oauth_client_secret=client_secret,
+        oauth_private_key=private_key,
+        oauth_grant=cast(m.OAuthGrantType, args.oauth_grant.replace("-", "_")),
         oauth_client_metadata_url=args.client_metadata_url,
         oauth_token_endpoint_auth_method=args.token_endpoint_auth_method,
         oauth_scopes=list(args.scope),

@@ -5,7 +5,9 @@
 2. RFC 9728 protected resource metadata: the challenge's URL, then
    ``/.well-known/oauth-protected-resource/<path>``, then the root. Its
    ``resource`` must cover the server's URL; its first authorization server
-   is used. No metadata anywhere: the 2025-03-26 fallback, the server's origin.
+   is used. No metadata anywhere: the 2025-03-26 fallback, the server's origin
+   (its RFC 8414 metadata there, else the default ``/authorize``, ``/token``
+   and ``/register`` endpoints).
 3. RFC 8414 / OpenID Connect discovery for that issuer, in the order the MCP
    specification gives; the metadata's ``issuer`` must equal it exactly.
 4. PKCE: an authorization server that does not list ``S256`` in
@@ -24,6 +26,7 @@ from typing import TypeVar
 from urllib.parse import urlsplit
 
 import httpx2
+import msgspec
 from pydantic import ValidationError
 
 from memorizz.api.errors import LoginError
@@ -117,9 +120,16 @@ async def challenge_of(
 
 
 async def discover(
-    http: httpx2.AsyncClient, server_url: str, challenge: Challenge | None
+    http: httpx2.AsyncClient,
+    server_url: str,
+    challenge: Challenge | None,
+    *,
+    interactive: bool = True,
 ) -> AuthorizationServer:
-    """The authorization server for ``server_url``, checked; ``LoginError`` if none."""
+    """The authorization server for ``server_url``, checked; ``LoginError`` if none.
+
+    ``interactive``: a login through a browser (PKCE S256 and a safe
+    authorization endpoint required); else a machine grant (token endpoint only)."""
     expected_resource = resource_url_from_server_url(server_url)
     prm = await _resource_metadata(
         http, server_url, challenge.resource_metadata if challenge else None
@@ -137,17 +147,30 @@ async def discover(
         urls = build_oauth_authorization_server_metadata_discovery_urls(
             None, server_url
         )
-    metadata = await _server_metadata(http, urls, issuer)
-    methods = metadata.code_challenge_methods_supported or []
-    if "S256" not in methods:
+    found = await _server_metadata(http, urls, issuer)
+    if found is not None:
+        metadata, written_issuer = found
+    elif prm is None:
+        # MCP 2025-03-26 §2.3.3: a server without any metadata has the
+        # default endpoints at its origin (that revision made PKCE a MUST).
+        metadata, written_issuer = _fallback_metadata(issuer), issuer
+    else:
         raise LoginError(
-            f"the authorization server {issuer} does not advertise PKCE S256 "
-            "(code_challenge_methods_supported); refusing to log in without it"
+            f"no authorization server metadata found for {issuer} "
+            "(tried RFC 8414 and OpenID Connect discovery)"
         )
-    check_authorization_endpoint(str(metadata.authorization_endpoint))
+    # A machine grant (``interactive=False``) uses the token endpoint only:
+    # no browser, no authorization endpoint, no PKCE.
+    if interactive:
+        if "S256" not in (metadata.code_challenge_methods_supported or []):
+            raise LoginError(
+                f"the authorization server {issuer} does not advertise PKCE S256 "
+                "(code_challenge_methods_supported); refusing to log in without it"
+            )
+        check_authorization_endpoint(str(metadata.authorization_endpoint))
     return AuthorizationServer(
         resource=resource,
-        issuer=str(metadata.issuer),
+        issuer=written_issuer,
         metadata=metadata,
         resource_metadata=prm,
     )
@@ -177,13 +200,17 @@ def check_authorization_endpoint(url: str) -> None:
 M = TypeVar("M", ProtectedResourceMetadata, OAuthMetadata)
 
 
+class _Issuer(msgspec.Struct):
+    issuer: str
+
+
 async def _documents(
     http: httpx2.AsyncClient,
     urls: list[str],
     kind: type[M],
     what: str,
     unreadable: list[str] | None = None,
-) -> AsyncGenerator[tuple[str, M], None]:
+) -> AsyncGenerator[tuple[str, M, bytes], None]:
     """Each URL's metadata document that parses, in order; a URL that is not
     there (4xx), unreachable or unreadable is skipped (``unreadable`` gets what
     was wrong with a document that was there); a 5xx stops discovery (it says
@@ -205,7 +232,7 @@ async def _documents(
             if unreadable is not None:
                 unreadable.append(f"{url}: {_first_problem(exc)}")
             continue
-        yield url, document
+        yield url, document, response.content
 
 
 def _first_problem(exc: ValidationError) -> str:
@@ -225,7 +252,7 @@ async def _resource_metadata(
         http, urls, ProtectedResourceMetadata, "protected resource metadata"
     )
     async with aclosing(documents):
-        async for _, prm in documents:
+        async for _, prm, _raw in documents:
             if check_resource_allowed(expected, str(prm.resource)):
                 return prm
             mismatched = str(prm.resource)  # RFC 9728 §3.3: not this server's
@@ -237,27 +264,41 @@ async def _resource_metadata(
     return None
 
 
+def _fallback_metadata(origin: str) -> OAuthMetadata:
+    """The 2025-03-26 default endpoints: /authorize, /token, /register."""
+    return OAuthMetadata.model_validate(
+        {
+            "issuer": origin,
+            "authorization_endpoint": f"{origin}/authorize",
+            "token_endpoint": f"{origin}/token",
+            "registration_endpoint": f"{origin}/register",
+            "response_types_supported": ["code"],
+            "code_challenge_methods_supported": ["S256"],
+        }
+    )
+
+
 async def _server_metadata(
     http: httpx2.AsyncClient, urls: list[str], issuer: str
-) -> OAuthMetadata:
+) -> tuple[OAuthMetadata, str] | None:
+    """The metadata and its ``issuer`` exactly as the document writes it (what
+    an authorization response's ``iss`` is compared with, RFC 9207 §2.4)."""
     unreadable: list[str] = []
     documents = _documents(
         http, urls, OAuthMetadata, "authorization server metadata", unreadable
     )
     async with aclosing(documents):
-        async for url, metadata in documents:
+        async for url, metadata, raw in documents:
             if not issuers_match(str(metadata.issuer), issuer):
                 raise LoginError(
                     f"authorization server metadata at {url} names issuer "
                     f"{str(metadata.issuer)!r}, not {issuer!r} (RFC 8414 §3.3); refused"
                 )
-            return metadata
+            written = msgspec.json.decode(raw, type=_Issuer).issuer
+            return metadata, written
     if unreadable:
         raise LoginError(
             f"the authorization server metadata of {issuer} is not usable "
             f"({unreadable[0]}); refused"
         )
-    raise LoginError(
-        f"no authorization server metadata found for {issuer} "
-        "(tried RFC 8414 and OpenID Connect discovery)"
-    )
+    return None

@@ -2,7 +2,8 @@
 
 Client authentication (RFC 6749 §2.3, OAuth 2.1 §2.4): ``client_secret_basic``
 (the id and secret form-encoded, then HTTP Basic), ``client_secret_post``
-(both in the body) or ``none`` (the id in the body). Every request sends the
+(both in the body), ``private_key_jwt`` (RFC 7523: a signed assertion in the
+body) or ``none`` (the id in the body). Every request sends the
 RFC 8707 ``resource``. Answers are parsed strictly; an error answer becomes
 ``EndpointError`` carrying the OAuth ``error`` code (``invalid_grant`` is how
 callers tell a dead grant from a passing failure). Nothing here logs or
@@ -19,6 +20,7 @@ import httpx2
 import msgspec
 from pydantic import ValidationError
 
+from memorizzd.oauth import jws
 from memorizzd.oauth.mcp_sdk import (
     OAuthClientInformationFull,
     OAuthClientMetadata,
@@ -26,7 +28,12 @@ from memorizzd.oauth.mcp_sdk import (
 )
 
 MAX_DESCRIPTION: Final = 200
-AUTH_METHODS: Final = ("none", "client_secret_basic", "client_secret_post")
+AUTH_METHODS: Final = (
+    "none",
+    "client_secret_basic",
+    "client_secret_post",
+    "private_key_jwt",
+)
 
 
 class EndpointError(Exception):
@@ -52,6 +59,10 @@ class ClientAuth(msgspec.Struct, frozen=True):
     client_id: str
     client_secret: str | None
     method: str
+    private_key: str | None = None
+    """``private_key_jwt``: the PEM key that signs each client assertion."""
+    audience: str | None = None
+    """``private_key_jwt``: the authorization server's issuer (the assertion's ``aud``)."""
 
     def __repr__(self) -> str:
         return f"ClientAuth(client_id={self.client_id!r}, method={self.method!r})"
@@ -59,8 +70,21 @@ class ClientAuth(msgspec.Struct, frozen=True):
     def apply(self, form: dict[str, str], headers: dict[str, str]) -> None:
         """The id is always in the body too (RFC 6749 §3.2.1 allows it; some
         servers, the SDK's among them, look for it there); the secret only
-        where the method puts it."""
+        where the method puts it; ``private_key_jwt`` a fresh signed assertion
+        (RFC 7523 §2.2)."""
         form["client_id"] = self.client_id
+        if self.method == "private_key_jwt" and self.private_key:
+            try:
+                assertion = jws.client_assertion(
+                    self.private_key,
+                    client_id=self.client_id,
+                    audience=self.audience or "",
+                )
+            except jws.KeyError_ as exc:
+                raise EndpointError("invalid_client_key", str(exc)) from None
+            form["client_assertion_type"] = jws.ASSERTION_TYPE
+            form["client_assertion"] = assertion
+            return
         if self.method == "client_secret_basic" and self.client_secret is not None:
             pair = (
                 f"{quote(self.client_id, safe='')}:{quote(self.client_secret, safe='')}"
@@ -112,6 +136,21 @@ async def refresh(
         "refresh_token": refresh_token,
         "resource": resource,
     }
+    if scope:
+        form["scope"] = scope
+    return await _token_request(http, token_endpoint, auth, form)
+
+
+async def client_credentials(
+    http: httpx2.AsyncClient,
+    token_endpoint: str,
+    auth: ClientAuth,
+    *,
+    resource: str,
+    scope: str | None,
+) -> OAuthToken:
+    """RFC 6749 §4.4: a token for the client itself (no user, no refresh token)."""
+    form = {"grant_type": "client_credentials", "resource": resource}
     if scope:
         form["scope"] = scope
     return await _token_request(http, token_endpoint, auth, form)

@@ -33,6 +33,9 @@ class Grant(msgspec.Struct, kw_only=True, frozen=True):
     client_id: str
     client_secret: str | None = None
     auth_method: str = "none"
+    grant_type: str = "authorization_code"
+    """``client_credentials``: renewed by asking again, with the client's
+    credentials from the vault (never stored here), not by a refresh token."""
     login_required: bool = False
     """The authorization server refused the refresh token (``invalid_grant``):
     only a new login helps. Kept so that a restart does not try again."""

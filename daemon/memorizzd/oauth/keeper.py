@@ -27,8 +27,8 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable
-from typing import Final, Literal
+from collections.abc import Awaitable, Callable
+from typing import Final, Literal, Protocol
 
 import anyio
 import anyio.abc
@@ -90,6 +90,14 @@ def http_client_for(
     )
 
 
+class Acquirer(Protocol):
+    """A machine grant (``oauth.machine``): a new grant without a person."""
+
+    def acquire(
+        self, http: httpx2.AsyncClient, previous: Grant | None
+    ) -> Awaitable[Grant]: ...
+
+
 class TokenKeeper:
     def __init__(
         self,
@@ -98,8 +106,11 @@ class TokenKeeper:
         vault: CredentialStore,
         http: Callable[[], httpx2.AsyncClient],
         clock: Callable[[], float] = time.time,
+        machine: Acquirer | None = None,
     ) -> None:
         self.server = server
+        self._machine = machine
+        """A machine grant: no login; the keeper gets and renews tokens itself."""
         self._vault = vault
         self._http = http
         self._clock = clock
@@ -185,6 +196,15 @@ class TokenKeeper:
         self._kick.set()  # the schedule changed
 
     def login_required_error(self) -> AuthRequiredError:
+        if self._machine is not None:
+            return AuthRequiredError(
+                f"server {self.server!r} has no access token yet: the client "
+                "credentials grant failed"
+                + (f" ({self.last_refresh_error})" if self.last_refresh_error else "")
+                + "; the daemon keeps trying",
+                reason="authorization_required",
+                data={"server": self.server},
+            )
         if self.grant is None:
             why = "no one has logged in"
         else:
@@ -265,7 +285,12 @@ class TokenKeeper:
 
     def _due_in(self) -> float:
         grant = self.grant
-        if (
+        if self._machine is not None:
+            if grant is None or grant.login_required:
+                return 0.0  # no token yet: ask (the run loop backs off failures)
+            if grant.expires_at is None:
+                return math.inf
+        elif (
             grant is None
             or grant.login_required
             or grant.expires_at is None
@@ -299,7 +324,7 @@ class TokenKeeper:
             self._wanted_for = None  # its waiters are answered by this attempt
             done, self._done = self._done, anyio.Event()
             done.set()
-            if ok or not self.logged_in:
+            if ok or (not self.logged_in and self._machine is None):
                 failures = 0
                 continue
             failures += 1
@@ -323,6 +348,8 @@ class TokenKeeper:
             self._kick = anyio.Event()
 
     async def _refresh_once(self) -> bool:
+        if self._machine is not None:
+            return await self._acquire_once(self._machine)
         grant = self.grant
         if grant is None or grant.login_required:
             return False
@@ -374,6 +401,36 @@ class TokenKeeper:
         )
         self._publish(fresh)
         log.info("%s: access token refreshed", self.server)
+        return True
+
+    async def _acquire_once(self, machine: Acquirer) -> bool:
+        """A machine grant's token, asked for again (there is no refresh
+        token to spend, so nothing is lost to a cancelled request)."""
+        previous = self.grant
+        if previous is not None and previous.login_required:
+            previous = None
+        with anyio.CancelScope(shield=True):
+            try:
+                with anyio.fail_after(REFRESH_TIMEOUT_S):
+                    async with self._http() as http:
+                        fresh = await machine.acquire(http, previous)
+            except EndpointError as exc:
+                self._failed(str(exc))
+                return False
+            except TimeoutError:
+                self._failed("the token endpoint did not answer in time")
+                return False
+            except RemoteError as exc:  # discovery failed, or the egress policy
+                self._failed(exc.message)
+                return False
+            stored = await self._store(fresh)
+        self.last_refresh = fresh.obtained_at
+        self.refreshes += previous is not None
+        self.last_refresh_error = (
+            None if stored else "the new grant could not be stored (see the log)"
+        )
+        self._publish(fresh)
+        log.info("%s: access token obtained (client credentials)", self.server)
         return True
 
     async def _store(self, grant: Grant) -> bool:

@@ -294,7 +294,10 @@ async def finish(
         )
     iss = params.get("iss")
     if iss is not None:
-        if iss != login.authz.issuer and not issuers_match(iss, login.authz.issuer):
+        # RFC 9207 §2.4: simple string comparison with the issuer of the
+        # metadata, as written there: no case folding, default port or
+        # trailing slash is forgiven (a lookalike issuer is a mix-up attack).
+        if iss != login.authz.issuer:
             raise LoginError(
                 "the callback's iss does not name the authorization server this "
                 "login was sent to (RFC 9207); refused",

@@ -54,6 +54,12 @@ class OAuthService:
         self, spec: m.ServerSpec, keeper: TokenKeeper, redirect_uri: str | None
     ) -> m.AuthLoginResult:
         url = _oauth_url(spec)
+        if spec.oauth_grant == "client_credentials":
+            raise InvalidParamsError(
+                f"server {spec.name!r} uses the client credentials grant: no one "
+                "logs in; the daemon gets its tokens itself (see servers/status)",
+                data={"server": spec.name},
+            )
         redirect = redirect_uri or redirect_uri_of(spec)
         check_redirect_uri(redirect)
         wanted = keeper.wanted_scope

@@ -146,10 +146,16 @@ class Supervisor:
             # SDK's OAuth client modules (about a megabyte of the daemon).
             from memorizzd.oauth.keeper import TokenKeeper, http_client_for
 
+            machine = None
+            if spec.oauth_grant == "client_credentials":
+                from memorizzd.oauth.machine import ClientCredentials
+
+                machine = ClientCredentials(spec, vault)
             self.keeper = TokenKeeper(
                 spec.name,
                 vault=vault,
                 http=partial(http_client_for, spec, config.host_allowlist),
+                machine=machine,
             )
 
     async def run(

@@ -32,6 +32,11 @@ def oauth_client_secret_ref(server: str) -> str:
     return f"server/{server}/oauth/client_secret"
 
 
+def oauth_private_key_ref(server: str) -> str:
+    """The operator's pre-registered OAuth client's private key (private_key_jwt)."""
+    return f"server/{server}/oauth/private_key"
+
+
 def server_prefix(server: str) -> str:
     return f"server/{server}/"
 
@@ -57,6 +62,8 @@ def extract_secrets(spec: ServerSpec) -> dict[str, str]:
         secrets[env_ref(spec.name, key)] = value
     if spec.oauth_client_secret:
         secrets[oauth_client_secret_ref(spec.name)] = spec.oauth_client_secret
+    if spec.oauth_private_key:
+        secrets[oauth_private_key_ref(spec.name)] = spec.oauth_private_key
     return secrets
 
 
@@ -68,6 +75,7 @@ def stripped(spec: ServerSpec) -> ServerSpec:
         headers=dict.fromkeys(spec.headers, ""),
         secret_env=dict.fromkeys(spec.secret_env, ""),
         oauth_client_secret="" if spec.oauth_client_secret else None,
+        oauth_private_key="" if spec.oauth_private_key else None,
     )
 
 

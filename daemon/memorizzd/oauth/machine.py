@@ -1,0 +1,143 @@
+"""Grants for machines: the client credentials grant (RFC 6749 §4.4, MCP's
+``io.modelcontextprotocol/oauth-client-credentials`` extension, SEP-1046).
+
+No person logs in: the daemon asks the authorization server for a token with
+the pre-registered client's credentials, ``client_secret_basic``,
+``client_secret_post`` or ``private_key_jwt`` (a key from the vault). The
+token keeper calls ``ClientCredentials.acquire`` when there is no token, ahead
+of expiry and on a 401: the same background schedule, single flight and
+durable write as a user's refresh. The secret and the key are read from the
+vault at each request and never kept in the grant, a log line or an error.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import anyio
+import httpx2
+
+from memorizz.api import methods as m
+from memorizzd.oauth import endpoints
+from memorizzd.oauth.discovery import challenge_of, discover
+from memorizzd.oauth.endpoints import ClientAuth, EndpointError
+from memorizzd.oauth.grant import Grant
+from memorizzd.oauth.mcp_sdk import get_client_metadata_scopes
+from memorizzd.vault import CredentialStore, VaultError
+from memorizzd.vault.server_secrets import (
+    oauth_client_secret_ref,
+    oauth_private_key_ref,
+)
+
+_PREFERRED = ("client_secret_basic", "client_secret_post")
+
+
+class ClientCredentials:
+    """The acquirer the keeper of a ``client_credentials`` server holds."""
+
+    def __init__(self, spec: m.ServerSpec, vault: CredentialStore) -> None:
+        if spec.url is None or not spec.oauth_client_id:
+            raise ValueError("a client_credentials server needs a URL and a client")
+        self._spec = spec
+        self._url: str = spec.url
+        self._client_id: str = spec.oauth_client_id
+        self._vault = vault
+
+    async def acquire(self, http: httpx2.AsyncClient, previous: Grant | None) -> Grant:
+        """A new grant (not yet stored); ``EndpointError`` if refused.
+
+        The first time, the authorization server is discovered as for a login
+        (protected resource metadata, RFC 8414), without the browser's checks;
+        later, the previous grant's endpoint, resource and scope are reused."""
+        spec = self._spec
+        secret, key = await anyio.to_thread.run_sync(self._credentials)
+        if previous is not None:
+            issuer, token_endpoint = previous.issuer, previous.token_endpoint
+            resource, scope = previous.resource, _scope_asked(spec, previous.scope)
+            method = previous.auth_method
+        else:
+            challenge = await challenge_of(http, self._url, spec.transport)
+            authz = await discover(http, self._url, challenge, interactive=False)
+            meta = authz.metadata
+            issuer, token_endpoint = authz.issuer, str(meta.token_endpoint)
+            resource = authz.resource
+            scope = (
+                " ".join(spec.oauth_scopes)
+                if spec.oauth_scopes
+                else get_client_metadata_scopes(
+                    challenge.scope if challenge else None,
+                    authz.resource_metadata,
+                    meta,
+                    ["client_credentials"],
+                )
+            )
+            method = _method(spec, meta.token_endpoint_auth_methods_supported, key)
+        auth = ClientAuth(
+            self._client_id, secret, method, private_key=key, audience=issuer
+        )
+        token = await endpoints.client_credentials(
+            http, token_endpoint, auth, resource=resource, scope=scope
+        )
+        now = time.time()
+        expires_in = token.expires_in
+        return Grant(
+            access_token=token.access_token,
+            refresh_token=None,
+            expires_at=now + expires_in if expires_in and expires_in > 0 else None,
+            obtained_at=now,
+            scope=token.scope or scope,
+            issuer=issuer,
+            token_endpoint=token_endpoint,
+            revocation_endpoint=None,
+            resource=resource,
+            client_id=self._client_id,
+            client_secret=None,
+            auth_method=method,
+            grant_type="client_credentials",
+        )
+
+    def _credentials(self) -> tuple[str | None, str | None]:
+        """The client secret and the private key: inline (a config file's
+        server, in memory only), else from the vault when the spec says there
+        is one ("" once stored)."""
+        spec = self._spec
+        return (
+            self._secret(spec.oauth_client_secret, oauth_client_secret_ref, "secret"),
+            self._secret(spec.oauth_private_key, oauth_private_key_ref, "private key"),
+        )
+
+    def _secret(
+        self, inline: str | None, ref: Callable[[str], str], what: str
+    ) -> str | None:
+        if inline is None:
+            return None
+        if inline:
+            return inline
+        try:
+            value = self._vault.get(ref(self._spec.name))
+        except VaultError as exc:
+            raise EndpointError(
+                "invalid_client",
+                f"the client {what} cannot be read from the vault "
+                f"({type(exc).__name__}); add the server again",
+            ) from None
+        return value
+
+
+def _method(spec: m.ServerSpec, supported: list[str] | None, key: str | None) -> str:
+    """The operator's choice, else ``private_key_jwt`` with a key, else what
+    the authorization server offers (RFC 8414: absent means basic)."""
+    if spec.oauth_token_endpoint_auth_method:
+        return spec.oauth_token_endpoint_auth_method
+    if key is not None:
+        return "private_key_jwt"
+    offered = supported or ["client_secret_basic"]
+    for method in _PREFERRED:
+        if method in offered:
+            return method
+    return "client_secret_basic"
+
+
+def _scope_asked(spec: m.ServerSpec, granted: str | None) -> str | None:
+    return " ".join(spec.oauth_scopes) if spec.oauth_scopes else granted
