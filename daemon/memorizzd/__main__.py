@@ -15,6 +15,7 @@ from memorizzd import __version__
 from memorizzd.config import ConfigError, load
 from memorizzd.execution import check_config_servers, harden_process
 from memorizzd.sdnotify import setup_logging
+from memorizzd.telemetry.logs import FORMATS, formatter
 
 EX_CONFIG = 78
 RELOAD_ENVIRON = frozenset(
@@ -54,6 +55,14 @@ def main(argv: list[str] | None = None) -> int:
         help="debug, info, warning or error (env: MEMORIZZ_LOG_LEVEL; default info)",
     )
     parser.add_argument(
+        "--log-format",
+        default=os.environ.get("MEMORIZZ_LOG_FORMAT", "text"),
+        type=str.lower,
+        help="text, or json: one object per line with the records' fields"
+        " (env: MEMORIZZ_LOG_FORMAT; default text; under systemd, logs go to"
+        " the journal with the same fields)",
+    )
+    parser.add_argument(
         "--version", action="version", version=f"memorizzd {__version__}"
     )
     args = parser.parse_args(argv)
@@ -61,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(
             f"invalid log level {args.log_level!r}: use debug, info, warning or error"
         )
+    if args.log_format not in FORMATS:
+        parser.error(f"invalid log format {args.log_format!r}: use text or json")
 
     try:
         config = load(args.config, socket=args.socket, state_dir=args.state_dir)
@@ -75,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
 
-    setup_logging(args.log_level)
+    setup_logging(args.log_level, formatter(args.log_format))
     if args.forget_secrets:
         return _forget_secrets(config.state_dir)
     from memorizzd.vault import VaultKeyError, find_keys

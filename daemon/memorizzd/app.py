@@ -28,9 +28,10 @@ from memorizzd.observe import serve_metrics
 from memorizzd.reload import SIGNAL_CALLER, Reloader, Sockets
 from memorizzd.rpc.answers import AnsweringDispatcher
 from memorizzd.rpc.server import SocketServer
-from memorizzd.sdnotify import journal_available, notify, run_watchdog
+from memorizzd.sdnotify import notify, run_watchdog
 from memorizzd.spool import Spool
 from memorizzd.store import Store
+from memorizzd.telemetry.logs import fields_kept
 from memorizzd.upstream.errors import FailureKind
 from memorizzd.upstream.pool import Pool, running_pool
 from memorizzd.upstream.tasks import STATUS as TASK_STATUS
@@ -127,7 +128,7 @@ async def running_daemon(
             auditor = Auditor(
                 store,
                 await anyio.to_thread.run_sync(load_key, config.state_dir),
-                mirror_to_journal=journal_available(),
+                mirror_to_journal=fields_kept(),  # journald's or JSON lines
                 spool=await anyio.to_thread.run_sync(Spool, config.state_dir),
             )
             await anyio.to_thread.run_sync(auditor.recover)

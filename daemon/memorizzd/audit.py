@@ -347,8 +347,8 @@ class Auditor:
                 "MEMORIZZ_REASON": record.reason or "",
                 "MEMORIZZ_CALLER_UID": record.caller_uid,
                 "MEMORIZZ_CALLER_PID": record.caller_pid,
-                "MEMORIZZ_CALLER_PROFILE": record.caller_profile or "",
-                "MEMORIZZ_PROPOSAL_ID": record.proposal_id or "",
+                "MEMORIZZ_PROFILE": record.caller_profile or "operator",
+                "MEMORIZZ_PROPOSAL": record.proposal_id or "",
             },
         )
 

@@ -116,18 +116,36 @@ def journal_available() -> bool:
     )
 
 
-def setup_logging(level: str) -> None:
-    """journald with structured fields under systemd, stderr otherwise."""
+def journal_handler() -> logging.Handler:
+    """systemd-python's journal handler, which sends each record's extras
+    (``extra={"MEMORIZZ_SERVER": ...}``) as journal fields. It offers every
+    attribute of the record; only journal field names (upper case) are sent,
+    through ``systemd.journal.send``, looked up at each record."""
+    journal = _optional("systemd.journal")
+
+    def send(message: str, /, **fields: Any) -> None:
+        journal.send(message, **{k: v for k, v in fields.items() if k.isupper()})
+
+    handler: logging.Handler = journal.JournalHandler(
+        sender_function=send, SYSLOG_IDENTIFIER="memorizzd"
+    )
+    return handler
+
+
+def setup_logging(level: str, formatter: logging.Formatter | None = None) -> None:
+    """journald with structured fields under systemd (a record's
+    ``MEMORIZZ_*`` extras become journal fields), else stderr through
+    ``formatter`` (``--log-format``; text by default)."""
     root = logging.getLogger()
     root.setLevel(level.upper())
     handler: logging.Handler
     if journal_available():
-        journal = _optional("systemd.journal")
-        handler = journal.JournalHandler(SYSLOG_IDENTIFIER="memorizzd")
+        handler = journal_handler()
     else:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+            formatter
+            or logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
         )
     root.handlers[:] = [handler]
     for noisy in ("httpx2", "httpcore2", "mcp", "uvicorn"):

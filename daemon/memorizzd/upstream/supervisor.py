@@ -194,7 +194,12 @@ class Supervisor:
                 if not self._dead.is_set():  # else _mark_dead said why
                     self.last_error = _describe_failure(exc)
                     self.last_failure = self._failure_kind(exc)
-                log.warning("%s: connection failed: %s", self.name, self.last_error)
+                log.warning(
+                    "%s: connection failed: %s",
+                    self.name,
+                    self.last_error,
+                    extra={"MEMORIZZ_SERVER": self.name},
+                )
             finally:
                 self._publish(None)
             # A session that was ready starts the backoff ladder afresh.
@@ -322,12 +327,9 @@ class Supervisor:
             self._last_ok = anyio.current_time()
             self._publish(client)
             self._was_ready = True
-            self._set_state("ready")
-            log.info(
-                "%s: ready (%s, protocol %s)",
-                self.name,
-                self.server_name or "unnamed server",
-                version,
+            self._set_state(
+                "ready",
+                f" ({self.server_name or 'unnamed server'}, protocol {version})",
             )
             async with anyio.create_task_group() as tg:
                 for process in self._processes:
@@ -496,7 +498,12 @@ class Supervisor:
         if not self._dead.is_set():
             self.last_error = reason
             self.last_failure = "unreachable"
-            log.warning("%s: session lost: %s", self.name, reason)
+            log.warning(
+                "%s: session lost: %s",
+                self.name,
+                reason,
+                extra={"MEMORIZZ_SERVER": self.name},
+            )
             self._publish(None)
             self._dead.set()
 
@@ -525,10 +532,17 @@ class Supervisor:
         elif self._ready.is_set():
             self._ready = anyio.Event()
 
-    def _set_state(self, state: m.ServerState) -> None:
+    def _set_state(self, state: m.ServerState, detail: str = "") -> None:
         if state != self.state:
             self.state = state
             self.since = time.time()
+            log.info(
+                "%s: %s%s",
+                self.name,
+                state,
+                detail,
+                extra={"MEMORIZZ_SERVER": self.name, "MEMORIZZ_STATE": state},
+            )
         if state == "connecting":
             if self._settled.is_set():
                 self._settled = anyio.Event()
