@@ -68,7 +68,9 @@ class TLS:
         return ssl.create_default_context(cadata=self.ca_pem)
 
 
-def make_tls(directory: str) -> TLS:
+def make_tls(
+    directory: str, names: tuple[str, ...] = (PUBLIC_NAME, "*.example.test")
+) -> TLS:
     now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "memorizz test CA")])
@@ -111,9 +113,7 @@ def make_tls(directory: str) -> TLS:
         .not_valid_before(now - datetime.timedelta(hours=1))
         .not_valid_after(now + datetime.timedelta(days=1))
         .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName(PUBLIC_NAME), x509.DNSName("*.example.test")]
-            ),
+            x509.SubjectAlternativeName([x509.DNSName(name) for name in names]),
             critical=False,
         )
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
@@ -144,10 +144,12 @@ def make_tls(directory: str) -> TLS:
 
 
 @contextlib.contextmanager
-def tls_material() -> Iterator[TLS]:
+def tls_material(
+    names: tuple[str, ...] = (PUBLIC_NAME, "*.example.test"),
+) -> Iterator[TLS]:
     directory = tempfile.mkdtemp(prefix="mz-tls-", dir="/tmp")
     try:
-        yield make_tls(directory)
+        yield make_tls(directory, names)
     finally:
         rmtree(directory)
 

@@ -258,6 +258,14 @@ CATALOG: Final[tuple[ProviderCatalog, ...]] = (
         ),
     ),
     ProviderCatalog(
+        provider="cognee",
+        markers=("cognee",),
+        # The daemon's Cognee Cloud bridge (memorizzd.upstream.cognee), with
+        # cognee-mcp's names; forget deletes a dataset, an item or everything.
+        tools=_tools(read=("recall",), write=("remember",), destructive=("forget",)),
+        agnostic=False,
+    ),
+    ProviderCatalog(
         provider="google-calendar",
         markers=("calendarmcp", "google-calendar"),
         tools=_tools(

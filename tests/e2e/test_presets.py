@@ -159,6 +159,7 @@ def test_presets_are_listed_with_their_tools_risks(
         "honcho",
         "neo4j-memory",
         "neo4j-memory-local",
+        "cognee",
     }
     assert by_name["supermemory"].tools["add_memory"] == "destructive"
     assert by_name["mem0"].tools["delete_memory"] == "destructive"
@@ -410,6 +411,7 @@ def test_every_preset_names_a_catalog_entry_and_expands_to_a_valid_spec() -> Non
             transport=preset.transport,
             preset=preset.name,
             command="/bin/true" if preset.transport == "stdio" else None,
+            url="https://t.aws.cognee.ai" if preset.transport == "builtin" else None,
             auth=preset.auth,
             token="t" if preset.auth == "bearer" else None,
             oauth_client_id="c"

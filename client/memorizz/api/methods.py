@@ -23,7 +23,10 @@ from typing import Annotated, Any, Final, Generic, Literal, TypeVar
 
 import msgspec
 
-Transport = Literal["stdio", "streamable_http", "sse"]
+Transport = Literal["stdio", "streamable_http", "sse", "builtin"]
+Builtin = Literal["cognee"]
+"""The bridges built into the daemon (``transport = "builtin"``): no process,
+no MCP server; the daemon answers ``tools/list`` and ``tools/call`` itself."""
 Risk = Literal["read", "write", "destructive"]
 Decision = Literal["allow", "ask", "deny"]
 AuditOutcome = Literal[
@@ -530,6 +533,9 @@ class ServerSpec(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     instructions: str | bool | None = None
     """What agents are told about this server (MCP ``instructions``): a text,
     ``false`` for none; unset or ``true``: the preset's."""
+    builtin: Builtin | None = None
+    """``transport = "builtin"``: which bridge (``cognee``: Cognee Cloud, its
+    tenant URL in ``url``, its API key in ``token``; both moved into the vault)."""
 
 
 class ServerInfo(msgspec.Struct, kw_only=True):
@@ -597,6 +603,8 @@ class Preset(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     """Tool arguments ``workspace`` is projected into (non-empty: required)."""
     setup: str = ""
     """What to do on the provider's side, and which options to give."""
+    builtin: Builtin | None = None
+    """``transport = "builtin"``: the daemon's own bridge to the provider."""
     instructions: str = ""
     """The connection instructions agents are given (``ServerSpec.instructions``)."""
     tools: dict[str, Risk] = {}

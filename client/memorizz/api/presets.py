@@ -151,6 +151,29 @@ PRESETS: Final[tuple[Preset, ...]] = (
         ),
     ),
     Preset(
+        name="cognee",
+        title="Cognee Cloud (the daemon's built-in bridge)",
+        provider="cognee",
+        transport="builtin",
+        builtin="cognee",
+        auth="bearer",
+        setup=(
+            "Cognee has no hosted MCP endpoint: the daemon speaks the Cognee"
+            " Cloud API itself (remember, recall, forget). Create an API key on"
+            " the API Keys page of platform.cognee.ai, then --url"
+            " https://TENANT.aws.cognee.ai (the tenant URL from its Connection"
+            " Details) and --token - (the key; both go to the vault)."
+        ),
+        instructions=(
+            "Cognee memory (a knowledge graph). Recall before answering when the"
+            " user refers to earlier work, their preferences or facts about"
+            " people and projects; remember only durable facts, decisions and"
+            " preferences the user states or confirms, never secrets. What was"
+            " just remembered may take a while to be recallable (a retryable"
+            " error says so). Forgetting needs the user's explicit request."
+        ),
+    ),
+    Preset(
         name="neo4j-memory",
         title="Neo4j Agent Memory (hosted NAMS)",
         provider="neo4j-agent-memory",
@@ -226,6 +249,8 @@ def apply_preset(spec: ServerSpec, preset: Preset) -> ServerSpec:
     base: dict[str, object] = {"transport": preset.transport, "auth": auth}
     if preset.url is not None:
         base["url"] = preset.url
+    if preset.builtin is not None:
+        base["builtin"] = preset.builtin
     if preset.command is not None:
         base["command"] = preset.command
         base["args"] = list(preset.args)

@@ -68,7 +68,11 @@ def check_server_spec(spec: ServerSpec) -> None:
             f"server name {spec.name!r} may contain only letters, digits, '-', '_' and '.'"
         )
     where = f"server {spec.name!r}"
-    if spec.transport == "stdio":
+    if (spec.transport == "builtin") != (spec.builtin is not None):
+        _invalid(f'{where}: transport "builtin" goes with builtin (the bridge\'s name)')
+    if spec.transport == "builtin":
+        _check_builtin(spec, where)
+    elif spec.transport == "stdio":
         if not spec.command:
             _invalid(f"{where}: transport stdio needs a command")
         if spec.url:
@@ -128,6 +132,67 @@ def _check_connection(spec: ServerSpec, where: str) -> None:
         _invalid(
             f"{where}: instructions must be printable text of 1..{INSTRUCTIONS_MAX}"
             " characters (false: none)"
+        )
+
+
+COGNEE_DOMAIN: Final = "aws.cognee.ai"
+"""Cognee Cloud tenants live at ``https://TENANT.aws.cognee.ai``."""
+_COGNEE_HOST: Final = re.compile(
+    r"(?:[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?\.)+aws\.cognee\.ai"
+)
+
+
+def cognee_tenant_url(url: str) -> str:
+    """The Cognee Cloud tenant base URL ``url`` as the bridge uses it
+    (``https://HOST``); ``InvalidParamsError`` naming the rule it breaks:
+    https only, a host under ``*.aws.cognee.ai``, and no credentials, port,
+    path, query or fragment. The rule is the configured URL's, everywhere:
+    nothing turns it off (tests answer the tenant's name with a DNS stand-in)."""
+    text = url.strip()
+    rule = "the Cognee tenant URL must be https://TENANT.aws.cognee.ai"
+    if text != url or not url.isprintable() or "\\" in url or len(url) > 300:
+        _invalid(f"{rule}: it contains spaces, control characters or a backslash")
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() != "https":
+        _invalid(f"{rule}: https only")
+    if "#" in rest:
+        _invalid(f"{rule}: no fragment (#...)")
+    if "?" in rest:
+        _invalid(f"{rule}: no query (?...)")
+    authority, slash, path = rest.partition("/")
+    if slash and path:
+        _invalid(f"{rule}: no path (the bridge adds /api/v1/...)")
+    if "@" in authority:
+        _invalid(f"{rule}: no credentials in the URL (the API key goes in --token)")
+    if ":" in authority:
+        _invalid(f"{rule}: no port")
+    host = authority.lower()
+    if not _COGNEE_HOST.fullmatch(host) or len(host) > 253:
+        _invalid(f"{rule}: the host must be under *.{COGNEE_DOMAIN}")
+    return f"https://{host}"
+
+
+def _check_builtin(spec: ServerSpec, where: str) -> None:
+    """The Cognee bridge: its tenant URL (if given: a stored spec keeps it in
+    the vault) and its API key (``auth = "bearer"``, the token); nothing of a
+    process or of an MCP endpoint."""
+    if spec.url is not None:
+        try:
+            cognee_tenant_url(spec.url)
+        except InvalidParamsError as exc:
+            _invalid(f"{where}: {exc.message}")
+    else:
+        _invalid(f"{where}: the cognee bridge needs its tenant URL (--url)")
+    if spec.auth != "bearer":
+        _invalid(f"{where}: the cognee bridge needs its API key (--token -)")
+    if spec.command or spec.args or spec.env or spec.cwd or spec.secret_env:
+        _invalid(
+            f"{where}: command, args, env, secret_env and cwd are for stdio servers"
+        )
+    if spec.headers or spec.roots or spec.allow_private_network:
+        _invalid(
+            f"{where}: headers, roots and allow_private_network are not for the"
+            " cognee bridge"
         )
 
 

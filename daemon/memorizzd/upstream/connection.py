@@ -4,7 +4,9 @@ Two kinds implement ``Connection``: ``jsonrpc.JsonRpcSession``, our own MCP
 client over a stdio server's pipes (no SDK, no model objects: a tool call's
 arguments go out as the bytes the caller sent and its result comes back as
 the bytes the server wrote), and ``session.SdkConnection``, the MCP SDK's
-client for the HTTP transports (loaded only when a server needs it).
+client for the HTTP transports (loaded only when a server needs it). A third,
+``cognee.CogneeConnection``, is no MCP client at all: the built-in Cognee
+Cloud bridge answers ``tools/list`` and ``tools/call`` itself.
 
 Every method raises our classes only: ``RemoteError`` subclasses for answers,
 ``errors.ConnectionLost`` when the session is gone, ``TimeoutError`` never

@@ -215,7 +215,7 @@ class Supervisor:
                     await self.keeper.wait_installed()
 
     def _failure_kind(self, exc: BaseException) -> errors.FailureKind:
-        if self.spec.transport == "stdio":
+        if self.spec.transport in ("stdio", "builtin"):
             return errors.failure_kind(exc)
         from memorizzd.upstream.session import failure_kind  # the SDK: loaded already
 
@@ -367,6 +367,12 @@ class Supervisor:
             if len(self._processes) > 1:
                 return open_replicas(launch, self._processes)
             return open_session(launch, self._process)
+        if spec.transport == "builtin":  # the daemon's own bridge (no SDK)
+            from memorizzd.upstream.cognee import open_cognee
+
+            return open_cognee(
+                spec, secrets=secrets, host_allowlist=self._config.host_allowlist
+            )
         from memorizzd.upstream.session import open_connection
 
         return open_connection(

@@ -37,6 +37,11 @@ def oauth_private_key_ref(server: str) -> str:
     return f"server/{server}/oauth/private_key"
 
 
+def url_ref(server: str) -> str:
+    """A built-in bridge's base URL (the Cognee tenant's)."""
+    return f"server/{server}/url"
+
+
 def server_prefix(server: str) -> str:
     return f"server/{server}/"
 
@@ -46,6 +51,8 @@ class ServerSecrets(msgspec.Struct, frozen=True):
 
     headers: dict[str, str] = {}
     env: dict[str, str] = {}
+    url: str | None = None
+    """A built-in bridge's base URL (from the vault)."""
 
     def __repr__(self) -> str:
         return f"ServerSecrets(headers={sorted(self.headers)}, env={sorted(self.env)})"
@@ -62,6 +69,8 @@ def extract_secrets(spec: ServerSpec) -> dict[str, str]:
         secrets[env_ref(spec.name, key)] = value
     if spec.oauth_client_secret:
         secrets[oauth_client_secret_ref(spec.name)] = spec.oauth_client_secret
+    if spec.transport == "builtin" and spec.url:
+        secrets[url_ref(spec.name)] = spec.url
     if spec.oauth_private_key:
         secrets[oauth_private_key_ref(spec.name)] = spec.oauth_private_key
     return secrets
@@ -72,6 +81,7 @@ def stripped(spec: ServerSpec) -> ServerSpec:
     return msgspec.structs.replace(
         spec,
         token=None,
+        url=None if spec.transport == "builtin" else spec.url,
         headers=dict.fromkeys(spec.headers, ""),
         secret_env=dict.fromkeys(spec.secret_env, ""),
         oauth_client_secret="" if spec.oauth_client_secret else None,
@@ -90,6 +100,10 @@ def resolve_secrets(spec: ServerSpec, vault: CredentialStore) -> ServerSecrets:
     Raises ``VaultError`` (naming the ref) when one is missing or unreadable.
     """
     headers: dict[str, str] = {}
+    if spec.transport == "builtin":  # an API key (as the bridge sends it) and the URL
+        key = spec.token or vault.get(token_ref(spec.name))
+        url = spec.url or vault.get(url_ref(spec.name))
+        return ServerSecrets(headers={"X-Api-Key": key}, url=url)
     if spec.auth == "bearer":
         token = spec.token or vault.get(token_ref(spec.name))
         headers["Authorization"] = f"Bearer {token}"
