@@ -34,6 +34,7 @@ from typing import Any
 import msgspec
 
 from memorizz import Client
+from memorizz.api import methods as m
 from memorizz.api.errors import AuthRequiredError, MemorizzError
 
 SERVER = "conf"
@@ -49,6 +50,11 @@ READY_S = 10.0
 TOOL_ARGS: dict[str, dict[str, Any]] = {
     "add_numbers": {"a": 5, "b": 3},
 }
+ECHO_TOOL, ECHO_OF = "json_schema_echo", "json_schema_2020_12_tool"
+"""``json-schema-2020-12-preservation``: the echo tool gets the focal tool's
+``inputSchema`` exactly as memorizzd lists it (what was preserved)."""
+LIST_ONLY = ("json-schema-ref-no-deref",)
+"""Scenarios whose server only lists its tools (a call is not answered)."""
 
 
 def pause(seconds: float) -> None:
@@ -62,11 +68,20 @@ def log(msg: str) -> None:
 # --- the OAuth surface (planned API; adjust here) -----------------------------
 
 
+MACHINE_SCENARIOS = ("auth/client-credentials-basic", "auth/client-credentials-jwt")
+"""Scenarios of a machine's grant: no login; the server is added through
+``servers/add`` so that its secret or key goes to the vault, not a config file."""
+
+
 def oauth_fields(scenario: str, context: dict[str, Any]) -> dict[str, Any]:
     """Server-entry keys for an ``auth/*`` scenario ({} for the others)."""
     if not scenario.startswith("auth/"):
         return {}
     fields: dict[str, Any] = {"auth": "oauth"}
+    if scenario in MACHINE_SCENARIOS:
+        fields["oauth_grant"] = "client_credentials"
+        if context.get("private_key_pem"):
+            fields["oauth_private_key"] = context["private_key_pem"]
     if context.get("client_id"):
         fields["oauth_client_id"] = context["client_id"]
     if context.get("client_secret"):
@@ -126,8 +141,8 @@ def toml_value(value: Any) -> str:
     raise TypeError(f"no TOML for {value!r}")
 
 
-def write_config(path: Path, url: str, extra: dict[str, Any]) -> None:
-    server: dict[str, Any] = {
+def server_entry(url: str, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
         "name": SERVER,
         "transport": "streamable_http",
         "url": url,
@@ -135,23 +150,32 @@ def write_config(path: Path, url: str, extra: dict[str, Any]) -> None:
         "timeout_s": 20.0,
         **extra,
     }
+
+
+def write_config(path: Path, server: dict[str, Any] | None) -> None:
     lines = [
         "connect_wait_s = 10.0",
         "backoff_initial_s = 0.1",
         "backoff_max_s = 1.0",
         "drain_timeout_s = 2.0",
-        "",
-        "[[servers]]",
-        *(f"{key} = {toml_value(value)}" for key, value in server.items()),
     ]
+    if server is not None:
+        lines += [
+            "",
+            "[[servers]]",
+            *(f"{key} = {toml_value(value)}" for key, value in server.items()),
+        ]
     path.write_text("\n".join(lines) + "\n")
 
 
 @contextlib.contextmanager
-def running_daemon(base: Path, url: str, extra: dict[str, Any]) -> Iterator[Client]:
+def running_daemon(
+    base: Path, url: str, extra: dict[str, Any], *, via_api: bool = False
+) -> Iterator[Client]:
     config = base / "memorizzd.toml"
     sock = base / "d.sock"
-    write_config(config, url, extra)
+    server = server_entry(url, extra)
+    write_config(config, None if via_api else server)
     daemon_log = base / "daemon.log"
     with daemon_log.open("ab") as out:
         proc = subprocess.Popen(
@@ -188,6 +212,8 @@ def running_daemon(base: Path, url: str, extra: dict[str, Any]) -> Iterator[Clie
                         "memorizzd did not answer on its socket"
                     ) from None
                 pause(0.05)
+        if via_api:
+            client.add_server(msgspec.convert(server, m.ServerSpec))
         yield client
     finally:
         client.close()
@@ -214,21 +240,64 @@ def wait_settled(client: Client) -> str:
 # --- the scenario ---------------------------------------------------------------
 
 
-def exercise(client: Client) -> None:
+def accept_with_defaults(params: dict[str, Any]) -> dict[str, Any]:
+    """An elicitation answered as a user who accepts the form unchanged would:
+    each field at its schema's ``default`` (SEP-1034), fields without one left out."""
+    schema = params.get("requestedSchema") or {}
+    properties = schema.get("properties") or {}
+    content = {
+        name: prop["default"]
+        for name, prop in properties.items()
+        if isinstance(prop, dict) and "default" in prop
+    }
+    log(f"elicitation {params.get('message')!r}: accept {content}")
+    return {"action": "accept", "content": content}
+
+
+def arguments_for(name: str, schemas: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    if name == ECHO_TOOL:  # the schema of the focal tool, as memorizzd lists it
+        return {"schema": schemas.get(ECHO_OF, {})}
+    return TOOL_ARGS.get(name, {})
+
+
+def exercise(client: Client, scenario: str = "") -> None:
     """List the tools and call each one (the scenario's checks are on the server side)."""
     tools = client.list_tools(SERVER)
     log(f"tools: {[t.name for t in tools]}")
+    if scenario in LIST_ONLY:
+        return
+    schemas = {tool.name: tool.input_schema for tool in tools}
     for tool in tools:
-        result = client.call_tool(SERVER, tool.name, TOOL_ARGS.get(tool.name, {}))
+        result = client.call_tool(
+            SERVER,
+            tool.name,
+            arguments_for(tool.name, schemas),
+            on_elicit=accept_with_defaults,
+        )
         log(f"{tool.name}: isError={result.is_error} {result.content!r:.300}")
         if result.is_error:
             raise RuntimeError(f"tool {tool.name} returned an error")
 
 
+def wait_ready(client: Client) -> None:
+    """A machine grant: wait (bounded) for the daemon to get its token and connect."""
+    deadline = time.monotonic() + READY_S
+    while True:
+        status = client.server_status(SERVER)[0]
+        if status.state == "ready" or time.monotonic() > deadline:
+            log(f"server state: {status.state} ({status.last_error or 'no error'})")
+            return
+        pause(0.05)
+
+
 def drive(client: Client, scenario: str) -> None:
+    if scenario in MACHINE_SCENARIOS:
+        wait_ready(client)
+        exercise(client)
+        return
     wait_settled(client)
     if not scenario.startswith("auth/"):
-        exercise(client)
+        exercise(client, scenario)
         return
     logins = 0
     while True:
@@ -257,7 +326,12 @@ def main(argv: list[str]) -> int:
     base = Path(tempfile.mkdtemp(prefix="mz-conf-", dir="/tmp"))
     ok = False
     try:
-        with running_daemon(base, url, oauth_fields(scenario, context)) as client:
+        with running_daemon(
+            base,
+            url,
+            oauth_fields(scenario, context),
+            via_api=scenario in MACHINE_SCENARIOS,
+        ) as client:
             drive(client, scenario)
         ok = True
     except (MemorizzError, RuntimeError, OSError, AttributeError) as exc:
