@@ -279,6 +279,7 @@ class Broker:
             arguments=p.arguments,
             timeout_s=p.timeout_s,
             progress=_progress_to(p.progress_token),
+            trace=None if p.meta is None else msgspec.structs.asdict(p.meta),
         )
         sink = _logs_to(capabilities.get("logging"))
         if sink is None:

@@ -51,6 +51,7 @@ from memorizzd.calllife import (
 from memorizzd.policy import refusal
 from memorizzd.telemetry import tracing
 from memorizzd.telemetry.metrics import OTHER, CallMeter
+from memorizzd.telemetry.tracing import TraceContext
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
 from memorizzd.upstream.pool import Pool
@@ -102,6 +103,7 @@ class Calls:
         reuse_approved: bool = False,
         progress: ProgressHandler | None = None,
         task: bytes | None = None,
+        trace: TraceContext | None = None,
     ) -> msgspec.Raw:
         """``tools/call``: policy first (anything but allow is refused, or held
         for approval, before the upstream sees it), then the relay.
@@ -113,7 +115,22 @@ class Calls:
 
         ``task`` (MCP's task metadata, a JSON object's bytes): the call is
         relayed as a task (``_create_task``); its result is the server's
-        ``CreateTaskResult``, the task's id the daemon's."""
+        ``CreateTaskResult``, the task's id the daemon's.
+
+        ``trace``: the caller's W3C trace context (``_meta``), the parent of
+        the call's span when tracing is on."""
+        if tracing.enabled and not tracing.in_call():  # the call's span, around
+            with tracing.call_scope(f"tools/call {server}/{tool}", trace):
+                return await self.call(
+                    caller,
+                    server,
+                    tool=tool,
+                    arguments=arguments,
+                    timeout_s=timeout_s,
+                    reuse_approved=reuse_approved,
+                    progress=progress,
+                    task=task,
+                )
         started = time.time()
         verdict: dict[str, Any] = {}  # what the audit records of the policy's answer
         read: CallArguments | None = None
@@ -124,6 +141,10 @@ class Calls:
                 upstream = self._scope(caller, server)
                 deadline = upstream.deadline_for(timeout_s)
                 decided, listed = await upstream.tool_verdict(tool, deadline=deadline)
+                if tracing.enabled:
+                    tracing.child(
+                        "policy", started, {"memorizz.decision": decided.decision}
+                    )
                 if decided.fixed:  # the server's fixed arguments (a preset's workspace)
                     value = {**read.value, **dict(decided.fixed)}
                     read = self._auditor.call_arguments(_encode(value), value)
@@ -188,6 +209,13 @@ class Calls:
         """``approvals/resume``: the stored call, checked against the server as
         it is now (the tool's schema; the policy still allows it), consumed
         (durably), and only then relayed, once."""
+        if tracing.enabled and not tracing.in_call():  # the call's span, around
+            with tracing.call_scope(
+                f"approvals/resume {proposal.server}/{proposal.tool}"
+            ):
+                return await self.resume(
+                    caller, proposal, timeout_s=timeout_s, progress=progress
+                )
         if proposal.status != "approved":
             raise not_approved(proposal)
         try:
@@ -268,6 +296,7 @@ class Calls:
         # a read may be abandoned with its client; anything else runs to the end
         mark_abortable(risk == "read")
         bound_asks(deadline)  # what the upstream asks the caller, within its deadline
+        span = tracing.upstream_span(upstream.name, tool) if tracing.enabled else None
         try:
             result = await upstream.call_tool(
                 tool, read.raw, risk=risk, deadline=deadline, progress=progress
@@ -284,6 +313,9 @@ class Calls:
             with anyio.CancelScope(shield=True):
                 await audit(outcome=outcome, reason=reason, **verdict)
             raise
+        finally:
+            if span is not None:
+                span.end()
         await audit(
             outcome="tool_error" if result.is_error else "ok",
             result_bytes=len(result.raw),
@@ -406,7 +438,7 @@ class Calls:
                 time.time() - started,
             )
             if tracing.enabled:
-                _trace(caller, action, started, server, tool, fields)
+                _trace(caller, action, server, tool, fields)
         await self._auditor.record(
             caller,
             action=action,
@@ -419,14 +451,9 @@ class Calls:
 
 
 def _trace(
-    caller: Caller,
-    action: str,
-    started: float,
-    server: str,
-    tool: str,
-    fields: dict[str, Any],
+    caller: Caller, action: str, server: str, tool: str, fields: dict[str, Any]
 ) -> None:
-    """The call as a span (``telemetry/tracing.py``); never argument values."""
+    """The call's audit on its span (``telemetry/tracing.py``); never argument values."""
     outcome = fields["outcome"]
     attributes = {
         "memorizz.server": server,
@@ -437,10 +464,8 @@ def _trace(
     }
     if fields.get("proposal_id"):
         attributes["memorizz.proposal"] = fields["proposal_id"]
-    tracing.call_span(
+    tracing.annotate(
         f"{action} {server}/{tool}",
-        started=started,
-        ended=time.time(),
         attributes=attributes,
         failed=outcome not in ("ok", "tool_error", "approval_required", "task_created"),
     )

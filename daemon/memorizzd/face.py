@@ -76,6 +76,7 @@ call resolves its name against the warm caches as they are now.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from functools import partial
 from typing import Any, Final, Literal, TypeVar, cast, get_args
@@ -102,6 +103,7 @@ from memorizzd.calls import ProgressReport, progress_to_client
 from memorizzd.names import exposed_names
 from memorizzd.rpc.answers import parse_line, take
 from memorizzd.rpc.dispatch import Session, encode_error
+from memorizzd.telemetry import tracing
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
 
@@ -213,6 +215,9 @@ class _Cursor(msgspec.Struct):
 
 class _CallMeta(msgspec.Struct, rename="camel"):
     progress_token: int | str | None = None
+    traceparent: str | None = None
+    """W3C trace context: the parent of the call's span (``[tracing]``)."""
+    tracestate: str | None = None
 
 
 class _Call(msgspec.Struct):
@@ -647,6 +652,15 @@ class FaceDispatcher:
 
     async def _tools_call(self, caller: Caller, params: msgspec.Raw) -> Any:
         call = _decode(params, _Call)
+        if tracing.enabled and not tracing.in_call():  # one span, approval wait and all
+            meta = call.meta
+            trace = (
+                None
+                if meta is None
+                else {"traceparent": meta.traceparent, "tracestate": meta.tracestate}
+            )
+            with tracing.call_scope(None, trace):
+                return await self._tools_call(caller, params)
         builtin = _BUILTIN_NAMES.get(call.name)
         if builtin is not None and builtin in self._builtins_of(caller):
             return await self._builtin_call(caller, builtin, call.arguments)
@@ -697,12 +711,19 @@ class FaceDispatcher:
         book = self._broker.book
         token = None if call.meta is None else call.meta.progress_token
         send = client_send()
+        waited = time.time()
         if token is None or send is None:
             proposal = await book.wait(caller, proposal_id, wait_s)
         else:  # the client hears that its call waits, and how long it may
             proposal = await _telling(
                 book.wait(caller, proposal_id, wait_s),
                 partial(_waiting_notes, send, token, proposal_id, wait_s),
+            )
+        if tracing.enabled:
+            tracing.child(
+                "approval wait",
+                waited,
+                {"memorizz.proposal": proposal_id, "memorizz.status": proposal.status},
             )
         if proposal.status == "approved":
             return await calls.resume(

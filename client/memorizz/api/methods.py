@@ -237,6 +237,15 @@ class TasksListResult(Result, kw_only=True):
     """The caller's own tasks that their servers still keep, oldest first."""
 
 
+class CallMeta(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """A ``tools/call``'s ``_meta``, as MCP's: the caller's W3C trace context
+    (``traceparent``, ``tracestate``), which the daemon's span of the call
+    continues when tracing is on; other members are ignored."""
+
+    traceparent: str | None = None
+    tracestate: str | None = None
+
+
 class ToolsCallParams(ServerParams, kw_only=True, frozen=True):
     name: str
     arguments: Arguments = msgspec.field(default_factory=arguments)
@@ -254,6 +263,9 @@ class ToolsCallParams(ServerParams, kw_only=True, frozen=True):
     task created (``content`` empty), and the server's ``notifications/tasks/status``
     lines reach this connection; ``tasks/get``, ``tasks/result`` and
     ``tasks/cancel`` follow it."""
+    meta: CallMeta | None = msgspec.field(default=None, name="_meta")
+    """The caller's trace context (``{"traceparent": ...}``): the parent of
+    the call's span, and passed on upstream (``[tracing] enabled``)."""
 
 
 class ProgressParams(msgspec.Struct, kw_only=True, omit_defaults=True):

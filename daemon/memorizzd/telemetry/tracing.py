@@ -7,20 +7,31 @@ and the OTLP/HTTP exporter of the ``otel`` extra (``pip install
 'memorizzd[otel]'``); where an application already installed a tracer
 provider (a test's in-memory exporter), that one is used.
 
-``call_span`` records a finished call as a span, from its start to its audit
-record (``Calls._audit``), with the call's server, tool, profile, decision,
-outcome and proposal as attributes (``memorizz.*``; never argument values),
-under the caller's W3C trace context when one was given (``traceparent``
-and ``tracestate``, as MCP's ``_meta`` carries them).
+A call is one span (``call_scope``, kind server), opened by the front that
+took it (the face: its approval wait included) or else by ``Calls``, under
+the caller's W3C trace context when one was given (``traceparent`` and
+``tracestate`` in the request's ``_meta``, MCP's convention; the socket API's
+``tools/call`` takes the same ``_meta``). Its audit record annotates it
+(``annotate``: server, tool, profile, decision, outcome and proposal as
+``memorizz.*`` attributes; never argument values). Its children: ``policy``
+(the verdict, with a cold listing fetched), ``approval wait`` (the face's)
+and the upstream request (``upstream_span``, kind client), whose context the
+request carries upstream in ``params._meta`` (``upstream_carrier``: the
+stdio relay adds it; the SDK's client does for HTTP upstreams).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 log = logging.getLogger("memorizzd.tracing")
+
+TraceContext = Mapping[str, str | None]
+"""A caller's W3C trace context: ``traceparent`` and ``tracestate``, from ``_meta``."""
 
 enabled = False
 """Whether calls are traced: the one thing the hot path looks at."""
@@ -70,31 +81,132 @@ def shutdown() -> None:
     enabled, _tracer = False, None
 
 
-def call_span(
-    name: str,
-    *,
-    started: float,
-    ended: float,
-    attributes: Mapping[str, str],
-    failed: bool,
-    carrier: Mapping[str, str] | None = None,
-) -> None:
-    """One finished call as a span (times: ``time.time()`` seconds)."""
-    if _tracer is None:
-        return
-    from opentelemetry.trace import SpanKind, StatusCode
+class _Scope:
+    """A call's span while the call runs (``call_scope``)."""
+
+    __slots__ = ("named", "span")
+
+    def __init__(self, span: Any, *, named: bool) -> None:
+        self.span = span
+        self.named = named
+
+
+_scope: ContextVar[_Scope | None] = ContextVar("memorizz_call_span", default=None)
+
+
+def in_call() -> bool:
+    """Whether a call's span is open in this context (a front opened it)."""
+    return _scope.get() is not None
+
+
+def _extract(carrier: TraceContext | None) -> Any:
+    """The caller's W3C trace context (``traceparent``, ``tracestate``) as a
+    parent context; None (a new trace) when absent or malformed."""
+    if not carrier or not carrier.get("traceparent"):
+        return None
+    from opentelemetry.trace import get_current_span
     from opentelemetry.trace.propagation.tracecontext import (
         TraceContextTextMapPropagator,
     )
 
-    parent = TraceContextTextMapPropagator().extract(dict(carrier)) if carrier else None
+    found = {k: v for k, v in carrier.items() if isinstance(v, str)}
+    context = TraceContextTextMapPropagator().extract(found)
+    return context if get_current_span(context).get_span_context().is_valid else None
+
+
+@contextmanager
+def call_scope(name: str | None, carrier: TraceContext | None = None) -> Iterator[None]:
+    """The call's span (kind server) from here to the end of the block, the
+    current span meanwhile (its children: ``child``, ``upstream_span``); its
+    parent the caller's trace context when given. ``name`` None: the first
+    ``annotate`` names it. Only called when ``enabled``."""
+    from opentelemetry import context as otel_context
+    from opentelemetry.trace import SpanKind, set_span_in_context
+
     span = _tracer.start_span(
-        name,
-        context=parent,
-        kind=SpanKind.SERVER,
-        start_time=int(started * 1e9),
-        attributes=dict(attributes),
+        name or "tools/call", context=_extract(carrier), kind=SpanKind.SERVER
     )
+    token = otel_context.attach(set_span_in_context(span))
+    scope = _scope.set(_Scope(span, named=name is not None))
+    try:
+        yield
+    finally:
+        _scope.reset(scope)
+        otel_context.detach(token)
+        span.end()
+
+
+def annotate(name: str, *, attributes: Mapping[str, str], failed: bool) -> None:
+    """What the call's audit says, on its span (``name`` if it has none yet)."""
+    scope = _scope.get()
+    if scope is None:
+        return
+    from opentelemetry.trace import StatusCode
+
+    if not scope.named:
+        scope.span.update_name(name)
+        scope.named = True
+    scope.span.set_attributes(dict(attributes))
     if failed:
-        span.set_status(StatusCode.ERROR, attributes.get("memorizz.outcome", ""))
-    span.end(end_time=int(ended * 1e9))
+        scope.span.set_status(StatusCode.ERROR, attributes.get("memorizz.outcome", ""))
+
+
+def child(
+    name: str, started: float, attributes: Mapping[str, str] | None = None
+) -> None:
+    """A finished step of the call (policy, approval wait) as a child span,
+    from ``started`` (``time.time()`` seconds) to now."""
+    if _scope.get() is None:
+        return
+    span = _tracer.start_span(
+        name, start_time=int(started * 1e9), attributes=dict(attributes or {})
+    )
+    span.end()
+
+
+class Upstream:
+    """The upstream request's span (kind client) while it runs: the current
+    span, so the request carries its context (``upstream_carrier``)."""
+
+    __slots__ = ("span", "token")
+
+    def __init__(self, server: str, tool: str) -> None:
+        from opentelemetry import context as otel_context
+        from opentelemetry.trace import SpanKind, set_span_in_context
+
+        self.span = _tracer.start_span(
+            f"tools/call {tool}",
+            kind=SpanKind.CLIENT,
+            attributes={
+                "mcp.method.name": "tools/call",
+                "gen_ai.tool.name": tool,
+                "memorizz.server": server,
+            },
+        )
+        self.token = otel_context.attach(set_span_in_context(self.span))
+
+    def end(self) -> None:
+        from opentelemetry import context as otel_context
+
+        otel_context.detach(self.token)
+        self.span.end()
+
+
+def upstream_span(server: str, tool: str) -> Upstream | None:
+    """The span of a call's upstream request, started; None outside a call."""
+    if _scope.get() is None:
+        return None
+    return Upstream(server, tool)
+
+
+def upstream_carrier() -> dict[str, str]:
+    """The current span's W3C trace context (``traceparent``, ``tracestate``)
+    for a request's ``params._meta``, as MCP's conventions say (empty
+    outside a span)."""
+    from opentelemetry.trace.propagation.tracecontext import (
+        TraceContextTextMapPropagator,
+    )
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)
+    return carrier

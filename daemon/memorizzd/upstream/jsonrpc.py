@@ -49,6 +49,7 @@ from memorizz.api.errors import RemoteError, UpstreamError
 from memorizzd import __version__
 from memorizzd.calllife import ASKED, AskRefused
 from memorizzd.loop import Signal
+from memorizzd.telemetry import tracing
 from memorizzd.upstream.asks import Call, InFlight
 from memorizzd.upstream.connection import CallShape, ProgressHandler, ToolResult
 from memorizzd.upstream.errors import (
@@ -217,17 +218,19 @@ class JsonRpcSession:
     def _logs(self, call: Call) -> bytes:
         """The ``_meta`` member with the caller's log level added, when it
         asked for log messages and the server speaks 2026-07-28 (it logs only
-        to requests that opt in); else ``_meta`` as it is."""
+        to requests that opt in); else ``_meta`` as it is. With tracing on,
+        the call's trace context too (``traceparent``, MCP's convention)."""
+        meta = _traced(self._meta) if tracing.enabled else self._meta
         if call.log_level is None or not self._meta:
-            return self._meta
+            return meta
         stamp = b'"' + LOG_LEVEL_KEY + b'":' + _encode(call.log_level) + b","
-        return b',"_meta":{' + stamp + self._meta[len(b',"_meta":{') :]
+        return b',"_meta":{' + stamp + meta[len(b',"_meta":{') :]
 
     async def _call_tool(
         self, name: str, arguments: bytes, progress: ProgressHandler | None, call: Call
     ) -> ToolResult:
         params = b'{"name":' + _encode(name) + b',"arguments":' + arguments
-        if progress is None and call.log_level is None:
+        if progress is None and call.log_level is None and not tracing.enabled:
             raw = await self._request("tools/call", params + self._meta + b"}")
         elif progress is None:  # the caller hears the server's logs (2026-07-28)
             raw = await self._request("tools/call", params + self._logs(call) + b"}")
@@ -235,9 +238,10 @@ class JsonRpcSession:
             token = call.token = f"mz-{next(self._progress_ids)}"
             self._progress[token] = progress
             stamp = b'"progressToken":' + _encode(token)
+            logs = self._logs(call)
             meta = (
-                b',"_meta":{' + stamp + b"," + self._logs(call)[len(b',"_meta":{') :]
-                if self._meta
+                b',"_meta":{' + stamp + b"," + logs[len(b',"_meta":{') :]
+                if logs
                 else b',"_meta":{' + stamp + b"}"
             )
             try:
@@ -662,3 +666,15 @@ async def open_session(
             yield session
         finally:
             tg.cancel_scope.cancel()
+
+
+def _traced(meta: bytes) -> bytes:
+    """``meta`` (a ``,"_meta":{...}`` member, or empty) with the current
+    span's W3C trace context added (``traceparent``, ``tracestate``)."""
+    carrier = tracing.upstream_carrier()
+    if not carrier:
+        return meta
+    members = _encode(carrier)[1:-1]
+    if not meta:
+        return b',"_meta":{' + members + b"}"
+    return b',"_meta":{' + members + b"," + meta[len(b',"_meta":{') :]
