@@ -36,6 +36,7 @@ from memorizzd.upstream.errors import FailureKind
 from memorizzd.upstream.pool import Pool, running_pool
 from memorizzd.upstream.tasks import STATUS as TASK_STATUS
 from memorizzd.vault import FernetCredentialStore, KeySource, keys_for
+from memorizzd.vault.stores import open_stores
 
 log = logging.getLogger("memorizzd")
 
@@ -93,7 +94,8 @@ async def running_daemon(
     try:
         if keys is None:
             keys = await anyio.to_thread.run_sync(keys_for, store, config.state_dir)
-        vault = await anyio.to_thread.run_sync(FernetCredentialStore.open, store, keys)
+        fernet = await anyio.to_thread.run_sync(FernetCredentialStore.open, store, keys)
+        vault = open_stores(config.credentials.stores, fernet, config=config)
     except BaseException:
         await close_all(listening)
         await anyio.to_thread.run_sync(store.close)

@@ -585,9 +585,9 @@ class Broker:
             self._vault.put_many(secrets)
 
     async def vault_rotate(self, p: m.VaultRotateParams) -> m.VaultRotateResult:
-        if not isinstance(self._vault, FernetCredentialStore):
+        vault = getattr(self._vault, "primary", self._vault)  # the vault, of the stores
+        if not isinstance(vault, FernetCredentialStore):
             raise InvalidParamsError("this credential store does not rotate keys")
-        vault = self._vault
         try:
             count = await anyio.to_thread.run_sync(
                 partial(vault.rotate, new_key=p.new_key)

@@ -46,6 +46,15 @@ class Decisions(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     destructive: Decision = "ask"
 
 
+class Credentials(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """``[credentials]``: where secrets come from (docs/auth.md)."""
+
+    stores: list[str] = msgspec.field(default_factory=lambda: ["vault", "systemd"])
+    """``vault`` (always; written to), ``systemd`` (``credential:NAME``), and a
+    deployment's own: ``module.path:factory`` or an entry point's name in the
+    group ``memorizz.credential_stores``."""
+
+
 class Limits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Per-socket limits (``[profiles.limits]``; the operator socket's are fixed)."""
 
@@ -192,6 +201,7 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """The operator face's ``separator`` (a profile's face has its own)."""
     metrics: Metrics = msgspec.field(default_factory=Metrics)
     tracing: Tracing = msgspec.field(default_factory=Tracing)
+    credentials: Credentials = msgspec.field(default_factory=Credentials)
     config_path: str | None = None
     """Where the config was read from (set by ``load``; not a TOML key)."""
 
@@ -294,6 +304,11 @@ def load(
             raise ConfigError(f"{config_path}: {key} must be greater than 0")
     if config.drain_timeout_s < 0:
         raise ConfigError(f"{config_path}: drain_timeout_s must not be negative")
+    stores = config.credentials.stores
+    if "vault" not in stores or len(set(stores)) != len(stores):
+        raise ConfigError(
+            f'{config_path}: [credentials] stores must name "vault", and each store once'
+        )
     separators = [("face_separator", config.face_separator)] + [
         (f"profile {p.name!r}: separator", p.separator) for p in config.profiles
     ]

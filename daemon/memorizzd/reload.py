@@ -74,6 +74,7 @@ RESTART_KEYS: Final[dict[str, Callable[[Config], object]]] = {
     "agents_dir": lambda c: c.agents_dir,
     "mcp_face": lambda c: c.mcp_face,
     "operators.socket_group": lambda c: c.operators.socket_group,
+    "credentials.stores": lambda c: c.credentials.stores,
 }
 """Settings a reload does not apply (the sockets and the state database are
 opened once): the old value stays until a restart."""

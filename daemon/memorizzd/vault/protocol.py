@@ -16,8 +16,17 @@ class SecretNotFoundError(VaultError):
 class CredentialStore(Protocol):
     """Where secrets live. Synchronous: the daemon calls it from worker threads.
 
-    Refs are stable names such as ``server/<name>/token``. ``FernetCredentialStore``
-    is the default; a deployment may plug in its own secret manager.
+    Refs are stable names such as ``server/<name>/token`` (the vault's), or
+    references ``PREFIX:NAME`` for a store with a ``prefix`` (``credential:``
+    for systemd credentials). Implementations: ``FernetCredentialStore`` (the
+    vault, the one written to), ``stores.SystemdCredentialStore`` (read-only),
+    a deployment's own (``[credentials] stores``, docs/auth.md), and
+    ``stores.CredentialStores``, which routes among them.
+
+    The contract: ``get`` raises ``SecretNotFoundError`` for a ref it does not
+    hold and ``VaultError`` when it cannot read one, with messages that name
+    the ref and never a value; a read-only store raises ``VaultError`` from
+    the writes and lists no refs. A store keeps no secret in its ``repr``.
     """
 
     def put(self, ref: str, secret: str) -> None: ...

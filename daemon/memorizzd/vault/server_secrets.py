@@ -13,6 +13,7 @@ import msgspec
 
 from memorizz.api.methods import ServerSpec
 from memorizzd.vault.protocol import CredentialStore
+from memorizzd.vault.stores import resolve_value
 
 
 def token_ref(server: str) -> str:
@@ -97,20 +98,24 @@ def server_refs(vault: CredentialStore, server: str) -> list[str]:
 def resolve_secrets(spec: ServerSpec, vault: CredentialStore) -> ServerSecrets:
     """Inline values where present (config file), else from the vault.
 
+    A value that is a reference (``credential:NAME``, a plugin store's
+    ``PREFIX:NAME``) is resolved here, at connect (``stores.py``).
     Raises ``VaultError`` (naming the ref) when one is missing or unreadable.
     """
     headers: dict[str, str] = {}
     if spec.transport == "builtin":  # an API key (as the bridge sends it) and the URL
         key = spec.token or vault.get(token_ref(spec.name))
         url = spec.url or vault.get(url_ref(spec.name))
-        return ServerSecrets(headers={"X-Api-Key": key}, url=url)
+        headers = {"X-Api-Key": resolve_value(vault, key)}
+        return ServerSecrets(headers=headers, url=url)
     if spec.auth == "bearer":
         token = spec.token or vault.get(token_ref(spec.name))
-        headers["Authorization"] = f"Bearer {token}"
+        headers["Authorization"] = f"Bearer {resolve_value(vault, token)}"
     for header, value in spec.headers.items():
-        headers[header] = value or vault.get(header_ref(spec.name, header))
+        found = value or vault.get(header_ref(spec.name, header))
+        headers[header] = resolve_value(vault, found)
     env = {
-        key: value or vault.get(env_ref(spec.name, key))
+        key: resolve_value(vault, value or vault.get(env_ref(spec.name, key)))
         for key, value in spec.secret_env.items()
     }
     return ServerSecrets(headers=headers, env=env)
