@@ -208,8 +208,9 @@ def _expected_line(args: argparse.Namespace) -> dict[str, Any]:
     )
     envelope = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
     decoded: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(envelope))
-    if decoded["params"].get("task") is None:  # a plain call: absent and null are one
-        decoded["params"].pop("task", None)
+    for key in ("task", "_meta"):  # a plain call's: absent and null are one
+        if decoded["params"].get(key) is None:
+            decoded["params"].pop(key, None)
     return decoded
 
 

@@ -107,24 +107,112 @@ class InFlight:
         except (msgspec.ValidationError, msgspec.DecodeError):
             named = None
         call = self._tied(None if named is None else named.progress_token)
-        asker = call.asker
-        if asker is None:
-            raise AskRefused(
-                METHOD_NOT_FOUND,
-                f"the caller's client does not support {method.split('/')[0]}",
-            )
-        with anyio.CancelScope(deadline=asker.when()) as scope:
-            call.scopes.add(scope)
-            try:
-                return await asker.ask(method, params)
-            finally:
-                call.scopes.discard(scope)
-        if call not in self._calls.values():
-            raise AskRefused(
-                INTERNAL_ERROR, "the call ended before its caller answered"
-            )
+        try:
+            return await ask_caller(call, method, params)
+        except _Late:
+            if call not in self._calls.values():
+                raise AskRefused(
+                    INTERNAL_ERROR, "the call ended before its caller answered"
+                ) from None
+            raise
+
+
+class _Late(AskRefused):
+    """The caller did not answer in time (or its call ended first)."""
+
+
+async def ask_caller(call: Call, method: str, params: bytes) -> bytes:
+    """Ask ``call``'s caller (its ``Asker``), within the asker's wait: the
+    result's JSON, or ``AskRefused`` (the error the server gets)."""
+    asker = call.asker
+    if asker is None:
         raise AskRefused(
-            INTERNAL_ERROR,
-            f"the caller did not answer in time (at most {asker.wait_s:g} s, "
-            "within the call's deadline)",
+            METHOD_NOT_FOUND,
+            f"the caller's client does not support {method.split('/')[0]}",
         )
+    with anyio.CancelScope(deadline=asker.when()) as scope:
+        call.scopes.add(scope)
+        try:
+            return await asker.ask(method, params)
+        finally:
+            call.scopes.discard(scope)
+    raise _Late(
+        INTERNAL_ERROR,
+        f"the caller did not answer in time (at most {asker.wait_s:g} s, "
+        "within the call's deadline)",
+    )
+
+
+# --- the 2026-07-28 way: an input-required result, a retry with the answers ---
+
+INPUT_ROUNDS_MAX: Final = 8
+"""How many input-required results one call may answer before it gives up."""
+
+
+class InputRequest(msgspec.Struct):
+    """One of an input-required result's requests: a request as the server
+    would have sent it (``elicitation/create``, ``sampling/createMessage``)."""
+
+    method: str
+    params: msgspec.Raw = msgspec.field(default_factory=lambda: msgspec.Raw(b"{}"))
+
+
+class InputRequired(msgspec.Struct, rename="camel"):
+    """A result that asks for input (SEP-2322), or not (``result_type``)."""
+
+    result_type: str | None = None
+    input_requests: dict[str, InputRequest] | None = None
+    request_state: str | None = None
+
+
+_decode_input_required: Final = msgspec.json.Decoder(InputRequired).decode
+
+
+def input_required(raw: bytes) -> InputRequired | None:
+    """``raw`` as an input-required result, if it is one (None: it is not)."""
+    try:
+        found = _decode_input_required(raw)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    return found if found.result_type == "input_required" else None
+
+
+async def fulfil(call: Call, asked: InputRequired) -> dict[str, msgspec.Raw]:
+    """The caller's answers to an input-required result's requests (asked
+    at once, each as ``ask_caller`` asks), by the server's keys; the first
+    ``AskRefused`` stops the rest and is raised."""
+    answers: dict[str, msgspec.Raw] = {}
+    refused: list[AskRefused] = []
+
+    async def one(scope: anyio.CancelScope, key: str, request: InputRequest) -> None:
+        try:
+            result = await ask_caller(call, request.method, bytes(request.params))
+        except AskRefused as exc:
+            refused.append(exc)
+            scope.cancel()
+            return
+        answers[key] = msgspec.Raw(result)
+
+    async with anyio.create_task_group() as tg:
+        for key, request in (asked.input_requests or {}).items():
+            tg.start_soon(one, tg.cancel_scope, key, request)
+    if refused:
+        raise refused[0]
+    return answers
+
+
+def unanswered(server: str, why: str) -> bytes:
+    """The tool result of a call whose server asked for input that its caller
+    did not give (an ``isError`` result, with the reason)."""
+    text = f"{server} asked for input that the caller did not give: {why}"
+    return msgspec.json.encode(
+        {
+            "content": [{"type": "text", "text": text}],
+            "structuredContent": {
+                "reason": "input_unanswered",
+                "server": server,
+                "message": why,
+            },
+            "isError": True,
+        }
+    )

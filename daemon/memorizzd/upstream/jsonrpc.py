@@ -50,7 +50,15 @@ from memorizzd import __version__
 from memorizzd.calllife import ASKED, AskRefused
 from memorizzd.loop import Signal
 from memorizzd.telemetry import tracing
-from memorizzd.upstream.asks import Call, InFlight
+from memorizzd.upstream.asks import (
+    INPUT_ROUNDS_MAX,
+    Call,
+    InFlight,
+    InputRequired,
+    fulfil,
+    input_required,
+    unanswered,
+)
 from memorizzd.upstream.connection import CallShape, ProgressHandler, ToolResult
 from memorizzd.upstream.errors import (
     METHOD_NOT_FOUND,
@@ -251,11 +259,56 @@ class JsonRpcSession:
         try:
             shape = _decode_shape(raw)
         except msgspec.ValidationError as exc:
+            if (asked := input_required(raw)) is not None:  # 2026-07-28 asks
+                return await self._input_rounds(name, arguments, call, asked)
             raise UpstreamError(
                 f"{self._server}: the server sent a malformed tool result ({exc})",
                 data={"server": self._server},
             ) from None
         return ToolResult(raw, shape.is_error)
+
+    async def _input_rounds(
+        self, name: str, arguments: bytes, call: Call, asked: InputRequired
+    ) -> ToolResult:
+        """A 2026-07-28 server asked for input instead of a result: its
+        requests go to the caller (``asks.fulfil``), the call is sent again
+        with the answers and the server's state, until a result (at most
+        ``INPUT_ROUNDS_MAX`` rounds); a caller that cannot answer ends it
+        with an ``isError`` result saying why."""
+        for _ in range(INPUT_ROUNDS_MAX):
+            try:
+                answers = await fulfil(call, asked)
+            except AskRefused as exc:
+                log.info("%s: input not given: %s", self._server, exc)
+                return ToolResult(
+                    msgspec.Raw(unanswered(self._server, exc.message)), True
+                )
+            retry: dict[str, Any] = {"inputResponses": answers}
+            if asked.request_state is not None:
+                retry["requestState"] = asked.request_state
+            params = (
+                b'{"name":'
+                + _encode(name)
+                + b',"arguments":'
+                + arguments
+                + b","
+                + _encode(retry)[1:-1]
+                + self._logs(call)
+                + b"}"
+            )
+            raw = await self._request("tools/call", params)
+            found = input_required(raw)
+            if found is None:
+                try:
+                    return ToolResult(raw, _decode_shape(raw).is_error)
+                except msgspec.ValidationError as exc:
+                    raise UpstreamError(
+                        f"{self._server}: the server sent a malformed tool result ({exc})",
+                        data={"server": self._server},
+                    ) from None
+            asked = found
+        why = f"it asked again after {INPUT_ROUNDS_MAX} rounds of answers"
+        return ToolResult(msgspec.Raw(unanswered(self._server, why)), True)
 
     def takes_tool_tasks(self) -> bool:
         """The handshake era's tasks (2025-11-25): ``tasks.requests.tools.call``."""
@@ -389,7 +442,7 @@ class JsonRpcSession:
         meta = {
             _PROTOCOL_VERSION_KEY: MODERN,
             _CLIENT_INFO_KEY: _CLIENT_INFO,
-            _CLIENT_CAPABILITIES_KEY: {},
+            _CLIENT_CAPABILITIES_KEY: _ASKS,  # asked the 2026-07-28 way (asks.py)
         }
         raw = await self._request("server/discover", _encode({"_meta": meta}))
         result = self._decode(raw, _DiscoverResult)

@@ -36,7 +36,13 @@ from memorizzd.egress.oversize import TOO_LARGE_MARKER
 from memorizzd.egress.replies import refusal_in
 from memorizzd.egress.transport import BearerSource
 from memorizzd.egress.urls import check_url, without_trailing_dot
-from memorizzd.upstream.asks import InFlight
+from memorizzd.upstream.asks import (
+    INPUT_ROUNDS_MAX,
+    InFlight,
+    fulfil,
+    input_required,
+    unanswered,
+)
 from memorizzd.upstream.connection import ProgressHandler, ToolResult
 from memorizzd.upstream.errors import (
     METHOD_NOT_FOUND,
@@ -207,6 +213,12 @@ async def open_connection(
             yield SdkConnection(client, server=spec.name, in_flight=in_flight)
 
 
+_CALL_RESULT: Final = pydantic.TypeAdapter(
+    types.CallToolResult | types.InputRequiredResult
+)
+"""A tool result, or (2026-07-28) a request for input first."""
+
+
 def _ask_callbacks(in_flight: InFlight, server: str) -> dict[str, Any]:
     """The SDK's elicitation and sampling callbacks (so the client declares
     both, sampling with tools): each request goes to the caller whose call
@@ -372,10 +384,10 @@ class SdkConnection:
 
         callback: ProgressFnT | None = None if handler is None else on_progress
 
-        async def send() -> types.CallToolResult:
+        async def send() -> types.CallToolResult | types.InputRequiredResult:
             try:
                 return await session.send_request(
-                    request, types.CallToolResult, progress_callback=callback
+                    request, _CALL_RESULT, progress_callback=callback
                 )
             except MCPError as exc:
                 if exc.code != types.HEADER_MISMATCH or self.protocol_version != MODERN:
@@ -383,14 +395,43 @@ class SdkConnection:
             # 2026-07-28: the server wants a fresh listing of this tool first; once.
             await self._client.list_tools(cache_mode="refresh")
             return await session.send_request(
-                request, types.CallToolResult, progress_callback=callback
+                request, _CALL_RESULT, progress_callback=callback
             )
 
-        key, _ = self._in_flight.enter()
+        key, call = self._in_flight.enter()
         try:
             result = await self._guarded(send)
+            for _ in range(INPUT_ROUNDS_MAX):  # 2026-07-28: it asks for input
+                if not isinstance(result, types.InputRequiredResult):
+                    break
+                dumped = result.model_dump_json(by_alias=True, exclude_none=True)
+                asked = input_required(dumped.encode())
+                if asked is None:
+                    break
+                try:
+                    answers = await fulfil(call, asked)
+                except AskRefused as exc:
+                    log.info("%s: input not given: %s", self._server, exc)
+                    said = unanswered(self._server, exc.message)
+                    return ToolResult(msgspec.Raw(said), True)
+                retry: dict[str, Any] = {
+                    "name": name,
+                    "arguments": decoded,
+                    "inputResponses": {
+                        k: msgspec.json.decode(v) for k, v in answers.items()
+                    },
+                }
+                if asked.request_state is not None:
+                    retry["requestState"] = asked.request_state
+                request = types.CallToolRequest(
+                    params=types.CallToolRequestParams.model_validate(retry)
+                )
+                result = await self._guarded(send)
         finally:
             self._in_flight.leave(key)
+        if isinstance(result, types.InputRequiredResult):
+            why = f"it asked again after {INPUT_ROUNDS_MAX} rounds of answers"
+            return ToolResult(msgspec.Raw(unanswered(self._server, why)), True)
         raw = result.model_dump_json(by_alias=True, exclude_none=True).encode()
         return ToolResult(msgspec.Raw(raw), result.is_error)
 
