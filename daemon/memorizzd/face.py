@@ -41,7 +41,9 @@ What it serves (this first version; issue 11 has the rest):
   a call go to the session that made it, as requests with ids of the face's
   own, if its client declared them in ``initialize`` (``calllife.Asker``;
   ``upstream/asks.py`` decides which call a request is for); the client's
-  response lines come back through ``parse`` (``rpc/answers.py``);
+  response lines come back through ``parse`` (``rpc/answers.py``); a
+  2026-07-28 client that declared them in its request's ``_meta`` gets an
+  input-required result instead, and its retry's answers (``rounds.py``);
 * two built-in tools on an agent's face, off unless its profile names them
   (``face_tools``): ``memorizz__proposals`` (the profile's own proposals and
   their status) and ``memorizz__resume`` (run an approved one, once);
@@ -78,6 +80,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from contextvars import ContextVar
 from functools import partial
 from typing import Any, Final, Literal, TypeVar, cast, get_args
 
@@ -95,10 +98,16 @@ from memorizz.api.errors import (
 )
 from memorizz.api.presets import instructions_of
 from memorizz.api.protocol import Reply, Request
-from memorizzd import __version__
+from memorizzd import __version__, rounds
 from memorizzd.broker import Broker
 from memorizzd.caller import Caller
-from memorizzd.calllife import client_send, client_session, offer_asks, want_logs
+from memorizzd.calllife import (
+    client_asker,
+    client_send,
+    client_session,
+    offer_asks,
+    want_logs,
+)
 from memorizzd.calls import ProgressReport, progress_to_client
 from memorizzd.names import exposed_names
 from memorizzd.rpc.answers import parse_line, take
@@ -215,6 +224,10 @@ class _Cursor(msgspec.Struct):
 
 class _CallMeta(msgspec.Struct, rename="camel"):
     progress_token: int | str | None = None
+    client_capabilities: dict[str, Any] | None = msgspec.field(
+        default=None, name="io.modelcontextprotocol/clientCapabilities"
+    )
+    """2026-07-28: what the client answers (``rounds.py``)."""
     traceparent: str | None = None
     """W3C trace context: the parent of the call's span (``[tracing]``)."""
     tracestate: str | None = None
@@ -226,6 +239,11 @@ class _Call(msgspec.Struct):
     meta: _CallMeta | None = msgspec.field(default=None, name="_meta")
     task: dict[str, Any] | None = None
     """MCP 2025-11-25: call the tool as a task (``ttl``)."""
+    input_responses: dict[str, msgspec.Raw] | None = msgspec.field(
+        default=None, name="inputResponses"
+    )
+    request_state: str | None = msgspec.field(default=None, name="requestState")
+    """2026-07-28: a retry with the answers to an input-required result."""
 
 
 class _TaskRef(msgspec.Struct, rename="camel"):
@@ -463,7 +481,10 @@ class FaceDispatcher:
         try:
             if handler is None:
                 raise MethodNotFoundError(f"unknown method {request.method!r}")
+            _request_id.set(request.id)
             result = await handler(caller, request.params)
+            if result is rounds.ANSWERED:
+                return b""  # answered already (an input-required result)
         except RemoteError as exc:
             return encode_error(request.id, exc.to_wire())
         except Exception:  # the boundary; cancellation is a BaseException and passes
@@ -686,7 +707,21 @@ class FaceDispatcher:
         level = None if session is None else self._levels.get(cast(Session, session))
         if level is not None:  # a 2026-07-28 upstream logs to calls that ask
             want_logs(_LEVELS[level])
-        if session is not None and not _stamped(params):
+        modern = session is not None and _stamped(params)
+        if modern:  # 2026-07-28: what the upstream asks goes in rounds
+            if call.request_state is not None:  # a retry with the answers
+                return await rounds.retried(
+                    session, call.name, call.request_state, call.input_responses or {}
+                )
+            can = None if call.meta is None else call.meta.client_capabilities
+            wait_s = self._broker.config.upstream_request_wait_s
+            if not isinstance(client_asker(), rounds.RoundAsker) and (
+                held_call := rounds.hold(session, call.name, can or {}, wait_s)
+            ):
+                return await rounds.first(
+                    held_call, partial(self._tools_call, caller, params), _reply_now
+                )
+        if session is not None and not modern:
             # the handshake era: what the upstream asks goes to this client
             # (2026-07-28 has no server-to-client requests: none is offered)
             offer_asks(
@@ -1033,6 +1068,18 @@ def _not_run(
         "isError": True,
     }
     return msgspec.Raw(_encoder.encode(result))
+
+
+_request_id: ContextVar[int | str | None] = ContextVar("face_request_id", default=None)
+"""The running request's id (its reply may go out before its handler ends)."""
+
+
+async def _reply_now(result: Any) -> None:
+    """Answer the running request now, its handler going on (``rounds.first``)."""
+    send = client_send()
+    if send is not None:
+        reply = Reply(jsonrpc="2.0", id=_request_id.get(), result=result)
+        await send(_encoder.encode(reply) + b"\n")
 
 
 def _modern(request: Request) -> bool:

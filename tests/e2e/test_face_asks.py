@@ -141,8 +141,8 @@ def test_a_client_without_the_capability_leaves_the_server_refused_at_once(
     asking: tuple[DaemonHarness, str],
 ) -> None:
     """A client that declared neither: the server gets an error at once and
-    its tool says so (isError); so does a 2026-07-28 client, which cannot be
-    asked anything mid-call."""
+    its tool says so (isError); so does a 2026-07-28 client that declared
+    neither in its requests' ``_meta`` (test_face_rounds.py: one that did)."""
     harness, _ = asking
 
     async def run(mode: str) -> tuple[str, str]:
