@@ -82,6 +82,8 @@ class Held:
         self.result: Any = None
         self.error: Exception | None = None
         self.collected = anyio.Event()
+        self.ended = anyio.Event()
+        """Set when the first request lets it go (taken, or given up)."""
         self.state: str | None = None
         self._keys = itertools.count(1)
 
@@ -230,6 +232,7 @@ async def first(
         return ANSWERED
     finally:
         held.forget()
+        held.ended.set()
 
 
 async def retried(

@@ -26,6 +26,7 @@ from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 
+from memorizzd import rounds
 from tests import asking_server, modern_asking_server
 from tests.harness import (
     DaemonHarness,
@@ -231,3 +232,43 @@ def test_a_retry_from_another_session_or_with_an_unknown_state_is_refused(
     reasons, text = anyio.run(run)
     assert reasons == ["input_state_unknown", "input_state_unknown"]
     assert text == "hello Ada"
+
+
+def test_a_held_call_whose_client_never_retries_is_given_up_in_time() -> None:
+    """Bounded by ``upstream_request_wait_s``: the upstream's request is
+    refused once it has waited that long for the retry, the call ends, its
+    result waits as long for a retry, and then its state is refused."""
+    base = short_tempdir()
+    spec = stdio_spec(
+        "ask", args=[str(Path(asking_server.__file__)), "stdio"], protocol="legacy"
+    )
+    config = daemon_config(base, servers=[spec], upstream_request_wait_s=0.3)
+    try:
+        with DaemonHarness.running(config) as harness:
+            harness.wait_ready("ask")
+
+            async def run() -> str:
+                async with _client(harness, elicitation_callback=_elicit) as client:
+                    first = await client.session.call_tool(
+                        "ask_name", {}, allow_input_required=True
+                    )
+                    assert isinstance(first, types.InputRequiredResult)
+                    held = rounds._held.get(str(first.request_state))
+                    if held is not None:  # else given up already
+                        with anyio.fail_after(10):
+                            await anyio.to_thread.run_sync(
+                                harness.portal.call, held.ended.wait
+                            )
+                    with pytest.raises(MCPError) as refused:
+                        await client.session.call_tool(
+                            "ask_name",
+                            {},
+                            input_responses={},
+                            request_state=first.request_state,
+                            allow_input_required=True,
+                        )
+                    return str((refused.value.error.data or {}).get("reason"))
+
+            assert anyio.run(run) == "input_state_unknown"
+    finally:
+        rmtree(base)
