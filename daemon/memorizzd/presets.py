@@ -128,6 +128,8 @@ CATALOG: Final[tuple[ProviderCatalog, ...]] = (
     ProviderCatalog(
         provider="cognee",
         markers=("cognee",),
+        # cognee-mcp's names, also the daemon's Cognee Cloud bridge
+        # (memorizzd.upstream.cognee); forget deletes a dataset, an item or all.
         tools=_tools(read=("recall",), write=("remember",), destructive=("forget",)),
     ),
     ProviderCatalog(
@@ -256,14 +258,6 @@ CATALOG: Final[tuple[ProviderCatalog, ...]] = (
             ("notion-query-*", "read"),
             ("notion-*delete*", "destructive"),
         ),
-    ),
-    ProviderCatalog(
-        provider="cognee",
-        markers=("cognee",),
-        # The daemon's Cognee Cloud bridge (memorizzd.upstream.cognee), with
-        # cognee-mcp's names; forget deletes a dataset, an item or everything.
-        tools=_tools(read=("recall",), write=("remember",), destructive=("forget",)),
-        agnostic=False,
     ),
     ProviderCatalog(
         provider="google-calendar",

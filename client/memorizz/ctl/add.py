@@ -28,6 +28,14 @@ from memorizz.ctl.args import (
 )
 from memorizz.ctl.exits import UsageError
 
+_GRANTS: dict[str, m.OAuthGrantType] = {
+    "authorization-code": "authorization_code",
+    "client-credentials": "client_credentials",
+}
+"""The command line's spelling to the spec's. The spec's literals, not a
+replaced string: a default value is left out of the request only when it is
+the very same object (msgspec's omit_defaults)."""
+
 
 def add_options(add: argparse.ArgumentParser) -> None:
     """Declare ``mcp add``'s arguments on its subparser."""
@@ -275,7 +283,7 @@ def build_server_spec(
         oauth_client_id=args.client_id,
         oauth_client_secret=client_secret,
         oauth_private_key=private_key,
-        oauth_grant=cast(m.OAuthGrantType, args.oauth_grant.replace("-", "_")),
+        oauth_grant=_GRANTS[args.oauth_grant],
         oauth_client_metadata_url=args.client_metadata_url,
         oauth_token_endpoint_auth_method=args.token_endpoint_auth_method,
         oauth_scopes=list(args.scope),
