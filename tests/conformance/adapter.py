@@ -254,13 +254,20 @@ def accept_with_defaults(params: dict[str, Any]) -> dict[str, Any]:
     return {"action": "accept", "content": content}
 
 
-def arguments_for(name: str, schemas: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def arguments_for(
+    name: str, schemas: dict[str, dict[str, Any]], context: dict[str, Any]
+) -> dict[str, Any]:
     if name == ECHO_TOOL:  # the schema of the focal tool, as memorizzd lists it
         return {"schema": schemas.get(ECHO_OF, {})}
+    for call in context.get("toolCalls") or ():  # the scenario's own arguments
+        if isinstance(call, dict) and call.get("name") == name:
+            return dict(call.get("arguments") or {})
     return TOOL_ARGS.get(name, {})
 
 
-def exercise(client: Client, scenario: str = "") -> None:
+def exercise(
+    client: Client, scenario: str = "", context: dict[str, Any] | None = None
+) -> None:
     """List the tools and call each one (the scenario's checks are on the server side)."""
     tools = client.list_tools(SERVER)
     log(f"tools: {[t.name for t in tools]}")
@@ -271,7 +278,7 @@ def exercise(client: Client, scenario: str = "") -> None:
         result = client.call_tool(
             SERVER,
             tool.name,
-            arguments_for(tool.name, schemas),
+            arguments_for(tool.name, schemas, context or {}),
             on_elicit=accept_with_defaults,
         )
         log(f"{tool.name}: isError={result.is_error} {result.content!r:.300}")
@@ -290,14 +297,14 @@ def wait_ready(client: Client) -> None:
         pause(0.05)
 
 
-def drive(client: Client, scenario: str) -> None:
+def drive(client: Client, scenario: str, context: dict[str, Any]) -> None:
     if scenario in MACHINE_SCENARIOS:
         wait_ready(client)
         exercise(client)
         return
     wait_settled(client)
     if not scenario.startswith("auth/"):
-        exercise(client, scenario)
+        exercise(client, scenario, context)
         return
     logins = 0
     while True:
@@ -332,7 +339,7 @@ def main(argv: list[str]) -> int:
             oauth_fields(scenario, context),
             via_api=scenario in MACHINE_SCENARIOS,
         ) as client:
-            drive(client, scenario)
+            drive(client, scenario, context)
         ok = True
     except (MemorizzError, RuntimeError, OSError, AttributeError) as exc:
         log(f"FAILED: {type(exc).__name__}: {exc}")

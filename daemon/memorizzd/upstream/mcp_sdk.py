@@ -19,6 +19,7 @@ from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.dispatcher import CallOptions, ProgressFnT
 from mcp.shared.exceptions import MCPError
+from mcp_types.methods import validate_server_result
 
 __all__ = [
     "CallOptions",
@@ -28,4 +29,5 @@ __all__ = [
     "sse_client",
     "streamable_http_client",
     "types",
+    "validate_server_result",
 ]

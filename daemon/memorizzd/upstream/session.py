@@ -63,6 +63,7 @@ from memorizzd.upstream.mcp_sdk import (
     sse_client,
     streamable_http_client,
     types,
+    validate_server_result,
 )
 from memorizzd.upstream.sse import EndpointWatch, opened_within
 from memorizzd.vault.server_secrets import ServerSecrets
@@ -333,6 +334,33 @@ def translate_mcp_error(exc: MCPError, *, server: str) -> RemoteError | Connecti
     return rpc_error(exc.code, exc.message, error.data, server=server)
 
 
+async def _modern_call(
+    session: Any, request: types.CallToolRequest, on_progress: ProgressFnT | None
+) -> types.CallToolResult | types.InputRequiredResult:
+    """A 2026-07-28 ``tools/call`` as ``ClientSession.send_request`` sends it
+    (the same stamp: ``_meta``, ``Mcp-Method``, ``Mcp-Name`` and the
+    ``Mcp-Param-*`` headers of the tool's ``x-mcp-header`` parameters), except
+    that a result without ``resultType`` is a complete one (SEP-2322: absent
+    means ``complete``), where SDK 2.3's result check requires the field and
+    refuses it. Takes the session's private ``_stamp``/``_dispatcher`` (pinned
+    by ``mcp<2.4``, as ``probe`` does)."""
+    data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
+    opts: CallOptions = {}
+    session._stamp(data, opts)
+    timeout = session._session_read_timeout_seconds
+    if timeout is not None:
+        opts["timeout"] = timeout
+    if on_progress is not None:
+        opts["on_progress"] = on_progress
+    raw = await session._dispatcher.send_raw_request(
+        data["method"], data.get("params"), opts
+    )
+    if isinstance(raw, dict) and "resultType" not in raw:
+        raw = {**raw, "resultType": "complete"}
+    validate_server_result(data["method"], MODERN, raw)
+    return _CALL_RESULT.validate_python(raw, by_name=False)
+
+
 def _dump(model: pydantic.BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json", by_alias=True, exclude_none=True)
 
@@ -362,7 +390,10 @@ class SdkConnection:
     ) -> ToolResult:
         """Proxied verbatim: no output-schema validation, no implicit listing
         (``ClientSession.call_tool`` does both), so the request is sent as a
-        plain ``send_request``."""
+        plain ``send_request`` (2026-07-28: ``_modern_call``). The SDK adds
+        the ``Mcp-Param-*`` headers of the tool's ``x-mcp-header`` parameters
+        (SEP-2243) from the session's last ``tools/list``; a server that finds
+        them missing answers ``HEADER_MISMATCH`` and is listed again, once."""
         decoded = msgspec.json.decode(arguments)
         request = types.CallToolRequest(
             params=types.CallToolRequestParams(name=name, arguments=decoded)
@@ -384,19 +415,22 @@ class SdkConnection:
 
         callback: ProgressFnT | None = None if handler is None else on_progress
 
+        async def once() -> types.CallToolResult | types.InputRequiredResult:
+            if self.protocol_version == MODERN:
+                return await _modern_call(session, request, callback)
+            return await session.send_request(
+                request, _CALL_RESULT, progress_callback=callback
+            )
+
         async def send() -> types.CallToolResult | types.InputRequiredResult:
             try:
-                return await session.send_request(
-                    request, _CALL_RESULT, progress_callback=callback
-                )
+                return await once()
             except MCPError as exc:
                 if exc.code != types.HEADER_MISMATCH or self.protocol_version != MODERN:
                     raise
             # 2026-07-28: the server wants a fresh listing of this tool first; once.
             await self._client.list_tools(cache_mode="refresh")
-            return await session.send_request(
-                request, _CALL_RESULT, progress_callback=callback
-            )
+            return await once()
 
         key, call = self._in_flight.enter()
         try:
