@@ -180,6 +180,7 @@ async def running_daemon(
                     rule=item.rule,
                     limits=item.limits,
                     on_refused=broker.on_refused_connection,
+                    handoff=item.face,
                 )
 
             servers += [socket_server(item) for item in listening]

@@ -116,7 +116,9 @@ def _bridge(
         [MEMORIZZCTL, "mcp", "serve", *args],
         input=stdin,
         capture_output=True,
-        env={**os.environ, **(env or {})},
+        # the pump, byte for byte (these servers are not memorizzd: they would
+        # read the hand-over's request as one more line)
+        env={**os.environ, "MEMORIZZ_BRIDGE": "pump", **(env or {})},
         timeout=WAIT_S,
         check=False,
     )
@@ -169,6 +171,7 @@ def test_the_server_closing_ends_the_bridge_with_status_0(
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        env={**os.environ, "MEMORIZZ_BRIDGE": "pump"},
     ) as proc:
         assert proc.stdin is not None
         assert proc.stdout is not None

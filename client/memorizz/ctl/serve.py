@@ -26,6 +26,15 @@ hand, as ``memorizz.ctl.oneshot`` does for a plain call, and returns ``None``
 for anything else (``--help``, a usage error): the general path's argparse then
 says what is wrong, or, for a line only it accepts, runs ``bridge`` too.
 
+The hand-over: when stdin and stdout are pipes or sockets (an MCP client's
+always are), the bridge does not pump at all. It sends them to the daemon on
+its face connection (``memorizz/handoff``, the descriptors attached: see
+memorizzd/rpc/handoff.py), the daemon reads and writes the client's pipes
+itself, and the bridge only waits for the daemon to close the connection at
+the end of the session (exit 0). Each message then skips one process and two
+copies. A daemon that does not take them answers with an error and the bridge
+pumps; ``MEMORIZZ_BRIDGE=pump`` asks for the pump.
+
 Built-in modules only (``_socket``, ``_thread``): no argparse, no msgspec, no
 event loop. The pump is two threads, each blocking on one side; the main
 thread carries the replies, so Ctrl-C interrupts it and a daemon that closes
@@ -72,6 +81,12 @@ def start_hint() -> str:
 _CHUNK = 1 << 16
 _STDIN = 0
 _STDOUT = 1
+HANDOFF_LINE = b'{"jsonrpc":"2.0","id":"mz-handoff","method":"memorizz/handoff"}\n'
+"""memorizzd.rpc.handoff's request (tests/e2e/test_bridge_handoff.py: the same)."""
+HANDOFF_ACK = b'{"jsonrpc":"2.0","id":"mz-handoff","result":{}}\n'
+_S_IFMT = 0o170000
+_S_IFIFO = 0o010000
+_S_IFSOCK = 0o140000
 
 
 class Bridge:
@@ -267,12 +282,62 @@ def _requests(sock: _socket.socket) -> None:
 _kept: list[_socket.socket] = []
 
 
+def _handable(fd: int) -> bool:
+    try:
+        kind = os.fstat(fd).st_mode & _S_IFMT
+    except OSError:
+        return False
+    return kind in (_S_IFIFO, _S_IFSOCK)
+
+
+def hand_over(sock: _socket.socket) -> bool:
+    """Give stdin and stdout to the daemon; whether it took them (False: pump).
+
+    Only pipes and sockets are offered (a terminal or a file is pumped). The
+    daemon's answer is one line on the socket: its ack, or an error."""
+    if os.environ.get("MEMORIZZ_BRIDGE") == "pump":
+        return False
+    if not (_handable(_STDIN) and _handable(_STDOUT)):
+        return False
+    fds = _STDIN.to_bytes(4, sys.byteorder) + _STDOUT.to_bytes(4, sys.byteorder)
+    sock.sendmsg([HANDOFF_LINE], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+    answer = b""
+    while not answer.endswith(b"\n"):
+        data = sock.recv(1)  # one line, and not a byte of what may follow it
+        if not data:
+            break
+        answer += data
+    if answer != HANDOFF_ACK:
+        return False
+    # The daemon has them: let go of ours, so the client sees our end close
+    # when the daemon's does.
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, _STDIN)
+    os.dup2(devnull, _STDOUT)
+    os.close(devnull)
+    return True
+
+
 def bridge(target: Bridge) -> int:
     """Connect, then pump until the daemon closes; return the exit status."""
     connected = connect(target)
     if isinstance(connected, int):
         return connected
     sock = connected
+    try:
+        handed = hand_over(sock)
+    except OSError as exc:
+        _error(
+            f"connection to memorizzd's MCP socket at {target.mcp_socket} broke: {exc}"
+        )
+        return EXIT_UNAVAILABLE
+    if handed:
+        try:
+            while sock.recv(_CHUNK):  # nothing comes: the daemon closes at the end
+                pass
+        except OSError:
+            pass
+        return EXIT_OK
     # Never closed before the process ends: the requests' thread may still be
     # sending on it, and a closed descriptor's number could be reused.
     _kept.append(sock)

@@ -53,6 +53,16 @@ from memorizzd.config import Limits
 from memorizzd.loop import TaskSet
 from memorizzd.rpc.authority import SocketRule
 from memorizzd.rpc.dispatch import LineDispatcher, encode_error
+from memorizzd.rpc.handoff import (
+    ANCILLARY_SPACE,
+    HANDOFF_ACK,
+    HANDOFF_LINE,
+    RECV_FLAGS,
+    SCOPE_PREFIX,
+    Pipes,
+    close_all,
+    received_fds,
+)
 from memorizzd.rpc.peer import peer_of
 
 log = logging.getLogger("memorizzd.rpc")
@@ -171,8 +181,11 @@ class SocketServer:
         rule: SocketRule,
         limits: Limits | None = None,
         on_refused: RefusedConnection | None = None,
+        handoff: bool = False,
     ) -> None:
         self.path = path
+        self.handoff = handoff
+        """A bridge may hand its client's stdio over (the MCP face: handoff.py)."""
         self._on_refused = on_refused
         self.rule = rule
         self.limits = limits
@@ -368,6 +381,11 @@ class _Connection:
         self.broken = False
         self.notifications = 0
         self.notification_log = _Every()
+        self.offering = server.handoff
+        """Until the first line that is not the bridge's: descriptors are taken."""
+        self.offered: list[int] = []
+        self.pipes: Pipes | None = None
+        """The client's stdio, once a bridge handed it over (handoff.py)."""
 
     async def send(self, line: bytes) -> None:
         """A message the protocol sends unasked (the MCP face's notifications)."""
@@ -385,6 +403,9 @@ class _Connection:
             await self._serve()
         finally:
             self.dispatcher.closed(self)
+            close_all(self.offered)
+            if self.pipes is not None:
+                self.pipes.close()
 
     async def _serve(self) -> None:
         async with self.stream, anyio.create_task_group() as tg:
@@ -413,7 +434,7 @@ class _Connection:
         poller.register(self.raw.fileno(), 0)  # POLLHUP/POLLERR are always reported
         while self.in_flight and not self.broken:
             await anyio.sleep(_HANGUP_POLL_S)
-            if poller.poll(0):
+            if self.pipes.gone() if self.pipes is not None else poller.poll(0):
                 self._client_gone()
 
     async def _read(self, calls: TaskSet) -> str | None:
@@ -454,6 +475,8 @@ class _Connection:
                         del buffer[: end + 1]
                         scanned = 0
                         self.last_activity = anyio.current_time()
+                        if self.offering and await self._handoff(line, buffer):
+                            continue
                         if line.strip():
                             await self._admit(line, calls)
                     if len(buffer) > max_frame:
@@ -471,6 +494,12 @@ class _Connection:
         """The client's next bytes. The socket is read directly once it is
         readable: the stream's ``receive`` would first yield to the event loop
         and try a read that cannot succeed yet (this is every call's path)."""
+        if self.pipes is not None:
+            if data := await self.pipes.receive(_READ):
+                return data
+            raise anyio.EndOfStream
+        if self.offering:
+            return await self._receive_offer()
         while True:
             try:
                 data = self.raw.recv(_READ)
@@ -480,6 +509,49 @@ class _Connection:
             if not data:
                 raise anyio.EndOfStream
             return data
+
+    async def _receive_offer(self) -> bytes:
+        """``_receive``, taking the descriptors a bridge may send along."""
+        while True:
+            try:
+                data, ancdata, _, _ = self.raw.recvmsg(
+                    _READ, ANCILLARY_SPACE, RECV_FLAGS
+                )
+            except BlockingIOError:
+                await anyio.wait_readable(self.raw)
+                continue
+            fds = received_fds(ancdata)
+            if self.offered:  # one hand-over per connection
+                close_all(fds)
+            else:
+                self.offered = fds
+            if not data:
+                raise anyio.EndOfStream
+            return data
+
+    async def _handoff(self, line: bytes, rest: bytearray) -> bool:
+        """Whether ``line`` was the bridge's hand-over (taken, or refused with
+        an error); a scope line may come first, anything else ends the offer."""
+        if line.startswith(SCOPE_PREFIX):
+            return False
+        self.offering = False
+        fds, self.offered = self.offered, []
+        if line.strip() != HANDOFF_LINE:
+            close_all(fds)
+            return False
+        pipes = None if rest else Pipes.take(fds)
+        if pipes is None:
+            if rest:
+                close_all(fds)
+            refused = InvalidRequestError(
+                "memorizz/handoff takes the client's stdin and stdout (two pipes or"
+                " sockets) and nothing after it on this connection"
+            )
+            await self._send(encode_error("mz-handoff", refused.to_wire()))
+            return True
+        await self._send(HANDOFF_ACK)  # on the socket; from now on, the pipes
+        self.pipes = pipes
+        return True
 
     async def _admit(self, line: bytes, calls: TaskSet) -> None:
         """Run one request line in a task of its own, or answer it here and now.
@@ -585,13 +657,17 @@ class _Connection:
             if self.broken:
                 return
             self.writing_since = anyio.current_time()
+            pipes = self.pipes
             try:  # at once when the socket has room (nearly always)
-                sent = self.raw.send(data)
+                sent = self.raw.send(data) if pipes is None else pipes.send_now(data)
             except BlockingIOError:
                 sent = 0
             if sent < len(data):  # the rest as the client reads it
                 try:
-                    await self.stream.send(data[sent:])
+                    if pipes is None:
+                        await self.stream.send(data[sent:])
+                    else:
+                        await pipes.send(data[sent:])
                 except anyio.get_cancelled_exc_class():
                     # Half a line is out (an unasked message given up on): the
                     # framing is lost for this client, so it is cut off.
@@ -640,11 +716,17 @@ class _Connection:
             " (no request was lost: reconnect to go on)",
             reason="idle_timeout",
         )
+        line = encode_error(None, error.to_wire())
         with suppress(OSError):
-            self.raw.send(encode_error(None, error.to_wire()), socket.MSG_DONTWAIT)
+            if self.pipes is None:
+                self.raw.send(line, socket.MSG_DONTWAIT)
+            else:
+                self.pipes.send_now(line)
         self._shut()
 
     def _shut(self) -> None:
         self.broken = True
         with suppress(OSError):
             self.raw.shutdown(socket.SHUT_RDWR)
+        if self.pipes is not None:
+            self.pipes.close()
