@@ -155,7 +155,7 @@ def test_unreachable_daemon_exits_69_with_a_hint_naming_memorizzd(
     assert cli.main(["--socket", missing_socket, "mcp", "list"]) == 69
     out, err = capsys.readouterr()
     assert out == ""
-    assert err.startswith("memorizzctl: ")
+    assert err.startswith("memorizzctl: error: ")
     assert "memorizzd" in err
     assert missing_socket in err
     assert "Traceback" not in err
@@ -579,7 +579,7 @@ def test_daemon_errors_map_to_exit_codes_and_one_line(
     replies = {"tools/list": error_reply(code, "nope", reason)}
     with FakeSocket(path, replies).running():
         assert cli.main(["--socket", str(path), "mcp", "tools", "fs"]) == status
-    assert capsys.readouterr() == ("", f"memorizzctl: nope ({reason})\n")
+    assert capsys.readouterr() == ("", f"memorizzctl: error: nope ({reason})\n")
 
 
 def test_tool_call_error_result_goes_to_stderr_and_exits_1(
@@ -592,7 +592,7 @@ def test_tool_call_error_result_goes_to_stderr_and_exits_1(
     with FakeSocket(path, {"tools/call": as_result(result)}).running() as fake:
         argv = ["--socket", str(path), "mcp", "call", "fs", "search"]
         assert cli.main([*argv, "--arguments", '{"q": "x"}', "--timeout", "2"]) == 1
-    assert capsys.readouterr() == ("", "error: bad query\n")
+    assert capsys.readouterr() == ("", "memorizzctl: error: bad query\n")
     assert fake.requests[0]["params"] == {
         "server": "fs",
         "name": "search",
@@ -625,5 +625,5 @@ def test_a_reply_of_the_wrong_shape_is_one_line_and_exit_1(
     with FakeSocket(path, {"ping": {"result": {"latency": "fast"}}}).running():
         assert cli.main(["--socket", str(path), "ping"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("memorizzctl: malformed reply from memorizzd")
+    assert err.startswith("memorizzctl: error: malformed reply from memorizzd")
     assert err.count("\n") == 1

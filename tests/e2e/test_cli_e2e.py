@@ -86,7 +86,7 @@ def test_the_tour(daemon: DaemonHarness, capsys: pytest.CaptureFixture[str]) -> 
     assert daemon.ctl("mcp", "remove", "demo") == 0
     assert daemon.ctl("mcp", "call", "demo", "echo") == 1
     err = capsys.readouterr().err
-    assert err.startswith("memorizzctl: unknown server 'demo' (unknown_server)")
+    assert err.startswith("memorizzctl: error: unknown server 'demo' (unknown_server)")
 
 
 def test_errors_have_documented_exit_codes(

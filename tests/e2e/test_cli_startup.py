@@ -369,7 +369,7 @@ def test_an_unreachable_daemon_is_reported_by_the_general_path(
         rmtree(base)
     out, err = capsys.readouterr()
     assert out == ""
-    assert err.startswith(f"memorizzctl: cannot reach memorizzd at {missing}: ")
+    assert err.startswith(f"memorizzctl: error: cannot reach memorizzd at {missing}: ")
     assert "is memorizzd running?" in err
 
 
@@ -407,7 +407,7 @@ def test_a_connection_lost_after_the_request_is_not_sent_again(
     out, err = capsys.readouterr()
     assert out == ""
     assert err == (
-        f"memorizzctl: connection to memorizzd at {path} broke: "
+        f"memorizzctl: error: connection to memorizzd at {path} broke: "
         "daemon closed the connection\n"
     )
     assert len(requests) == 1

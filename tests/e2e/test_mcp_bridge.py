@@ -228,7 +228,7 @@ def test_a_daemon_not_running_is_said_on_stderr_with_status_69(
     assert (done.returncode, done.stdout) == (69, b"")
     err = done.stderr.decode()
     assert err.startswith(
-        f"memorizzctl mcp serve: cannot reach memorizzd's MCP socket at {path}: "
+        f"memorizzctl: error: cannot reach memorizzd's MCP socket at {path}: "
     )
     assert "is memorizzd running? start it with" in err
     assert err.count("\n") == 1
@@ -293,7 +293,7 @@ def test_a_socket_this_user_may_not_open_is_said_with_status_77(base: str) -> No
     listener.close()
     assert (os.waitstatus_to_exitcode(wait_status), stdout) == (77, b"")
     assert stderr == (
-        f"memorizzctl mcp serve: permission denied on {path}: this user needs"
+        f"memorizzctl: error: permission denied on {path}: this user needs"
         " access to that socket (ask for the memorizzd operators group, or use"
         " your agent socket)\n"
     )

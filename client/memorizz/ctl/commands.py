@@ -27,7 +27,15 @@ from memorizz.api.errors import (
 )
 from memorizz.client import Client
 from memorizz.ctl.add import build_server_spec
-from memorizz.ctl.exits import EXIT_ERROR, EXIT_OK, EXIT_TEMPFAIL, UsageError
+from memorizz.ctl.exits import (
+    ERROR_PREFIX,
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_TEMPFAIL,
+    LOGIN_TIMED_OUT,
+    UsageError,
+    report,
+)
 from memorizz.ctl.render import (
     render_added,
     render_audit,
@@ -138,7 +146,12 @@ def cmd_mcp_login(client: Client, args: argparse.Namespace) -> int:
         try:
             callback = found.get(timeout=max(1.0, wait))
         except queue.Empty:
-            err.write("the login timed out; run the command again\n")
+            report(
+                "the login timed out; run the command again",
+                reason=LOGIN_TIMED_OUT,
+                data={"server": args.name},
+                as_json=args.json,
+            )
             return EXIT_ERROR
     finally:
         if listener is not None:
@@ -199,13 +212,14 @@ def cmd_mcp_prompts(client: Client, args: argparse.Namespace) -> int:
 
 
 def show_call(result: m.ToolsCallResult, *, as_json: bool) -> int:
-    """A tool's result: its content on stdout, or on stderr after ``error: ``
-    when the tool reported an error (exit 1); ``--json``: the result struct."""
+    """A tool's result: its content on stdout, or on stderr after
+    ``memorizzctl: error: `` when the tool reported an error (exit 1);
+    ``--json``: the result struct."""
     if as_json:
         sys.stdout.write(to_json(result))
     elif result.is_error:
         text = render_call(result) or "the tool reported an error\n"
-        sys.stderr.write("error: " + text)
+        sys.stderr.write(ERROR_PREFIX + text)
     else:
         sys.stdout.write(render_call(result))
     return EXIT_ERROR if result.is_error else EXIT_OK

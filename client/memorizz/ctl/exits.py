@@ -12,6 +12,12 @@
 
 ``EPILOG`` is the same table as ``memorizzctl --help`` prints it.
 
+Every error is reported one way (``report``): ``memorizzctl: error: MSG`` on
+stderr (a usage error after the usage line), or, with ``--json``, one line on
+stdout, ``{"error": {"message": MSG, "reason": REASON, "data": {...}}}``; the
+exit status is the same either way. ``reason`` is the daemon's stable reason
+for a daemon's error, else one of ``CLIENT_REASONS``.
+
 Standard library and the wire contract's errors only; the one-shot call
 imports this module, so the errors (and msgspec with them) are imported only
 when an error needs its status, and ``typing`` only by the type checker.
@@ -20,14 +26,38 @@ when an error needs its status, and ``typing`` only by the type checker.
 from __future__ import annotations
 
 import os
+import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Final
+    from typing import Any, Final
 
     from memorizz.api.errors import MemorizzError
 
 PROG: Final = "memorizzctl"
+ERROR_PREFIX: Final = f"{PROG}: error: "
+"""How every error memorizzctl reports on stderr starts."""
+
+USAGE: Final = "usage"
+UNREACHABLE: Final = "daemon_unreachable"
+SOCKET_PERMISSION: Final = "socket_permission_denied"
+MALFORMED_REPLY: Final = "malformed_reply"
+CALLBACK_PORT: Final = "callback_port_in_use"
+LOGIN_TIMED_OUT: Final = "login_timed_out"
+CLIENT_REASONS: Final = frozenset(
+    {
+        USAGE,
+        UNREACHABLE,
+        SOCKET_PERMISSION,
+        MALFORMED_REPLY,
+        CALLBACK_PORT,
+        LOGIN_TIMED_OUT,
+    }
+)
+"""``--json`` errors' reasons that are memorizzctl's own, never the daemon's:
+a usage error, the daemon's socket unreachable or refusing this user, a reply
+that could not be read, ``mcp login``'s redirect port taken by another
+program, and its browser never coming back."""
 
 EXIT_OK: Final = 0
 EXIT_ERROR: Final = 1
@@ -52,6 +82,49 @@ exit status:
 
 class UsageError(Exception):
     """A command line the daemon need not see: reported with usage, exit 2."""
+
+
+def report(
+    message: str,
+    *,
+    reason: str,
+    data: dict[str, Any] | None = None,
+    as_json: bool = False,
+) -> None:
+    """Say one error: ``memorizzctl: error: MSG`` on stderr (a message of
+    several lines keeps its own lines, indented), or with ``as_json`` the
+    JSON line on stdout."""
+    if as_json:
+        import msgspec  # only for an error, only with --json
+
+        body = {"error": {"message": message, "reason": reason, "data": data or {}}}
+        sys.stdout.write(msgspec.json.encode(body).decode() + "\n")
+        sys.stdout.flush()
+        return
+    text = message.rstrip("\n").replace("\n", "\n  ")
+    sys.stderr.write(f"{ERROR_PREFIX}{text}\n")
+    sys.stderr.flush()
+
+
+def error_reason(exc: MemorizzError | OSError) -> str:
+    """``--json``'s ``reason`` for an error a command raised."""
+    from memorizz.api.errors import (
+        DaemonUnreachableError,
+        ProtocolError,
+        RemoteError,
+        SocketPermissionError,
+    )
+
+    if isinstance(exc, RemoteError):
+        return exc.reason
+    if isinstance(exc, SocketPermissionError | PermissionError):
+        return SOCKET_PERMISSION
+    if isinstance(exc, DaemonUnreachableError | OSError):
+        return UNREACHABLE
+    if isinstance(exc, ProtocolError):
+        return MALFORMED_REPLY
+    own = getattr(exc, "reason", None)  # memorizz.ctl.login.CallbackPortError
+    return own if isinstance(own, str) else MALFORMED_REPLY
 
 
 def exit_status(exc: MemorizzError) -> int:

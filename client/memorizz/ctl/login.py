@@ -27,6 +27,7 @@ from typing import Final
 from urllib.parse import urlsplit
 
 from memorizz.api.errors import MemorizzError
+from memorizz.ctl.exits import CALLBACK_PORT
 
 _PAGE: Final = (
     b"<!doctype html><meta charset=utf-8><title>memorizz login</title>"
@@ -36,6 +37,8 @@ _PAGE: Final = (
 
 class CallbackPortError(MemorizzError):
     """The redirect URI's port is taken: the callback would go elsewhere."""
+
+    reason = CALLBACK_PORT
 
 
 class CallbackListener:

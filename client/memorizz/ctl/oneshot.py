@@ -38,7 +38,7 @@ from __future__ import annotations
 import os
 import sys
 
-from memorizz.ctl.exits import EXIT_ERROR, EXIT_OK
+from memorizz.ctl.exits import ERROR_PREFIX, EXIT_ERROR, EXIT_OK
 
 TYPE_CHECKING = False  # typing itself costs more than this whole module
 if TYPE_CHECKING:
@@ -348,7 +348,7 @@ def show(call: Call, raw: bytes) -> int | None:
 
     What it prints is what ``memorizz.ctl.commands.show_call`` prints for the
     same reply: the texts, each ending with one newline; on stdout, or after
-    ``error: `` on stderr when the result has ``isError``."""
+    ``memorizzctl: error: `` on stderr when the result has ``isError``."""
     if call.as_json or b"\\ud" in raw or b"\\uD" in raw:
         return None
     try:
@@ -360,7 +360,7 @@ def show(call: Call, raw: bytes) -> int | None:
         return None
     text = "".join(t if t.endswith("\n") else t + "\n" for t in texts)
     if reply["result"].get("isError") is True:
-        sys.stderr.write("error: " + text)
+        sys.stderr.write(ERROR_PREFIX + text)
         return EXIT_ERROR
     sys.stdout.write(text)
     return EXIT_OK

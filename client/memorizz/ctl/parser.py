@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any, NoReturn, get_args
 
 from memorizz import __version__
 from memorizz.api import methods as m
@@ -61,7 +61,27 @@ from memorizz.ctl.commands import (
     cmd_ping,
     cmd_vault_rotate,
 )
-from memorizz.ctl.exits import EPILOG, PROG
+from memorizz.ctl.exits import EPILOG, EXIT_USAGE, PROG, USAGE, report
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, saying a usage error as memorizzctl says every error: the
+    usage line, then ``memorizzctl: error: MSG``, on stderr (exit 2).
+    Subcommands' parsers are of the same class (argparse makes them so)."""
+
+    as_json = False
+
+    def error(self, message: str) -> NoReturn:
+        if not self.as_json:
+            self.print_usage(sys.stderr)
+        report(message, reason=USAGE, as_json=self.as_json)
+        self.exit(EXIT_USAGE)
+
+
+class _JsonParser(Parser):
+    """``--json`` on the line: a usage error is the JSON error on stdout."""
+
+    as_json = True
 
 
 def _global_options() -> argparse.ArgumentParser:
@@ -179,9 +199,10 @@ def _leaf(
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(*, as_json: bool = False) -> argparse.ArgumentParser:
+    """The whole tree; ``as_json``: usage errors are said as JSON (``--json``)."""
     common = _global_options()
-    parser = argparse.ArgumentParser(
+    parser = (_JsonParser if as_json else Parser)(
         prog=PROG,
         description="Operate memorizzd, the per-host MCP broker.",
         epilog=EPILOG,

@@ -4,7 +4,9 @@
 usage (exit 2), a ``RemoteError`` prints its message and ``reason`` (and, for
 ``approval_required``, the commands that approve and resume the call), an
 unreachable daemon exits 69, Ctrl-C 130, and a closed pipe
-(``memorizzctl mcp list | head``) 141, quietly.
+(``memorizzctl mcp list | head``) 141, quietly. Every error is said one way,
+``memorizzctl: error: MSG`` on stderr, or with ``--json`` the JSON error line on
+stdout (``memorizz.ctl.exits.report``).
 
 A plain ``mcp call`` goes the one-shot way first (``memorizz.ctl.oneshot``:
 built-in modules only, no argparse, no msgspec), and so does a plain ``mcp
@@ -30,6 +32,8 @@ from memorizz.ctl.exits import (
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     PROG,
+    USAGE,
+    report,
 )
 
 TYPE_CHECKING = False
@@ -37,30 +41,40 @@ if TYPE_CHECKING:
     from memorizz.api.errors import MemorizzError
 
 
-def _error(message: str) -> None:
-    print(f"{PROG}: {message}", file=sys.stderr)
-
-
-def _failed(exc: MemorizzError | OSError, socket_path: str) -> int:
+def _failed(exc: MemorizzError | OSError, socket_path: str, *, as_json: bool) -> int:
     """Report a command's failure and return its exit status (a closed pipe
     is re-raised: ``main`` ends quietly)."""
     from memorizz.api.errors import MemorizzError, RemoteError
-    from memorizz.ctl.exits import exit_status
+    from memorizz.ctl.exits import error_reason, exit_status
 
-    if isinstance(exc, RemoteError):
-        _error(f"{exc.message} ({exc.reason})")
-        if exc.reason == "approval_required" and "proposal_id" in exc.data:
-            _error(
-                f"an operator approves with `{PROG} mcp approve {exc.data['proposal_id']}`,"
-                f" then `{PROG} mcp resume {exc.data['proposal_id']}` runs it"
-            )
-        return exit_status(exc)
-    if isinstance(exc, MemorizzError):
-        _error(str(exc))
-        return exit_status(exc)
     if isinstance(exc, BrokenPipeError):
         raise exc  # main() stops quietly
-    _error(f"cannot reach memorizzd at {socket_path}: {exc}")  # e.g. a path too long
+    reason = error_reason(exc)
+    if isinstance(exc, RemoteError):
+        message = f"{exc.message} ({exc.reason})"
+        if exc.reason == "approval_required" and "proposal_id" in exc.data:
+            message += (
+                f"\nan operator approves with `{PROG} mcp approve {exc.data['proposal_id']}`,"
+                f" then `{PROG} mcp resume {exc.data['proposal_id']}` runs it"
+            )
+        report(
+            exc.message if as_json else message,
+            reason=reason,
+            data=exc.data,
+            as_json=as_json,
+        )
+        return exit_status(exc)
+    data = {"socket": socket_path}
+    if isinstance(exc, MemorizzError):
+        report(str(exc), reason=reason, data=data, as_json=as_json)
+        return exit_status(exc)
+    # e.g. a path too long
+    report(
+        f"cannot reach memorizzd at {socket_path}: {exc}",
+        reason=reason,
+        data=data,
+        as_json=as_json,
+    )
     return EXIT_UNAVAILABLE
 
 
@@ -72,7 +86,7 @@ def _one_shot(call: oneshot.Call) -> int | None:
             return None
         status = oneshot.show(call, raw)
     except OSError as exc:  # DaemonUnreachableError is one
-        return _failed(exc, call.socket_path)
+        return _failed(exc, call.socket_path, as_json=call.as_json)
     if status is None:  # not a text-only result: read it as the Client does
         return _finish(call, raw)
     return status
@@ -88,7 +102,7 @@ def _finish(call: oneshot.Call, raw: bytes) -> int:
         result = decode_reply(raw, oneshot.REQUEST_ID, m.ToolsCallResult)
         return show_call(result, as_json=call.as_json)
     except (MemorizzError, OSError) as exc:
-        return _failed(exc, call.socket_path)
+        return _failed(exc, call.socket_path, as_json=call.as_json)
 
 
 def _general(argv: list[str]) -> int:
@@ -103,7 +117,8 @@ def _general(argv: list[str]) -> int:
     from memorizz.ctl.parser import build_parser
 
     head, trailing = split_trailing(argv)
-    parser = build_parser()
+    as_json = "--json" in head  # before parsing: a usage error is said as JSON too
+    parser = build_parser(as_json=as_json)
     if not argv:  # bare: the help, on stdout; a usage error all the same (2)
         parser.print_help()
         return EXIT_USAGE
@@ -122,11 +137,12 @@ def _general(argv: list[str]) -> int:
             return status
     except UsageError as exc:
         sub: argparse.ArgumentParser = args.parser
-        sub.print_usage(sys.stderr)
-        print(f"{sub.prog}: error: {exc}", file=sys.stderr)
+        if not args.json:
+            sub.print_usage(sys.stderr)
+        report(str(exc), reason=USAGE, as_json=args.json)
         return EXIT_USAGE
     except (MemorizzError, OSError) as exc:
-        return _failed(exc, socket_path)
+        return _failed(exc, socket_path, as_json=args.json)
 
 
 def _run(argv: list[str]) -> int:

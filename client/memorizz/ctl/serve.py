@@ -14,7 +14,8 @@ buffered beyond one read, so every line arrives whole and in order.
                      has no one to go to)
     stdout closes    the client went away: exit 141, quietly
 
-Errors go to stderr, never to stdout (stdout is the protocol), with the exit
+Errors go to stderr as ``memorizzctl: error: MSG``, one line each, never to
+stdout (stdout is the protocol, so ``--json`` changes nothing here), with the exit
 statuses of every other command (``memorizz.ctl.exits``): 69 when the socket
 is missing or refuses the connection (which path, and how to start the
 daemon), 77 when this user may not open it.
@@ -53,7 +54,8 @@ from memorizz.ctl.exits import (
     EXIT_NOPERM,
     EXIT_OK,
     EXIT_UNAVAILABLE,
-    PROG,
+    UNREACHABLE,
+    report,
 )
 
 MCP_SOCKET_NAME = "mcp.sock"
@@ -192,8 +194,9 @@ def default_socket_path() -> str:
 
 
 def _error(message: str) -> None:
-    sys.stderr.write(f"{PROG} mcp serve: {message}\n")
-    sys.stderr.flush()
+    """``memorizzctl: error: MSG`` on stderr: always there, even with
+    ``--json`` (stdout is the protocol)."""
+    report(message, reason=UNREACHABLE)
 
 
 def connect(bridge: Bridge) -> _socket.socket | int:

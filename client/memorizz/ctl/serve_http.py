@@ -51,7 +51,14 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from memorizz.ctl.exits import EXIT_ERROR, EXIT_OK, PROG, UsageError
+from memorizz.ctl.exits import (
+    EXIT_ERROR,
+    EXIT_OK,
+    PROG,
+    UNREACHABLE,
+    UsageError,
+    report,
+)
 from memorizz.ctl.serve import Bridge, connect
 from memorizz.ctl.session import (
     MAX_SESSIONS,
@@ -396,7 +403,13 @@ class _Server(http.server.ThreadingHTTPServer):
 
 
 def _error(message: str) -> None:
-    sys.stderr.write(f"{PROG} mcp serve: {message}\n")
+    """``memorizzctl: error: MSG`` on stderr (never JSON: see ``memorizz.ctl.serve``)."""
+    report(message, reason=UNREACHABLE)
+
+
+def _say(message: str) -> None:
+    """What the bridge tells its operator: ``memorizzctl: MSG`` on stderr."""
+    sys.stderr.write(f"{PROG}: {message}\n")
     sys.stderr.flush()
 
 
@@ -440,8 +453,8 @@ def serve(
         return EXIT_ERROR
     with server:
         listen.port = server.server_address[1]  # when PORT was 0
-        _error(f"serving MCP (Streamable HTTP) at {listen.url()}")
+        _say(f"serving MCP (Streamable HTTP) at {listen.url()}")
         if printed:
-            _error(f"bearer token: {token.decode()}")
+            _say(f"bearer token: {token.decode()}")
         server.serve_forever()
     return EXIT_OK
