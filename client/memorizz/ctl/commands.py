@@ -52,6 +52,8 @@ from memorizz.ctl.render import (
     render_resources,
     render_servers,
     render_status,
+    render_task,
+    render_tasks,
     render_templates,
     render_test,
     render_tools,
@@ -230,6 +232,18 @@ def cmd_mcp_call(client: Client, args: argparse.Namespace) -> int:
     and with ``--verbose`` the server's log messages (``[server] level: text``);
     on a terminal, the server's elicitations are answered by prompting (else
     the server is told this client answers none)."""
+    if args.task:  # the task, at once: its result comes with `mcp task result`
+        task = client.call_tool_task(
+            args.server,
+            args.tool,
+            args.arguments,
+            ttl_ms=args.ttl,
+            timeout_s=args.timeout,
+        )
+        _show(args, task, render_task(task))
+        return EXIT_OK
+    if args.ttl is not None:
+        raise UsageError("--ttl goes with --task")
     line = ProgressLine(sys.stderr)
     prompter = Prompter(sys.stdin, sys.stderr) if sys.stdin.isatty() else None
     try:
@@ -249,6 +263,39 @@ def cmd_mcp_call(client: Client, args: argparse.Namespace) -> int:
     finally:
         line.clear()
     return show_call(result, as_json=args.json)
+
+
+def cmd_mcp_task_get(client: Client, args: argparse.Namespace) -> int:
+    task = client.get_task(args.id)
+    _show(args, task, render_task(task))
+    return EXIT_OK
+
+
+def cmd_mcp_task_result(client: Client, args: argparse.Namespace) -> int:
+    """Wait for the task to end and show its tool result as ``mcp call`` does;
+    the status changes the server reports meanwhile, one line each on stderr."""
+    line = ProgressLine(sys.stderr)
+    try:
+        result = client.task_result(
+            args.id,
+            timeout_s=args.timeout,
+            on_status=lambda t: line.note(render_task(t).rstrip("\n")),
+        )
+    finally:
+        line.clear()
+    return show_call(result, as_json=args.json)
+
+
+def cmd_mcp_task_cancel(client: Client, args: argparse.Namespace) -> int:
+    task = client.cancel_task(args.id)
+    _show(args, task, render_task(task))
+    return EXIT_OK
+
+
+def cmd_mcp_task_list(client: Client, args: argparse.Namespace) -> int:
+    tasks = client.list_tasks()
+    _show(args, m.TasksListResult(tasks=tasks), render_tasks(tasks))
+    return EXIT_OK
 
 
 def cmd_mcp_read(client: Client, args: argparse.Namespace) -> int:

@@ -54,6 +54,10 @@ from memorizz.ctl.commands import (
     cmd_mcp_resume,
     cmd_mcp_serve,
     cmd_mcp_status,
+    cmd_mcp_task_cancel,
+    cmd_mcp_task_get,
+    cmd_mcp_task_list,
+    cmd_mcp_task_result,
     cmd_mcp_templates,
     cmd_mcp_test,
     cmd_mcp_tools,
@@ -395,6 +399,7 @@ def _mcp(mcp: _Lazy) -> None:
     ):
         _leaf(mcp, name, func, text, _server)
     _leaf(mcp, "call", cmd_mcp_call, "call a tool", _call)
+    _group(mcp, "task", "tools called as tasks (mcp call --task)", _task)
     _leaf(mcp, "read", cmd_mcp_read, "read one resource", _read)
     _leaf(mcp, "prompt", cmd_mcp_prompt, "get one prompt", _prompt)
     _leaf(
@@ -526,10 +531,45 @@ def _call(p: argparse.ArgumentParser) -> None:
     )
     _timeout(p)
     p.add_argument(
+        "--task",
+        action="store_true",
+        help="call the tool as a task: print its id and status at once, not the"
+        " result (then `mcp task result ID`)",
+    )
+    p.add_argument(
+        "--ttl",
+        metavar="MS",
+        type=positive_int,
+        help="--task: ask the server to keep the task this many milliseconds",
+    )
+    p.add_argument(
         "-v",
         "--verbose",
         action="store_true",
         help="show the server's log messages on stderr while the call runs",
+    )
+
+
+def _task(task: _Lazy) -> None:
+    _leaf(task, "get", cmd_mcp_task_get, "a task's status", _proposal_id)
+    _leaf(
+        task,
+        "result",
+        cmd_mcp_task_result,
+        "wait for a task to end and print its result, as mcp call does",
+        _task_result,
+    )
+    _leaf(task, "cancel", cmd_mcp_task_cancel, "cancel a task", _proposal_id)
+    _leaf(task, "list", cmd_mcp_task_list, "your tasks their servers still keep")
+
+
+def _task_result(p: argparse.ArgumentParser) -> None:
+    _proposal_id(p)
+    p.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=positive_float,
+        help="wait at most this long (the task runs on; exit 75)",
     )
 
 

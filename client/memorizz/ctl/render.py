@@ -460,3 +460,30 @@ def render_proposal(p: m.Proposal, now: float) -> str:
     expiry = _expiry(p, now)
     until = f", expires {expiry}" if expiry != "-" else ""
     return f"{p.id} {p.status}{by}{extra} ({p.server}/{one_line(p.tool)}{until})\n"
+
+
+def _task_source(task: m.Task) -> str:
+    meta = task.meta or {}
+    server, tool = meta.get("memorizz/server"), meta.get("memorizz/tool")
+    if isinstance(server, str) and isinstance(tool, str):
+        return one_line(f"{server}/{tool}", 200)
+    return "-"
+
+
+def render_task(task: m.Task) -> str:
+    """One task: its id and status (``mcp call --task``, ``mcp task get|cancel``),
+    and the server's status message if it gave one."""
+    text = f"{task.task_id} {task.status}"
+    if task.status_message:
+        text += f": {one_line(task.status_message, 200)}"
+    return text + "\n"
+
+
+def render_tasks(tasks: Sequence[m.Task]) -> str:
+    if not tasks:
+        return "no tasks\n"
+    rows = [
+        [t.task_id, t.status, _task_source(t), dash(t.created_at), dash(t.ttl)]
+        for t in tasks
+    ]
+    return format_table(["id", "status", "tool", "created", "ttl_ms"], rows)
