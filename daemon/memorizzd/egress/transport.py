@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import re
 import ssl
 from collections.abc import Sequence
 from typing import Protocol
@@ -81,7 +82,11 @@ class GuardTransport(httpx2.AsyncBaseTransport):
             )
         if self._challenges and is_challenge(response):
             await response.aclose()
-            raise ChallengeError(status, response.headers.get("www-authenticate"))
+            raise ChallengeError(
+                status,
+                response.headers.get("www-authenticate"),
+                response.headers.get("dpop-nonce"),
+            )
         coding = response.headers.get("content-encoding", "").strip().lower()
         if coding not in _IDENTITY:
             await response.aclose()
@@ -117,13 +122,20 @@ class ChallengeError(AuthRequiredError):
     ``error`` from it; it is never put on the wire.
     """
 
-    def __init__(self, status: int, www_authenticate: str | None) -> None:
+    def __init__(
+        self,
+        status: int,
+        www_authenticate: str | None,
+        dpop_nonce: str | None = None,
+    ) -> None:
         super().__init__(
             f"authorization required: the server answered {status}",
             data={"status": status},
         )
         self.status = status
         self.www_authenticate = www_authenticate
+        self.dpop_nonce = dpop_nonce
+        """RFC 9449 §9: the ``DPoP-Nonce`` the server wants in the next proof."""
 
 
 class BearerSource(Protocol):
@@ -138,11 +150,25 @@ class BearerSource(Protocol):
         """The server refused the token of ``generation`` with ``challenge``."""
         ...
 
+    async def proof(self, method: str, url: str, token: str) -> str | None:
+        """A DPoP proof for this request when ``token`` is DPoP-bound (RFC 9449
+        §7), else None (a Bearer token)."""
+        ...
+
+    def nonce(self, url: str, value: str) -> bool:
+        """The server at ``url`` supplied a ``DPoP-Nonce``; True if it is new."""
+        ...
+
 
 class BearerTransport(httpx2.AsyncBaseTransport):
     """Puts the current access token on every request (never a stale copy:
     a refreshed token is used from the next request on) and reports a
-    challenge to the keeper, which refreshes once before the error goes on."""
+    challenge to the keeper, which refreshes once before the error goes on.
+
+    A DPoP-bound token (RFC 9449) goes as ``Authorization: DPoP`` with a fresh
+    proof in ``DPoP``; a ``use_dpop_nonce`` challenge that brings a new
+    ``DPoP-Nonce`` sends the request once more with it (§9), and a nonce on
+    any answer is kept for the next proof."""
 
     def __init__(self, inner: httpx2.AsyncBaseTransport, source: BearerSource) -> None:
         self._inner = inner
@@ -150,12 +176,31 @@ class BearerTransport(httpx2.AsyncBaseTransport):
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         token, generation = await self._source.bearer()
-        request.headers["Authorization"] = f"Bearer {token}"
-        try:
-            return await self._inner.handle_async_request(request)
-        except ChallengeError as exc:
-            await self._source.rejected(generation, exc)
-            raise
+        url = str(request.url)
+        for attempt in range(2):
+            proof = await self._source.proof(request.method, url, token)
+            if proof is None:
+                request.headers["Authorization"] = f"Bearer {token}"
+            else:
+                request.headers["Authorization"] = f"DPoP {token}"
+                request.headers["DPoP"] = proof
+            try:
+                response = await self._inner.handle_async_request(request)
+            except ChallengeError as exc:
+                if (
+                    proof is not None
+                    and attempt == 0
+                    and exc.dpop_nonce is not None
+                    and _asks_nonce(exc.www_authenticate)
+                    and self._source.nonce(url, exc.dpop_nonce)
+                ):
+                    continue
+                await self._source.rejected(generation, exc)
+                raise
+            if proof is not None and (nonce := response.headers.get("dpop-nonce")):
+                self._source.nonce(url, nonce)
+            return response
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -179,6 +224,14 @@ class PinnedTransport(httpx2.AsyncHTTPTransport):
             keepalive_expiry=limits.keepalive_expiry,
             network_backend=backend,
         )
+
+
+def _asks_nonce(www_authenticate: str | None) -> bool:
+    """``WWW-Authenticate: DPoP error="use_dpop_nonce"`` (RFC 9449 §9)."""
+    return bool(www_authenticate and _USE_DPOP_NONCE.search(www_authenticate))
+
+
+_USE_DPOP_NONCE = re.compile(r'\berror="?use_dpop_nonce"?', re.IGNORECASE)
 
 
 def _location(request: httpx2.Request, location: str | None) -> str:

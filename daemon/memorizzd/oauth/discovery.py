@@ -76,6 +76,9 @@ class AuthorizationServer:
     issuer: str
     metadata: OAuthMetadata
     resource_metadata: ProtectedResourceMetadata | None
+    dpop_algorithms: tuple[str, ...] = ()
+    """RFC 9449 §5.1 ``dpop_signing_alg_values_supported`` (the SDK's model
+    drops it): DPoP-bound tokens are asked for when it holds ES256."""
 
 
 def _param(header: str, name: str) -> str | None:
@@ -148,8 +151,9 @@ async def discover(
             None, server_url
         )
     found = await _server_metadata(http, urls, issuer)
+    dpop_algorithms: tuple[str, ...] = ()
     if found is not None:
-        metadata, written_issuer = found
+        metadata, written_issuer, dpop_algorithms = found
     elif prm is None:
         # MCP 2025-03-26 §2.3.3: a server without any metadata has the
         # default endpoints at its origin (that revision made PKCE a MUST).
@@ -173,6 +177,7 @@ async def discover(
         issuer=written_issuer,
         metadata=metadata,
         resource_metadata=prm,
+        dpop_algorithms=dpop_algorithms,
     )
 
 
@@ -202,6 +207,7 @@ M = TypeVar("M", ProtectedResourceMetadata, OAuthMetadata)
 
 class _Issuer(msgspec.Struct):
     issuer: str
+    dpop_signing_alg_values_supported: object = None
 
 
 async def _documents(
@@ -280,7 +286,7 @@ def _fallback_metadata(origin: str) -> OAuthMetadata:
 
 async def _server_metadata(
     http: httpx2.AsyncClient, urls: list[str], issuer: str
-) -> tuple[OAuthMetadata, str] | None:
+) -> tuple[OAuthMetadata, str, tuple[str, ...]] | None:
     """The metadata and its ``issuer`` exactly as the document writes it (what
     an authorization response's ``iss`` is compared with, RFC 9207 §2.4)."""
     unreadable: list[str] = []
@@ -294,8 +300,14 @@ async def _server_metadata(
                     f"authorization server metadata at {url} names issuer "
                     f"{str(metadata.issuer)!r}, not {issuer!r} (RFC 8414 §3.3); refused"
                 )
-            written = msgspec.json.decode(raw, type=_Issuer).issuer
-            return metadata, written
+            written = msgspec.json.decode(raw, type=_Issuer)
+            listed = written.dpop_signing_alg_values_supported
+            algs = tuple(
+                alg
+                for alg in (listed if isinstance(listed, list) else ())
+                if isinstance(alg, str)
+            )
+            return metadata, written.issuer, algs
     if unreadable:
         raise LoginError(
             f"the authorization server metadata of {issuer} is not usable "

@@ -13,7 +13,7 @@ formats a token, a code, a verifier or a secret.
 from __future__ import annotations
 
 import base64
-from typing import Final
+from typing import TYPE_CHECKING, Final
 from urllib.parse import quote
 
 import httpx2
@@ -26,6 +26,9 @@ from memorizzd.oauth.mcp_sdk import (
     OAuthClientMetadata,
     OAuthToken,
 )
+
+if TYPE_CHECKING:
+    from memorizzd.oauth.dpop import Dpop
 
 MAX_DESCRIPTION: Final = 200
 AUTH_METHODS: Final = (
@@ -97,6 +100,13 @@ class ClientAuth(msgspec.Struct, frozen=True):
             form["client_secret"] = self.client_secret
 
 
+class Token(OAuthToken):
+    """A token response; ``dpop``: the token is DPoP-bound (``token_type``
+    ``DPoP``, RFC 9449 §5), presented as ``Authorization: DPoP``."""
+
+    dpop: bool = False
+
+
 class _ErrorBody(msgspec.Struct):
     error: str
     error_description: str | None = None
@@ -111,7 +121,8 @@ async def exchange_code(
     verifier: str,
     redirect_uri: str,
     resource: str,
-) -> OAuthToken:
+    dpop: Dpop | None = None,
+) -> Token:
     form = {
         "grant_type": "authorization_code",
         "code": code,
@@ -119,7 +130,7 @@ async def exchange_code(
         "code_verifier": verifier,
         "resource": resource,
     }
-    return await _token_request(http, token_endpoint, auth, form)
+    return await _token_request(http, token_endpoint, auth, form, dpop)
 
 
 async def refresh(
@@ -130,7 +141,8 @@ async def refresh(
     refresh_token: str,
     resource: str,
     scope: str | None,
-) -> OAuthToken:
+    dpop: Dpop | None = None,
+) -> Token:
     form = {
         "grant_type": "refresh_token",
         "refresh_token": refresh_token,
@@ -138,7 +150,7 @@ async def refresh(
     }
     if scope:
         form["scope"] = scope
-    return await _token_request(http, token_endpoint, auth, form)
+    return await _token_request(http, token_endpoint, auth, form, dpop)
 
 
 async def client_credentials(
@@ -148,29 +160,63 @@ async def client_credentials(
     *,
     resource: str,
     scope: str | None,
-) -> OAuthToken:
+    dpop: Dpop | None = None,
+) -> Token:
     """RFC 6749 §4.4: a token for the client itself (no user, no refresh token)."""
     form = {"grant_type": "client_credentials", "resource": resource}
     if scope:
         form["scope"] = scope
-    return await _token_request(http, token_endpoint, auth, form)
+    return await _token_request(http, token_endpoint, auth, form, dpop)
 
 
 async def _token_request(
-    http: httpx2.AsyncClient, url: str, auth: ClientAuth, form: dict[str, str]
-) -> OAuthToken:
-    headers = {"Accept": "application/json"}
-    auth.apply(form, headers)
-    response = await _send(http, "POST", url, data=form, headers=headers)
-    if response.status_code != 200:
-        raise _error_of(response, "token")
+    http: httpx2.AsyncClient,
+    url: str,
+    auth: ClientAuth,
+    form: dict[str, str],
+    dpop: Dpop | None = None,
+) -> Token:
+    """POST ``form``; with ``dpop``, a proof on the request and, when the
+    server answers ``use_dpop_nonce`` (RFC 9449 §8), once more with its nonce."""
+    for attempt in range(2):
+        headers = {"Accept": "application/json"}
+        body = dict(form)
+        auth.apply(body, headers)  # a fresh client assertion each time
+        if dpop is not None:
+            headers["DPoP"] = await dpop.proof("POST", url)
+        response = await _send(http, "POST", url, data=body, headers=headers)
+        nonce = response.headers.get("dpop-nonce")
+        fresh = dpop is not None and nonce is not None and dpop.nonce(url, nonce)
+        if response.status_code == 200:
+            break
+        error = _error_of(response, "token")
+        if not (attempt == 0 and fresh and error.error == "use_dpop_nonce"):
+            raise error
+    return _token_of(response.content, dpop_sent=dpop is not None)
+
+
+def _token_of(content: bytes, *, dpop_sent: bool) -> Token:
+    """A Bearer token, or a DPoP-bound one when a proof was sent."""
     try:
-        token = OAuthToken.model_validate_json(response.content)
-    except ValidationError:
+        raw = msgspec.json.decode(content)
+        bound = (
+            isinstance(raw, dict)
+            and isinstance(raw.get("token_type"), str)
+            and raw["token_type"].lower() == "dpop"
+        )
+        if bound and not dpop_sent:
+            raise EndpointError(
+                "bad_response", "the token endpoint issued a DPoP token unasked"
+            )
+        if bound:  # pydantic takes only token_type Bearer (any case)
+            raw = {**raw, "token_type": "Bearer", "dpop": True}
+        elif isinstance(raw, dict):
+            raw.pop("dpop", None)
+        return Token.model_validate(raw)
+    except (msgspec.DecodeError, ValidationError):
         raise EndpointError(
             "bad_response", "the token endpoint's answer is not a token response"
         ) from None
-    return token  # pydantic took only token_type Bearer (any case)
 
 
 async def register(

@@ -33,6 +33,10 @@ class Grant(msgspec.Struct, kw_only=True, frozen=True):
     client_id: str
     client_secret: str | None = None
     auth_method: str = "none"
+    dpop: bool = False
+    """The token is DPoP-bound (``token_type`` ``DPoP``, RFC 9449): bound to
+    the server's DPoP key (``oauth.dpop``), presented with a proof on every
+    request."""
     grant_type: str = "authorization_code"
     """``client_credentials``: renewed by asking again, with the client's
     credentials from the vault (never stored here), not by a refresh token."""

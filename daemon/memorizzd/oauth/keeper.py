@@ -41,6 +41,7 @@ from memorizzd.egress.client import hardened_client
 from memorizzd.egress.transport import ChallengeError
 from memorizzd.oauth import endpoints
 from memorizzd.oauth.discovery import Challenge
+from memorizzd.oauth.dpop import Dpop
 from memorizzd.oauth.endpoints import ClientAuth, EndpointError
 from memorizzd.oauth.grant import Grant, delete_grant, load_grant, save_grant
 from memorizzd.oauth.mcp_sdk import union_scopes
@@ -94,7 +95,7 @@ class Acquirer(Protocol):
     """A machine grant (``oauth.machine``): a new grant without a person."""
 
     def acquire(
-        self, http: httpx2.AsyncClient, previous: Grant | None
+        self, http: httpx2.AsyncClient, previous: Grant | None, dpop: Dpop
     ) -> Awaitable[Grant]: ...
 
 
@@ -112,6 +113,8 @@ class TokenKeeper:
         self._machine = machine
         """A machine grant: no login; the keeper gets and renews tokens itself."""
         self._vault = vault
+        self.dpop = Dpop(server, vault)
+        """The server's DPoP key (made on first use) and nonces."""
         self._http = http
         self._clock = clock
         self.grant: Grant | None = None
@@ -231,6 +234,16 @@ class TokenKeeper:
             if grant is None or grant.login_required:
                 raise self.login_required_error()
         return grant.access_token, generation
+
+    async def proof(self, method: str, url: str, token: str) -> str | None:
+        """A DPoP proof for one request when the grant is DPoP-bound."""
+        grant = self.grant
+        if grant is None or not grant.dpop:
+            return None
+        return await self.dpop.proof(method, url, access_token=token)
+
+    def nonce(self, url: str, value: str) -> bool:
+        return self.dpop.nonce(url, value)
 
     async def rejected(self, generation: int, challenge: ChallengeError) -> None:
         """The server refused the token of ``generation``: a 401 gets one
@@ -369,6 +382,7 @@ class TokenKeeper:
                             refresh_token=grant.refresh_token,
                             resource=grant.resource,
                             scope=None,
+                            dpop=self.dpop if grant.dpop else None,
                         )
             except EndpointError as exc:
                 if exc.final:
@@ -390,6 +404,7 @@ class TokenKeeper:
                 expires_at=expiry_of(token.expires_in, now),
                 obtained_at=now,
                 scope=token.scope or grant.scope,
+                dpop=token.dpop,
             )
             # Durable before use: the vault commits with synchronous=FULL.
             stored = await self._store(fresh)
@@ -413,7 +428,7 @@ class TokenKeeper:
             try:
                 with anyio.fail_after(REFRESH_TIMEOUT_S):
                     async with self._http() as http:
-                        fresh = await machine.acquire(http, previous)
+                        fresh = await machine.acquire(http, previous, self.dpop)
             except EndpointError as exc:
                 self._failed(str(exc))
                 return False

@@ -35,6 +35,8 @@ from memorizz.api.errors import InvalidParamsError, LoginError
 from memorizz.api.spec import redirect_uri_ok
 from memorizzd.oauth import endpoints
 from memorizzd.oauth.discovery import AuthorizationServer, Challenge
+from memorizzd.oauth.dpop import Dpop
+from memorizzd.oauth.dpop import wanted as dpop_wanted
 from memorizzd.oauth.endpoints import ClientAuth, EndpointError, printable
 from memorizzd.oauth.grant import (
     Grant,
@@ -281,9 +283,15 @@ def callback_params(callback_url: str) -> dict[str, str]:
 
 
 async def finish(
-    http: httpx2.AsyncClient, login: PendingLogin, params: dict[str, str]
+    http: httpx2.AsyncClient,
+    login: PendingLogin,
+    params: dict[str, str],
+    dpop: Dpop | None = None,
 ) -> Grant:
-    """Check the callback and exchange its code; the new grant (not yet stored)."""
+    """Check the callback and exchange its code; the new grant (not yet stored).
+
+    ``dpop``: the server's DPoP key, used when the authorization server takes
+    DPoP proofs (a DPoP-bound token, RFC 9449)."""
     if "error" in params:
         error = printable(params["error"], 64)
         description = printable(params.get("error_description", ""))
@@ -328,6 +336,7 @@ async def finish(
             verifier=login.verifier,
             redirect_uri=login.redirect_uri,
             resource=login.authz.resource,
+            dpop=dpop if dpop_wanted(login.authz.dpop_algorithms) else None,
         )
     except EndpointError as exc:
         raise LoginError(
@@ -349,4 +358,5 @@ async def finish(
         client_id=login.client.client_id,
         client_secret=login.client.client_secret,
         auth_method=login.client.method,
+        dpop=token.dpop,
     )

@@ -21,6 +21,8 @@ import httpx2
 from memorizz.api import methods as m
 from memorizzd.oauth import endpoints
 from memorizzd.oauth.discovery import challenge_of, discover
+from memorizzd.oauth.dpop import Dpop
+from memorizzd.oauth.dpop import wanted as dpop_wanted
 from memorizzd.oauth.endpoints import ClientAuth, EndpointError
 from memorizzd.oauth.grant import Grant
 from memorizzd.oauth.mcp_sdk import get_client_metadata_scopes
@@ -44,18 +46,23 @@ class ClientCredentials:
         self._client_id: str = spec.oauth_client_id
         self._vault = vault
 
-    async def acquire(self, http: httpx2.AsyncClient, previous: Grant | None) -> Grant:
+    async def acquire(
+        self, http: httpx2.AsyncClient, previous: Grant | None, dpop: Dpop
+    ) -> Grant:
         """A new grant (not yet stored); ``EndpointError`` if refused.
 
         The first time, the authorization server is discovered as for a login
         (protected resource metadata, RFC 8414), without the browser's checks;
-        later, the previous grant's endpoint, resource and scope are reused."""
+        later, the previous grant's endpoint, resource and scope are reused.
+        A DPoP-bound token is asked for when the authorization server takes
+        DPoP proofs (``oauth.dpop``)."""
         spec = self._spec
         secret, key = await anyio.to_thread.run_sync(self._credentials)
         if previous is not None:
             issuer, token_endpoint = previous.issuer, previous.token_endpoint
             resource, scope = previous.resource, _scope_asked(spec, previous.scope)
             method = previous.auth_method
+            bind = previous.dpop
         else:
             challenge = await challenge_of(http, self._url, spec.transport)
             authz = await discover(http, self._url, challenge, interactive=False)
@@ -73,11 +80,17 @@ class ClientCredentials:
                 )
             )
             method = _method(spec, meta.token_endpoint_auth_methods_supported, key)
+            bind = dpop_wanted(authz.dpop_algorithms)
         auth = ClientAuth(
             self._client_id, secret, method, private_key=key, audience=issuer
         )
         token = await endpoints.client_credentials(
-            http, token_endpoint, auth, resource=resource, scope=scope
+            http,
+            token_endpoint,
+            auth,
+            resource=resource,
+            scope=scope,
+            dpop=dpop if bind else None,
         )
         now = time.time()
         expires_in = token.expires_in
@@ -95,6 +108,7 @@ class ClientCredentials:
             client_secret=None,
             auth_method=method,
             grant_type="client_credentials",
+            dpop=token.dpop,
         )
 
     def _credentials(self) -> tuple[str | None, str | None]:

@@ -122,7 +122,7 @@ class OAuthService:
         params = callback_params(callback_url)
         login = self._logins.take(spec.name, params.get("state"))
         async with http_client_for(spec, self._allowlist) as http:
-            grant = await finish(http, login, params)
+            grant = await finish(http, login, params, keeper.dpop)
         await keeper.install(grant)
         log.info("%s: logged in with %s", spec.name, grant.issuer)
         return m.AuthCompleteResult(server=spec.name, auth=keeper.status())
