@@ -1,0 +1,205 @@
+"""The MCP face's features beyond calls, used by the official TypeScript SDK
+client (issue 11, "How it is shown").
+
+tests/node/face_features_client.mjs (npm ``@modelcontextprotocol/sdk``) answers
+an elicitation and a sampling request with its request handlers, cancels a
+call (its ``AbortSignal``: ``notifications/cancelled``), hears a
+``tools/list_changed``, subscribes to a resource and hears it updated, and
+completes a prompt argument. Behind the real daemon: our SDK test servers
+(tests/asking_server.py as ``ask``, tests/features_server.py as ``feat``,
+tests/mcp_server.py as ``alpha``), over stdio.
+
+Through ``memorizzctl mcp serve`` (stdio) everything works. Through ``mcp
+serve --transport streamable-http`` (the TS client's
+``StreamableHTTPClientTransport``, with the bearer token) the bridge offers no
+server stream (GET is 405: memorizz.ctl.serve_http), so what the daemon sends
+outside the answer to a request has nowhere to go: an upstream's elicitation
+or sampling request is refused at once (-32601, "this client's HTTP transport
+takes no requests", and the call fails with the face's -32006 upstream error), and
+``list_changed`` and ``resources/updated`` notifications are dropped. A
+cancellation (a POSTed notification), a subscription request and a completion
+work there, and are tested.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from tests import asking_server, features_server
+from tests.harness import (
+    NODE_DIR,
+    DaemonHarness,
+    daemon_config,
+    short_tempdir,
+    stdio_spec,
+    wait_until,
+)
+from tests.harness import node as harness_node
+
+MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
+CLIENT = str(NODE_DIR / "face_features_client.mjs")
+RUN_TIMEOUT_S = 60.0
+"""A bound on a hung client only, far above its usual run (about a second)."""
+
+
+@pytest.fixture(scope="module")
+def harness() -> Iterator[DaemonHarness]:
+    base = short_tempdir()
+    config = daemon_config(
+        base,
+        servers=[
+            stdio_spec("alpha", env={"CALL_LOG": os.path.join(base, "calls.log")}),
+            stdio_spec(
+                "ask",
+                args=[str(Path(asking_server.__file__)), "stdio"],
+                protocol="legacy",
+            ),
+            stdio_spec(
+                "feat",
+                args=[str(Path(features_server.__file__)), "stdio"],
+                env={"SUB_LOG": os.path.join(base, "subs.log")},
+                protocol="legacy",
+            ),
+        ],
+    )
+    with DaemonHarness.running(config) as harness:
+        for name in ("alpha", "ask", "feat"):
+            harness.wait_ready(name)
+        yield harness
+
+
+def _run(harness: DaemonHarness, **plan: Any) -> dict[str, Any]:
+    plan = {"callLog": harness.config.servers[0].env["CALL_LOG"], **plan}
+    done = subprocess.run(
+        [
+            harness_node("the TypeScript SDK client"),
+            CLIENT,
+            msgspec.json.encode(plan).decode(),
+        ],
+        cwd=NODE_DIR,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    lines = done.stdout.splitlines()
+    assert lines, f"no output (exit {done.returncode}): {done.stderr}"
+    seen: dict[str, Any] = msgspec.json.decode(lines[-1])
+    assert done.returncode == 0, f"{seen.get('error')}: {done.stderr}"
+    return seen
+
+
+def _subscriptions(harness: DaemonHarness) -> list[str]:
+    path = harness.config.servers[2].env["SUB_LOG"]
+    return Path(path).read_text().splitlines() if os.path.exists(path) else []
+
+
+ALL = ["elicit", "sample", "cancel", "listChanged", "subscribe", "complete"]
+
+
+def test_the_typescript_client_through_the_stdio_bridge(harness: DaemonHarness) -> None:
+    seen = _run(harness, memorizzctl=MEMORIZZCTL, socket=harness.socket, steps=ALL)
+    # the upstream's elicitation and sampling, answered by the TS handlers
+    assert seen["elicit"] == {"text": ["hello Ada"], "isError": False}
+    assert seen["asked"] == ["What is your name?"]
+    assert seen["sample"] == {
+        "text": ["ts-model: hello from TypeScript"],
+        "isError": False,
+    }
+    assert seen["sampled"] == ["say hi"]
+    # the abort reached the upstream (the client waited for its cancelled:TAG),
+    # and the session goes on
+    assert seen["cancel"]["aborted"] is not None
+    assert seen["cancel"]["after"] == {"text": ["after"], "isError": False}
+    # alpha's new tool, announced and listed
+    (added,) = seen["listChanged"]
+    assert added.startswith("alpha__dyn_")
+    assert seen["subscribe"] == {
+        "touched": {"text": ["touched"], "isError": False},
+        "updated": "feat://watched",
+    }
+    assert seen["complete"] == ["green@prompt", "grey@prompt"]
+    assert "subscribe feat://watched" in _subscriptions(harness)
+
+
+@pytest.fixture
+def http_bridge(harness: DaemonHarness) -> Iterator[tuple[str, str]]:
+    """``memorizzctl mcp serve --transport streamable-http`` on a loopback
+    port, in front of the operator's face; yields its URL and token."""
+    token = secrets.token_urlsafe(24)
+    token_file = os.path.join(os.path.dirname(harness.socket), "ts-token")
+    with open(token_file, "w") as f:
+        f.write(token)
+    proc = subprocess.Popen(
+        [
+            MEMORIZZCTL,
+            "--socket",
+            harness.socket,
+            "mcp",
+            "serve",
+            "--transport",
+            "streamable-http",
+            "--listen",
+            "127.0.0.1:0",
+            "--token-file",
+            token_file,
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline().decode()
+        assert " at http://127.0.0.1:" in first, first
+        yield first.rsplit(" ", 1)[1].strip(), token
+    finally:
+        proc.terminate()
+        proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def test_the_typescript_client_through_the_http_bridge(
+    harness: DaemonHarness, http_bridge: tuple[str, str]
+) -> None:
+    url, token = http_bridge
+    subscribed = _subscriptions(harness).count("subscribe feat://watched")
+    seen = _run(
+        harness,
+        url=url,
+        token=token,
+        steps=["cancel", "subscribe", "complete", "elicit", "sample"],
+        awaitUpdate=False,  # resources/updated has no stream to come on
+    )
+    assert seen["cancel"]["aborted"] is not None
+    assert seen["cancel"]["after"] == {"text": ["after"], "isError": False}
+    assert seen["subscribe"] == {
+        "touched": {"text": ["touched"], "isError": False},
+        "updated": None,
+    }
+    wait_until(
+        lambda: _subscriptions(harness).count("subscribe feat://watched") > subscribed,
+        what="the upstream to hear the subscription",
+    )
+    assert seen["complete"] == ["green@prompt", "grey@prompt"]
+    # what cannot cross a bridge without a server stream: the upstream's
+    # requests are refused by the bridge at once, never left waiting, the
+    # call fails with the face's upstream error, and the handlers are never asked
+    for step in ("elicit", "sample"):
+        assert seen[step] == {
+            "error": "MCP error -32006: ask: this client's HTTP transport takes no requests",
+            "code": -32006,
+        }, step
+    assert seen["asked"] == []
+    assert seen["sampled"] == []
