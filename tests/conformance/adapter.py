@@ -68,7 +68,11 @@ def log(msg: str) -> None:
 # --- the OAuth surface (planned API; adjust here) -----------------------------
 
 
-MACHINE_SCENARIOS = ("auth/client-credentials-basic", "auth/client-credentials-jwt")
+MACHINE_SCENARIOS = (
+    "auth/client-credentials-basic",
+    "auth/client-credentials-jwt",
+    "auth/wif-jwt-bearer",
+)
 """Scenarios of a machine's grant: no login; the server is added through
 ``servers/add`` so that its secret or key goes to the vault, not a config file."""
 
@@ -78,7 +82,10 @@ def oauth_fields(scenario: str, context: dict[str, Any]) -> dict[str, Any]:
     if not scenario.startswith("auth/"):
         return {}
     fields: dict[str, Any] = {"auth": "oauth"}
-    if scenario in MACHINE_SCENARIOS:
+    if scenario == "auth/wif-jwt-bearer":  # the workload's JWT from its IdP
+        fields["oauth_grant"] = "jwt_bearer"
+        fields["oauth_assertion"] = context["valid_jwt"]
+    elif scenario in MACHINE_SCENARIOS:
         fields["oauth_grant"] = "client_credentials"
         if context.get("private_key_pem"):
             fields["oauth_private_key"] = context["private_key_pem"]

@@ -50,7 +50,7 @@ AuthMode = Literal["none", "bearer", "oauth"]
 TokenEndpointAuthMethod = Literal[
     "none", "client_secret_basic", "client_secret_post", "private_key_jwt"
 ]
-OAuthGrantType = Literal["authorization_code", "client_credentials"]
+OAuthGrantType = Literal["authorization_code", "client_credentials", "jwt_bearer"]
 
 DEFAULT_TIMEOUT_S: Final = 60.0
 DEFAULT_MAX_RESULT_BYTES: Final = 2_000_000
@@ -516,7 +516,14 @@ class ServerSpec(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     ``private_key_jwt`` (moved into the vault)."""
     oauth_grant: OAuthGrantType = "authorization_code"
     """OAuth: ``client_credentials`` is a machine's grant: no login, the daemon
-    gets (and renews) tokens with the pre-registered client's credentials."""
+    gets (and renews) tokens with the pre-registered client's credentials;
+    ``jwt_bearer`` (RFC 7523 §2.1) exchanges a JWT from the workload's
+    identity provider (``oauth_assertion`` or ``oauth_assertion_file``)."""
+    oauth_assertion: str | None = None
+    """Input only, ``jwt_bearer``: the assertion (a JWT; moved into the vault)."""
+    oauth_assertion_file: str | None = None
+    """``jwt_bearer``: an absolute path read at each token request (a
+    workload identity token its platform rotates on disk)."""
     oauth_client_metadata_url: str | None = None
     """OAuth: an https URL of this client's metadata document, used as its
     client_id where the authorization server supports that."""

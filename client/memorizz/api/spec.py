@@ -303,6 +303,8 @@ def _check_oauth(spec: ServerSpec, where: str) -> None:
         or spec.oauth_redirect_uri is not None
         or spec.oauth_private_key is not None
         or spec.oauth_grant != "authorization_code"
+        or spec.oauth_assertion is not None
+        or spec.oauth_assertion_file is not None
     )
     if spec.auth != "oauth":
         if oauth_keys:
@@ -349,6 +351,7 @@ def _check_machine_grant(spec: ServerSpec, where: str) -> None:
             _invalid(f"{where}: oauth_private_key goes with private_key_jwt")
     if method == "private_key_jwt" and key is None:
         _invalid(f"{where}: private_key_jwt needs oauth_private_key")
+    _check_jwt_bearer(spec, where)
     if spec.oauth_grant == "client_credentials":
         if not spec.oauth_client_id:
             _invalid(
@@ -364,6 +367,29 @@ def _check_machine_grant(spec: ServerSpec, where: str) -> None:
             _invalid(
                 f"{where}: the client_credentials grant needs client authentication"
             )
+
+
+def _check_jwt_bearer(spec: ServerSpec, where: str) -> None:
+    """The JWT bearer grant: a client and exactly one source of its assertion."""
+    given = (spec.oauth_assertion is not None) + (spec.oauth_assertion_file is not None)
+    if spec.oauth_grant != "jwt_bearer":
+        if given:
+            _invalid(f'{where}: oauth_assertion* go with oauth_grant = "jwt_bearer"')
+        return
+    if not spec.oauth_client_id:
+        _invalid(f"{where}: the jwt_bearer grant needs oauth_client_id")
+    if given != 1:
+        _invalid(
+            f"{where}: the jwt_bearer grant needs oauth_assertion or "
+            "oauth_assertion_file (one of them)"
+        )
+    path = spec.oauth_assertion_file
+    if path is not None and (not path.startswith("/") or not _clean(path)):
+        _invalid(f"{where}: oauth_assertion_file must be an absolute path")
+    if spec.oauth_assertion and (
+        not _clean(spec.oauth_assertion) or spec.oauth_assertion.count(".") != 2
+    ):
+        _invalid(f"{where}: oauth_assertion must be a JWT (header.payload.signature)")
 
 
 def _clean(value: str) -> bool:

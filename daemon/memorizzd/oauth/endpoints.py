@@ -169,6 +169,27 @@ async def client_credentials(
     return await _token_request(http, token_endpoint, auth, form, dpop)
 
 
+JWT_BEARER: Final = "urn:ietf:params:oauth:grant-type:jwt-bearer"
+
+
+async def jwt_bearer(
+    http: httpx2.AsyncClient,
+    token_endpoint: str,
+    auth: ClientAuth,
+    *,
+    assertion: str,
+    resource: str,
+    scope: str | None,
+    dpop: Dpop | None = None,
+) -> Token:
+    """RFC 7523 §2.1: a token for the subject of ``assertion`` (a JWT from
+    the workload's identity provider; workload identity federation, SEP-1933)."""
+    form = {"grant_type": JWT_BEARER, "assertion": assertion, "resource": resource}
+    if scope:
+        form["scope"] = scope
+    return await _token_request(http, token_endpoint, auth, form, dpop)
+
+
 async def _token_request(
     http: httpx2.AsyncClient,
     url: str,

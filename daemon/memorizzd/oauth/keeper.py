@@ -445,7 +445,7 @@ class TokenKeeper:
             None if stored else "the new grant could not be stored (see the log)"
         )
         self._publish(fresh)
-        log.info("%s: access token obtained (client credentials)", self.server)
+        log.info("%s: access token obtained (%s)", self.server, fresh.grant_type)
         return True
 
     async def _store(self, grant: Grant) -> bool:

@@ -28,6 +28,7 @@ from memorizzd.oauth.grant import Grant
 from memorizzd.oauth.mcp_sdk import get_client_metadata_scopes
 from memorizzd.vault import CredentialStore, VaultError
 from memorizzd.vault.server_secrets import (
+    oauth_assertion_ref,
     oauth_client_secret_ref,
     oauth_private_key_ref,
 )
@@ -84,7 +85,7 @@ class ClientCredentials:
         auth = ClientAuth(
             self._client_id, secret, method, private_key=key, audience=issuer
         )
-        token = await endpoints.client_credentials(
+        token = await self._token(
             http,
             token_endpoint,
             auth,
@@ -107,8 +108,24 @@ class ClientCredentials:
             client_id=self._client_id,
             client_secret=None,
             auth_method=method,
-            grant_type="client_credentials",
+            grant_type=self.grant_type,
             dpop=token.dpop,
+        )
+
+    grant_type = "client_credentials"
+
+    async def _token(
+        self,
+        http: httpx2.AsyncClient,
+        token_endpoint: str,
+        auth: ClientAuth,
+        *,
+        resource: str,
+        scope: str | None,
+        dpop: Dpop | None,
+    ) -> endpoints.Token:
+        return await endpoints.client_credentials(
+            http, token_endpoint, auth, resource=resource, scope=scope, dpop=dpop
         )
 
     def _credentials(self) -> tuple[str | None, str | None]:
@@ -139,6 +156,62 @@ class ClientCredentials:
         return value
 
 
+class JwtBearer(ClientCredentials):
+    """The JWT bearer grant (RFC 7523 §2.1; workload identity federation,
+    SEP-1933): the workload's JWT, from a file read at each request (its
+    platform rotates it) or from the vault, exchanged for an access token.
+    The client authenticates as configured, or not at all (``none``) when it
+    has no secret or key. Renewed like client credentials, with the
+    assertion of the moment; a refusal is reported, not worked around."""
+
+    grant_type = "jwt_bearer"
+
+    async def _token(
+        self,
+        http: httpx2.AsyncClient,
+        token_endpoint: str,
+        auth: ClientAuth,
+        *,
+        resource: str,
+        scope: str | None,
+        dpop: Dpop | None,
+    ) -> endpoints.Token:
+        assertion = await anyio.to_thread.run_sync(self._assertion)
+        return await endpoints.jwt_bearer(
+            http,
+            token_endpoint,
+            auth,
+            assertion=assertion,
+            resource=resource,
+            scope=scope,
+            dpop=dpop,
+        )
+
+    def _assertion(self) -> str:
+        spec = self._spec
+        if spec.oauth_assertion_file is not None:
+            try:
+                with open(spec.oauth_assertion_file, encoding="ascii") as file:
+                    text = file.read(MAX_ASSERTION + 1).strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise EndpointError(
+                    "invalid_assertion",
+                    f"the assertion file cannot be read ({type(exc).__name__})",
+                ) from None
+            if not text or len(text) > MAX_ASSERTION:
+                raise EndpointError(
+                    "invalid_assertion", "the assertion file is empty or too large"
+                )
+            return text
+        value = self._secret(spec.oauth_assertion, oauth_assertion_ref, "assertion")
+        if not value:
+            raise EndpointError("invalid_assertion", "no assertion is configured")
+        return value
+
+
+MAX_ASSERTION = 64 * 1024
+
+
 def _method(spec: m.ServerSpec, supported: list[str] | None, key: str | None) -> str:
     """The operator's choice, else ``private_key_jwt`` with a key, else what
     the authorization server offers (RFC 8414: absent means basic)."""
@@ -146,6 +219,8 @@ def _method(spec: m.ServerSpec, supported: list[str] | None, key: str | None) ->
         return spec.oauth_token_endpoint_auth_method
     if key is not None:
         return "private_key_jwt"
+    if spec.oauth_grant == "jwt_bearer" and spec.oauth_client_secret is None:
+        return "none"  # the assertion authenticates the workload
     offered = supported or ["client_secret_basic"]
     for method in _PREFERRED:
         if method in offered:

@@ -54,9 +54,9 @@ class OAuthService:
         self, spec: m.ServerSpec, keeper: TokenKeeper, redirect_uri: str | None
     ) -> m.AuthLoginResult:
         url = _oauth_url(spec)
-        if spec.oauth_grant == "client_credentials":
+        if spec.oauth_grant != "authorization_code":
             raise InvalidParamsError(
-                f"server {spec.name!r} uses the client credentials grant: no one "
+                f"server {spec.name!r} uses the {spec.oauth_grant} grant: no one "
                 "logs in; the daemon gets its tokens itself (see servers/status)",
                 data={"server": spec.name},
             )

@@ -151,6 +151,10 @@ class Supervisor:
                 from memorizzd.oauth.machine import ClientCredentials
 
                 machine = ClientCredentials(spec, vault)
+            elif spec.oauth_grant == "jwt_bearer":
+                from memorizzd.oauth.machine import JwtBearer
+
+                machine = JwtBearer(spec, vault)
             self.keeper = TokenKeeper(
                 spec.name,
                 vault=vault,

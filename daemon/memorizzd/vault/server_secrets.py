@@ -38,6 +38,11 @@ def oauth_private_key_ref(server: str) -> str:
     return f"server/{server}/oauth/private_key"
 
 
+def oauth_assertion_ref(server: str) -> str:
+    """The JWT bearer grant's assertion (``oauth_grant = "jwt_bearer"``)."""
+    return f"server/{server}/oauth/assertion"
+
+
 def url_ref(server: str) -> str:
     """A built-in bridge's base URL (the Cognee tenant's)."""
     return f"server/{server}/url"
@@ -74,6 +79,8 @@ def extract_secrets(spec: ServerSpec) -> dict[str, str]:
         secrets[url_ref(spec.name)] = spec.url
     if spec.oauth_private_key:
         secrets[oauth_private_key_ref(spec.name)] = spec.oauth_private_key
+    if spec.oauth_assertion:
+        secrets[oauth_assertion_ref(spec.name)] = spec.oauth_assertion
     return secrets
 
 
@@ -87,6 +94,7 @@ def stripped(spec: ServerSpec) -> ServerSpec:
         secret_env=dict.fromkeys(spec.secret_env, ""),
         oauth_client_secret="" if spec.oauth_client_secret else None,
         oauth_private_key="" if spec.oauth_private_key else None,
+        oauth_assertion="" if spec.oauth_assertion else None,
     )
 
 
