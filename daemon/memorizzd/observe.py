@@ -1,7 +1,7 @@
 """The daemon's metrics endpoint: ``metrics.sock`` and, if asked, loopback
 TCP; and the tracer's life (``[tracing]``), for as long as it serves.
 
-``serve_metrics`` builds the daemon's registry (``telemetry.metrics``) over
+``serve_metrics`` serves the daemon's metrics (``telemetry.metrics``) over
 what it is now (the pool's upstreams, the calls in flight, the sockets'
 connections, the pending proposals) and serves it (``telemetry.http``):
 
@@ -34,7 +34,7 @@ from memorizzd.rpc.server import SocketServer, prepare_socket_path
 from memorizzd.store import Store
 from memorizzd.telemetry import tracing
 from memorizzd.telemetry.http import MetricsServer
-from memorizzd.telemetry.metrics import Snapshot, UpstreamState, registry
+from memorizzd.telemetry.metrics import Snapshot, UpstreamState
 from memorizzd.upstream.pool import Pool
 
 METRICS_SOCKET = "metrics.sock"
@@ -135,9 +135,7 @@ async def _serve_metrics(
         task_status.started()
         return
     watched = _Watched(pool, calls, servers, store)
-    server = MetricsServer(
-        registry(watched.snapshot, __version__), refresh=watched.refresh
-    )
+    server = MetricsServer(watched.snapshot, __version__, refresh=watched.refresh)
     path = metrics_socket_path(config)
     rule = operator_rule(config.operators)
 

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import os
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx2
 import pytest
-from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
@@ -253,14 +254,8 @@ def test_approvals_are_counted_proposed_pending_and_decided() -> None:
 
 @pytest.mark.anyio
 async def test_an_egress_refusal_is_counted_by_its_reason() -> None:
-    counted = CollectorRegistry()
-    counted.register(EGRESS_REFUSALS)
-
     def refused(reason: str) -> float:
-        found = counted.get_sample_value(
-            "memorizz_egress_refusals_total", {"reason": reason}
-        )
-        return found or 0.0
+        return EGRESS_REFUSALS.counts.get((reason,), 0)
 
     before = refused("address_not_allowed"), refused("scheme_not_allowed")
     async with hardened_client(
@@ -275,3 +270,25 @@ async def test_an_egress_refusal_is_counted_by_its_reason() -> None:
             await http.get("http://example.com/")
     after = refused("address_not_allowed"), refused("scheme_not_allowed")
     assert (after[0] - before[0], after[1] - before[1]) == (1, 1)
+
+
+def test_the_daemon_starts_without_prometheus_client_or_importlib_metadata() -> None:
+    """What the daemon imports to start serving holds no prometheus-client
+    (loaded at the first scrape: telemetry/exposition.py) and no
+    importlib.metadata (loaded for a credential store's entry point only):
+    about 3 MB a daemon nobody scrapes does not carry."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, memorizzd.__main__, memorizzd.app\n"
+                "print(sorted(m for m in sys.modules if m.split('.')[0] in"
+                " ('prometheus_client', 'email') or m == 'importlib.metadata'))"
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert done.stdout.strip() == "[]"

@@ -16,8 +16,8 @@ from typing import Final
 
 import anyio
 import anyio.abc
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4, generate_latest
+
+from memorizzd.telemetry.metrics import Snapshot
 
 log = logging.getLogger("memorizzd.metrics")
 
@@ -33,20 +33,25 @@ peer credentials against the operator socket's rule)."""
 
 
 class MetricsServer:
-    """Serves ``registry`` as Prometheus text on any number of listeners.
+    """Serves the daemon's metrics as Prometheus text on any number of listeners.
 
-    ``refresh``: awaited before each exposition (what cannot be read on the
-    loop cheaply, e.g. the pending approvals' count from the store)."""
+    ``snapshot``: the daemon's state at each scrape; ``refresh``: awaited
+    before each exposition (what cannot be read on the loop cheaply, e.g. the
+    pending approvals' count from the store). The exposition (and with it
+    prometheus-client) is loaded at the first scrape."""
 
     def __init__(
         self,
-        registry: CollectorRegistry,
+        snapshot: Callable[[], Snapshot],
+        version: str,
         *,
         refresh: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        self._registry = registry
+        self._snapshot = snapshot
+        self._version = version
         self._refresh = refresh
         self._open = 0
+        self._expose: Callable[[], bytes] | None = None
 
     async def serve(
         self,
@@ -112,7 +117,24 @@ class MetricsServer:
             return "404 Not Found", b"try /metrics\n", "text/plain; charset=utf-8"
         if self._refresh is not None:
             await self._refresh()
-        return "200 OK", generate_latest(self._registry), CONTENT_TYPE_PLAIN_0_0_4
+        if self._expose is None:
+            self._expose = _exposition(self._snapshot, self._version)
+        return "200 OK", self._expose(), CONTENT_TYPE
+
+
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+"""prometheus-client's ``CONTENT_TYPE_PLAIN_0_0_4`` (the text format 0.0.4)."""
+
+
+def _exposition(snapshot: Callable[[], Snapshot], version: str) -> Callable[[], bytes]:
+    """The daemon's text exposition, built on first use: this is where
+    prometheus-client is imported (``telemetry/exposition.py``)."""
+    from prometheus_client.exposition import generate_latest
+
+    from memorizzd.telemetry.exposition import registry
+
+    built = registry(snapshot, version)
+    return lambda: generate_latest(built)
 
 
 async def _read_head(stream: anyio.abc.SocketStream) -> bytes | None:

@@ -1,18 +1,20 @@
-"""The daemon's Prometheus metrics, with ``prometheus-client``.
+"""The daemon's metrics: what is counted, without ``prometheus-client``.
 
 Two kinds:
 
 * events, counted where they happen: calls (``CallMeter`` into
   ``CallStats``: one dict lookup and three plain updates per call, no lock:
-  see ``bench/metrics.py``), OAuth refreshes,
-  approvals proposed and decided, egress refusals. These are process-wide
-  objects registered in no registry of their own;
-* state, read when scraped (``DaemonCollector``): each upstream's state and
+  see ``bench/metrics.py``), OAuth refreshes, approvals proposed and decided,
+  egress refusals (``Events``). Process-wide, plain integers, updated on the
+  event loop's thread;
+* state, read when scraped (``Snapshot``): each upstream's state and
   reconnects, calls in flight, connections per socket, approvals pending,
   OAuth tokens' seconds to expiry. Nothing on the hot path pays for them.
 
-``registry`` builds one daemon's registry from both, plus the process's own
-metrics (``process_*``, ``python_info``).
+``telemetry/exposition.py`` turns both into the Prometheus text format with
+``prometheus-client``, which is imported only then, at the first scrape (it
+brings ``email``, ``wsgiref``, ``http`` and more: about 3 MB a daemon that is
+never scraped need not carry).
 
 Label values are bounded: a server label is a configured server's name, a
 tool label one of that server's listed tools; anything else (a name an agent
@@ -22,23 +24,9 @@ made up) is ``other``. Argument values are never labels.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Final
-
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    PlatformCollector,
-    ProcessCollector,
-)
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
-from prometheus_client.registry import Collector
 
 OTHER: Final = "other"
 """The label value of a server or tool that is not configured or listed."""
@@ -82,12 +70,12 @@ class _Histogram:
         self.sum = 0.0
 
 
-class CallStats(Collector):
+class CallStats:
     """The calls' counter and latency histogram, process-wide.
 
     Plain integers, updated without a lock: calls are counted on the event
     loop's thread, and ``generate_latest`` reads them on that thread too
-    (``telemetry/http.py``). prometheus-client's own ``Counter`` and
+    (``telemetry/exposition.py``). prometheus-client's own ``Counter`` and
     ``Histogram`` take a lock per update (three per call), which costs more
     than the issue's 5 us budget on a loaded host (``bench/metrics.py``)."""
 
@@ -107,63 +95,44 @@ class CallStats(Collector):
             histogram = self.seconds[server] = _Histogram()
         return count, histogram
 
-    def collect(self) -> Iterator[Metric]:
-        calls = CounterMetricFamily(
-            "memorizz_calls",
-            "Tool calls (tools/call, approvals/resume, the MCP face), by server,"
-            " tool, policy decision and outcome (the audit's).",
-            labels=["server", "tool", "decision", "outcome"],
-        )
-        for key, count in sorted(self.calls.items()):
-            calls.add_metric(list(key), count.value)
-        yield calls
-        seconds = HistogramMetricFamily(
-            "memorizz_call_duration_seconds",
-            "Tool calls' duration, from arrival to the audit record, by server.",
-            labels=["server"],
-        )
-        for server, histogram in sorted(self.seconds.items()):
-            cumulative, buckets = 0, []
-            for bound, observed in zip(
-                (*(repr(float(b)) for b in CALL_BUCKETS), "+Inf"),
-                histogram.counts,
-                strict=True,
-            ):
-                cumulative += observed
-                buckets.append((bound, float(cumulative)))
-            seconds.add_metric([server], buckets, histogram.sum)
-        yield seconds
+
+class Events:
+    """A counter of events by label values (plain integers: the loop's thread)."""
+
+    def __init__(self, name: str, documentation: str, labels: tuple[str, ...]) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.labels = labels
+        self.counts: dict[tuple[str, ...], int] = {}
+
+    def inc(self, *values: str) -> None:
+        self.counts[values] = self.counts.get(values, 0) + 1
 
 
 CALLS: Final = CallStats()
-OAUTH_REFRESHES: Final = Counter(
+OAUTH_REFRESHES: Final = Events(
     "memorizz_oauth_refreshes",
     "OAuth access token refreshes, by server and outcome"
     " (ok, failed: retried, login_required: the grant is dead).",
-    ["server", "outcome"],
-    registry=None,
+    ("server", "outcome"),
 )
-APPROVALS_PROPOSED: Final = Counter(
+APPROVALS_PROPOSED: Final = Events(
     "memorizz_approvals_proposed",
     "Calls held for an operator's approval (proposals made), by server.",
-    ["server"],
-    registry=None,
+    ("server",),
 )
-APPROVALS_DECIDED: Final = Counter(
+APPROVALS_DECIDED: Final = Events(
     "memorizz_approvals_decided",
     "Proposals that left pending or approved, by what became of them"
     " (approved, rejected, cancelled, invalidated, expired, consumed).",
-    ["decision"],
-    registry=None,
+    ("decision",),
 )
-EGRESS_REFUSALS: Final = Counter(
+EGRESS_REFUSALS: Final = Events(
     "memorizz_egress_refusals",
     "Outgoing HTTP requests the egress policy refused, by reason.",
-    ["reason"],
-    registry=None,
+    ("reason",),
 )
-_EVENTS: Final = (
-    CALLS,
+EVENTS: Final = (
     OAUTH_REFRESHES,
     APPROVALS_PROPOSED,
     APPROVALS_DECIDED,
@@ -183,19 +152,19 @@ _EGRESS_REASONS: Final = frozenset(
 
 def egress_refused(reason: str | None) -> None:
     """Count one refused outgoing request (a reason we do not know: ``other``)."""
-    EGRESS_REFUSALS.labels(reason if reason in _EGRESS_REASONS else OTHER).inc()
+    EGRESS_REFUSALS.inc(reason if reason in _EGRESS_REASONS else OTHER)
 
 
 def oauth_refreshed(server: str, outcome: str) -> None:
-    OAUTH_REFRESHES.labels(server, outcome).inc()
+    OAUTH_REFRESHES.inc(server, outcome)
 
 
 def approval_proposed(server: str) -> None:
-    APPROVALS_PROPOSED.labels(server).inc()
+    APPROVALS_PROPOSED.inc(server)
 
 
 def approval_decided(decision: str) -> None:
-    APPROVALS_DECIDED.labels(decision).inc()
+    APPROVALS_DECIDED.inc(decision)
 
 
 Labeller = Callable[[str, str], tuple[str, str]]
@@ -260,7 +229,7 @@ class UpstreamState:
 
 @dataclass
 class Snapshot:
-    """The daemon's state as a scrape sees it (``DaemonCollector``)."""
+    """The daemon's state as a scrape sees it (``exposition.DaemonCollector``)."""
 
     upstreams: list[UpstreamState] = field(default_factory=list)
     states: Iterable[str] = ()
@@ -270,77 +239,3 @@ class Snapshot:
     """(profile, socket kind: ``api`` or ``mcp``) -> open connections."""
     approvals_pending: int = 0
     now: float = 0.0
-
-
-class DaemonCollector(Collector):
-    """What the daemon is now, read at each scrape from ``snapshot()``."""
-
-    def __init__(self, snapshot: Callable[[], Snapshot], version: str) -> None:
-        self._snapshot = snapshot
-        self._version = version
-
-    def collect(self) -> Iterator[Metric]:
-        seen = self._snapshot()
-        info = GaugeMetricFamily(
-            "memorizz_build_info",
-            "The daemon's version (always 1).",
-            labels=["version"],
-        )
-        info.add_metric([self._version], 1)
-        yield info
-        state = GaugeMetricFamily(
-            "memorizz_upstream_state",
-            "Each server's session state: 1 for the state it is in, 0 for the others.",
-            labels=["server", "state"],
-        )
-        reconnects = CounterMetricFamily(
-            "memorizz_upstream_reconnects",
-            "Sessions a server lost or failed to open, since it was started.",
-            labels=["server"],
-        )
-        expiry = GaugeMetricFamily(
-            "memorizz_oauth_token_expiry_seconds",
-            "Seconds until an OAuth server's access token expires (negative: expired).",
-            labels=["server"],
-        )
-        for upstream in seen.upstreams:
-            for name in seen.states:
-                state.add_metric(
-                    [upstream.name, name], 1.0 if name == upstream.state else 0.0
-                )
-            reconnects.add_metric([upstream.name], upstream.reconnects)
-            if upstream.token_expires_at is not None:
-                expiry.add_metric([upstream.name], upstream.token_expires_at - seen.now)
-        yield state
-        yield reconnects
-        yield expiry
-        yield GaugeMetricFamily(
-            "memorizz_calls_in_flight",
-            "Tool calls running now.",
-            value=seen.calls_in_flight,
-        )
-        connections = GaugeMetricFamily(
-            "memorizz_connections",
-            "Open socket connections, by profile (operator: the operator's) and"
-            " socket (api: the socket API, mcp: the MCP face).",
-            labels=["profile", "socket"],
-        )
-        for (profile, kind), count in sorted(seen.connections.items()):
-            connections.add_metric([profile, kind], count)
-        yield connections
-        yield GaugeMetricFamily(
-            "memorizz_approvals_pending",
-            "Proposals waiting for an operator's decision.",
-            value=seen.approvals_pending,
-        )
-
-
-def registry(snapshot: Callable[[], Snapshot], version: str) -> CollectorRegistry:
-    """One daemon's metrics: the events, its state, and the process's."""
-    built = CollectorRegistry(auto_describe=False)
-    for metric in _EVENTS:
-        built.register(metric)
-    built.register(DaemonCollector(snapshot, version))
-    ProcessCollector(registry=built)
-    PlatformCollector(registry=built)
-    return built

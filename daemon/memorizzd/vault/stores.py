@@ -27,7 +27,6 @@ line, a status or an error: messages name the reference.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -197,7 +196,11 @@ def _load(name: str, config: Config) -> CredentialStore:
             module, _, attr = name.partition(":")
             factory = getattr(importlib.import_module(module), attr)
         else:
-            found = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=name)
+            # Only here: importlib.metadata brings the email package with it
+            # (about 1 MB a daemon without plugins need not carry).
+            from importlib.metadata import entry_points
+
+            found = entry_points(group=ENTRY_POINT_GROUP, name=name)
             if not found:
                 raise VaultKeyError(
                     f"credential store {name!r}: no entry point of that name in"
