@@ -72,6 +72,7 @@ MACHINE_SCENARIOS = (
     "auth/client-credentials-basic",
     "auth/client-credentials-jwt",
     "auth/wif-jwt-bearer",
+    "auth/enterprise-managed-authorization",
 )
 """Scenarios of a machine's grant: no login; the server is added through
 ``servers/add`` so that its secret or key goes to the vault, not a config file."""
@@ -85,6 +86,11 @@ def oauth_fields(scenario: str, context: dict[str, Any]) -> dict[str, Any]:
     if scenario == "auth/wif-jwt-bearer":  # the workload's JWT from its IdP
         fields["oauth_grant"] = "jwt_bearer"
         fields["oauth_assertion"] = context["valid_jwt"]
+    elif scenario == "auth/enterprise-managed-authorization":  # SEP-990
+        fields["oauth_grant"] = "token_exchange"
+        fields["oauth_subject_token"] = context["idp_id_token"]
+        fields["oauth_idp_issuer"] = context["idp_issuer"]
+        fields["oauth_idp_client_id"] = context["idp_client_id"]
     elif scenario in MACHINE_SCENARIOS:
         fields["oauth_grant"] = "client_credentials"
         if context.get("private_key_pem"):

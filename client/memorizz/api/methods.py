@@ -50,7 +50,9 @@ AuthMode = Literal["none", "bearer", "oauth"]
 TokenEndpointAuthMethod = Literal[
     "none", "client_secret_basic", "client_secret_post", "private_key_jwt"
 ]
-OAuthGrantType = Literal["authorization_code", "client_credentials", "jwt_bearer"]
+OAuthGrantType = Literal[
+    "authorization_code", "client_credentials", "jwt_bearer", "token_exchange"
+]
 
 DEFAULT_TIMEOUT_S: Final = 60.0
 DEFAULT_MAX_RESULT_BYTES: Final = 2_000_000
@@ -518,12 +520,31 @@ class ServerSpec(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
     """OAuth: ``client_credentials`` is a machine's grant: no login, the daemon
     gets (and renews) tokens with the pre-registered client's credentials;
     ``jwt_bearer`` (RFC 7523 §2.1) exchanges a JWT from the workload's
-    identity provider (``oauth_assertion`` or ``oauth_assertion_file``)."""
+    identity provider (``oauth_assertion`` or ``oauth_assertion_file``);
+    ``token_exchange`` (enterprise-managed authorization, SEP-990) first
+    exchanges an ID token at the enterprise identity provider for an ID-JAG
+    (RFC 8693), then presents that with the JWT bearer grant."""
     oauth_assertion: str | None = None
     """Input only, ``jwt_bearer``: the assertion (a JWT; moved into the vault)."""
     oauth_assertion_file: str | None = None
     """``jwt_bearer``: an absolute path read at each token request (a
     workload identity token its platform rotates on disk)."""
+    oauth_subject_token: str | None = None
+    """Input only, ``token_exchange``: the ID token from the enterprise
+    identity provider's single sign-on (moved into the vault)."""
+    oauth_subject_token_file: str | None = None
+    """``token_exchange``: an absolute path holding the ID token, read at each
+    exchange (whatever signs the operator in keeps it fresh)."""
+    oauth_idp_issuer: str | None = None
+    """``token_exchange``: the enterprise identity provider's issuer; its
+    token endpoint is discovered (OpenID Connect, RFC 8414) unless given."""
+    oauth_idp_token_endpoint: str | None = None
+    """``token_exchange``: the identity provider's token endpoint."""
+    oauth_idp_client_id: str | None = None
+    """``token_exchange``: this client's id at the identity provider."""
+    oauth_idp_client_secret: str | None = None
+    """Input only, ``token_exchange``: this client's secret at the identity
+    provider (moved into the vault)."""
     oauth_client_metadata_url: str | None = None
     """OAuth: an https URL of this client's metadata document, used as its
     client_id where the authorization server supports that."""

@@ -305,6 +305,7 @@ def _check_oauth(spec: ServerSpec, where: str) -> None:
         or spec.oauth_grant != "authorization_code"
         or spec.oauth_assertion is not None
         or spec.oauth_assertion_file is not None
+        or _exchange_keys(spec)
     )
     if spec.auth != "oauth":
         if oauth_keys:
@@ -352,6 +353,7 @@ def _check_machine_grant(spec: ServerSpec, where: str) -> None:
     if method == "private_key_jwt" and key is None:
         _invalid(f"{where}: private_key_jwt needs oauth_private_key")
     _check_jwt_bearer(spec, where)
+    _check_token_exchange(spec, where)
     if spec.oauth_grant == "client_credentials":
         if not spec.oauth_client_id:
             _invalid(
@@ -390,6 +392,85 @@ def _check_jwt_bearer(spec: ServerSpec, where: str) -> None:
         not _clean(spec.oauth_assertion) or spec.oauth_assertion.count(".") != 2
     ):
         _invalid(f"{where}: oauth_assertion must be a JWT (header.payload.signature)")
+
+
+def _exchange_keys(spec: ServerSpec) -> bool:
+    return any(
+        value is not None
+        for value in (
+            spec.oauth_subject_token,
+            spec.oauth_subject_token_file,
+            spec.oauth_idp_issuer,
+            spec.oauth_idp_token_endpoint,
+            spec.oauth_idp_client_id,
+            spec.oauth_idp_client_secret,
+        )
+    )
+
+
+def _check_token_exchange(spec: ServerSpec, where: str) -> None:
+    """Enterprise-managed authorization: a client at the authorization
+    server, exactly one source of the ID token, the identity provider (its
+    issuer or its token endpoint; https, or http with allow_private_network)."""
+    if spec.oauth_grant != "token_exchange":
+        if _exchange_keys(spec):
+            _invalid(
+                f"{where}: oauth_subject_token* and oauth_idp_* go with "
+                'oauth_grant = "token_exchange"'
+            )
+        return
+    if not spec.oauth_client_id:
+        _invalid(
+            f"{where}: the token_exchange grant needs oauth_client_id (the client "
+            "registered with the MCP server's authorization server)"
+        )
+    given = (spec.oauth_subject_token is not None) + (
+        spec.oauth_subject_token_file is not None
+    )
+    if given != 1:
+        _invalid(
+            f"{where}: the token_exchange grant needs oauth_subject_token or "
+            "oauth_subject_token_file (one of them)"
+        )
+    path = spec.oauth_subject_token_file
+    if path is not None and (not path.startswith("/") or not _clean(path)):
+        _invalid(f"{where}: oauth_subject_token_file must be an absolute path")
+    token = spec.oauth_subject_token
+    if token and (not _clean(token) or token.count(".") != 2):
+        _invalid(
+            f"{where}: oauth_subject_token must be an ID token (a JWT: "
+            "header.payload.signature)"
+        )
+    if spec.oauth_idp_issuer is None and spec.oauth_idp_token_endpoint is None:
+        _invalid(
+            f"{where}: the token_exchange grant needs oauth_idp_issuer or "
+            "oauth_idp_token_endpoint (the enterprise identity provider)"
+        )
+    for key in ("oauth_idp_issuer", "oauth_idp_token_endpoint"):
+        url = getattr(spec, key)
+        if url is None:
+            continue
+        parts = urlsplit(url)
+        allowed = ("https", "http") if spec.allow_private_network else ("https",)
+        if (
+            not _clean(url)
+            or parts.scheme not in allowed
+            or not parts.hostname
+            or parts.fragment
+            or parts.username is not None
+        ):
+            _invalid(
+                f"{where}: {key} must be an https URL (http only with "
+                "allow_private_network), without credentials or a fragment"
+            )
+    if spec.oauth_idp_client_secret is not None and not spec.oauth_idp_client_id:
+        _invalid(f"{where}: oauth_idp_client_secret needs oauth_idp_client_id")
+    for key in ("oauth_idp_client_id", "oauth_idp_client_secret"):
+        value = getattr(spec, key)
+        if value is not None and value != "" and not _clean(value):
+            _invalid(f"{where}: {key} must be non-empty printable text")
+    if spec.oauth_idp_client_id == "":
+        _invalid(f"{where}: oauth_idp_client_id must be non-empty printable text")
 
 
 def _clean(value: str) -> bool:

@@ -31,6 +31,8 @@ from memorizz.ctl.exits import UsageError
 _GRANTS: dict[str, m.OAuthGrantType] = {
     "authorization-code": "authorization_code",
     "client-credentials": "client_credentials",
+    "jwt-bearer": "jwt_bearer",
+    "token-exchange": "token_exchange",
 }
 """The command line's spelling to the spec's. The spec's literals, not a
 replaced string: a default value is left out of the request only when it is
@@ -167,10 +169,45 @@ def add_options(add: argparse.ArgumentParser) -> None:
     )
     add.add_argument(
         "--oauth-grant",
-        choices=["authorization-code", "client-credentials"],
+        choices=list(_GRANTS),
         default="authorization-code",
         help="OAuth: client-credentials is a machine's grant (no login; needs"
-        " --client-id and --client-secret or --private-key-file)",
+        " --client-id and --client-secret or --private-key-file); jwt-bearer"
+        " presents a workload's JWT (--assertion-file); token-exchange trades an"
+        " ID token (--subject-token-file) at the enterprise identity provider"
+        " (--idp-issuer or --idp-token-endpoint) for an ID-JAG, then presents it",
+    )
+    add.add_argument(
+        "--assertion-file",
+        metavar="PATH",
+        help="OAuth, jwt-bearer: the workload's JWT, read again at each token request",
+    )
+    add.add_argument(
+        "--subject-token-file",
+        metavar="PATH",
+        help="OAuth, token-exchange: the ID token, read again at each exchange",
+    )
+    add.add_argument(
+        "--idp-issuer",
+        metavar="URL",
+        help="OAuth, token-exchange: the enterprise identity provider's issuer"
+        " (its token endpoint is discovered)",
+    )
+    add.add_argument(
+        "--idp-token-endpoint",
+        metavar="URL",
+        help="OAuth, token-exchange: the identity provider's token endpoint",
+    )
+    add.add_argument(
+        "--idp-client-id",
+        metavar="ID",
+        help="OAuth, token-exchange: this client's id at the identity provider",
+    )
+    add.add_argument(
+        "--idp-client-secret",
+        metavar="SECRET",
+        help="OAuth, token-exchange: this client's secret at the identity"
+        " provider; '-' reads it from stdin; moved into the daemon's vault",
     )
     add.add_argument(
         "--private-key-file",
@@ -257,7 +294,12 @@ def build_server_spec(
     if client_secret == "-":  # noqa: S105 - "-" means stdin
         client_secret = sys.stdin.read().strip()
     private_key = _read_private_key(args.private_key_file)
-    if args.oauth_grant == "client-credentials" and args.auth is None:
+    idp_secret = args.idp_client_secret
+    if idp_secret == "-":  # noqa: S105 - "-" means stdin
+        if args.client_secret == "-":  # noqa: S105
+            raise UsageError("only one of the secrets can be read from stdin")
+        idp_secret = sys.stdin.read().strip()
+    if args.oauth_grant != "authorization-code" and args.auth is None:
         auth = "oauth"
     spec = m.ServerSpec(
         name=args.name,
@@ -284,6 +326,12 @@ def build_server_spec(
         oauth_client_secret=client_secret,
         oauth_private_key=private_key,
         oauth_grant=_GRANTS[args.oauth_grant],
+        oauth_assertion_file=_absolute(args.assertion_file),
+        oauth_subject_token_file=_absolute(args.subject_token_file),
+        oauth_idp_issuer=args.idp_issuer,
+        oauth_idp_token_endpoint=args.idp_token_endpoint,
+        oauth_idp_client_id=args.idp_client_id,
+        oauth_idp_client_secret=idp_secret,
         oauth_client_metadata_url=args.client_metadata_url,
         oauth_token_endpoint_auth_method=args.token_endpoint_auth_method,
         oauth_scopes=list(args.scope),
@@ -297,6 +345,11 @@ def build_server_spec(
     except RemoteError as exc:
         raise UsageError(f"{exc.message} ({exc.reason})") from None
     return spec
+
+
+def _absolute(path: str | None) -> str | None:
+    """A file the daemon reads at each token request: by its absolute path."""
+    return None if path is None else os.path.abspath(path)
 
 
 def _read_token(args: argparse.Namespace) -> str | None:

@@ -190,6 +190,67 @@ async def jwt_bearer(
     return await _token_request(http, token_endpoint, auth, form, dpop)
 
 
+TOKEN_EXCHANGE: Final = "urn:ietf:params:oauth:grant-type:token-exchange"  # noqa: S105
+ID_TOKEN: Final = "urn:ietf:params:oauth:token-type:id_token"  # noqa: S105
+ID_JAG: Final = "urn:ietf:params:oauth:token-type:id-jag"
+
+
+class _Exchanged(msgspec.Struct):
+    access_token: str
+    issued_token_type: str
+
+
+async def exchange_token(
+    http: httpx2.AsyncClient,
+    token_endpoint: str,
+    auth: ClientAuth | None,
+    *,
+    subject_token: str,
+    audience: str,
+    resource: str,
+    scope: str | None,
+    subject_token_type: str = ID_TOKEN,
+    requested_token_type: str = ID_JAG,
+) -> str:
+    """RFC 8693 §2.1 at the enterprise identity provider: ``subject_token``
+    (an ID token) for an Identity Assertion JWT Authorization Grant, for the
+    authorization server ``audience`` and the MCP server ``resource``
+    (draft-ietf-oauth-identity-assertion-authz-grant §4.3; SEP-990 §4).
+    The answer must say it issued what was asked (``issued_token_type``);
+    its ``token_type`` is ``N_A``, not a token to present anywhere."""
+    form = {
+        "grant_type": TOKEN_EXCHANGE,
+        "requested_token_type": requested_token_type,
+        "audience": audience,
+        "resource": resource,
+        "subject_token": subject_token,
+        "subject_token_type": subject_token_type,
+    }
+    if scope:
+        form["scope"] = scope
+    headers = {"Accept": "application/json"}
+    if auth is not None:  # else an identity provider that takes the ID token alone
+        auth.apply(form, headers)
+    response = await _send(http, "POST", token_endpoint, data=form, headers=headers)
+    if response.status_code != 200:
+        raise _error_of(response, "token exchange")
+    try:
+        answer = msgspec.json.decode(response.content, type=_Exchanged)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        raise EndpointError(
+            "bad_response", "the token exchange answer is not a token exchange response"
+        ) from None
+    if answer.issued_token_type != requested_token_type:
+        raise EndpointError(
+            "bad_response",
+            "the identity provider issued "
+            f"{printable(answer.issued_token_type, 80)!r}, not an ID-JAG",
+        )
+    if not answer.access_token or answer.access_token.count(".") != 2:
+        raise EndpointError("bad_response", "the ID-JAG issued is not a JWT")
+    return answer.access_token
+
+
 async def _token_request(
     http: httpx2.AsyncClient,
     url: str,

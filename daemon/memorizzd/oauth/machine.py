@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import anyio
 import httpx2
+import msgspec
 
 from memorizz.api import methods as m
 from memorizzd.oauth import endpoints
@@ -25,12 +26,18 @@ from memorizzd.oauth.dpop import Dpop
 from memorizzd.oauth.dpop import wanted as dpop_wanted
 from memorizzd.oauth.endpoints import ClientAuth, EndpointError
 from memorizzd.oauth.grant import Grant
-from memorizzd.oauth.mcp_sdk import get_client_metadata_scopes
+from memorizzd.oauth.mcp_sdk import (
+    build_oauth_authorization_server_metadata_discovery_urls,
+    get_client_metadata_scopes,
+    issuers_match,
+)
 from memorizzd.vault import CredentialStore, VaultError
 from memorizzd.vault.server_secrets import (
     oauth_assertion_ref,
     oauth_client_secret_ref,
+    oauth_idp_client_secret_ref,
     oauth_private_key_ref,
+    oauth_subject_token_ref,
 )
 
 _PREFERRED = ("client_secret_basic", "client_secret_post")
@@ -89,6 +96,7 @@ class ClientCredentials:
             http,
             token_endpoint,
             auth,
+            issuer=issuer,
             resource=resource,
             scope=scope,
             dpop=dpop if bind else None,
@@ -120,6 +128,7 @@ class ClientCredentials:
         token_endpoint: str,
         auth: ClientAuth,
         *,
+        issuer: str,
         resource: str,
         scope: str | None,
         dpop: Dpop | None,
@@ -172,6 +181,7 @@ class JwtBearer(ClientCredentials):
         token_endpoint: str,
         auth: ClientAuth,
         *,
+        issuer: str,
         resource: str,
         scope: str | None,
         dpop: Dpop | None,
@@ -212,6 +222,157 @@ class JwtBearer(ClientCredentials):
 MAX_ASSERTION = 64 * 1024
 
 
+class TokenExchange(JwtBearer):
+    """Enterprise-managed authorization (SEP-990; the ``io.modelcontextprotocol/
+    enterprise-managed-authorization`` extension): the ID token of the
+    operator's single sign-on, from a file read at each exchange or from the
+    vault, exchanged at the enterprise identity provider (RFC 8693) for an
+    ID-JAG whose audience is the authorization server's issuer and whose
+    resource is the MCP server; the ID-JAG is then presented with the JWT
+    bearer grant (RFC 7523), the client authenticating as configured. A new
+    ID-JAG for every token: it lives minutes and is never stored. The
+    identity provider's token endpoint is configured, or discovered from its
+    issuer (OpenID Connect discovery, RFC 8414; the ``issuer`` must match)."""
+
+    grant_type = "token_exchange"
+
+    def __init__(self, spec: m.ServerSpec, vault: CredentialStore) -> None:
+        super().__init__(spec, vault)
+        self._idp: tuple[str, list[str] | None] | None = (
+            None
+            if spec.oauth_idp_token_endpoint is None
+            else (spec.oauth_idp_token_endpoint, None)
+        )
+
+    async def _token(
+        self,
+        http: httpx2.AsyncClient,
+        token_endpoint: str,
+        auth: ClientAuth,
+        *,
+        issuer: str,
+        resource: str,
+        scope: str | None,
+        dpop: Dpop | None,
+    ) -> endpoints.Token:
+        subject, idp_secret = await anyio.to_thread.run_sync(self._exchange_inputs)
+        if self._idp is None:
+            self._idp = await _idp_token_endpoint(http, self._spec.oauth_idp_issuer)
+        idp_endpoint, offered = self._idp
+        client_id = self._spec.oauth_idp_client_id
+        idp_auth = (
+            None
+            if client_id is None
+            else ClientAuth(client_id, idp_secret, _idp_method(idp_secret, offered))
+        )
+        id_jag = await endpoints.exchange_token(
+            http,
+            idp_endpoint,
+            idp_auth,
+            subject_token=subject,
+            audience=issuer,
+            resource=resource,
+            scope=scope,
+        )
+        return await endpoints.jwt_bearer(
+            http,
+            token_endpoint,
+            auth,
+            assertion=id_jag,
+            resource=resource,
+            scope=scope,
+            dpop=dpop,
+        )
+
+    def _exchange_inputs(self) -> tuple[str, str | None]:
+        """The ID token of the moment and the identity provider client's secret."""
+        spec = self._spec
+        if spec.oauth_subject_token_file is not None:
+            subject = _read_jwt(spec.oauth_subject_token_file, "subject token")
+        else:
+            subject = (
+                self._secret(
+                    spec.oauth_subject_token, oauth_subject_token_ref, "subject token"
+                )
+                or ""
+            )
+            if not subject:
+                raise EndpointError(
+                    "invalid_subject_token", "no subject token is configured"
+                )
+        secret = self._secret(
+            spec.oauth_idp_client_secret,
+            oauth_idp_client_secret_ref,
+            "identity provider secret",
+        )
+        return subject, secret
+
+
+class _IdpMetadata(msgspec.Struct):
+    issuer: str
+    token_endpoint: str
+    token_endpoint_auth_methods_supported: list[str] | None = None
+
+
+async def _idp_token_endpoint(
+    http: httpx2.AsyncClient, issuer: str | None
+) -> tuple[str, list[str] | None]:
+    """The identity provider's token endpoint and client authentication
+    methods, from its metadata (RFC 8414 and OpenID Connect discovery URLs,
+    in the MCP specification's order); its ``issuer`` must be ``issuer``."""
+    if issuer is None:
+        raise EndpointError("invalid_request", "no identity provider is configured")
+    for url in build_oauth_authorization_server_metadata_discovery_urls(issuer, issuer):
+        response = await endpoints.get_json(http, url)
+        if response.status_code >= 500:
+            raise EndpointError(
+                "server_error",
+                f"the identity provider's metadata answered {response.status_code}",
+            )
+        if response.status_code != 200:
+            continue
+        try:
+            meta = msgspec.json.decode(response.content, type=_IdpMetadata)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            continue
+        if not issuers_match(meta.issuer, issuer):
+            raise EndpointError(
+                "bad_response",
+                "the identity provider's metadata names another issuer "
+                "(RFC 8414 §3.3); refused",
+            )
+        return meta.token_endpoint, meta.token_endpoint_auth_methods_supported
+    raise EndpointError(
+        "bad_response", "the identity provider's metadata was not found at its issuer"
+    )
+
+
+def _idp_method(secret: str | None, offered: list[str] | None) -> str:
+    """``none`` without a secret; else what the identity provider offers
+    (RFC 8414: absent means basic)."""
+    if secret is None:
+        return "none"
+    for method in _PREFERRED:
+        if method in (offered or ["client_secret_basic"]):
+            return method
+    return "client_secret_basic"
+
+
+def _read_jwt(path: str, what: str) -> str:
+    """A JWT from a file the platform (or a sign-in) keeps fresh; read afresh."""
+    reason = f"invalid_{what.replace(' ', '_')}"
+    try:
+        with open(path, encoding="ascii") as file:
+            text = file.read(MAX_ASSERTION + 1).strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise EndpointError(
+            reason, f"the {what} file cannot be read ({type(exc).__name__})"
+        ) from None
+    if not text or len(text) > MAX_ASSERTION:
+        raise EndpointError(reason, f"the {what} file is empty or too large")
+    return text
+
+
 def _method(spec: m.ServerSpec, supported: list[str] | None, key: str | None) -> str:
     """The operator's choice, else ``private_key_jwt`` with a key, else what
     the authorization server offers (RFC 8414: absent means basic)."""
@@ -219,7 +380,10 @@ def _method(spec: m.ServerSpec, supported: list[str] | None, key: str | None) ->
         return spec.oauth_token_endpoint_auth_method
     if key is not None:
         return "private_key_jwt"
-    if spec.oauth_grant == "jwt_bearer" and spec.oauth_client_secret is None:
+    if (
+        spec.oauth_grant in ("jwt_bearer", "token_exchange")
+        and spec.oauth_client_secret is None
+    ):
         return "none"  # the assertion authenticates the workload
     offered = supported or ["client_secret_basic"]
     for method in _PREFERRED:

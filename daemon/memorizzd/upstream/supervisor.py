@@ -155,6 +155,10 @@ class Supervisor:
                 from memorizzd.oauth.machine import JwtBearer
 
                 machine = JwtBearer(spec, vault)
+            elif spec.oauth_grant == "token_exchange":
+                from memorizzd.oauth.machine import TokenExchange
+
+                machine = TokenExchange(spec, vault)
             self.keeper = TokenKeeper(
                 spec.name,
                 vault=vault,

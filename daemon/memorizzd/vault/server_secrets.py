@@ -43,6 +43,16 @@ def oauth_assertion_ref(server: str) -> str:
     return f"server/{server}/oauth/assertion"
 
 
+def oauth_subject_token_ref(server: str) -> str:
+    """The token exchange's subject token, an ID token (``token_exchange``)."""
+    return f"server/{server}/oauth/subject_token"
+
+
+def oauth_idp_client_secret_ref(server: str) -> str:
+    """The client's secret at the enterprise identity provider (``token_exchange``)."""
+    return f"server/{server}/oauth/idp_client_secret"
+
+
 def url_ref(server: str) -> str:
     """A built-in bridge's base URL (the Cognee tenant's)."""
     return f"server/{server}/url"
@@ -81,6 +91,10 @@ def extract_secrets(spec: ServerSpec) -> dict[str, str]:
         secrets[oauth_private_key_ref(spec.name)] = spec.oauth_private_key
     if spec.oauth_assertion:
         secrets[oauth_assertion_ref(spec.name)] = spec.oauth_assertion
+    if spec.oauth_subject_token:
+        secrets[oauth_subject_token_ref(spec.name)] = spec.oauth_subject_token
+    if spec.oauth_idp_client_secret:
+        secrets[oauth_idp_client_secret_ref(spec.name)] = spec.oauth_idp_client_secret
     return secrets
 
 
@@ -95,6 +109,8 @@ def stripped(spec: ServerSpec) -> ServerSpec:
         oauth_client_secret="" if spec.oauth_client_secret else None,
         oauth_private_key="" if spec.oauth_private_key else None,
         oauth_assertion="" if spec.oauth_assertion else None,
+        oauth_subject_token="" if spec.oauth_subject_token else None,
+        oauth_idp_client_secret="" if spec.oauth_idp_client_secret else None,
     )
 
 
