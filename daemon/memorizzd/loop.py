@@ -38,6 +38,11 @@ deadline_at: Final = asyncio.timeout_at
 clock, which is the loop's): ``TimeoutError`` if the body is not done by then."""
 
 
+def now() -> float:
+    """``anyio.current_time()``: the loop's clock, without anyio's backend lookup."""
+    return asyncio.get_running_loop().time()
+
+
 def call_later(delay: float, callback: Callable[[], object]) -> Callable[[], None]:
     """Run ``callback`` on the loop in ``delay`` seconds; returns what cancels it."""
     return asyncio.get_running_loop().call_later(delay, callback).cancel

@@ -50,7 +50,7 @@ from memorizzd import calllife
 from memorizzd.caller import Caller
 from memorizzd.calllife import CallLife
 from memorizzd.config import Limits
-from memorizzd.loop import TaskSet
+from memorizzd.loop import TaskSet, now
 from memorizzd.rpc.authority import SocketRule
 from memorizzd.rpc.dispatch import LineDispatcher, encode_error
 from memorizzd.rpc.handoff import (
@@ -204,8 +204,8 @@ class SocketServer:
         """Connections refused (rule or caps) since start."""
         self.shed = 0
         """Connections shed because the process had no descriptor to spare."""
-        self._idle = anyio.Event()
-        self._idle.set()
+        self._idle: anyio.Event | None = None
+        """Set when nothing is in flight, for a drain that waits (made by it)."""
         self._readers: set[anyio.CancelScope] = set()
         self._draining = False
         self._accept_log = _Every()
@@ -299,14 +299,14 @@ class SocketServer:
         self._draining = True
         for scope in list(self._readers):
             scope.cancel()
-        await self._idle.wait()
+        while self.in_flight:
+            self._idle = anyio.Event()
+            await self._idle.wait()
 
     def _track(self, delta: int) -> None:
         self.in_flight += delta
-        if self.in_flight == 0:
-            self._idle.set()
-        elif self._idle.is_set():
-            self._idle = anyio.Event()
+        if self.in_flight == 0 and self._idle is not None:
+            self._idle.set()  # a drain waits: no event is made on the way in
 
     async def _connection(
         self, stream: anyio.abc.SocketStream, raw: socket.socket, caller: Caller
@@ -474,7 +474,7 @@ class _Connection:
                         line = bytes(buffer[:end])
                         del buffer[: end + 1]
                         scanned = 0
-                        self.last_activity = anyio.current_time()
+                        self.last_activity = now()
                         if self.offering and await self._handoff(line, buffer):
                             continue
                         if line.strip():
@@ -656,7 +656,7 @@ class _Connection:
         try:
             if self.broken:
                 return
-            self.writing_since = anyio.current_time()
+            self.writing_since = now()
             pipes = self.pipes
             try:  # at once when the socket has room (nearly always)
                 sent = self.raw.send(data) if pipes is None else pipes.send_now(data)
@@ -673,7 +673,7 @@ class _Connection:
                     # framing is lost for this client, so it is cut off.
                     self._shut()
                     raise
-            self.last_activity = anyio.current_time()
+            self.last_activity = now()
         except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             self.broken = True  # the client went away; its replies have nowhere to go
             self.room.set()

@@ -26,7 +26,7 @@ from memorizz.api.errors import (
     UnavailableError,
 )
 from memorizzd.config import Config
-from memorizzd.loop import deadline_at
+from memorizzd.loop import deadline_at, now
 from memorizzd.policy import ToolsView, ToolVerdict
 from memorizzd.store import Store
 from memorizzd.upstream.connection import Connection, ProgressHandler, ToolResult
@@ -117,7 +117,7 @@ class Upstream(Supervisor):
     def deadline_for(self, requested: float | None) -> float:
         """The absolute deadline (``anyio.current_time()``) of a request asked
         for now, with ``requested`` seconds at most (``timeout_for``)."""
-        return anyio.current_time() + self.timeout_for(requested)
+        return now() + self.timeout_for(requested)
 
     async def request(
         self,
@@ -146,7 +146,7 @@ class Upstream(Supervisor):
                 reason="overloaded",
                 data={"server": self.name, "retry_after_s": 0.1},
             )
-        timeout_s = max(0.0, deadline - anyio.current_time())
+        timeout_s = max(0.0, deadline - now())
         repeatable = safe if repeatable is None else repeatable
         self.in_flight += 1
         started = time.perf_counter()
@@ -207,7 +207,7 @@ class Upstream(Supervisor):
                         raise
                     auth_retried = True
                     continue
-                self._last_ok = anyio.current_time()
+                self._last_ok = now()
                 self._budget.succeeded()
                 ok = failed is None or not failed(result)
                 return result
