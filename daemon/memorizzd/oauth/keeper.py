@@ -94,6 +94,8 @@ def http_client_for(
 class Acquirer(Protocol):
     """A machine grant (``oauth.machine``): a new grant without a person."""
 
+    grant_type: str
+
     def acquire(
         self, http: httpx2.AsyncClient, previous: Grant | None, dpop: Dpop
     ) -> Awaitable[Grant]: ...
@@ -200,9 +202,10 @@ class TokenKeeper:
 
     def login_required_error(self) -> AuthRequiredError:
         if self._machine is not None:
+            grant = self._machine.grant_type.replace("_", " ")
             return AuthRequiredError(
-                f"server {self.server!r} has no access token yet: the client "
-                "credentials grant failed"
+                f"server {self.server!r} has no access token yet: the {grant} "
+                "grant failed"
                 + (f" ({self.last_refresh_error})" if self.last_refresh_error else "")
                 + "; the daemon keeps trying",
                 reason="authorization_required",
