@@ -9,16 +9,12 @@ completes a prompt argument. Behind the real daemon: our SDK test servers
 (tests/asking_server.py as ``ask``, tests/features_server.py as ``feat``,
 tests/mcp_server.py as ``alpha``), over stdio.
 
-Through ``memorizzctl mcp serve`` (stdio) everything works. Through ``mcp
-serve --transport streamable-http`` (the TS client's
-``StreamableHTTPClientTransport``, with the bearer token) the bridge offers no
-server stream (GET is 405: memorizz.ctl.serve_http), so what the daemon sends
-outside the answer to a request has nowhere to go: an upstream's elicitation
-or sampling request is refused at once (-32601, "this client's HTTP transport
-takes no requests", and the call fails with the face's -32006 upstream error), and
-``list_changed`` and ``resources/updated`` notifications are dropped. A
-cancellation (a POSTed notification), a subscription request and a completion
-work there, and are tested.
+Through ``memorizzctl mcp serve`` (stdio), and through ``mcp serve
+--transport streamable-http`` (the TS client's ``StreamableHTTPClientTransport``,
+with the bearer token), everything works: over HTTP an upstream's elicitation
+and sampling requests come on the call's own event stream and the handlers'
+answers go back as POSTs, and ``list_changed`` and ``resources/updated`` come
+on the session's GET stream (memorizz.ctl.serve_http).
 """
 
 from __future__ import annotations
@@ -175,31 +171,27 @@ def test_the_typescript_client_through_the_http_bridge(
 ) -> None:
     url, token = http_bridge
     subscribed = _subscriptions(harness).count("subscribe feat://watched")
-    seen = _run(
-        harness,
-        url=url,
-        token=token,
-        steps=["cancel", "subscribe", "complete", "elicit", "sample"],
-        awaitUpdate=False,  # resources/updated has no stream to come on
-    )
+    seen = _run(harness, url=url, token=token, steps=ALL)
     assert seen["cancel"]["aborted"] is not None
     assert seen["cancel"]["after"] == {"text": ["after"], "isError": False}
+    # list_changed and resources/updated, on the session's GET stream
+    (added,) = seen["listChanged"]
+    assert added.startswith("alpha__dyn_")
     assert seen["subscribe"] == {
         "touched": {"text": ["touched"], "isError": False},
-        "updated": None,
+        "updated": "feat://watched",
     }
     wait_until(
         lambda: _subscriptions(harness).count("subscribe feat://watched") > subscribed,
         what="the upstream to hear the subscription",
     )
     assert seen["complete"] == ["green@prompt", "grey@prompt"]
-    # what cannot cross a bridge without a server stream: the upstream's
-    # requests are refused by the bridge at once, never left waiting, the
-    # call fails with the face's upstream error, and the handlers are never asked
-    for step in ("elicit", "sample"):
-        assert seen[step] == {
-            "error": "MCP error -32006: ask: this client's HTTP transport takes no requests",
-            "code": -32006,
-        }, step
-    assert seen["asked"] == []
-    assert seen["sampled"] == []
+    # the upstream's requests, on the call's event stream, answered by the
+    # TS handlers (their answers POSTed back)
+    assert seen["elicit"] == {"text": ["hello Ada"], "isError": False}
+    assert seen["asked"] == ["What is your name?"]
+    assert seen["sample"] == {
+        "text": ["ts-model: hello from TypeScript"],
+        "isError": False,
+    }
+    assert seen["sampled"] == ["say hi"]

@@ -10,13 +10,35 @@ message.
                                     reply's ``Mcp-Session-Id`` header
     a request                       written to the session's connection as one
                                     line; the line whose ``id`` matches is the
-                                    answer, ``application/json``
-    a notification or a response    written; ``202 Accepted``
+                                    answer: ``application/json`` when it is the
+                                    first the request hears, else an event
+                                    stream (``text/event-stream``) of what came
+                                    first (its progress, log messages, an
+                                    upstream's requests of its call), then the
+                                    answer
+    a notification or a response    written; ``202 Accepted`` (a response: the
+                                    client's answer to a request of the daemon's)
     a request without a session     its own connection, closed after the answer
-                                    (2026-07-28 has no sessions)
+                                    (2026-07-28 has no sessions, no stream), or
+                                    held for the retry of an input-required
+                                    answer (memorizz.ctl.session.Sessionless)
+    GET with a session              the session's stream: what the daemon sends
+                                    outside a request (list changes, resource
+                                    updates, log messages and requests that no
+                                    one call can be told from); one at a time, a
+                                    newer GET ends the older. No resumption: a
+                                    Last-Event-ID is not replayed (events carry
+                                    no ids), but notifications sent while no
+                                    GET is open wait for the next (the last 256)
+    GET without a session           ``405``
     DELETE                          the session's connection is closed
-    GET                             ``405``: no stream is offered, so what the
-                                    daemon says outside an answer is dropped
+
+Which request a line of the daemon's belongs to: a response's ``id`` is the
+request's; progress names its request's ``progressToken``; an upstream's
+request (elicitation, sampling) and a log message name nothing, and go with the
+one request in flight that can lead to them (memorizz.ctl.session.Session), or
+to the GET stream when there are none or several; a request with neither is
+refused at once, so that the upstream is not kept waiting.
 
 A session ends on DELETE or when the daemon closes its connection; its id is
 then ``404``, as is a request still waiting for an answer there.
@@ -42,10 +64,9 @@ import _socket
 import hmac
 import http.server
 import ipaddress
-import itertools
 import secrets
 import sys
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Final
 from urllib.parse import urlsplit
 
@@ -61,16 +82,17 @@ from memorizz.ctl.exits import (
 )
 from memorizz.ctl.serve import Bridge, connect
 from memorizz.ctl.session import (
+    KEEPALIVE_S,
     MAX_SESSIONS,
     DuplicateIdError,
     FaceUnreachableError,
     Message,
     RequestId,
     SessionGoneError,
+    Sessionless,
     Sessions,
     decode,
     decode_outcome,
-    one_shot,
 )
 
 ENDPOINT: Final = "/mcp"
@@ -243,10 +265,38 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     # -- methods
 
     def do_GET(self) -> None:
-        if self._admitted():
+        if not self._admitted():
+            return
+        session_id = self.headers.get("Mcp-Session-Id")
+        if session_id is None:  # 2026-07-28, or a client before initialize
             self._refuse(
-                405, "no server stream is offered", headers={"Allow": "POST, DELETE"}
+                405,
+                "a stream is offered to a session only",
+                headers={"Allow": "POST, DELETE"},
             )
+            return
+        session = self.server.sessions.get(session_id)
+        if session is None:
+            self._refuse(404, "no such session")
+            return
+        if not self._takes_events():
+            self._refuse(406, "a GET must accept text/event-stream")
+            return
+        try:
+            stream = session.open_stream()
+        except SessionGoneError:
+            self._refuse(404, "the session ended")
+            return
+        try:
+            self._start_events()
+            while (line := stream.next(KEEPALIVE_S)) is not None:
+                if line:
+                    self._event(line)
+                else:  # a comment: a client that left is found out
+                    self.wfile.write(b": keep-alive\n\n")
+                    self.wfile.flush()
+        finally:
+            session.close_stream(stream)
 
     def do_DELETE(self) -> None:
         if not self._admitted():
@@ -311,24 +361,34 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return
         elif isinstance(request_id, msgspec.UnsetType):
             request_id = None  # a notification
+        responds = isinstance(message.method, msgspec.UnsetType) and isinstance(
+            message.id, int | str
+        )
         try:
             if session_id is None:
                 if message.method == "initialize" and request_id is not None:
                     self._initialize(request_id, line)
                 elif request_id is not None:
-                    self._reply(one_shot(sessions.bridge, request_id, line))
+                    self._reply(self.server.sessionless.ask(request_id, message, line))
                 else:
                     self._send(202)  # nowhere to go without a session
                 return
             session = sessions.get(session_id)
             if session is None:
                 self._refuse(404, "no such session")
-            elif request_id is not None:
-                token = message.progress_token()
-                if token is not None and self._takes_events():
-                    self._stream(session.ask_streamed(request_id, line, token))
-                else:
-                    self._reply(session.ask(request_id, line))
+            elif request_id is not None and isinstance(message.method, str):
+                self._exchange(
+                    session.exchange(
+                        request_id,
+                        line,
+                        message.method,
+                        message.progress_token(),
+                        streams=self._takes_events(),
+                    )
+                )
+            elif responds and isinstance(message.id, int | str):
+                session.respond(message.id, line)
+                self._send(202)
             else:
                 session.send(line)
                 self._send(202)
@@ -362,22 +422,36 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _takes_events(self) -> bool:
         return "text/event-stream" in (self.headers.get("Accept") or "")
 
-    def _stream(self, lines: Iterator[bytes]) -> None:
-        """A request that asked for progress, answered as an event stream: each
-        progress notification as it comes, then the answer; the connection
-        closes after it (the stream has no length)."""
-        first = next(lines)  # SessionGoneError here: a 404, before any header
+    def _exchange(self, events: Generator[tuple[bool, bytes]]) -> None:
+        """A request's answer: JSON when the answer is the first line the
+        request hears, else an event stream of what came first, then the
+        answer; the connection closes after it (the stream has no length)."""
+        try:
+            final, first = next(events)  # SessionGoneError: a 404, before headers
+            if final:
+                self._reply(first)
+                return
+            self._start_events()
+            try:
+                self._event(first)
+                for _, line in events:
+                    self._event(line)
+            except SessionGoneError:
+                return  # the answer never came: the stream just ends
+        finally:
+            events.close()  # a client that left: the request stops waiting here
+
+    def _start_events(self) -> None:
         self.close_connection = True
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.end_headers()
-        try:
-            for line in itertools.chain((first,), lines):
-                self.wfile.write(b"event: message\ndata: " + line + b"\n\n")
-                self.wfile.flush()
-        except SessionGoneError:
-            return  # the answer never came: the stream just ends
+        self.wfile.flush()
+
+    def _event(self, line: bytes) -> None:
+        self.wfile.write(b"event: message\ndata: " + line + b"\n\n")
+        self.wfile.flush()
 
     def _reply(self, line: bytes, headers: dict[str, str] | None = None) -> None:
         self._send(200, line, headers)
@@ -391,6 +465,7 @@ class _Server(http.server.ThreadingHTTPServer):
         self.listen = listen
         self.token = token
         self.sessions = sessions
+        self.sessionless = Sessionless(sessions.bridge)
         super().__init__((listen.host, listen.port), _Handler)
 
     def handle_error(self, request: object, client_address: object) -> None:

@@ -2,11 +2,12 @@
 
 A ``Session`` is one connection to ``mcp.sock``: requests from any thread are
 written to it as lines (one at a time), and a reader thread hands each answer
-to the request whose ``id`` it carries. When the daemon closes the
-connection, every waiting request is woken without an answer (``SessionGoneError``).
-What the daemon says outside an answer has nowhere to go: a notification is
-dropped, a request of its own is answered ``-32601`` at once, so an upstream
-waiting on it is not kept waiting.
+to the request whose ``id`` it carries. What the daemon sends before an
+answer (progress, log messages, an upstream's requests during a call) goes to
+the request in flight it belongs to, and the rest to the session's GET stream
+(``Session`` says how each is told). When the daemon closes the connection,
+every waiting request is woken without an answer (``SessionGoneError``) and
+the GET stream ends.
 
 ``Sessions`` keeps them by id (a random token), at most ``limit`` of them;
 when full, sessions idle for ``IDLE_S`` make room.
@@ -17,11 +18,12 @@ Standard library and msgspec only.
 from __future__ import annotations
 
 import _socket
+import collections
 import queue
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import Final
 
 import msgspec
@@ -30,6 +32,33 @@ from memorizz.ctl.serve import Bridge, scope_line
 
 MAX_SESSIONS: Final = 64
 IDLE_S: Final = 600.0
+BACKLOG: Final = 256
+"""Notifications kept for a GET stream not open yet (the oldest go first)."""
+MAX_HELD: Final = 64
+HELD_S: Final = 600.0
+"""Sessionless connections held for a retry (``Sessionless``): how many, how long."""
+KEEPALIVE_S: Final = 15.0
+"""A GET stream silent this long gets a comment: a client that left is seen."""
+QUIET_METHODS: Final = frozenset(
+    {
+        "initialize",
+        "ping",
+        "tools/list",
+        "resources/list",
+        "resources/templates/list",
+        "prompts/list",
+        "logging/setLevel",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "completion/complete",
+        "server/discover",
+        "tasks/get",
+        "tasks/list",
+        "tasks/cancel",
+    }
+)
+"""Requests during which the daemon asks the client nothing: never the one call
+in flight that an upstream's request or log message is sent with."""
 
 _CHUNK: Final = 1 << 16
 
@@ -90,19 +119,69 @@ class DuplicateIdError(Exception):
 
 
 class _Waiter:
-    __slots__ = ("done", "notes", "reply", "token")
+    """A request waiting for its answer, and what comes before it."""
 
-    def __init__(self, token: RequestId | None = None) -> None:
-        self.done = threading.Event()
-        self.reply: bytes | None = None
+    __slots__ = ("events", "method", "reply", "streams", "token")
+
+    def __init__(self, method: str, token: RequestId | None, streams: bool) -> None:
+        self.method = method
         self.token = token
         """The request's progressToken: its progress notifications come here."""
-        self.notes: queue.SimpleQueue[bytes | None] | None = None
-        """While the request is streamed: its notifications, then None."""
+        self.streams = streams
+        """Whether its client takes an event stream (else: only the answer)."""
+        self.events: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        """What the daemon sends it before the answer, then None."""
+        self.reply: bytes | None = None
+
+
+class Stream:
+    """The session's standalone stream (an HTTP GET): what the daemon sends
+    that belongs to no request in flight."""
+
+    __slots__ = ("events",)
+
+    def __init__(self) -> None:
+        self.events: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+
+    def next(self, timeout: float) -> bytes | None:
+        """The next line; ``b""`` when none came within ``timeout``; None once
+        the stream is ended (the session closed, or a newer GET took over)."""
+        try:
+            return self.events.get(timeout=timeout)
+        except queue.Empty:
+            return b""
+
+
+class _Cancelled(msgspec.Struct, rename="camel"):
+    request_id: RequestId | None = None
+
+
+class _Params(msgspec.Struct):
+    params: _Cancelled | None = None
+
+
+_decode_cancelled = msgspec.json.Decoder(_Params).decode
 
 
 class Session:
-    """One connection to mcp.sock, and the requests waiting for its answers."""
+    """One connection to mcp.sock, and the requests waiting for its answers.
+
+    Where each line the daemon sends goes:
+
+    * a response: to the request whose ``id`` it carries;
+    * ``notifications/progress``: to the streamed request whose
+      ``progressToken`` it names (none streamed: dropped);
+    * a request of the daemon's (an upstream's ``elicitation/create`` or
+      ``sampling/createMessage`` during a call) and ``notifications/message``:
+      to the request in flight if exactly one may lead to them (any method but
+      ``QUIET_METHODS``) and its client takes an event stream, else to the
+      GET stream. A request with neither is refused at once (``-32603``), so
+      the upstream is not kept waiting;
+    * ``notifications/cancelled`` of such a request: where the request went;
+    * any other notification (``list_changed``, ``resources/updated``,
+      task status): to the GET stream; while none is open, the last
+      ``BACKLOG`` of them wait for one.
+    """
 
     def __init__(
         self,
@@ -114,13 +193,17 @@ class Session:
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
         self._waiting: dict[RequestId, _Waiter] = {}
+        self._stream: Stream | None = None
+        self._backlog: collections.deque[bytes] = collections.deque(maxlen=BACKLOG)
+        self._asked: dict[RequestId, _Waiter | Stream] = {}
+        """The daemon's requests in flight, by id: where each went."""
         self._closed = False
         self._on_close = on_close
         threading.Thread(target=self._read, daemon=True).start()
 
     @property
     def busy(self) -> bool:
-        return bool(self._waiting)
+        return bool(self._waiting) or self._stream is not None
 
     def send(self, line: bytes) -> None:
         with self._send_lock:
@@ -131,13 +214,25 @@ class Session:
             except OSError:
                 raise SessionGoneError from None
 
-    def ask_streamed(
-        self, request_id: RequestId, line: bytes, token: RequestId
-    ) -> Iterator[bytes]:
-        """Write ``line``; yield each progress notification of ``token`` as it
-        comes, then the line that answers ``request_id``."""
-        waiter = _Waiter(token)
-        waiter.notes = queue.SimpleQueue()
+    def respond(self, response_id: RequestId, line: bytes) -> None:
+        """Write the client's response to a request of the daemon's."""
+        with self._lock:
+            self._asked.pop(response_id, None)
+        self.send(line)
+
+    def exchange(
+        self,
+        request_id: RequestId,
+        line: bytes,
+        method: str,
+        token: RequestId | None = None,
+        *,
+        streams: bool = True,
+    ) -> Generator[tuple[bool, bytes]]:
+        """Write ``line``; yield ``(False, line)`` for each message the daemon
+        sends this request before its answer (only if it ``streams``), then
+        ``(True, answer)``. ``SessionGoneError``: the answer never came."""
+        waiter = _Waiter(method, token, streams)
         with self._lock:
             if self._closed:
                 raise SessionGoneError
@@ -146,35 +241,43 @@ class Session:
             self._waiting[request_id] = waiter
         try:
             self.send(line)
-            while (note := waiter.notes.get()) is not None:
-                yield note
+            while (event := waiter.events.get()) is not None:
+                yield False, event
         finally:
             with self._lock:
-                self._waiting.pop(request_id, None)
+                if self._waiting.get(request_id) is waiter:
+                    del self._waiting[request_id]
             self.last_used = time.monotonic()
         if waiter.reply is None:
             raise SessionGoneError
-        yield waiter.reply
+        yield True, waiter.reply
 
     def ask(self, request_id: RequestId, line: bytes) -> bytes:
         """Write ``line``, and return the line that answers ``request_id``."""
-        waiter = _Waiter()
+        for final, event in self.exchange(request_id, line, "", streams=False):
+            if final:
+                return event
+        raise SessionGoneError  # not reached: exchange ends with the answer
+
+    def open_stream(self) -> Stream:
+        """The session's GET stream, from now on (one at a time: an older one
+        ends); what waited for it comes first."""
+        stream = Stream()
         with self._lock:
             if self._closed:
                 raise SessionGoneError
-            if request_id in self._waiting:
-                raise DuplicateIdError
-            self._waiting[request_id] = waiter
-        try:
-            self.send(line)
-            waiter.done.wait()
-        finally:
-            with self._lock:
-                self._waiting.pop(request_id, None)
-            self.last_used = time.monotonic()
-        if waiter.reply is None:
-            raise SessionGoneError
-        return waiter.reply
+            if self._stream is not None:
+                self._stream.events.put(None)
+            self._stream = stream
+            while self._backlog:
+                stream.events.put(self._backlog.popleft())
+        return stream
+
+    def close_stream(self, stream: Stream) -> None:
+        with self._lock:
+            if self._stream is stream:
+                self._stream = None
+        self.last_used = time.monotonic()
 
     def close(self) -> None:
         try:
@@ -194,10 +297,12 @@ class Session:
         with self._lock:
             self._closed = True
             waiting = list(self._waiting.values())
+            self._waiting.clear()
+            stream, self._stream = self._stream, None
         for waiter in waiting:
-            waiter.done.set()
-            if waiter.notes is not None:
-                waiter.notes.put(None)
+            waiter.events.put(None)
+        if stream is not None:
+            stream.events.put(None)
         self.sock.close()
         if self._on_close is not None:
             self._on_close(self)
@@ -207,48 +312,72 @@ class Session:
             message = decode(line)
         except msgspec.DecodeError:
             return
-        if not isinstance(message.method, msgspec.UnsetType):
-            # A call's progress goes to its streamed answer; other requests and
-            # notifications of the daemon's have no stream to travel on (no GET
-            # stream): a request is told so at once.
-            if message.method == "notifications/progress":
-                token = message.progress_token()
-                with self._lock:
-                    found = [
-                        w
-                        for w in self._waiting.values()
-                        if w.notes is not None
-                        and token is not None
-                        and w.token == token
-                    ]
-                for streamed in found:
-                    if streamed.notes is not None:
-                        streamed.notes.put(line)
-                return
+        method = message.method
+        if isinstance(method, msgspec.UnsetType):  # a response
             if isinstance(message.id, int | str):
-                refusal = msgspec.json.encode(
-                    {
-                        "jsonrpc": "2.0",
-                        "id": message.id,
-                        "error": {
-                            "code": -32601,
-                            "message": "this client's HTTP transport takes no requests",
-                        },
-                    }
-                )
-                try:
-                    self.send(refusal + b"\n")
-                except SessionGoneError:
-                    pass
+                with self._lock:
+                    waiter = self._waiting.pop(message.id, None)
+                if waiter is not None:
+                    waiter.reply = line
+                    waiter.events.put(None)
             return
-        if isinstance(message.id, int | str):
-            with self._lock:
-                waiter = self._waiting.get(message.id)
-            if waiter is not None:
-                waiter.reply = line
-                waiter.done.set()
-                if waiter.notes is not None:
-                    waiter.notes.put(None)
+        request_id = message.id if isinstance(message.id, int | str) else None
+        with self._lock:
+            target = self._route(message, method, request_id is not None)
+            if request_id is not None and target is not None:
+                if len(self._asked) >= BACKLOG:  # never answered: forget the oldest
+                    del self._asked[next(iter(self._asked))]
+                self._asked[request_id] = target
+            elif target is None and request_id is None:
+                if method != "notifications/progress":
+                    self._backlog.append(line)
+                return
+        if target is not None:
+            target.events.put(line)
+            return
+        refusal = msgspec.json.encode(
+            {
+                "jsonrpc": "2.0",
+                "id": request_id,
+                "error": {
+                    "code": -32603,
+                    "message": "no stream to the HTTP client to send this on"
+                    " (it has no GET stream open, and not exactly one call"
+                    " in flight that takes an event stream)",
+                },
+            }
+        )
+        try:
+            self.send(refusal + b"\n")
+        except SessionGoneError:
+            pass
+
+    def _route(
+        self, message: Message, method: str, request: bool
+    ) -> _Waiter | Stream | None:
+        """Where a message of the daemon's goes (see the class); under the lock."""
+        if method == "notifications/progress":
+            token = message.progress_token()
+            for waiter in self._waiting.values():
+                if waiter.streams and token is not None and waiter.token == token:
+                    return waiter
+            return None
+        if method == "notifications/cancelled":
+            try:
+                params = _decode_cancelled(message.params).params
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                params = None
+            went = None
+            if params is not None and params.request_id is not None:
+                went = self._asked.pop(params.request_id, None)
+            if isinstance(went, _Waiter) and went in self._waiting.values():
+                return went
+            return self._stream
+        if request or method == "notifications/message":
+            calls = [w for w in self._waiting.values() if w.method not in QUIET_METHODS]
+            if len(calls) == 1 and calls[0].streams:
+                return calls[0]
+        return self._stream
 
 
 class Sessions:
@@ -323,10 +452,68 @@ def connect(bridge: Bridge) -> _socket.socket:
     return sock
 
 
-def one_shot(bridge: Bridge, request_id: RequestId, line: bytes) -> bytes:
-    """A request outside any session: its own connection, closed after the answer."""
-    session = Session(connect(bridge))
+class _State(msgspec.Struct, rename="camel"):
+    result_type: str | None = None
+    request_state: str | None = None
+
+
+class _Answered(msgspec.Struct):
+    result: _State | None = None
+
+
+_decode_state = msgspec.json.Decoder(_State).decode
+_decode_answered = msgspec.json.Decoder(_Answered).decode
+
+
+def _state(raw: bytes, *, answer: bool) -> str | None:
+    """A retry's ``params.requestState``, or an input-required answer's
+    ``result.requestState`` (``answer``); None: none."""
     try:
-        return session.ask(request_id, line)
-    finally:
-        session.close()
+        if answer:
+            result = _decode_answered(raw).result
+            if result is None or result.result_type != "input_required":
+                return None
+            return result.request_state
+        return _decode_state(raw).request_state
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+
+
+class Sessionless:
+    """Requests outside any session (2026-07-28): each on its own connection,
+    closed after the answer, except that an input-required answer's
+    connection is held, by its ``requestState``, for the retry that echoes it
+    (the face binds a held call to the connection it came on); at most
+    ``MAX_HELD`` for at most ``HELD_S``."""
+
+    def __init__(self, bridge: Bridge) -> None:
+        self.bridge = bridge
+        self._lock = threading.Lock()
+        self._held: dict[str, tuple[float, Session]] = {}
+
+    def ask(self, request_id: RequestId, message: Message, line: bytes) -> bytes:
+        state = _state(message.params, answer=False)
+        with self._lock:
+            held = self._held.pop(state, None) if state else None
+        session = held[1] if held is not None else Session(connect(self.bridge))
+        kept = False
+        try:
+            reply = session.ask(request_id, line)
+            state = _state(reply, answer=True)
+            if state:
+                self._hold(state, session)
+                kept = True
+            return reply
+        finally:
+            if not kept:
+                session.close()
+
+    def _hold(self, state: str, session: Session) -> None:
+        now = time.monotonic()
+        with self._lock:
+            stale = [k for k, (since, _) in self._held.items() if now - since > HELD_S]
+            for key in stale:
+                self._held.pop(key)[1].close()
+            while len(self._held) >= MAX_HELD:  # the oldest make room
+                self._held.pop(next(iter(self._held)))[1].close()
+            self._held[state] = (now, session)

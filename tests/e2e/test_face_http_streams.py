@@ -1,0 +1,408 @@
+"""What the daemon sends outside a direct answer, over the Streamable HTTP
+bridge (issue 11, item 2 and "How it is shown").
+
+``memorizzctl mcp serve --transport streamable-http`` answers a request whose
+handling makes the daemon send something first as an event stream (its
+progress, log messages, the upstream's elicitation and sampling requests of
+that call, then the answer), and offers each session a GET stream for the rest
+(list changes, resource updates); the client's answers to the upstream's
+requests come back as POSTs (202). The official Python SDK client, with its
+callbacks, through the real bridge and the real daemon, in front of our SDK
+test servers over stdio: ``alpha`` (tests/mcp_server.py), ``ask``
+(tests/asking_server.py) and ``feat`` (tests/features_server.py). Plain HTTP
+requests show the routing the SDK client does not reach: an upstream's request
+sent on the GET stream when the call's POST takes JSON only, a list change
+kept for a GET stream opened later, and a request refused at once when there
+is no stream to send it on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import secrets
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import mcp_types as types
+import msgspec
+import pytest
+from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from tests import asking_server, features_server
+from tests.harness import DaemonHarness, daemon_config, short_tempdir, stdio_spec
+
+MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
+WAIT_S = 30  # a guard against a hang, never a measurement
+
+
+@pytest.fixture(scope="module")
+def harness() -> Iterator[DaemonHarness]:
+    base = short_tempdir()
+    config = daemon_config(
+        base,
+        servers=[
+            stdio_spec("alpha"),
+            stdio_spec(
+                "ask",
+                args=[str(Path(asking_server.__file__)), "stdio"],
+                protocol="legacy",
+            ),
+            stdio_spec(
+                "feat",
+                args=[str(Path(features_server.__file__)), "stdio"],
+                protocol="legacy",
+            ),
+        ],
+    )
+    with DaemonHarness.running(config) as harness:
+        for name in ("alpha", "ask", "feat"):
+            harness.wait_ready(name)
+        yield harness
+
+
+@pytest.fixture(scope="module")
+def bridge(harness: DaemonHarness) -> Iterator[tuple[str, str]]:
+    """The HTTP bridge on a loopback port in front of the operator's face;
+    yields its URL and bearer token."""
+    token = secrets.token_urlsafe(24)
+    token_file = os.path.join(os.path.dirname(harness.socket), "streams-token")
+    with open(token_file, "w") as f:
+        f.write(token)
+    proc = subprocess.Popen(
+        [MEMORIZZCTL, "--socket", harness.socket, "mcp", "serve",
+         "--transport", "streamable-http", "--listen", "127.0.0.1:0",
+         "--token-file", token_file],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline().decode()
+        assert " at http://127.0.0.1:" in first, first
+        yield first.rsplit(" ", 1)[1].strip(), token
+    finally:
+        proc.terminate()
+        proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+async def _elicit(context: Any, params: Any) -> types.ElicitResult:
+    if isinstance(params, types.ElicitRequestURLParams):
+        return types.ElicitResult(action="accept")
+    return types.ElicitResult(action="accept", content={"name": "Ada"})
+
+
+async def _sample(context: Any, params: types.CreateMessageRequestParams) -> Any:
+    if params.tools:
+        return types.CreateMessageResultWithTools(
+            role="assistant",
+            content=[
+                types.ToolUseContent(id="u1", name=params.tools[0].name, input={})
+            ],
+            model="model-x",
+            stop_reason="toolUse",
+        )
+    asked = params.messages[0].content
+    text = asked.text if isinstance(asked, types.TextContent) else "?"
+    return types.CreateMessageResult(
+        role="assistant",
+        content=types.TextContent(text=f"answer to {text}"),
+        model="model-x",
+    )
+
+
+def _text(result: types.CallToolResult) -> str:
+    item = result.content[0]
+    return item.text if isinstance(item, types.TextContent) else repr(item)
+
+
+def _http(token: str) -> httpx2.AsyncClient:
+    return httpx2.AsyncClient(
+        headers={"Authorization": f"Bearer {token}"}, timeout=WAIT_S
+    )
+
+
+def test_the_sdk_client_answers_an_upstreams_requests_over_http(
+    bridge: tuple[str, str],
+) -> None:
+    """Form and URL elicitation, sampling with and without tools: each request
+    comes on its call's event stream to the client's callbacks, and their
+    answers (POSTed back) reach the upstream."""
+    url, token = bridge
+    asked: list[str] = []
+
+    async def elicit(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params.message)
+        return await _elicit(context, params)
+
+    async def run() -> list[str]:
+        async with (
+            _http(token) as http,
+            Client(
+                streamable_http_client(url, http_client=http),
+                mode="legacy",
+                elicitation_callback=elicit,
+                sampling_callback=_sample,
+                sampling_capabilities=types.SamplingCapability(
+                    tools=types.SamplingToolsCapability()
+                ),
+            ) as client,
+        ):
+            results = [
+                await client.call_tool("ask__ask_name", {}),
+                await client.call_tool("ask__ask_url", {}),
+                await client.call_tool("ask__sample", {"prompt": "2+2"}),
+                await client.call_tool("ask__sample_tools", {"prompt": "look"}),
+            ]
+        assert not any(r.is_error for r in results), results
+        return [_text(r) for r in results]
+
+    assert anyio.run(run) == [
+        "hello Ada",
+        "accept",
+        "model-x: answer to 2+2",
+        "model-x: tool_use",
+    ]
+    assert asked == ["What is your name?", "Log in at the example page"]
+
+
+@pytest.mark.filterwarnings(
+    "ignore::mcp.shared.exceptions.MCPDeprecationWarning"  # logging/setLevel
+)
+def test_log_messages_list_changes_and_resource_updates_reach_the_sdk_client(
+    bridge: tuple[str, str],
+) -> None:
+    """A log message during a call (on the call's stream) reaches the logging
+    callback; ``tools/list_changed`` and ``resources/updated`` (on the
+    session's GET stream) reach the message handler."""
+    url, token = bridge
+    logged: list[tuple[str, str | None, Any]] = []
+    heard_log, changed, updated = anyio.Event(), anyio.Event(), anyio.Event()
+
+    async def on_log(params: types.LoggingMessageNotificationParams) -> None:
+        logged.append((params.level, params.logger, params.data))
+        heard_log.set()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.set()
+        elif (
+            isinstance(message, types.ResourceUpdatedNotification)
+            and str(message.params.uri) == "feat://watched"
+        ):
+            updated.set()
+
+    async def run() -> list[str]:
+        async with (
+            _http(token) as http,
+            Client(
+                streamable_http_client(url, http_client=http),
+                mode="legacy",
+                logging_callback=on_log,
+                message_handler=on_message,
+            ) as client,
+        ):
+            await client.session.set_logging_level("info")
+            result = await client.call_tool("alpha__logged", {"text": "over http"})
+            assert _text(result) == "logged"
+            with anyio.fail_after(WAIT_S):
+                await heard_log.wait()
+
+            before = {t.name for t in (await client.list_tools()).tools}
+            await client.call_tool("alpha__change_tools", {})
+            with anyio.fail_after(WAIT_S):
+                await changed.wait()
+            after = {t.name for t in (await client.list_tools()).tools}
+
+            await client.subscribe_resource("feat://watched")
+            touched = await client.call_tool("feat__touch", {"uri": "feat://watched"})
+            assert _text(touched) == "touched"
+            with anyio.fail_after(WAIT_S):
+                await updated.wait()
+            await client.unsubscribe_resource("feat://watched")
+        return sorted(after - before)
+
+    (added,) = anyio.run(run)
+    assert added.startswith("alpha__dyn_")
+    assert ("info", "alpha", "over http") in logged
+
+
+# --- by plain requests -----------------------------------------------------------
+
+
+class _Raw:
+    """A session by plain HTTP requests, and its GET stream's messages."""
+
+    def __init__(self, url: str, token: str) -> None:
+        self.url = url
+        self.http = httpx2.Client(
+            headers={"Authorization": f"Bearer {token}"}, timeout=WAIT_S
+        )
+        reply = self.http.post(
+            url,
+            json={
+                "jsonrpc": "2.0",
+                "id": 0,
+                "method": "initialize",
+                "params": {
+                    "protocolVersion": "2025-11-25",
+                    "capabilities": {"elicitation": {}},
+                    "clientInfo": {"name": "raw", "version": "0"},
+                },
+            },
+            headers={"Accept": "application/json, text/event-stream"},
+        )
+        assert reply.status_code == 200, reply.text
+        self.sid = {
+            "Mcp-Session-Id": reply.headers["mcp-session-id"],
+            "MCP-Protocol-Version": "2025-11-25",
+        }
+        assert self.notify("notifications/initialized").status_code == 202
+        self.heard: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self.status: int | None = None
+        self.content_type: str | None = None
+
+    def notify(self, method: str) -> httpx2.Response:
+        return self.post({"jsonrpc": "2.0", "method": method})
+
+    def post(self, body: object, accept: str = "application/json") -> httpx2.Response:
+        return self.http.post(
+            self.url, json=body, headers={**self.sid, "Accept": accept}
+        )
+
+    def call(self, rid: int, name: str, arguments: dict[str, Any]) -> httpx2.Response:
+        """A tools/call whose POST takes JSON only (no event stream)."""
+        body = {
+            "jsonrpc": "2.0",
+            "id": rid,
+            "method": "tools/call",
+            "params": {"name": name, "arguments": arguments},
+        }
+        return self.post(body)
+
+    def listen(self) -> None:
+        """Open the GET stream; return once it is open, its messages going to
+        ``heard`` from a thread."""
+        opened = threading.Event()
+
+        def read() -> None:
+            headers = {**self.sid, "Accept": "text/event-stream"}
+            with (
+                contextlib.suppress(httpx2.HTTPError),  # the session's end
+                self.http.stream("GET", self.url, headers=headers) as stream,
+            ):
+                self.status = stream.status_code
+                self.content_type = stream.headers.get("content-type")
+                opened.set()
+                for line in stream.iter_lines():
+                    if line.startswith("data: "):
+                        self.heard.put(msgspec.json.decode(line[6:]))
+
+        threading.Thread(target=read, daemon=True).start()
+        assert opened.wait(WAIT_S)
+        assert (self.status, self.content_type) == (200, "text/event-stream")
+
+    def next_heard(self) -> dict[str, Any]:
+        return self.heard.get(timeout=WAIT_S)
+
+    def close(self) -> None:
+        self.http.delete(self.url, headers=self.sid)
+        self.http.close()
+
+
+@pytest.fixture
+def raw(bridge: tuple[str, str]) -> Iterator[_Raw]:
+    session = _Raw(*bridge)
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+def test_a_request_whose_call_takes_json_only_comes_on_the_get_stream(
+    raw: _Raw,
+) -> None:
+    """The call's POST accepts JSON only: the upstream's elicitation goes on
+    the GET stream; the answer, POSTed, is taken (202) and reaches the
+    upstream, and the call's answer is JSON."""
+    raw.listen()
+    answers: queue.SimpleQueue[httpx2.Response] = queue.SimpleQueue()
+    threading.Thread(
+        target=lambda: answers.put(raw.call(7, "ask__ask_name", {})), daemon=True
+    ).start()
+    asked = raw.next_heard()
+    assert asked["method"] == "elicitation/create"
+    assert asked["params"]["message"] == "What is your name?"
+    response = {
+        "jsonrpc": "2.0",
+        "id": asked["id"],
+        "result": {"action": "accept", "content": {"name": "Gus"}},
+    }
+    taken = raw.post(response)
+    assert (taken.status_code, taken.content) == (202, b"")
+    answer = answers.get(timeout=WAIT_S)
+    assert answer.headers["content-type"] == "application/json"
+    assert answer.json()["result"]["content"][0]["text"] == "hello Gus"
+
+
+def test_a_list_change_waits_for_the_get_stream(raw: _Raw) -> None:
+    """A ``tools/list_changed`` sent while the session has no GET stream open
+    is kept, and is the first thing the stream says once opened."""
+    listed = raw.post({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    assert listed.status_code == 200
+    assert raw.call(2, "alpha__change_tools", {}).json()["result"]["content"]
+    raw.listen()
+    assert raw.next_heard() == {
+        "jsonrpc": "2.0",
+        "method": "notifications/tools/list_changed",
+    }
+
+
+def test_a_request_with_no_stream_to_go_on_is_refused_at_once(raw: _Raw) -> None:
+    """No GET stream and a call that takes JSON only: the upstream's request
+    is refused by the bridge at once (the upstream is not kept waiting) and
+    the call ends with what the upstream made of that."""
+    answer = raw.call(3, "ask__ask_name", {}).json()
+    try:
+        said = answer["result"]["content"][0]["text"]
+    except KeyError:
+        said = answer["error"]["message"]
+    assert "no stream to the HTTP client to send this on" in said
+
+
+def test_the_sdk_client_of_the_sessionless_era_is_asked_by_input_required_results(
+    bridge: tuple[str, str],
+) -> None:
+    """2026-07-28 over HTTP: no session and no stream; an upstream's
+    elicitation comes back as an input-required result, which the SDK client
+    answers with its callback and retries (SEP-2322)."""
+    url, token = bridge
+
+    async def run() -> str:
+        async with (
+            _http(token) as http,
+            Client(
+                streamable_http_client(url, http_client=http),
+                mode="auto",
+                elicitation_callback=_elicit,
+            ) as client,
+        ):
+            assert client.protocol_version == "2026-07-28"
+            try:
+                return _text(await client.call_tool("ask__ask_name", {}))
+            except MCPError as exc:
+                return exc.message
+
+    assert anyio.run(run) == "hello Ada"
