@@ -32,6 +32,8 @@ from starlette.routing import Route
 
 from memorizz.api import methods as m
 from memorizz.api.errors import InvalidParamsError
+from tests.daemon.test_oauth_jwt_bearer import Workloads
+from tests.daemon.test_oauth_jwt_bearer import serve as serve_workloads
 from tests.harness import (
     DaemonHarness,
     daemon_config,
@@ -438,3 +440,25 @@ def test_a_token_exchange_that_cannot_work_is_refused(
         pytest.raises(InvalidParamsError, match=words),
     ):
         c.add_server(spec("https://mcp.example.com/mcp", **fields))
+
+
+def test_memorizzctl_adds_a_jwt_bearer_server(base: str) -> None:
+    workloads = Workloads()
+    assertion = Path(base, "wl.jwt")
+    with (
+        serve_workloads(workloads) as url,
+        DaemonHarness.running(daemon_config(base)) as d,
+    ):
+        assertion.write_text(workloads.workload_jwt("pod-c"))
+        code = d.ctl(
+            "mcp", "add", "wl", "--url", url, "--allow-private-network",
+            "--oauth-grant", "jwt-bearer", "--client-id", "workload-1",
+            "--assertion-file", str(assertion),
+        )  # fmt: skip
+        assert code == 0
+        d.wait_ready("wl")
+        with d.client() as c:
+            info = c.list_servers()[0]
+            assert not c.call_tool("wl", "whoami", {}).is_error
+    assert info.oauth_grant == "jwt_bearer"
+    assert workloads.subjects == ["pod-c"]
