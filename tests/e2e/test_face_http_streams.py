@@ -292,9 +292,9 @@ class _Raw:
         }
         return self.post(body)
 
-    def listen(self) -> None:
+    def listen(self) -> threading.Thread:
         """Open the GET stream; return once it is open, its messages going to
-        ``heard`` from a thread."""
+        ``heard`` from the thread returned (which ends with the stream)."""
         opened = threading.Event()
 
         def read() -> None:
@@ -310,9 +310,11 @@ class _Raw:
                     if line.startswith("data: "):
                         self.heard.put(msgspec.json.decode(line[6:]))
 
-        threading.Thread(target=read, daemon=True).start()
+        reader = threading.Thread(target=read, daemon=True)
+        reader.start()
         assert opened.wait(WAIT_S)
         assert (self.status, self.content_type) == (200, "text/event-stream")
+        return reader
 
     def next_heard(self) -> dict[str, Any]:
         return self.heard.get(timeout=WAIT_S)
@@ -406,3 +408,25 @@ def test_the_sdk_client_of_the_sessionless_era_is_asked_by_input_required_result
                 return exc.message
 
     assert anyio.run(run) == "hello Ada"
+
+
+def test_a_newer_get_stream_ends_the_older_and_a_get_must_take_events(
+    raw: _Raw,
+) -> None:
+    """One GET stream per session: a second ends the first (its response
+    ends, and what comes next goes to the second); a GET that does not accept
+    ``text/event-stream`` is 406, one for an unknown session 404."""
+    older = raw.listen()
+    raw.heard = queue.SimpleQueue()  # the newer stream's
+    raw.listen()
+    older.join(WAIT_S)
+    assert not older.is_alive()  # the bridge ended its response
+    raw.post({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    assert raw.call(2, "alpha__change_tools", {}).status_code == 200
+    assert raw.next_heard()["method"] == "notifications/tools/list_changed"
+    json_only = raw.http.get(raw.url, headers={**raw.sid, "Accept": "application/json"})
+    assert json_only.status_code == 406
+    unknown = raw.http.get(
+        raw.url, headers={"Mcp-Session-Id": "nope", "Accept": "text/event-stream"}
+    )
+    assert unknown.status_code == 404
