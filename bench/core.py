@@ -20,7 +20,20 @@
     echo server itself; ABBA blocks as (a)/(b), right after them;
 (g) a fresh daemon's RSS with 100 raw sessions (``initialize``, held open) on
     the operator's face (its mcp.sock has the operator socket's fixed cap, 128
-    per uid; an agent face has its profile's limits, 32 per uid by default).
+    per uid; an agent face has its profile's limits, 32 per uid by default);
+(h) the metrics' cost on the hot path: warm sequential calls as (b), on two
+    daemons started alike but for ``[metrics] enabled`` (true: metrics.sock
+    served; false: none), tracing off in both, each with the minimal echo
+    server of (d') (an SDK server's ~1 ms of CPU and its jitter per call would
+    bury a difference of microseconds; the minimal one leaves the daemon's own
+    cost in the round trip); ABBA blocks as (a)/(b), four times as many (a
+    call is shorter). The daemons' CPU is read to the nanosecond
+    (``/proc/PID/task/*/schedstat``). After the blocks, the "on" daemon's
+    scrape must count every call, and the "off" one must serve no metrics.
+    Context: bench/metrics.py's per-call numbers, with a small n. The call
+    counter is updated whatever ``enabled`` says (it only decides whether the
+    metrics are served), so (h) shows serving's cost on the hot path, and
+    bench/metrics.py the counting's own.
 
 Bridge start-up: the installed ``memorizzctl mcp serve``, from process start
 until it has connected to an MCP socket (a listener of this process stands in
@@ -48,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import importlib.metadata
 import os
 import platform
@@ -76,6 +90,7 @@ from bench.harness import (
     p99,
     pause,
     rss_bytes,
+    task_cpu_ns,
     wait_until,
 )
 from memorizz.api import methods as m
@@ -108,6 +123,17 @@ FACE_MODES: Final = ("legacy", "auto")
 FACE_SESSIONS: Final = 100
 MAX_FACE_SESSIONS_RSS: Final = 15_000_000
 """(g): the daemon's RSS growth with ``FACE_SESSIONS`` face sessions open."""
+MAX_METRICS_US: Final = 5.0
+"""(h): metrics on - off, per warm call, at the median (the issue's budget)."""
+METRICS_CONFIGS: Final = {
+    "on": "[metrics]\nenabled = true\n\n[tracing]\nenabled = false\n",
+    "off": "[metrics]\nenabled = false\n\n[tracing]\nenabled = false\n",
+}
+"""(h): the two daemons' config files; nothing else differs."""
+METRICS_SCALE: Final = 4
+"""(h): calls and blocks per daemon, as a multiple of (a)/(b)'s."""
+MICRO_N: Final = 20_000
+"""(h) context: bench/metrics.py's calls per block (its own default: 200,000)."""
 READY_TIMEOUT_S: Final = 120.0
 COLD_TIMEOUT_S: Final = 60.0
 
@@ -158,6 +184,24 @@ class FaceRss(msgspec.Struct, kw_only=True):
     """Which face, and the cap that lets ``sessions`` in."""
 
 
+class MetricsCost(msgspec.Struct, kw_only=True):
+    """(h): the same warm call on a daemon with metrics on and one with them off."""
+
+    on: Sequential
+    off: Sequential
+    counted: int | None
+    """The "on" daemon's ``memorizz_calls_total`` for the calls, from a scrape."""
+    calls: int
+    """The calls made on each daemon, warm-up included."""
+    off_served: bool
+    """Whether the "off" daemon served metrics anyway (it must not)."""
+    micro: dict[str, float] = {}
+    """bench/metrics.py's per-call ns by hook (context)."""
+    micro_n: int = 0
+    micro_off: str = ""
+    """The key of ``micro``'s baseline (an empty hook)."""
+
+
 class Results(msgspec.Struct, kw_only=True):
     a: Sequential
     b: Sequential
@@ -186,6 +230,7 @@ class Results(msgspec.Struct, kw_only=True):
     """The 1-minute load average before and after: other work on the machine skews all."""
     face: list[FaceRun] = []
     face_rss: FaceRss | None = None
+    metrics: MetricsCost | None = None
 
 
 def parse_args(argv: Sequence[str] | None) -> Options:
@@ -280,12 +325,12 @@ def _child_pid(needle: str) -> int | None:
     return None
 
 
-def _socket_calls(client: Client, n: int) -> list[int]:
+def _socket_calls(client: Client, n: int, server: str = "echo") -> list[int]:
     samples: list[int] = []
     arguments = {"text": TEXT}
     for _ in range(n):
         started = time.perf_counter_ns()
-        result = client.call_tool("echo", "echo", arguments)
+        result = client.call_tool(server, "echo", arguments)
         samples.append(time.perf_counter_ns() - started)
         if result.is_error or result.content[0].get("text") != TEXT:
             raise RuntimeError(f"unexpected echo result: {result!r}")
@@ -298,18 +343,19 @@ def _timed_block(
     *,
     daemon_pid: int | None,
     server_pid: int | None,
+    cpu: Callable[[int], int] = cpu_ns,
 ) -> None:
     client0 = time.process_time_ns()
-    daemon0 = cpu_ns(daemon_pid) if daemon_pid else 0
-    server0 = cpu_ns(server_pid) if server_pid else 0
+    daemon0 = cpu(daemon_pid) if daemon_pid else 0
+    server0 = cpu(server_pid) if server_pid else 0
     samples = run()
     into.samples += samples
     into.block_medians.append(median(samples))
     into.client_cpu_ns += time.process_time_ns() - client0
     if daemon_pid:
-        into.daemon_cpu_ns = (into.daemon_cpu_ns or 0) + cpu_ns(daemon_pid) - daemon0
+        into.daemon_cpu_ns = (into.daemon_cpu_ns or 0) + cpu(daemon_pid) - daemon0
     if server_pid:
-        into.server_cpu_ns = (into.server_cpu_ns or 0) + cpu_ns(server_pid) - server0
+        into.server_cpu_ns = (into.server_cpu_ns or 0) + cpu(server_pid) - server0
 
 
 def sequential(
@@ -432,6 +478,102 @@ def face_sessions_rss(daemon: DaemonProcess) -> FaceRss:
         one=one,
         after=after,
         socket=f"operator face mcp.sock (cap {OPERATOR_MAX_CONNECTIONS} per uid)",
+    )
+
+
+def _tiny_spec(name: str) -> m.ServerSpec:
+    """The minimal non-SDK echo server of (d') and (h)."""
+    return m.ServerSpec(
+        name=name,
+        transport="stdio",
+        command=sys.executable,
+        args=[TINY_ECHO_SERVER],
+        protocol="legacy",
+    )
+
+
+def _add_tiny(client: Client, name: str) -> int:
+    """Add the minimal echo server, wait until it is ready; its pid."""
+    client.add_server(_tiny_spec(name))
+    wait_until(
+        lambda: client.server_status(name)[0].state == "ready",
+        timeout_s=READY_TIMEOUT_S,
+        what="the tiny echo server",
+    )
+    return _server_pid(client, name)
+
+
+def _scraped_calls(socket_path: str, server: str) -> int | None:
+    """``server``'s calls in the daemon's ``memorizz_calls_total``, as the
+    installed ``memorizzctl daemon metrics`` reads it; None if it cannot
+    (no metrics served)."""
+    done = subprocess.run(
+        [MEMORIZZCTL, "--socket", socket_path, "daemon", "metrics"],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=COLD_TIMEOUT_S,
+        check=False,
+    )
+    if done.returncode != 0:
+        return None
+    label = f'server="{server}"'.encode()
+    return sum(
+        int(float(line.rsplit(b" ", 1)[1]))
+        for line in done.stdout.splitlines()
+        if line.startswith(b"memorizz_calls_total{") and label in line
+    )
+
+
+def metrics_cost(
+    options: Options, daemons: dict[str, DaemonProcess], stack: contextlib.ExitStack
+) -> MetricsCost:
+    """(h): warm sequential calls to the minimal echo server on the daemon with
+    metrics on and the one with them off (``METRICS_CONFIGS``), in ABBA blocks;
+    then a scrape of each, and bench/metrics.py's per-call numbers."""
+    from bench.metrics import OFF, measure  # prometheus_client, daemon metrics
+
+    clients: dict[str, Client] = {}
+    servers: dict[str, int] = {}
+    for which, daemon in daemons.items():
+        daemon.start()
+        clients[which] = stack.enter_context(Client(daemon.socket))
+        clients[which].hello("memorizz-bench")
+        servers[which] = _add_tiny(clients[which], "tiny")
+        daemon.server_pids.add(servers[which])
+    runs = {which: Sequential() for which in daemons}
+    blocks = options.blocks * METRICS_SCALE
+    per_block = options.n // options.blocks
+    warmup = min(200, max(20, options.n // 10))
+    progress(f"(h): {warmup} warm-up calls each, metrics on and off")
+    for client in clients.values():
+        _socket_calls(client, warmup, "tiny")
+    order = ("abba" * blocks)[: 2 * blocks]
+    for step, letter in enumerate(order, 1):
+        which = "off" if letter == "a" else "on"
+        _timed_block(
+            runs[which],
+            functools.partial(_socket_calls, clients[which], per_block, "tiny"),
+            daemon_pid=daemons[which].pid,
+            server_pid=servers[which],
+            cpu=task_cpu_ns,
+        )
+        if step % 8 == 0 or step == len(order):
+            progress(f"(h): block {step}/{len(order)} done")
+    counted = _scraped_calls(daemons["on"].socket, "tiny")
+    off_served = _scraped_calls(daemons["off"].socket, "tiny") is not None
+    for which, daemon in daemons.items():
+        clients[which].close()
+        daemon.stop()
+    progress(f"(h) context: bench/metrics.py, 3 blocks of {MICRO_N:,} calls")
+    return MetricsCost(
+        on=runs["on"],
+        off=runs["off"],
+        counted=counted,
+        calls=warmup + len(runs["on"].samples),
+        off_served=off_served,
+        micro=measure(MICRO_N, 3),
+        micro_n=MICRO_N,
+        micro_off=OFF,
     )
 
 
@@ -634,20 +776,7 @@ def run(options: Options, workdir: str, stack: contextlib.ExitStack) -> Results:
 
     batches = load_on("echo")
     progress("(d'): the same against a minimal (non-SDK) echo server")
-    client.add_server(
-        m.ServerSpec(
-            name="tiny",
-            transport="stdio",
-            command=sys.executable,
-            args=[TINY_ECHO_SERVER],
-            protocol="legacy",
-        )
-    )
-    wait_until(
-        lambda: client.server_status("tiny")[0].state == "ready",
-        timeout_s=READY_TIMEOUT_S,
-        what="the tiny echo server",
-    )
+    _add_tiny(client, "tiny")
     tiny_batches = load_on("tiny")
     progress(f"(d) with {REPLICAS} replicas of the echo server")
     client.add_server(
@@ -674,6 +803,13 @@ def run(options: Options, workdir: str, stack: contextlib.ExitStack) -> Results:
     client.close()
     daemon.stop()
 
+    metrics_daemons = {
+        which: DaemonProcess(workdir, f"metrics-{which}", config=config)
+        for which, config in METRICS_CONFIGS.items()
+    }
+    for metrics_daemon in metrics_daemons.values():
+        stack.callback(metrics_daemon.stop)
+    metrics = metrics_cost(options, metrics_daemons, stack)
     rss_daemon = DaemonProcess(workdir, "rss")
     stack.callback(rss_daemon.stop)
     rss, rss_http = resident(options, rss_daemon)
@@ -683,7 +819,7 @@ def run(options: Options, workdir: str, stack: contextlib.ExitStack) -> Results:
     progress(f"(g): daemon RSS with {FACE_SESSIONS} face sessions")
     face_rss = face_sessions_rss(face_daemon)
     face_daemon.stop()
-    daemons = [daemon, rss_daemon, face_daemon]
+    daemons = [daemon, *metrics_daemons.values(), rss_daemon, face_daemon]
     return Results(
         a=a,
         b=b,
@@ -705,6 +841,7 @@ def run(options: Options, workdir: str, stack: contextlib.ExitStack) -> Results:
         load=(load_before, os.getloadavg()[0]),
         face=face,
         face_rss=face_rss,
+        metrics=metrics,
     )
 
 
@@ -809,6 +946,96 @@ def _face_rows(r: Results) -> list[str]:
             f"with {g.sessions} {_mb(g.after)}"
         )
     return lines
+
+
+def _metrics_difference(h: MetricsCost) -> tuple[float, list[float], float]:
+    """(h): on - off per call at the median (µs), per block pair (µs), and
+    the daemon's CPU on - off per call (µs)."""
+    diff = (median(h.on.samples) - median(h.off.samples)) / 1000
+    pairs = [
+        (on - off) / 1000
+        for off, on in zip(h.off.block_medians, h.on.block_medians, strict=True)
+    ]
+    cpu = (
+        (h.on.daemon_cpu_ns or 0) / len(h.on.samples)
+        - (h.off.daemon_cpu_ns or 0) / len(h.off.samples)
+    ) / 1000
+    return diff, pairs, cpu
+
+
+def _metrics_rows(r: Results) -> list[str]:
+    """(h), with the latency table's columns (CPU from schedstat, to the ns)."""
+    h = r.metrics
+    if h is None:
+        return []
+    lines: list[str] = []
+    rows = (
+        ("(h) metrics on, tracing off: socket -> daemon -> tiny", h.on),
+        ("    metrics off, tracing off: the same", h.off),
+    )
+    for label, seq in rows:
+        n = len(seq.samples)
+        cpu = "".join(
+            f"{_cpu(x, n):>7}"
+            for x in (seq.client_cpu_ns, seq.daemon_cpu_ns, seq.server_cpu_ns)
+        )
+        lines.append(
+            f"{label:54}{_us(median(seq.samples)):>11}{_us(p99(seq.samples)):>11}"
+            f"{n:>6}   {cpu:>32}"
+        )
+    diff, pairs, cpu_diff = _metrics_difference(h)
+    listed = ", ".join(f"{x:+.1f}" for x in pairs)
+    daemon_cpu = ", ".join(
+        f"{which} {(seq.daemon_cpu_ns or 0) / len(seq.samples) / 1000:.1f}"
+        for which, seq in (("on", h.on), ("off", h.off))
+    )
+    counted = "none served" if h.counted is None else f"{h.counted:,}"
+    spread = max(pairs) - min(pairs)
+    if spread > MAX_METRICS_US:
+        listed += (
+            f" (spread {spread:,.1f} µs, more than the {MAX_METRICS_US:.0f} µs budget:"
+            " this run resolves the difference only to about that)"
+        )
+    lines += [
+        f"    on - off per call: {diff:+.1f} µs at the median; daemon CPU/call µs "
+        + f"{daemon_cpu} (on - off {cpu_diff:+.1f})",
+        "    on - off per block pair (block medians, µs; their spread is noise): "
+        + listed,
+        f"    metrics on: the scrape counted {counted} of {h.calls:,} calls; "
+        + f"metrics off: metrics served: {'yes' if h.off_served else 'no'}",
+    ]
+    if h.micro:
+        off = h.micro[h.micro_off]
+        micro = ", ".join(
+            f"{name} {ns:,.0f} ns (+{ns - off:,.0f})" for name, ns in h.micro.items()
+        )
+        lines.append(
+            f"    context, bench/metrics.py per call (median of 3 blocks of "
+            f"{h.micro_n:,}): {micro}"
+        )
+    return lines
+
+
+def _metrics_targets(r: Results) -> list[tuple[str, str, str, bool | None]]:
+    h = r.metrics
+    if h is None:
+        return []
+    diff, pairs, cpu_diff = _metrics_difference(h)
+    return [
+        (
+            "(h) metrics on - off per call",
+            f"{diff:+.1f} µs",
+            f"<= {MAX_METRICS_US:.0f} µs",
+            diff <= MAX_METRICS_US,
+        ),
+        (
+            "    block pairs, min..max (noise)",
+            f"{min(pairs):+.0f}..{max(pairs):+.0f}",
+            "",
+            None,
+        ),
+        ("    daemon CPU on - off (context)", f"{cpu_diff:+.1f} µs", "", None),
+    ]
 
 
 def _face_targets(r: Results) -> list[tuple[str, str, str, bool | None]]:
@@ -944,6 +1171,7 @@ def _target_rows(options: Options, r: Results) -> list[str]:
         ),
     ]
     targets += _face_targets(r)
+    targets += _metrics_targets(r)
     lines = [f"{'target':34}{'value':>12}{'goal':>14}"]
     lines += [
         f"{name:34}{value:>12}{goal:>14}  {'' if ok is None else 'PASS' if ok else 'MISS'}"
@@ -961,6 +1189,9 @@ def report(options: Options, r: Results) -> str:
     lines.append("")
     lines += _face_rows(r)
     lines.append("")
+    if r.metrics is not None:
+        lines += _metrics_rows(r)
+        lines.append("")
     lines += _target_rows(options, r)
     lines.append("")
     pairs = ", ".join(

@@ -22,6 +22,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from typing import Final
 
 from prometheus_client import Counter, Histogram
 
@@ -31,7 +32,7 @@ from memorizzd.telemetry.metrics import CALL_BUCKETS, CallMeter
 _COUNTER = Counter("bench_calls", "", ["server", "tool", "decision", "outcome"])
 _HISTOGRAM = Histogram("bench_seconds", "", ["server"], buckets=CALL_BUCKETS)
 
-BUDGET_NS = 5_000
+BUDGET_NS: Final = 5_000
 
 
 def _off(
@@ -67,30 +68,40 @@ def _per_call_ns(
     return (time.perf_counter_ns() - started) / n
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench.metrics")
-    parser.add_argument("--n", type=int, default=200_000)
-    parser.add_argument("--blocks", type=int, default=7)
-    args = parser.parse_args(argv)
+OFF: Final = "off (an empty hook)"
+ON: Final = "on (CallMeter, warm)"
+
+
+def measure(n: int, blocks: int) -> dict[str, float]:
+    """Per-call ns of each hook, the median of ``blocks`` blocks of ``n`` calls
+    (bench/core.py's row (h) shows these as context, with a small ``n``)."""
     meter = CallMeter(lambda server, tool: (server, tool))
-    hooks = {
-        "off (an empty hook)": _off,
-        "on (CallMeter, warm)": meter,
+    hooks: dict[str, Callable[[str, str, str | None, str, float], None]] = {
+        OFF: _off,
+        ON: meter,
         "prometheus-client Counter+Histogram": _unaided,
         "tracing off (one boolean)": _traced_off,
     }
     samples: dict[str, list[float]] = {name: [] for name in hooks}
     for hook in hooks.values():
-        _per_call_ns(hook, args.n // 10)  # warm up
-    for _ in range(args.blocks):  # interleaved, so drift hits every row alike
+        _per_call_ns(hook, max(1, n // 10))  # warm up
+    for _ in range(blocks):  # interleaved, so drift hits every row alike
         for name, hook in hooks.items():
-            samples[name].append(_per_call_ns(hook, args.n))
-    off = statistics.median(samples["off (an empty hook)"])
+            samples[name].append(_per_call_ns(hook, n))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.metrics")
+    parser.add_argument("--n", type=int, default=200_000)
+    parser.add_argument("--blocks", type=int, default=7)
+    args = parser.parse_args(argv)
+    medians = measure(args.n, args.blocks)
+    off = medians[OFF]
     print(f"per-call cost, median of {args.blocks} blocks of {args.n} calls:")
-    for name, values in samples.items():
-        median = statistics.median(values)
+    for name, median in medians.items():
         print(f"  {name:40} {median:8.0f} ns  (+{median - off:6.0f} ns over off)")
-    on = statistics.median(samples["on (CallMeter, warm)"])
+    on = medians[ON]
     verdict = "within" if on - off <= BUDGET_NS else "OVER"
     print(f"metrics on - off: {on - off:.0f} ns, {verdict} the {BUDGET_NS} ns budget")
     return 0 if on - off <= BUDGET_NS else 1
