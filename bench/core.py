@@ -22,18 +22,17 @@
     the operator's face (its mcp.sock has the operator socket's fixed cap, 128
     per uid; an agent face has its profile's limits, 32 per uid by default);
 (h) the metrics' cost on the hot path: warm sequential calls as (b), on two
-    daemons started alike but for ``[metrics] enabled`` (true: metrics.sock
-    served; false: none), tracing off in both, each with the minimal echo
+    daemons started alike but for ``[metrics] enabled`` (true: calls counted
+    and metrics.sock served; false: neither), tracing off in both, each with the minimal echo
     server of (d') (an SDK server's ~1 ms of CPU and its jitter per call would
     bury a difference of microseconds; the minimal one leaves the daemon's own
     cost in the round trip); ABBA blocks as (a)/(b), four times as many (a
     call is shorter). The daemons' CPU is read to the nanosecond
     (``/proc/PID/task/*/schedstat``). After the blocks, the "on" daemon's
     scrape must count every call, and the "off" one must serve no metrics.
-    Context: bench/metrics.py's per-call numbers, with a small n. The call
-    counter is updated whatever ``enabled`` says (it only decides whether the
-    metrics are served), so (h) shows serving's cost on the hot path, and
-    bench/metrics.py the counting's own.
+    Context: bench/metrics.py's per-call numbers, with a small n: the
+    counting's own cost, which (h) cannot resolve from the noise of a round
+    trip.
 
 Bridge start-up: the installed ``memorizzctl mcp serve``, from process start
 until it has connected to an MCP socket (a listener of this process stands in

@@ -98,7 +98,13 @@ class Broker:
         self._store = store
         self._pool = pool
         self._auditor = auditor
-        self._tool_calls = Calls(pool, book=book, auditor=auditor, scope=self._get)
+        self._tool_calls = Calls(
+            pool,
+            book=book,
+            auditor=auditor,
+            scope=self._get,
+            metered=config.metrics.enabled,
+        )
         self._connections = connections
         self._in_flight = in_flight
         # Absolute, as daemon/status shows them (the daemon never changes directory).

@@ -68,6 +68,7 @@ class Calls:
         book: ApprovalBook,
         auditor: Auditor,
         scope: Callable[[Caller, str], Upstream],
+        metered: bool = True,
     ) -> None:
         self._pool = pool
         self._book = book
@@ -78,8 +79,9 @@ class Calls:
         """Calls in flight."""
         self.tasks = TaskBook()
         """The tasks calls created, by caller (``upstream/tasks.py``)."""
-        self._meter = CallMeter(self._labels)
-        """The calls' metrics (``telemetry/metrics.py``), counted with their audit."""
+        self._meter = CallMeter(self._labels) if metered else None
+        """The calls' metrics (``telemetry/metrics.py``), counted with their audit
+        (None: ``[metrics] enabled = false``, nothing counted)."""
 
     @property
     def in_flight(self) -> int:
@@ -430,13 +432,14 @@ class Calls:
         **fields: Any,
     ) -> None:
         if action != "tasks/cancel":
-            self._meter(
-                server,
-                tool,
-                fields.get("decision"),
-                fields["outcome"],
-                time.time() - started,
-            )
+            if self._meter is not None:
+                self._meter(
+                    server,
+                    tool,
+                    fields.get("decision"),
+                    fields["outcome"],
+                    time.time() - started,
+                )
             if tracing.enabled:
                 _trace(caller, action, server, tool, fields)
         await self._auditor.record(

@@ -125,7 +125,8 @@ class Metrics(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Prometheus metrics (``[metrics]``; docs/operations.md)."""
 
     enabled: bool = True
-    """Serve ``GET /metrics`` on ``socket`` (and ``listen``, when set)."""
+    """Count calls and serve ``GET /metrics`` on ``socket`` (and ``listen``,
+    when set); false: neither."""
     socket: str = ""
     """Default: ``metrics.sock`` beside the operator socket, with its mode,
     group and rule (operators only)."""
