@@ -9,7 +9,6 @@ vault), and a server that does not take DPoP left with Bearer tokens."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import msgspec
 import pytest
@@ -21,18 +20,9 @@ from tests.dpop_world import DpopWorld, serve_dpop
 from tests.harness import (
     DaemonHarness,
     daemon_config,
-    rmtree,
-    short_tempdir,
     wait_until,
 )
 from tests.oauth_world import browser
-
-
-@pytest.fixture
-def base() -> Iterator[str]:
-    path = short_tempdir()
-    yield path
-    rmtree(path)
 
 
 def oauth_spec(url: str) -> m.ServerSpec:
@@ -61,10 +51,10 @@ def _login_and_call(d: DaemonHarness, url: str, calls: int = 2) -> list[str]:
 
 @pytest.mark.parametrize("require_nonce", [False, True], ids=["plain", "nonce"])
 def test_a_dpop_bound_token_is_asked_for_and_presented_with_fresh_proofs(
-    base: str, require_nonce: bool
+    base_dir: str, require_nonce: bool
 ) -> None:
     world = DpopWorld(require_nonce=require_nonce)
-    with serve_dpop(world) as url, DaemonHarness.running(daemon_config(base)) as d:
+    with serve_dpop(world) as url, DaemonHarness.running(daemon_config(base_dir)) as d:
         texts = _login_and_call(d, url)
         keeper = d.daemon.pool.get("dp").keeper
         assert keeper is not None
@@ -88,10 +78,10 @@ def test_a_dpop_bound_token_is_asked_for_and_presented_with_fresh_proofs(
 
 
 def test_a_refused_dpop_token_is_refreshed_with_a_proof_of_the_same_key(
-    base: str,
+    base_dir: str,
 ) -> None:
     world = DpopWorld()
-    with serve_dpop(world) as url, DaemonHarness.running(daemon_config(base)) as d:
+    with serve_dpop(world) as url, DaemonHarness.running(daemon_config(base_dir)) as d:
         _login_and_call(d, url, calls=1)
         old = set(world.bound)
         for token in old:  # the server forgets its tokens: a 401, then a refresh
@@ -110,10 +100,10 @@ def test_a_refused_dpop_token_is_refreshed_with_a_proof_of_the_same_key(
 
 
 def test_an_authorization_server_without_dpop_gets_bearer_requests(
-    base: str,
+    base_dir: str,
 ) -> None:
     world = DpopWorld(advertise=False)
-    with serve_dpop(world) as url, DaemonHarness.running(daemon_config(base)) as d:
+    with serve_dpop(world) as url, DaemonHarness.running(daemon_config(base_dir)) as d:
         texts = _login_and_call(d, url, calls=1)
     assert "dpop-authorized" in texts[0]
     assert world.events.count("token:bearer") == 1

@@ -30,9 +30,7 @@ from memorizz.api.errors import InvalidParamsError
 from tests.harness import (
     DaemonHarness,
     daemon_config,
-    rmtree,
     serve_asgi,
-    short_tempdir,
     wait_until,
 )
 
@@ -55,8 +53,8 @@ class Workloads:
         claims |= {"iat": now, "exp": now + 300}
         return jwt.encode(claims, self.idp_key, algorithm="ES256")
 
-    def app(self, base: str) -> Any:
-        self.issuer = base
+    def app(self, base_dir: str) -> Any:
+        self.issuer = base_dir
         mcp = MCPServer("workload", log_level="WARNING")
 
         @mcp.tool()
@@ -68,15 +66,15 @@ class Workloads:
 
         async def prm(request: Request) -> Response:
             return JSONResponse(
-                {"resource": base + "/mcp", "authorization_servers": [base]}
+                {"resource": base_dir + "/mcp", "authorization_servers": [base_dir]}
             )
 
         async def metadata(request: Request) -> Response:
             return JSONResponse(
                 {
-                    "issuer": base,
-                    "authorization_endpoint": f"{base}/authorize",
-                    "token_endpoint": f"{base}/token",
+                    "issuer": base_dir,
+                    "authorization_endpoint": f"{base_dir}/authorize",
+                    "token_endpoint": f"{base_dir}/token",
                     "response_types_supported": ["code"],
                     "grant_types_supported": [GRANT],
                     "token_endpoint_auth_methods_supported": ["none"],
@@ -96,7 +94,7 @@ class Workloads:
                     form.get("assertion", ""),
                     self.idp_key.public_key(),
                     algorithms=["ES256"],
-                    audience=base,
+                    audience=base_dir,
                 )
             except jwt.PyJWTError:
                 return JSONResponse({"error": "invalid_grant"}, status_code=400)
@@ -114,7 +112,7 @@ class Workloads:
                 Route("/token", token, methods=["POST"]),
             ]
         )
-        challenge = f'Bearer resource_metadata="{base}/.well-known/oauth-protected-resource/mcp"'
+        challenge = f'Bearer resource_metadata="{base_dir}/.well-known/oauth-protected-resource/mcp"'
 
         async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
             if scope["type"] == "http" and scope["path"].startswith("/mcp"):
@@ -130,13 +128,6 @@ class Workloads:
             await oauth(scope, receive, send)
 
         return asgi
-
-
-@pytest.fixture
-def base() -> Iterator[str]:
-    path = short_tempdir()
-    yield path
-    rmtree(path)
 
 
 @contextlib.contextmanager
@@ -165,10 +156,10 @@ def _whoami(d: DaemonHarness) -> str:
     return msgspec.json.encode(result.content).decode()
 
 
-def test_the_assertion_file_is_read_at_each_token_request(base: str) -> None:
+def test_the_assertion_file_is_read_at_each_token_request(base_dir: str) -> None:
     world = Workloads()
-    assertion = Path(base, "token.jwt")
-    with serve(world) as url, DaemonHarness.running(daemon_config(base)) as d:
+    assertion = Path(base_dir, "token.jwt")
+    with serve(world) as url, DaemonHarness.running(daemon_config(base_dir)) as d:
         assertion.write_text(world.workload_jwt("pod-a") + "\n")
         with d.client() as c:
             c.add_server(spec(url, oauth_assertion_file=str(assertion)))
@@ -192,9 +183,9 @@ def test_the_assertion_file_is_read_at_each_token_request(base: str) -> None:
     assert "client_secret" not in form
 
 
-def test_an_inline_assertion_goes_to_the_vault_only(base: str) -> None:
+def test_an_inline_assertion_goes_to_the_vault_only(base_dir: str) -> None:
     world = Workloads()
-    with serve(world) as url, DaemonHarness.running(daemon_config(base)) as d:
+    with serve(world) as url, DaemonHarness.running(daemon_config(base_dir)) as d:
         token = world.workload_jwt("job-7")
         with d.client() as c:
             c.add_server(spec(url, oauth_assertion=token))
@@ -203,7 +194,7 @@ def test_an_inline_assertion_goes_to_the_vault_only(base: str) -> None:
         assert "workload-authorized" in _whoami(d)
     assert world.subjects == ["job-7"]
     assert token not in listed
-    for path in Path(base, "state").iterdir():
+    for path in Path(base_dir, "state").iterdir():
         if path.is_file():
             assert token.encode() not in path.read_bytes()
 
@@ -217,10 +208,10 @@ def test_an_inline_assertion_goes_to_the_vault_only(base: str) -> None:
     ],
 )
 def test_the_grant_needs_one_assertion(
-    base: str, fields: dict[str, str], words: str
+    base_dir: str, fields: dict[str, str], words: str
 ) -> None:
     with (
-        DaemonHarness.running(daemon_config(base)) as d,
+        DaemonHarness.running(daemon_config(base_dir)) as d,
         d.client() as c,
         pytest.raises(InvalidParamsError, match=words),
     ):

@@ -24,18 +24,9 @@ from memorizz.api.errors import LoginError
 from tests.harness import (
     DaemonHarness,
     daemon_config,
-    rmtree,
     serve_asgi,
-    short_tempdir,
 )
 from tests.oauth_world import TestAuthorizationServer, browser, serve_protected
-
-
-@pytest.fixture
-def base() -> Iterator[str]:
-    path = short_tempdir()
-    yield path
-    rmtree(path)
 
 
 def oauth_spec(url: str) -> m.ServerSpec:
@@ -50,7 +41,7 @@ def oauth_spec(url: str) -> m.ServerSpec:
 
 @pytest.mark.parametrize("advertised", [True, False])
 def test_iss_with_a_trailing_slash_is_another_issuer(
-    base: str, advertised: bool
+    base_dir: str, advertised: bool
 ) -> None:
     """The issuer ``http://127.0.0.1:P/`` and ``http://127.0.0.1:P`` differ:
     no URL normalization before the comparison (RFC 9207 §2.4), advertised or
@@ -60,7 +51,7 @@ def test_iss_with_a_trailing_slash_is_another_issuer(
     world.send_iss = True
     with (
         serve_protected(world) as url,
-        DaemonHarness.running(daemon_config(base)) as d,
+        DaemonHarness.running(daemon_config(base_dir)) as d,
         d.client() as c,
     ):
         c.add_server(oauth_spec(url))
@@ -90,7 +81,7 @@ class Legacy:
         """``<method> <path>`` of every request but the MCP ones."""
         self.forms: list[dict[str, str]] = []
 
-    def app(self, base: str) -> Any:
+    def app(self, base_dir: str) -> Any:
         mcp = MCPServer("legacy", log_level="WARNING")
 
         @mcp.tool()
@@ -107,10 +98,10 @@ class Legacy:
                 return Response(status_code=404)
             return JSONResponse(
                 {
-                    "issuer": base,
-                    "authorization_endpoint": f"{base}{prefix}/authorize",
-                    "token_endpoint": f"{base}{prefix}/token",
-                    "registration_endpoint": f"{base}{prefix}/register",
+                    "issuer": base_dir,
+                    "authorization_endpoint": f"{base_dir}{prefix}/authorize",
+                    "token_endpoint": f"{base_dir}{prefix}/token",
+                    "registration_endpoint": f"{base_dir}{prefix}/register",
                     "response_types_supported": ["code"],
                     "code_challenge_methods_supported": ["S256"],
                 }
@@ -186,12 +177,12 @@ def serve_legacy(legacy: Legacy) -> Iterator[str]:
 
 @pytest.mark.parametrize("metadata", [True, False], ids=["origin-metadata", "none"])
 def test_a_2025_03_26_server_logs_in_without_resource_metadata(
-    base: str, metadata: bool
+    base_dir: str, metadata: bool
 ) -> None:
     legacy = Legacy(metadata=metadata)
     with (
         serve_legacy(legacy) as url,
-        DaemonHarness.running(daemon_config(base)) as d,
+        DaemonHarness.running(daemon_config(base_dir)) as d,
         d.client() as c,
     ):
         c.add_server(oauth_spec(url))

@@ -33,9 +33,7 @@ from tests.harness import (
     DaemonHarness,
     daemon_config,
     daemon_process,
-    rmtree,
     serve_asgi,
-    short_tempdir,
     wait_until,
 )
 from tests.oauth_world import TestAuthorizationServer, protected_app
@@ -119,10 +117,10 @@ class Machines:
         return sum(1 for r in self.requests if r["ok"] == ok)
 
 
-def machine_app(base: str, machines: Machines) -> Any:
+def machine_app(base_dir: str, machines: Machines) -> Any:
     """The oauth world, with ``POST /token`` ``grant_type=client_credentials``
     answered by ``machines`` (the SDK's token route knows only user grants)."""
-    app = protected_app(base, machines.world)
+    app = protected_app(base_dir, machines.world)
 
     async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == "/token":
@@ -165,8 +163,8 @@ def machine_app(base: str, machines: Machines) -> Any:
 
 @contextlib.contextmanager
 def serve_machines(machines: Machines) -> Iterator[str]:
-    with serve_asgi(lambda base: machine_app(base, machines)) as base:
-        yield base + "/mcp"
+    with serve_asgi(lambda base_dir: machine_app(base_dir, machines)) as base_dir:
+        yield base_dir + "/mcp"
 
 
 def machine_spec(url: str, **fields: Any) -> m.ServerSpec:
@@ -194,20 +192,13 @@ def ec_key() -> tuple[str, Any]:
     return pem, key.public_key()
 
 
-@pytest.fixture
-def base() -> Iterator[str]:
-    path = short_tempdir()
-    yield path
-    rmtree(path)
-
-
 @contextlib.contextmanager
 def machine_world(
-    base: str, machines: Machines
+    base_dir: str, machines: Machines
 ) -> Iterator[tuple[str, DaemonHarness, Client]]:
     with (
         serve_machines(machines) as url,
-        DaemonHarness.running(daemon_config(base)) as d,
+        DaemonHarness.running(daemon_config(base_dir)) as d,
         d.client() as c,
     ):
         yield url, d, c
@@ -220,9 +211,11 @@ def call_whoami(client: Client) -> str:
 
 
 @pytest.mark.parametrize("method", ["client_secret_basic", "client_secret_post"])
-def test_a_client_secret_gets_a_token_without_a_login(base: str, method: str) -> None:
+def test_a_client_secret_gets_a_token_without_a_login(
+    base_dir: str, method: str
+) -> None:
     machines = Machines(TestAuthorizationServer())
-    with machine_world(base, machines) as (url, d, c):
+    with machine_world(base_dir, machines) as (url, d, c):
         c.add_server(
             machine_spec(
                 url,
@@ -243,12 +236,12 @@ def test_a_client_secret_gets_a_token_without_a_login(base: str, method: str) ->
 
 
 def test_private_key_jwt_signs_a_fresh_assertion_with_the_vaults_key(
-    base: str,
+    base_dir: str,
 ) -> None:
     machines = Machines(TestAuthorizationServer())
     pem, public = ec_key()
     machines.public_keys[CLIENT_ID] = public
-    with machine_world(base, machines) as (url, d, c):
+    with machine_world(base_dir, machines) as (url, d, c):
         c.add_server(machine_spec(url, oauth_private_key=pem))
         d.wait_ready("robot")
         assert "authorized" in call_whoami(c)
@@ -268,11 +261,11 @@ def test_private_key_jwt_signs_a_fresh_assertion_with_the_vaults_key(
 
 
 def test_the_token_is_renewed_in_the_background_before_it_expires(
-    base: str,
+    base_dir: str,
 ) -> None:
     machines = Machines(TestAuthorizationServer())
     machines.access_ttl = 2  # renewed about a second before it expires
-    with machine_world(base, machines) as (url, d, c):
+    with machine_world(base_dir, machines) as (url, d, c):
         c.add_server(machine_spec(url, oauth_client_secret=SECRET))
         d.wait_ready("robot")
 
@@ -291,10 +284,10 @@ def refusal(status: m.ServerStatus) -> str | None:
     return status.auth.last_refresh_error if status.auth else None
 
 
-def test_refused_credentials_are_reported_without_the_secret(base: str) -> None:
+def test_refused_credentials_are_reported_without_the_secret(base_dir: str) -> None:
     machines = Machines(TestAuthorizationServer())
     machines.secrets[CLIENT_ID] = "not-what-the-daemon-holds"
-    with machine_world(base, machines) as (url, _d, c):
+    with machine_world(base_dir, machines) as (url, _d, c):
         c.add_server(machine_spec(url, oauth_client_secret=SECRET))
         wait_until(lambda: machines.count(ok=False) >= 1, what="a refused request")
         wait_until(
@@ -309,11 +302,11 @@ def test_refused_credentials_are_reported_without_the_secret(base: str) -> None:
     assert SECRET not in repr(status)
 
 
-def test_the_secret_and_the_key_are_only_in_the_vault(base: str) -> None:
+def test_the_secret_and_the_key_are_only_in_the_vault(base_dir: str) -> None:
     machines = Machines(TestAuthorizationServer())
     pem, public = ec_key()
     machines.public_keys["machine-8"] = public
-    with serve_machines(machines) as url, daemon_process(base) as d:
+    with serve_machines(machines) as url, daemon_process(base_dir) as d:
         with d.client() as c:
             c.add_server(machine_spec(url, oauth_client_secret=SECRET))
             c.add_server(
@@ -335,7 +328,7 @@ def test_the_secret_and_the_key_are_only_in_the_vault(base: str) -> None:
         seen.append(d.log())
         database = [
             path.read_bytes().decode("latin-1")
-            for path in Path(base, "state").iterdir()
+            for path in Path(base_dir, "state").iterdir()
         ]
     key_body = pem.splitlines()[1]
     for text in seen + database:
@@ -346,13 +339,13 @@ def test_the_secret_and_the_key_are_only_in_the_vault(base: str) -> None:
             assert token not in text
 
 
-def test_memorizzctl_adds_a_client_credentials_server(base: str) -> None:
+def test_memorizzctl_adds_a_client_credentials_server(base_dir: str) -> None:
     machines = Machines(TestAuthorizationServer())
     pem, public = ec_key()
     machines.public_keys[CLIENT_ID] = public
-    key_file = Path(base, "robot.pem")
+    key_file = Path(base_dir, "robot.pem")
     key_file.write_text(pem)
-    with machine_world(base, machines) as (url, d, c):
+    with machine_world(base_dir, machines) as (url, d, c):
         code = d.ctl(
             "mcp", "add", "robot", "--url", url, "--allow-private-network",
             "--oauth-grant", "client-credentials", "--client-id", CLIENT_ID,
@@ -383,9 +376,9 @@ def test_memorizzctl_adds_a_client_credentials_server(base: str) -> None:
     ],
 )
 def test_a_machine_grant_that_cannot_work_is_refused(
-    base: str, fields: dict[str, Any], says: str
+    base_dir: str, fields: dict[str, Any], says: str
 ) -> None:
-    with DaemonHarness.running(daemon_config(base)) as d, d.client() as c:
+    with DaemonHarness.running(daemon_config(base_dir)) as d, d.client() as c:
         spec = machine_spec("https://mcp.example.test/mcp", **fields)
         with pytest.raises(InvalidParamsError, match=says):
             c.add_server(spec)

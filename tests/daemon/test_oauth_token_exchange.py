@@ -37,9 +37,7 @@ from tests.daemon.test_oauth_jwt_bearer import serve as serve_workloads
 from tests.harness import (
     DaemonHarness,
     daemon_config,
-    rmtree,
     serve_asgi,
-    short_tempdir,
     wait_until,
 )
 
@@ -89,17 +87,17 @@ class Enterprise:
             claims | {"iat": now, "exp": now + 3600}, self.idp_key, "ES256"
         )
 
-    def idp_app(self, base: str) -> Any:
-        self.idp = base
+    def idp_app(self, base_dir: str) -> Any:
+        self.idp = base_dir
 
         async def metadata(request: Request) -> Response:
             self.idp_metadata_reads += 1
             return JSONResponse(
                 {
-                    "issuer": base,
-                    "authorization_endpoint": f"{base}/authorize",
-                    "token_endpoint": f"{base}/oauth2/token",
-                    "jwks_uri": f"{base}/jwks",
+                    "issuer": base_dir,
+                    "authorization_endpoint": f"{base_dir}/authorize",
+                    "token_endpoint": f"{base_dir}/oauth2/token",
+                    "jwks_uri": f"{base_dir}/jwks",
                     "grant_types_supported": [EXCHANGE],
                     "token_endpoint_auth_methods_supported": ["client_secret_basic"],
                 }
@@ -122,14 +120,14 @@ class Enterprise:
                     self.idp_key.public_key(),
                     algorithms=["ES256"],
                     audience=IDP_CLIENT,
-                    issuer=base,
+                    issuer=base_dir,
                 )
             except (KeyError, jwt.PyJWTError):
                 return JSONResponse({"error": "invalid_grant"}, status_code=400)
             now = int(time.time())
             jag = jwt.encode(
                 {
-                    "iss": base,
+                    "iss": base_dir,
                     "sub": claims["sub"],
                     "aud": form["audience"],
                     "resource": form["resource"],
@@ -153,8 +151,8 @@ class Enterprise:
             ]
         )
 
-    def mcp_app(self, base: str) -> Any:
-        self.issuer = base
+    def mcp_app(self, base_dir: str) -> Any:
+        self.issuer = base_dir
         mcp = MCPServer("enterprise", log_level="WARNING")
 
         @mcp.tool()
@@ -166,15 +164,15 @@ class Enterprise:
 
         async def prm(request: Request) -> Response:
             return JSONResponse(
-                {"resource": base + "/mcp", "authorization_servers": [base]}
+                {"resource": base_dir + "/mcp", "authorization_servers": [base_dir]}
             )
 
         async def metadata(request: Request) -> Response:
             return JSONResponse(
                 {
-                    "issuer": base,
-                    "authorization_endpoint": f"{base}/authorize",
-                    "token_endpoint": f"{base}/token",
+                    "issuer": base_dir,
+                    "authorization_endpoint": f"{base_dir}/authorize",
+                    "token_endpoint": f"{base_dir}/token",
                     "response_types_supported": ["code"],
                     "grant_types_supported": [JWT_BEARER],
                     "token_endpoint_auth_methods_supported": ["client_secret_basic"],
@@ -197,7 +195,7 @@ class Enterprise:
                     assertion,
                     self.idp_key.public_key(),
                     algorithms=["ES256"],
-                    audience=base,
+                    audience=base_dir,
                     issuer=self.idp,
                 )
             except jwt.PyJWTError:
@@ -205,7 +203,7 @@ class Enterprise:
             if (
                 header.get("typ") != "oauth-id-jag+jwt"
                 or claims["client_id"] != AS_CLIENT
-                or claims["resource"] != base + "/mcp"
+                or claims["resource"] != base_dir + "/mcp"
             ):
                 return JSONResponse({"error": "invalid_grant"}, status_code=400)
             self.subjects.append(claims["sub"])
@@ -222,7 +220,7 @@ class Enterprise:
                 Route("/token", token, methods=["POST"]),
             ]
         )
-        challenge = f'Bearer resource_metadata="{base}/.well-known/oauth-protected-resource/mcp"'
+        challenge = f'Bearer resource_metadata="{base_dir}/.well-known/oauth-protected-resource/mcp"'
 
         async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
             if scope["type"] == "http" and scope["path"].startswith("/mcp"):
@@ -238,13 +236,6 @@ class Enterprise:
             await oauth(scope, receive, send)
 
         return asgi
-
-
-@pytest.fixture
-def base() -> Iterator[str]:
-    path = short_tempdir()
-    yield path
-    rmtree(path)
 
 
 @contextlib.contextmanager
@@ -279,11 +270,11 @@ def _whoami(d: DaemonHarness) -> str:
 
 
 def test_the_id_token_file_is_exchanged_for_an_id_jag_at_each_renewal(
-    base: str,
+    base_dir: str,
 ) -> None:
     world = Enterprise()
-    id_token = Path(base, "id_token.jwt")
-    with serve(world) as url, DaemonHarness.running(daemon_config(base)) as d:
+    id_token = Path(base_dir, "id_token.jwt")
+    with serve(world) as url, DaemonHarness.running(daemon_config(base_dir)) as d:
         id_token.write_text(world.id_token("alice") + "\n")
         with d.client() as c:
             c.add_server(
@@ -322,9 +313,9 @@ def test_the_id_token_file_is_exchanged_for_an_id_jag_at_each_renewal(
     assert "client_secret" not in grant
 
 
-def test_inline_secrets_go_to_the_vault_only(base: str) -> None:
+def test_inline_secrets_go_to_the_vault_only(base_dir: str) -> None:
     world = Enterprise()
-    with serve(world) as url, DaemonHarness.running(daemon_config(base)) as d:
+    with serve(world) as url, DaemonHarness.running(daemon_config(base_dir)) as d:
         token = world.id_token("carol")
         with d.client() as c:
             c.add_server(
@@ -344,17 +335,17 @@ def test_inline_secrets_go_to_the_vault_only(base: str) -> None:
     for text in (listed, status):
         for secret in (token, IDP_SECRET, AS_SECRET):
             assert secret not in text
-    for path in Path(base).rglob("*"):
+    for path in Path(base_dir).rglob("*"):
         if path.is_file() and path.suffix != ".sock":
             data = path.read_bytes()
             for secret in (token, IDP_SECRET, AS_SECRET):
                 assert secret.encode() not in data, path
 
 
-def test_a_refused_exchange_is_reported_without_its_secrets(base: str) -> None:
+def test_a_refused_exchange_is_reported_without_its_secrets(base_dir: str) -> None:
     world = Enterprise()
     world.refuse_exchange = True
-    with serve(world) as url, DaemonHarness.running(daemon_config(base)) as d:
+    with serve(world) as url, DaemonHarness.running(daemon_config(base_dir)) as d:
         token = world.id_token("dave")
         with d.client() as c:
             c.add_server(
@@ -382,10 +373,10 @@ def test_a_refused_exchange_is_reported_without_its_secrets(base: str) -> None:
     assert world.grants == []  # nothing reached the authorization server
 
 
-def test_memorizzctl_adds_a_token_exchange_server(base: str) -> None:
+def test_memorizzctl_adds_a_token_exchange_server(base_dir: str) -> None:
     world = Enterprise()
-    id_token = Path(base, "id.jwt")
-    with serve(world) as url, DaemonHarness.running(daemon_config(base)) as d:
+    id_token = Path(base_dir, "id.jwt")
+    with serve(world) as url, DaemonHarness.running(daemon_config(base_dir)) as d:
         id_token.write_text(world.id_token("erin"))
         code = d.ctl(
             "mcp", "add", "corp", "--url", url, "--allow-private-network",
@@ -432,22 +423,22 @@ def test_memorizzctl_adds_a_token_exchange_server(base: str) -> None:
     ],
 )
 def test_a_token_exchange_that_cannot_work_is_refused(
-    base: str, fields: dict[str, Any], words: str
+    base_dir: str, fields: dict[str, Any], words: str
 ) -> None:
     with (
-        DaemonHarness.running(daemon_config(base)) as d,
+        DaemonHarness.running(daemon_config(base_dir)) as d,
         d.client() as c,
         pytest.raises(InvalidParamsError, match=words),
     ):
         c.add_server(spec("https://mcp.example.com/mcp", **fields))
 
 
-def test_memorizzctl_adds_a_jwt_bearer_server(base: str) -> None:
+def test_memorizzctl_adds_a_jwt_bearer_server(base_dir: str) -> None:
     workloads = Workloads()
-    assertion = Path(base, "wl.jwt")
+    assertion = Path(base_dir, "wl.jwt")
     with (
         serve_workloads(workloads) as url,
-        DaemonHarness.running(daemon_config(base)) as d,
+        DaemonHarness.running(daemon_config(base_dir)) as d,
     ):
         assertion.write_text(workloads.workload_jwt("pod-c"))
         code = d.ctl(

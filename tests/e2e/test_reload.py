@@ -11,7 +11,6 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,17 +26,8 @@ from tests.harness import (
     MCP_SERVER,
     DaemonHarness,
     daemon_process,
-    rmtree,
-    short_tempdir,
     wait_until,
 )
-
-
-@pytest.fixture
-def base() -> Iterator[str]:
-    path = short_tempdir()
-    yield path
-    rmtree(path)
 
 
 def _server(name: str, script: str, **extra: Any) -> dict[str, Any]:
@@ -76,10 +66,10 @@ def _toml(value: Any) -> str:
     return msgspec.json.encode(value).decode()  # strings, numbers, lists, bools
 
 
-def _doc(base: str, **top: Any) -> dict[str, Any]:
+def _doc(base_dir: str, **top: Any) -> dict[str, Any]:
     return {
-        "socket": os.path.join(base, "d.sock"),
-        "state_dir": os.path.join(base, "state"),
+        "socket": os.path.join(base_dir, "d.sock"),
+        "state_dir": os.path.join(base_dir, "state"),
         "backoff_initial_s": 0.05,
         "backoff_max_s": 0.5,
         "drain_timeout_s": 10.0,
@@ -106,12 +96,12 @@ def _reload_actions(c: Client) -> list[m.AuditRecord]:
 
 
 def test_a_reload_applies_the_difference_and_keeps_what_did_not_change(
-    base: str,
+    base_dir: str,
 ) -> None:
-    config_file = Path(base, "memorizzd.toml")
-    gate = os.path.join(base, "gate")
+    config_file = Path(base_dir, "memorizzd.toml")
+    gate = os.path.join(base_dir, "gate")
     doc = _doc(
-        base,
+        base_dir,
         servers=[
             _server("keep", MCP_SERVER),
             _server("change", LEGACY_SERVER),
@@ -214,10 +204,10 @@ def test_a_reload_applies_the_difference_and_keeps_what_did_not_change(
 
 
 def test_an_invalid_file_changes_nothing_and_says_why(
-    base: str, capsys: pytest.CaptureFixture[str]
+    base_dir: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    config_file = Path(base, "memorizzd.toml")
-    doc = _doc(base, servers=[_server("one", LEGACY_SERVER)])
+    config_file = Path(base_dir, "memorizzd.toml")
+    doc = _doc(base_dir, servers=[_server("one", LEGACY_SERVER)])
     _write(config_file, doc)
     with DaemonHarness.running(load(str(config_file))) as h:
         h.wait_ready("one")
@@ -261,11 +251,11 @@ def test_an_invalid_file_changes_nothing_and_says_why(
             assert last.ok
 
 
-def test_sighup_reloads_as_daemon_reload_does(base: str) -> None:
-    config_file = Path(base, "memorizzd.toml")
-    doc = _doc(base, servers=[_server("one", LEGACY_SERVER)])
+def test_sighup_reloads_as_daemon_reload_does(base_dir: str) -> None:
+    config_file = Path(base_dir, "memorizzd.toml")
+    doc = _doc(base_dir, servers=[_server("one", LEGACY_SERVER)])
     _write(config_file, doc)
-    with daemon_process(base, config=str(config_file)) as daemon:
+    with daemon_process(base_dir, config=str(config_file)) as daemon:
         daemon.wait_ready("one")
         _write(
             config_file,
