@@ -39,6 +39,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from tests import asking_server, features_server
+from tests.e2e.test_face_asks import _sample, _text  # the same answers
 from tests.harness import DaemonHarness, daemon_config, short_tempdir, stdio_spec
 
 MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
@@ -102,30 +103,6 @@ async def _elicit(context: Any, params: Any) -> types.ElicitResult:
     if isinstance(params, types.ElicitRequestURLParams):
         return types.ElicitResult(action="accept")
     return types.ElicitResult(action="accept", content={"name": "Ada"})
-
-
-async def _sample(context: Any, params: types.CreateMessageRequestParams) -> Any:
-    if params.tools:
-        return types.CreateMessageResultWithTools(
-            role="assistant",
-            content=[
-                types.ToolUseContent(id="u1", name=params.tools[0].name, input={})
-            ],
-            model="model-x",
-            stop_reason="toolUse",
-        )
-    asked = params.messages[0].content
-    text = asked.text if isinstance(asked, types.TextContent) else "?"
-    return types.CreateMessageResult(
-        role="assistant",
-        content=types.TextContent(text=f"answer to {text}"),
-        model="model-x",
-    )
-
-
-def _text(result: types.CallToolResult) -> str:
-    item = result.content[0]
-    return item.text if isinstance(item, types.TextContent) else repr(item)
 
 
 def _http(token: str) -> httpx2.AsyncClient:
