@@ -53,8 +53,8 @@ class Workloads:
         claims |= {"iat": now, "exp": now + 300}
         return jwt.encode(claims, self.idp_key, algorithm="ES256")
 
-    def app(self, base_dir: str) -> Any:
-        self.issuer = base_dir
+    def app(self, origin: str) -> Any:
+        self.issuer = origin
         mcp = MCPServer("workload", log_level="WARNING")
 
         @mcp.tool()
@@ -66,15 +66,15 @@ class Workloads:
 
         async def prm(request: Request) -> Response:
             return JSONResponse(
-                {"resource": base_dir + "/mcp", "authorization_servers": [base_dir]}
+                {"resource": origin + "/mcp", "authorization_servers": [origin]}
             )
 
         async def metadata(request: Request) -> Response:
             return JSONResponse(
                 {
-                    "issuer": base_dir,
-                    "authorization_endpoint": f"{base_dir}/authorize",
-                    "token_endpoint": f"{base_dir}/token",
+                    "issuer": origin,
+                    "authorization_endpoint": f"{origin}/authorize",
+                    "token_endpoint": f"{origin}/token",
                     "response_types_supported": ["code"],
                     "grant_types_supported": [GRANT],
                     "token_endpoint_auth_methods_supported": ["none"],
@@ -94,7 +94,7 @@ class Workloads:
                     form.get("assertion", ""),
                     self.idp_key.public_key(),
                     algorithms=["ES256"],
-                    audience=base_dir,
+                    audience=origin,
                 )
             except jwt.PyJWTError:
                 return JSONResponse({"error": "invalid_grant"}, status_code=400)
@@ -112,7 +112,7 @@ class Workloads:
                 Route("/token", token, methods=["POST"]),
             ]
         )
-        challenge = f'Bearer resource_metadata="{base_dir}/.well-known/oauth-protected-resource/mcp"'
+        challenge = f'Bearer resource_metadata="{origin}/.well-known/oauth-protected-resource/mcp"'
 
         async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
             if scope["type"] == "http" and scope["path"].startswith("/mcp"):

@@ -81,7 +81,7 @@ class Legacy:
         """``<method> <path>`` of every request but the MCP ones."""
         self.forms: list[dict[str, str]] = []
 
-    def app(self, base_dir: str) -> Any:
+    def app(self, origin: str) -> Any:
         mcp = MCPServer("legacy", log_level="WARNING")
 
         @mcp.tool()
@@ -98,10 +98,10 @@ class Legacy:
                 return Response(status_code=404)
             return JSONResponse(
                 {
-                    "issuer": base_dir,
-                    "authorization_endpoint": f"{base_dir}{prefix}/authorize",
-                    "token_endpoint": f"{base_dir}{prefix}/token",
-                    "registration_endpoint": f"{base_dir}{prefix}/register",
+                    "issuer": origin,
+                    "authorization_endpoint": f"{origin}{prefix}/authorize",
+                    "token_endpoint": f"{origin}{prefix}/token",
+                    "registration_endpoint": f"{origin}{prefix}/register",
                     "response_types_supported": ["code"],
                     "code_challenge_methods_supported": ["S256"],
                 }

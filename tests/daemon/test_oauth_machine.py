@@ -117,10 +117,10 @@ class Machines:
         return sum(1 for r in self.requests if r["ok"] == ok)
 
 
-def machine_app(base_dir: str, machines: Machines) -> Any:
+def machine_app(origin: str, machines: Machines) -> Any:
     """The oauth world, with ``POST /token`` ``grant_type=client_credentials``
     answered by ``machines`` (the SDK's token route knows only user grants)."""
-    app = protected_app(base_dir, machines.world)
+    app = protected_app(origin, machines.world)
 
     async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope["path"] == "/token":
@@ -163,8 +163,8 @@ def machine_app(base_dir: str, machines: Machines) -> Any:
 
 @contextlib.contextmanager
 def serve_machines(machines: Machines) -> Iterator[str]:
-    with serve_asgi(lambda base_dir: machine_app(base_dir, machines)) as base_dir:
-        yield base_dir + "/mcp"
+    with serve_asgi(lambda origin: machine_app(origin, machines)) as origin:
+        yield origin + "/mcp"
 
 
 def machine_spec(url: str, **fields: Any) -> m.ServerSpec:

@@ -87,17 +87,17 @@ class Enterprise:
             claims | {"iat": now, "exp": now + 3600}, self.idp_key, "ES256"
         )
 
-    def idp_app(self, base_dir: str) -> Any:
-        self.idp = base_dir
+    def idp_app(self, origin: str) -> Any:
+        self.idp = origin
 
         async def metadata(request: Request) -> Response:
             self.idp_metadata_reads += 1
             return JSONResponse(
                 {
-                    "issuer": base_dir,
-                    "authorization_endpoint": f"{base_dir}/authorize",
-                    "token_endpoint": f"{base_dir}/oauth2/token",
-                    "jwks_uri": f"{base_dir}/jwks",
+                    "issuer": origin,
+                    "authorization_endpoint": f"{origin}/authorize",
+                    "token_endpoint": f"{origin}/oauth2/token",
+                    "jwks_uri": f"{origin}/jwks",
                     "grant_types_supported": [EXCHANGE],
                     "token_endpoint_auth_methods_supported": ["client_secret_basic"],
                 }
@@ -120,14 +120,14 @@ class Enterprise:
                     self.idp_key.public_key(),
                     algorithms=["ES256"],
                     audience=IDP_CLIENT,
-                    issuer=base_dir,
+                    issuer=origin,
                 )
             except (KeyError, jwt.PyJWTError):
                 return JSONResponse({"error": "invalid_grant"}, status_code=400)
             now = int(time.time())
             jag = jwt.encode(
                 {
-                    "iss": base_dir,
+                    "iss": origin,
                     "sub": claims["sub"],
                     "aud": form["audience"],
                     "resource": form["resource"],
@@ -151,8 +151,8 @@ class Enterprise:
             ]
         )
 
-    def mcp_app(self, base_dir: str) -> Any:
-        self.issuer = base_dir
+    def mcp_app(self, origin: str) -> Any:
+        self.issuer = origin
         mcp = MCPServer("enterprise", log_level="WARNING")
 
         @mcp.tool()
@@ -164,15 +164,15 @@ class Enterprise:
 
         async def prm(request: Request) -> Response:
             return JSONResponse(
-                {"resource": base_dir + "/mcp", "authorization_servers": [base_dir]}
+                {"resource": origin + "/mcp", "authorization_servers": [origin]}
             )
 
         async def metadata(request: Request) -> Response:
             return JSONResponse(
                 {
-                    "issuer": base_dir,
-                    "authorization_endpoint": f"{base_dir}/authorize",
-                    "token_endpoint": f"{base_dir}/token",
+                    "issuer": origin,
+                    "authorization_endpoint": f"{origin}/authorize",
+                    "token_endpoint": f"{origin}/token",
                     "response_types_supported": ["code"],
                     "grant_types_supported": [JWT_BEARER],
                     "token_endpoint_auth_methods_supported": ["client_secret_basic"],
@@ -195,7 +195,7 @@ class Enterprise:
                     assertion,
                     self.idp_key.public_key(),
                     algorithms=["ES256"],
-                    audience=base_dir,
+                    audience=origin,
                     issuer=self.idp,
                 )
             except jwt.PyJWTError:
@@ -203,7 +203,7 @@ class Enterprise:
             if (
                 header.get("typ") != "oauth-id-jag+jwt"
                 or claims["client_id"] != AS_CLIENT
-                or claims["resource"] != base_dir + "/mcp"
+                or claims["resource"] != origin + "/mcp"
             ):
                 return JSONResponse({"error": "invalid_grant"}, status_code=400)
             self.subjects.append(claims["sub"])
@@ -220,7 +220,7 @@ class Enterprise:
                 Route("/token", token, methods=["POST"]),
             ]
         )
-        challenge = f'Bearer resource_metadata="{base_dir}/.well-known/oauth-protected-resource/mcp"'
+        challenge = f'Bearer resource_metadata="{origin}/.well-known/oauth-protected-resource/mcp"'
 
         async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
             if scope["type"] == "http" and scope["path"].startswith("/mcp"):
