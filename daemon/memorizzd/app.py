@@ -25,6 +25,7 @@ from memorizzd.execution.admission import Admission
 from memorizzd.face import FaceDispatcher
 from memorizzd.listeners import Listening, close_all, open_all
 from memorizzd.observe import serve_metrics
+from memorizzd.relay import WarmRelay
 from memorizzd.reload import SIGNAL_CALLER, Reloader, Sockets
 from memorizzd.rpc.answers import AnsweringDispatcher
 from memorizzd.rpc.server import SocketServer
@@ -158,7 +159,9 @@ async def running_daemon(
                 book=book,
             )
             dispatcher = AnsweringDispatcher(
-                broker.handlers(), on_error=broker.on_error
+                broker.handlers(),
+                on_error=broker.on_error,
+                relay=WarmRelay(broker.tool_calls),
             )
             face = FaceDispatcher(broker)
             face_listeners.append(face)

@@ -546,7 +546,7 @@ class ApprovalBook:
         outcome: str = "ok",
         reason: str | None = None,
     ) -> None:
-        await self._auditor.record(
+        self._auditor.record(
             caller,
             action=action,
             started=self._now(),

@@ -201,7 +201,7 @@ class Auditor:
             value = _decode_arguments(raw)
         return CallArguments(raw, value, sorted(value), self.digest(value))
 
-    async def record(
+    def record(
         self,
         caller: Caller,
         *,

@@ -248,7 +248,7 @@ class Broker:
             or method == "tools/call"
         ):
             return
-        await self._auditor.record(
+        self._auditor.record(
             caller,
             action=method if method in m.METHODS else "unknown_method",
             outcome="denied",
@@ -260,7 +260,7 @@ class Broker:
 
     async def on_refused_connection(self, caller: Caller, error: RemoteError) -> None:
         """A connection refused before it was read: recorded as ``connect``."""
-        await self._auditor.record(
+        self._auditor.record(
             caller,
             action="connect",
             started=time.time(),
@@ -383,9 +383,9 @@ class Broker:
         try:
             result = await work
         except RemoteError as exc:
-            await audit(outcome="failed", reason=exc.reason)
+            audit(outcome="failed", reason=exc.reason)
             raise
-        await audit(outcome="ok")
+        audit(outcome="ok")
         return result
 
     async def audit_list(

@@ -416,6 +416,11 @@ def declare(capabilities: Mapping[str, Any]) -> None:
         _declared[life.session] = dict(capabilities)
 
 
+def declared_by(session: object) -> Mapping[str, Any]:
+    """What ``session`` (a connection) declared (``declare``); {}: nothing."""
+    return _declared.get(session, {})
+
+
 def declared() -> Mapping[str, Any]:
     """What the running request's connection declared (``declare``)."""
     life = current.get()

@@ -28,7 +28,6 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any, Final
 
-import anyio
 import msgspec
 
 from memorizz.api import methods as m
@@ -86,6 +85,22 @@ class Calls:
     @property
     def in_flight(self) -> int:
         return self._running
+
+    # --- for the warm relay (``relay.py``), which runs the same steps -------
+
+    @property
+    def auditor(self) -> Auditor:
+        return self._auditor
+
+    def scoped(self, caller: Caller, server: str) -> Upstream:
+        """The caller's server by name (``unknown_server`` outside its scope)."""
+        return self._scope(caller, server)
+
+    def began(self) -> None:
+        self._running += 1
+
+    def ended(self) -> None:
+        self._running -= 1
 
     def _labels(self, server: str, tool: str) -> tuple[str, str]:
         """A call's metric labels: a configured server, a listed tool, else other."""
@@ -175,7 +190,7 @@ class Calls:
                     raise refusal(decided, server=upstream.name, tool=tool)
             except RemoteError as exc:
                 # a refusal is recorded as denied, within the caller's budget
-                await self._audit(
+                self.audit(
                     caller,
                     "tools/call",
                     started,
@@ -188,7 +203,7 @@ class Calls:
                 )
                 raise
             audit = partial(
-                self._audit, caller, "tools/call", started, upstream.name, tool, read
+                self.audit, caller, "tools/call", started, upstream.name, tool, read
             )
             if task is not None:
                 return await self._create_task(
@@ -246,7 +261,7 @@ class Calls:
             "proposal_id": proposal.id,
         }
         audit = partial(
-            self._audit,
+            self.audit,
             caller,
             "approvals/resume",
             started,
@@ -304,7 +319,7 @@ class Calls:
                 tool, read.raw, risk=risk, deadline=deadline, progress=progress
             )
         except RemoteError as exc:
-            await audit(outcome=outcome_for(exc.reason), reason=exc.reason, **verdict)
+            audit(outcome=outcome_for(exc.reason), reason=exc.reason, **verdict)
             raise
         except BaseException as exc:  # a bug, or cancelled (client gone, shutdown)
             if client_aborted():
@@ -312,13 +327,12 @@ class Calls:
             else:
                 outcome = "failed"
                 reason = "internal" if isinstance(exc, Exception) else "cancelled"
-            with anyio.CancelScope(shield=True):
-                await audit(outcome=outcome, reason=reason, **verdict)
+            audit(outcome=outcome, reason=reason, **verdict)
             raise
         finally:
             if span is not None:
                 span.end()
-        await audit(
+        audit(
             outcome="tool_error" if result.is_error else "ok",
             result_bytes=len(result.raw),
             **verdict,
@@ -353,14 +367,13 @@ class Calls:
             )
             _, shown = self.tasks.created(caller, name, tool, raw, client_send())
         except RemoteError as exc:
-            await audit(outcome=outcome_for(exc.reason), reason=exc.reason, **verdict)
+            audit(outcome=outcome_for(exc.reason), reason=exc.reason, **verdict)
             raise
         except BaseException as exc:  # a bug, or cancelled
             reason = "internal" if isinstance(exc, Exception) else "cancelled"
-            with anyio.CancelScope(shield=True):
-                await audit(outcome="failed", reason=reason, **verdict)
+            audit(outcome="failed", reason=reason, **verdict)
             raise
-        await audit(outcome="task_created", result_bytes=len(raw), **verdict)
+        audit(outcome="task_created", result_bytes=len(raw), **verdict)
         return msgspec.Raw(_encode(shown))
 
     async def task(
@@ -388,7 +401,7 @@ class Calls:
             )
         except RemoteError as exc:
             if cancel:
-                await self._audit(
+                self.audit(
                     caller,
                     method,
                     started,
@@ -400,7 +413,7 @@ class Calls:
                 )
             raise
         if cancel:
-            await self._audit(
+            self.audit(
                 caller, method, started, entry.server, entry.tool, None, outcome="ok"
             )
         if method == "tasks/result":
@@ -421,7 +434,7 @@ class Calls:
                     self.tasks.forget(entry)
         return found
 
-    async def _audit(
+    def audit(
         self,
         caller: Caller,
         action: str,
@@ -442,7 +455,7 @@ class Calls:
                 )
             if tracing.enabled:
                 _trace(caller, action, server, tool, fields)
-        await self._auditor.record(
+        self._auditor.record(
             caller,
             action=action,
             started=started,

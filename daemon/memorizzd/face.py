@@ -111,7 +111,7 @@ from memorizzd.calllife import (
 from memorizzd.calls import ProgressReport, progress_to_client
 from memorizzd.names import exposed_names
 from memorizzd.rpc.answers import parse_line, take
-from memorizzd.rpc.dispatch import Session, encode_error
+from memorizzd.rpc.dispatch import Relayed, Session, encode_error
 from memorizzd.telemetry import tracing
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
@@ -367,6 +367,10 @@ class FaceDispatcher:
         if session is None:
             return self._broker.in_scope(caller)
         return self._scope_of(cast(Session, session))
+
+    def relay(self, session: Session, request: Request) -> Relayed | None:
+        """Every face request runs in a task of its own."""
+        return None
 
     def opened(self, session: Session) -> None:
         self._sessions.add(session)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
@@ -65,6 +66,207 @@ class Signal:
 
     async def wait(self) -> None:
         await self._future
+
+
+class Inbox:
+    """A descriptor's bytes, read by the loop as they arrive, for one task.
+
+    The loop reads (a reader callback, registered once: no registration per
+    wait, no read that cannot succeed); ``receive`` returns everything read
+    since the last call, waiting for some if there is none, and b"" once the
+    other end closed. Past ``limit`` bytes not yet received, reading pauses
+    until they are, so a consumer that stops receiving pushes back on the
+    writer as before. A read error is raised by ``receive``. The descriptor's
+    owner closes the inbox before it closes the descriptor."""
+
+    __slots__ = (
+        "_chunks",
+        "_ended",
+        "_error",
+        "_fd",
+        "_limit",
+        "_loop",
+        "_read",
+        "_reading",
+        "_size",
+        "_waiter",
+    )
+
+    def __init__(
+        self, fd: int, read: Callable[[], bytes] | None = None, limit: int = 1 << 16
+    ) -> None:
+        self._fd = fd
+        self._read: Callable[[], bytes] = read or (lambda: os.read(fd, 1 << 16))
+        self._limit = limit
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self._ended = False
+        self._error: OSError | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._loop = asyncio.get_running_loop()
+        self._reading = False
+        self._start()
+
+    def _start(self) -> None:
+        if not self._reading and not self._ended:
+            self._reading = True
+            self._loop.add_reader(self._fd, self._on_readable)
+
+    def _stop(self) -> None:
+        if self._reading:
+            self._reading = False
+            self._loop.remove_reader(self._fd)
+
+    def _on_readable(self) -> None:
+        try:
+            data = self._read()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._error, data = exc, b""
+        if data:
+            self._chunks.append(data)
+            self._size += len(data)
+            if self._size >= self._limit:
+                self._stop()
+        else:
+            self._ended = True
+            self._stop()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def receive(self) -> bytes:
+        while not self._chunks:
+            if self._ended:
+                if self._error is not None:
+                    raise self._error
+                return b""
+            self._waiter = self._loop.create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        chunks, self._chunks, self._size = self._chunks, [], 0
+        self._start()
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+    def close(self) -> None:
+        """Stop reading; ``receive`` returns what was read, then b""."""
+        self._ended = True
+        self._stop()
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+class Outbox:
+    """Whole messages to one non-blocking descriptor, in order, never interleaved.
+
+    ``put`` writes what the descriptor takes now and keeps the rest, which the
+    loop writes as the descriptor becomes writable (a writer callback: no task,
+    no lock). Anyone may ``put``, from a task or a callback; a message is never
+    split by another. ``drained`` waits until nothing is kept. The first write
+    error closes the box: what was kept is dropped and every later ``put`` and
+    ``drained`` raises it (the reader of the descriptor went away).
+
+    The descriptor's owner closes the box before it closes the descriptor."""
+
+    __slots__ = (
+        "_fd",
+        "_kept",
+        "_loop",
+        "_waiters",
+        "_watching",
+        "_write",
+        "error",
+        "since",
+    )
+
+    def __init__(
+        self, fd: int, write: Callable[[bytes | bytearray], int] | None = None
+    ) -> None:
+        self._fd = fd
+        self._write: Callable[[bytes | bytearray], int] = write or (
+            lambda data: os.write(fd, data)
+        )
+        self._kept = bytearray()
+        self._loop = asyncio.get_running_loop()
+        self._waiters: list[asyncio.Future[None]] = []
+        self._watching = False
+        self.error: OSError | None = None
+        self.since: float | None = None
+        """When the bytes kept now began to wait (the loop's clock), else None."""
+
+    @property
+    def kept(self) -> int:
+        """Bytes put but not yet written."""
+        return len(self._kept)
+
+    def put(self, data: bytes) -> None:
+        if self.error is not None:
+            raise self.error
+        if self._kept:
+            self._kept += data
+            return
+        try:
+            written = self._write(data)
+        except BlockingIOError:
+            written = 0
+        except OSError as exc:
+            self._fail(exc)
+            raise
+        if written < len(data):
+            self._kept += memoryview(data)[written:]
+            self.since = self._loop.time()
+            self._watching = True
+            self._loop.add_writer(self._fd, self._flush)
+
+    def _flush(self) -> None:
+        try:
+            written = self._write(self._kept)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._fail(exc)
+            return
+        del self._kept[:written]
+        if not self._kept:
+            self._unwatch()
+            self.since = None
+            self._wake()
+
+    async def drained(self) -> None:
+        """Return once everything put is written; raise the error if it cannot be."""
+        while self._kept and self.error is None:
+            waiter = self._loop.create_future()
+            self._waiters.append(waiter)
+            await waiter
+        if self.error is not None:
+            raise self.error
+
+    def close(self) -> None:
+        """Stop writing (what is kept is dropped); later puts raise."""
+        if self.error is None:
+            self._fail(BrokenPipeError("the outbox is closed"))
+
+    def _fail(self, exc: OSError) -> None:
+        self.error = exc
+        self._kept.clear()
+        self.since = None
+        self._unwatch()
+        self._wake()
+
+    def _unwatch(self) -> None:
+        if self._watching:
+            self._watching = False
+            self._loop.remove_writer(self._fd)
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
 
 class TaskSet:

@@ -252,7 +252,7 @@ class Reloader:
     async def _audit(
         self, caller: Caller, started: float, outcome: str, reason: str | None
     ) -> None:
-        await self._auditor.record(
+        self._auditor.record(
             caller,
             action="daemon/reload",
             started=started,

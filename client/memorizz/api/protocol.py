@@ -54,6 +54,19 @@ class Reply(msgspec.Struct, Generic[T], kw_only=True, omit_defaults=True):
     error: ErrorObject | None = None
 
 
+_encode_reply: Final = msgspec.json.Encoder().encode
+
+
+def result_line(request_id: RequestId | None, result: object) -> bytes:
+    """The reply line carrying ``result`` (a ``msgspec.Raw`` is spliced in as it is)."""
+    return _encode_reply(Reply(jsonrpc="2.0", id=request_id, result=result)) + b"\n"
+
+
+def error_line(request_id: RequestId | None, error: ErrorObject) -> bytes:
+    """The reply line carrying ``error``."""
+    return _encode_reply(Reply[None](jsonrpc="2.0", id=request_id, error=error)) + b"\n"
+
+
 SYSTEM_SOCKET: Final = "/run/memorizzd/memorizzd.sock"
 """The system daemon's operator socket (memorizzd.socket; root's default)."""
 

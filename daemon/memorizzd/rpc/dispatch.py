@@ -28,7 +28,7 @@ from memorizz.api.errors import (
     RemoteError,
 )
 from memorizz.api.methods import METHODS, Params
-from memorizz.api.protocol import ErrorObject, Reply, Request, RequestId
+from memorizz.api.protocol import Request, RequestId, error_line, result_line
 from memorizzd.caller import Caller, Handler
 from memorizzd.rpc.authority import method_allowed, refuse_method
 
@@ -36,6 +36,27 @@ log = logging.getLogger("memorizzd.rpc")
 
 ErrorHook = Callable[[Caller, str, Params | None, RemoteError], Awaitable[None]]
 """Told of every request that ended in a wire error (the broker audits refusals)."""
+
+
+class Relayed(Protocol):
+    """A request on its way without a task of its own (the warm relay,
+    ``memorizzd.relay``): it ends by calling its session's ``finish``."""
+
+    def cancel(self) -> None:
+        """The client asked to stop it: no reply follows."""
+        ...
+
+    def client_gone(self) -> None:
+        """Its client went away: stop it if nothing is lost by that."""
+        ...
+
+    def shut_down(self) -> None:
+        """The daemon stops before it ended: end it now, replying why."""
+        ...
+
+
+Relay = Callable[["Session", Request], Relayed | None]
+"""Starts a request without a task when it can (None: it takes the task's way)."""
 
 _encoder: Final = msgspec.json.Encoder()
 _request_decoder: Final = msgspec.json.Decoder(Request)
@@ -69,6 +90,10 @@ class LineDispatcher(Protocol):
 
     async def run(self, caller: Caller, request: Request) -> bytes: ...
 
+    def relay(self, session: Session, request: Request) -> Relayed | None:
+        """Start ``request`` without a task, if it can be (see ``Relay``)."""
+        ...
+
     def opened(self, session: Session) -> None:
         """A connection began (a session the protocol may send messages to)."""
         ...
@@ -87,10 +112,18 @@ class Session(Protocol):
         """Cancel a request of this connection still running (no reply follows)."""
         ...
 
+    def finish(self, request_id: RequestId, line: bytes | None) -> None:
+        """A relayed request ended: its reply line (None: none is sent)."""
+        ...
+
 
 class Dispatcher:
     def __init__(
-        self, handlers: Mapping[str, Handler], *, on_error: ErrorHook | None = None
+        self,
+        handlers: Mapping[str, Handler],
+        *,
+        on_error: ErrorHook | None = None,
+        relay: Relay | None = None,
     ) -> None:
         missing = METHODS.keys() - handlers.keys()
         if missing:
@@ -103,6 +136,7 @@ class Dispatcher:
             for name, spec in METHODS.items()
         }
         self._on_error = on_error
+        self._relay = relay
 
     def parse(self, line: bytes) -> Request | bytes:
         """The request on one line, or the error reply to send for it at once.
@@ -115,6 +149,16 @@ class Dispatcher:
         """A notification: this API takes none (every method has an effect or
         an answer, so one without an id is dropped by the server)."""
         return False
+
+    def relay(self, session: Session, request: Request) -> Relayed | None:
+        """A warm ``tools/call`` the caller may make, relayed without a task."""
+        if (
+            self._relay is None
+            or request.method != "tools/call"
+            or not method_allowed(session.caller, "tools/call")
+        ):
+            return None
+        return self._relay(session, request)
 
     def opened(self, session: Session) -> None:
         """This API sends nothing unasked."""
@@ -148,19 +192,14 @@ class Dispatcher:
             log.exception("internal error handling a request (id %r)", request.id)
             error = InternalError("internal error")
         else:
-            return (
-                _encoder.encode(Reply(jsonrpc="2.0", id=request.id, result=result))
-                + b"\n"
-            )
+            return encode_result(request.id, result)
         if self._on_error is not None:
             await self._on_error(caller, request.method, params, error)
         return encode_error(request.id, error.to_wire())
 
 
-def encode_error(request_id: RequestId | None, error: ErrorObject) -> bytes:
-    return (
-        _encoder.encode(Reply[None](jsonrpc="2.0", id=request_id, error=error)) + b"\n"
-    )
+encode_result: Final = result_line
+encode_error: Final = error_line
 
 
 def parse_request(line: bytes) -> Request | bytes:

@@ -101,25 +101,16 @@ class Pipes:
             except OSError:  # e.g. ECONNRESET on a socket: as its end
                 return b""
 
-    def send_now(self, data: bytes) -> int:
-        """Write what fits now (a reply is written whole by ``send``)."""
+    @property
+    def replies(self) -> int:
+        """The descriptor replies are written to (-1 once closed)."""
+        return -1 if self._out is None else self._out
+
+    def send_now(self, data: bytes | bytearray) -> int:
+        """Write what fits now (the connection's outbox keeps the rest)."""
         if self._out is None:
             raise BrokenPipeError("the client's stdout is closed")
-        try:
-            return os.write(self._out, data)
-        except BlockingIOError:
-            return 0
-
-    async def send(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            written = self.send_now(bytes(view))
-            view = view[written:]
-            if view and self._out is not None:
-                try:
-                    await anyio.wait_writable(self._out)
-                except anyio.ClosedResourceError:
-                    raise BrokenPipeError("the client's stdout is closed") from None
+        return os.write(self._out, data)
 
     def gone(self) -> bool:
         """The client closed the end it reads replies from."""

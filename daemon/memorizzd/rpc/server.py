@@ -34,6 +34,7 @@ import socket
 import stat
 from collections.abc import Callable, Coroutine
 from contextlib import suppress
+from functools import partial
 from typing import Any, Final
 
 import anyio
@@ -50,9 +51,9 @@ from memorizzd import calllife
 from memorizzd.caller import Caller
 from memorizzd.calllife import CallLife
 from memorizzd.config import Limits
-from memorizzd.loop import TaskSet, now
+from memorizzd.loop import Inbox, Outbox, TaskSet, now
 from memorizzd.rpc.authority import SocketRule
-from memorizzd.rpc.dispatch import LineDispatcher, encode_error
+from memorizzd.rpc.dispatch import LineDispatcher, Relayed, encode_error
 from memorizzd.rpc.handoff import (
     ANCILLARY_SPACE,
     HANDOFF_ACK,
@@ -344,9 +345,11 @@ def _refuse(raw: socket.socket, error: RemoteError) -> None:
 
 
 class _Connection:
-    """One client: a reader that admits each line and runs it in its own task,
-    and replies written whole, one at a time. The per-request path avoids
-    needless trips through the event loop (it is the hot path of every call)."""
+    """One client: a reader that admits each line and runs it in its own task
+    (or relays it with none: ``Dispatcher.relay``), and replies put whole in
+    one outbox (``loop.Outbox``), so they never interleave. The per-request
+    path avoids needless trips through the event loop (it is the hot path of
+    every call)."""
 
     def __init__(
         self,
@@ -372,12 +375,15 @@ class _Connection:
         self.last_activity = anyio.current_time()
         self.in_flight = 0
         self.lives: dict[RequestId, CallLife] = {}
-        """This connection's requests in flight, by id (a second id is refused)."""
-        self.unsent = 0
-        """Bytes of replies computed but not yet written."""
+        """This connection's requests in flight in tasks, by id."""
+        self.relayed: dict[RequestId, Relayed] = {}
+        """Its requests in flight without a task (``Dispatcher.relay``); an id
+        in either is refused until it is answered."""
+        self.inbox: Inbox | None = None
+        """The client's bytes, read as they come (once the bridge's offer is over)."""
+        self.outbox = Outbox(raw.fileno(), raw.send)
+        """Reply lines not yet written (the client reads them at its pace)."""
         self.room = anyio.Event()
-        self.send_lock = anyio.Lock()
-        self.writing_since: float | None = None
         self.broken = False
         self.notifications = 0
         self.notification_log = _Every()
@@ -391,9 +397,18 @@ class _Connection:
         """A message the protocol sends unasked (the MCP face's notifications)."""
         await self._send(line)
 
+    def finish(self, request_id: RequestId, line: bytes | None) -> None:
+        """A relayed request ended (``Dispatcher.relay``): its reply, if any."""
+        if line is not None:
+            self._put(line)
+        del self.relayed[request_id]
+        self.in_flight -= 1
+        self.server._track(-1)
+        self.room.set()
+
     def cancel(self, request_id: RequestId) -> None:
         """The client asked to stop one of its requests (unknown ids: nothing)."""
-        life = self.lives.get(request_id)
+        life = self.lives.get(request_id) or self.relayed.get(request_id)
         if life is not None:
             life.cancel()
 
@@ -403,6 +418,9 @@ class _Connection:
             await self._serve()
         finally:
             self.dispatcher.closed(self)
+            if self.inbox is not None:
+                self.inbox.close()
+            self.outbox.close()
             close_all(self.offered)
             if self.pipes is not None:
                 self.pipes.close()
@@ -418,7 +436,23 @@ class _Connection:
                 elif ended == "eof" and self.in_flight:
                     tg.start_soon(self._watch_hangup)
             finally:
-                await calls.join()
+                try:
+                    await calls.join()
+                    while self.relayed:  # no task to join: they finish()
+                        self.room = anyio.Event()
+                        await self.room.wait()
+                except BaseException:  # the drain ran out: say why, as tasks do
+                    for relayed in list(self.relayed.values()):
+                        relayed.shut_down()
+                    with (
+                        anyio.CancelScope(shield=True),
+                        anyio.move_on_after(1),
+                        suppress(OSError),
+                    ):
+                        await self.outbox.drained()
+                    raise
+            with suppress(OSError):  # the last replies, within the write timeout
+                await self.outbox.drained()
             tg.cancel_scope.cancel()
 
     def _client_gone(self) -> None:
@@ -426,6 +460,8 @@ class _Connection:
         self.broken = True
         for life in list(self.lives.values()):
             life.client_gone()
+        for relayed in list(self.relayed.values()):
+            relayed.client_gone()
 
     async def _watch_hangup(self) -> None:
         """After EOF: a half-closed client still reads its replies; one that
@@ -500,15 +536,11 @@ class _Connection:
             raise anyio.EndOfStream
         if self.offering:
             return await self._receive_offer()
-        while True:
-            try:
-                data = self.raw.recv(_READ)
-            except BlockingIOError:
-                await anyio.wait_readable(self.raw)
-                continue
-            if not data:
-                raise anyio.EndOfStream
+        if self.inbox is None:
+            self.inbox = Inbox(self.raw.fileno(), partial(self.raw.recv, _READ))
+        if data := await self.inbox.receive():
             return data
+        raise anyio.EndOfStream
 
     async def _receive_offer(self) -> bytes:
         """``_receive``, taking the descriptors a bridge may send along."""
@@ -551,6 +583,8 @@ class _Connection:
             return True
         await self._send(HANDOFF_ACK)  # on the socket; from now on, the pipes
         self.pipes = pipes
+        self.outbox.close()
+        self.outbox = Outbox(pipes.replies, pipes.send_now)
         return True
 
     async def _admit(self, line: bytes, calls: TaskSet) -> None:
@@ -558,9 +592,12 @@ class _Connection:
 
         Past the connection's limits (requests pending, reply bytes unsent)
         this waits, and so the connection is not read: that is the push-back."""
-        while self.in_flight >= self.max_in_flight or self.unsent > MAX_UNSENT_BYTES:
+        while self.in_flight >= self.max_in_flight:
             self.room = anyio.Event()
             await self.room.wait()
+        if self.outbox.kept > MAX_UNSENT_BYTES:
+            with suppress(OSError):
+                await self.outbox.drained()
         if self.broken:
             return
         parsed = self.dispatcher.parse(line)
@@ -571,7 +608,7 @@ class _Connection:
             if not self.dispatcher.notified(self, parsed):
                 self._drop_notification(parsed)
             return
-        if parsed.id in self.lives:
+        if parsed.id in self.lives or parsed.id in self.relayed:
             duplicate = InvalidRequestError(
                 f"request id {parsed.id!r} is already in flight on this connection;"
                 " ids must be unique among a connection's pending requests"
@@ -592,6 +629,10 @@ class _Connection:
             return
         self.in_flight += 1
         server._track(+1)
+        relayed = self.dispatcher.relay(self, parsed)
+        if relayed is not None:  # no task: it ends with finish()
+            self.relayed[parsed.id] = relayed
+            return
         life = self.lives[parsed.id] = CallLife(
             parsed.method, send=self._send, session=self
         )
@@ -627,11 +668,7 @@ class _Connection:
                 reply = await self.dispatcher.run(self.caller, request)
             if life.aborted:
                 return  # its client left; nobody reads the reply
-            self.unsent += len(reply)
-            try:
-                await self._send(reply)
-            finally:
-                self.unsent -= len(reply)
+            await self._send(reply)
         except anyio.get_cancelled_exc_class():
             # The drain timed out: say so instead of going silent.
             error = UnavailableError(
@@ -647,39 +684,30 @@ class _Connection:
             self.room.set()
 
     async def _send(self, data: bytes) -> None:
-        """Write one whole reply. A client that stops reading is cut off by
-        ``_watch_writes``, never left with half a line followed by another."""
+        """Write one whole reply, and wait until the client has taken it. A
+        client that stops reading is cut off by ``_watch``; a line is never
+        split by another, nor left half written for another to follow."""
+        if self._put(data) and self.outbox.kept:
+            try:
+                await self.outbox.drained()
+            except OSError:
+                self._broke()
+
+    def _put(self, data: bytes) -> bool:
+        """Put one whole line in the outbox (False: the client is gone)."""
+        if self.broken:
+            return False
         try:
-            self.send_lock.acquire_nowait()
-        except anyio.WouldBlock:
-            await self.send_lock.acquire()
-        try:
-            if self.broken:
-                return
-            self.writing_since = now()
-            pipes = self.pipes
-            try:  # at once when the socket has room (nearly always)
-                sent = self.raw.send(data) if pipes is None else pipes.send_now(data)
-            except BlockingIOError:
-                sent = 0
-            if sent < len(data):  # the rest as the client reads it
-                try:
-                    if pipes is None:
-                        await self.stream.send(data[sent:])
-                    else:
-                        await pipes.send(data[sent:])
-                except anyio.get_cancelled_exc_class():
-                    # Half a line is out (an unasked message given up on): the
-                    # framing is lost for this client, so it is cut off.
-                    self._shut()
-                    raise
-            self.last_activity = now()
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            self.broken = True  # the client went away; its replies have nowhere to go
-            self.room.set()
-        finally:
-            self.writing_since = None
-            self.send_lock.release()
+            self.outbox.put(data)
+        except OSError:
+            self._broke()
+            return False
+        self.last_activity = now()
+        return True
+
+    def _broke(self) -> None:
+        self.broken = True  # the client went away; its replies have nowhere to go
+        self.room.set()
 
     async def _watch(self) -> None:
         """Cut off a client that does not read its replies, and close a
@@ -690,7 +718,7 @@ class _Connection:
         while True:
             await anyio.sleep(period)
             now = anyio.current_time()
-            started = self.writing_since
+            started = self.outbox.since
             if started is not None and now - started > self.write_timeout_s:
                 log.warning(
                     "pid %d has not read its replies for %.0f s; closing its connection",
@@ -716,16 +744,15 @@ class _Connection:
             " (no request was lost: reconnect to go on)",
             reason="idle_timeout",
         )
-        line = encode_error(None, error.to_wire())
         with suppress(OSError):
-            if self.pipes is None:
-                self.raw.send(line, socket.MSG_DONTWAIT)
-            else:
-                self.pipes.send_now(line)
+            self.outbox.put(encode_error(None, error.to_wire()))  # nothing is kept
         self._shut()
 
     def _shut(self) -> None:
         self.broken = True
+        self.outbox.close()
+        if self.inbox is not None:
+            self.inbox.close()
         with suppress(OSError):
             self.raw.shutdown(socket.SHUT_RDWR)
         if self.pipes is not None:

@@ -32,6 +32,8 @@ from memorizzd.store import Store
 from memorizzd.upstream.connection import Connection, ProgressHandler, ToolResult
 from memorizzd.upstream.diagnostics import diagnose
 from memorizzd.upstream.errors import ConnectionLost, SessionExpired
+from memorizzd.upstream.jsonrpc import JsonRpcSession
+from memorizzd.upstream.replicas import ReplicaSet
 from memorizzd.upstream.retry import LOST_SENDS, RetryBudget, busy_wait, lost_wait
 from memorizzd.upstream.supervisor import Supervisor
 from memorizzd.upstream.tools import ToolsListener, listed
@@ -42,6 +44,10 @@ log = logging.getLogger("memorizzd.upstream")
 T = TypeVar("T")
 PROBE_TIMEOUT_S: Final = 10.0
 LATENCY_WINDOW: Final = 1024
+
+
+def _nothing() -> None:
+    pass
 
 
 class Upstream(Supervisor):
@@ -165,19 +171,14 @@ class Upstream(Supervisor):
                     async with deadline_at(deadline):
                         result = await op(client)
                 except ConnectionLost as exc:
-                    if self._client is client:
-                        self._mark_dead(str(exc))
                     attempt += 1
                     # Sent again on the new session: a safe request, or any
                     # request the server did not run, once (retry.py).
                     unrun = isinstance(exc, SessionExpired) and not resent
                     resent = resent or unrun
+                    lost = self.lost(client, str(exc), safe=safe)
                     if not (safe or unrun) or attempt == LOST_SENDS:
-                        raise UnavailableError(
-                            f"server {self.name!r}: connection lost during the request"
-                            + ("" if safe else " (it may have run; not sent again)"),
-                            data={"server": self.name, "retry_after_s": 0.5},
-                        ) from None
+                        raise lost from None
                     await anyio.sleep(lost_wait(attempt))
                     continue
                 except UnavailableError as exc:
@@ -207,23 +208,79 @@ class Upstream(Supervisor):
                         raise
                     auth_retried = True
                     continue
-                self._last_ok = now()
-                self._budget.succeeded()
+                self.answered()
                 ok = failed is None or not failed(result)
                 return result
         except TimeoutError:
-            raise DeadlineExceededError(
-                f"{self.name}: no answer within {timeout_s:.3g} s",
-                data={"server": self.name, "timeout_s": round(timeout_s, 3)},
-            ) from None
+            raise self.no_answer(timeout_s) from None
         finally:
-            self.in_flight -= 1
             if sent:  # requests refused before reaching the server are not stats
-                self._latencies.append(time.perf_counter() - started)
-                if ok:
-                    self.calls_ok += 1
-                else:
-                    self.calls_failed += 1
+                self.request_ended(started, ok=ok)
+            else:
+                self.in_flight -= 1
+
+    # --- the warm relay's side of ``request`` (``memorizzd.relay``) ----------
+
+    def warm_session(
+        self,
+    ) -> tuple[JsonRpcSession, Callable[[], None], Connection] | None:
+        """The stdio session a call may be put on now, with nothing to wait
+        for, check or retry first, what to call once it has ended, and the
+        connection it belongs to (for ``lost``); None: the call takes
+        ``request``'s way. The caller counts it (``request_began``)."""
+        client = self._client
+        if (
+            client is None
+            or self._checking is not None
+            or (self.keeper is not None and not self.keeper.logged_in)
+            or self.in_flight >= self._config.max_in_flight_per_server
+        ):
+            return None
+        if isinstance(client, JsonRpcSession):
+            return client, _nothing, client
+        if isinstance(client, ReplicaSet):
+            return (*client.take(), client)
+        return None
+
+    def request_began(self) -> float:
+        """A request was sent (its start, for ``request_ended``)."""
+        self.in_flight += 1
+        return time.perf_counter()
+
+    def request_ended(self, started: float, *, ok: bool) -> None:
+        """A sent request ended: ``ok``, a result (not an error, not a tool error)."""
+        self.in_flight -= 1
+        self._latencies.append(time.perf_counter() - started)
+        if ok:
+            self.calls_ok += 1
+        else:
+            self.calls_failed += 1
+
+    def lost(
+        self, client: Connection, reason: str, *, safe: bool = False
+    ) -> UnavailableError:
+        """The session ``client`` ended during a request: marked dead (if it
+        is still the session), and the error its caller gets."""
+        if self._client is client:
+            self._mark_dead(reason)
+        return UnavailableError(
+            f"server {self.name!r}: connection lost during the request"
+            + ("" if safe else " (it may have run; not sent again)"),
+            data={"server": self.name, "retry_after_s": 0.5},
+        )
+
+    def no_answer(self, timeout_s: float) -> DeadlineExceededError:
+        """A request's deadline passed (the health loop probes the session)."""
+        self._suspect()
+        return DeadlineExceededError(
+            f"{self.name}: no answer within {timeout_s:.3g} s",
+            data={"server": self.name, "timeout_s": round(timeout_s, 3)},
+        )
+
+    def answered(self) -> None:
+        """The server answered a request (its session works)."""
+        self._last_ok = now()
+        self._budget.succeeded()
 
     def _busy_wait(
         self, exc: UnavailableError, deadline: float, sends: int, repeatable: bool

@@ -36,9 +36,9 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
-from typing import Any, Final, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
 import anyio
 import anyio.abc
@@ -118,6 +118,10 @@ class _Message(msgspec.Struct):
     error: _Error | None = None
 
 
+Message = _Message
+"""One JSON-RPC message as the server wrote it (``result`` unread)."""
+
+
 class _Info(msgspec.Struct):
     name: str | None = None
     version: str | None = None
@@ -166,11 +170,33 @@ _encode = msgspec.json.Encoder().encode
 
 
 class _Waiter:
+    """A task waiting for the answer to one request."""
+
     __slots__ = ("done", "message")
 
     def __init__(self) -> None:
         self.done = Signal()
         self.message: _Message | None = None
+
+    def deliver(self, message: _Message | None) -> None:
+        """The answer (None: the session ended first)."""
+        self.message = message
+        self.done.set()
+
+
+class AsksFirst(Exception):
+    """A 2026-07-28 server answered a call by asking its caller first."""
+
+    def __init__(self, asked: InputRequired) -> None:
+        super().__init__("input required")
+        self.asked = asked
+
+
+class Answered(Protocol):
+    """Whoever waits for one request's answer (a task's ``_Waiter``, or the
+    warm relay's call, ``memorizzd.relay``, which has no task)."""
+
+    def deliver(self, message: _Message | None) -> None: ...
 
 
 class JsonRpcSession:
@@ -190,7 +216,7 @@ class JsonRpcSession:
         self._roots = roots
         """The server's configured roots (declared in the handshake era)."""
         self._ids = itertools.count(1)
-        self._waiting: dict[int | str, _Waiter] = {}
+        self._waiting: dict[int | str, Answered] = {}
         self._closed: str | None = None
         """Why the session ended (None while it lives)."""
         self._meta: bytes = b""
@@ -222,6 +248,78 @@ class JsonRpcSession:
             return await self._call_tool(name, arguments, progress, call)
         finally:
             self._in_flight.leave(key)
+
+    def start_call(
+        self, name: str, arguments: bytes, waiter: Answered
+    ) -> tuple[int, int, Call] | None:
+        """Send ``tools/call`` now, its answer to ``waiter`` (from the reader,
+        no task): the warm relay's way (``memorizzd.relay``). Returns the
+        request's id, and its key and entry among the calls in flight (for the
+        server's requests of a caller; ``end_call`` when it is over). None when
+        it cannot be sent that way now (the session ended, or the server is not
+        reading its stdin); the call then takes ``call_tool``'s way."""
+        if self._closed is not None or not self._pipes.has_room():
+            return None
+        rid = next(self._ids)
+        line = (
+            b'{"jsonrpc":"2.0","id":'
+            + _encode(rid)
+            + b',"method":"tools/call","params":{"name":'
+            + _encode(name)
+            + b',"arguments":'
+            + arguments
+            + self._meta
+            + b"}}\n"
+        )
+        try:
+            self._pipes.write_now(line)
+        except ConnectionLost:
+            return None
+        self._waiting[rid] = waiter
+        key, call = self._in_flight.enter()
+        return rid, key, call
+
+    def end_call(self, key: int) -> None:
+        """A call ``start_call`` began is over."""
+        self._in_flight.leave(key)
+
+    def forget(self, rid: int) -> bool:
+        """Stop waiting for ``rid`` and tell the server so (no task: the
+        notification is put in the pipe). False: it was answered already."""
+        if self._waiting.pop(rid, None) is None:
+            return False
+        note = {
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": {"requestId": rid, "reason": "the caller stopped waiting"},
+        }
+        with suppress(ConnectionLost):
+            self._pipes.write_now(_encode(note) + b"\n")
+        return True
+
+    def result_of(self, message: _Message | None) -> ToolResult:
+        """A ``tools/call`` answer as ``call_tool`` returns it, or its error raised
+        (``AsksFirst``: a 2026-07-28 server asks first, see ``input_rounds``)."""
+        if message is None:
+            raise ConnectionLost(self._why())
+        if message.error is not None:
+            error = message.error
+            raise rpc_error(error.code, error.message, error.data, server=self._server)
+        raw = message.result
+        if raw is None:
+            raise UpstreamError(
+                f"{self._server}: an answer with neither result nor error"
+            )
+        try:
+            shape = _decode_shape(raw)
+        except msgspec.ValidationError as exc:
+            if (asked := input_required(raw)) is not None:
+                raise AsksFirst(asked) from None
+            raise UpstreamError(
+                f"{self._server}: the server sent a malformed tool result ({exc})",
+                data={"server": self._server},
+            ) from None
+        return ToolResult(raw, shape.is_error)
 
     def _logs(self, call: Call) -> bytes:
         """The ``_meta`` member with the caller's log level added, when it
@@ -260,14 +358,14 @@ class JsonRpcSession:
             shape = _decode_shape(raw)
         except msgspec.ValidationError as exc:
             if (asked := input_required(raw)) is not None:  # 2026-07-28 asks
-                return await self._input_rounds(name, arguments, call, asked)
+                return await self.input_rounds(name, arguments, call, asked)
             raise UpstreamError(
                 f"{self._server}: the server sent a malformed tool result ({exc})",
                 data={"server": self._server},
             ) from None
         return ToolResult(raw, shape.is_error)
 
-    async def _input_rounds(
+    async def input_rounds(
         self, name: str, arguments: bytes, call: Call, asked: InputRequired
     ) -> ToolResult:
         """A 2026-07-28 server asked for input instead of a result: its
@@ -601,8 +699,7 @@ class JsonRpcSession:
         waiter = self._waiting.pop(message.id, None)
         if waiter is None:
             return  # abandoned, or not ours
-        waiter.message = message
-        waiter.done.set()
+        waiter.deliver(message)
 
     async def _progressed(self, params: msgspec.Raw) -> None:
         """A call's progress, to whoever asked for it (a slow one is skipped)."""
@@ -672,7 +769,7 @@ class JsonRpcSession:
             self._closed = reason
         waiting, self._waiting = self._waiting, {}
         for waiter in waiting.values():
-            waiter.done.set()  # message None: ConnectionLost
+            waiter.deliver(None)  # ConnectionLost
         self.ended.set()
 
 

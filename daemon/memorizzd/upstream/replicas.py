@@ -55,6 +55,17 @@ class ReplicaSet:
         finally:
             busy[at] -= 1
 
+    def take(self) -> tuple[JsonRpcSession, Callable[[], None]]:
+        """The least busy replica for one request, and what to call when it ends."""
+        busy = self._busy
+        at = busy.index(min(busy))
+        busy[at] += 1
+
+        def release() -> None:
+            busy[at] -= 1
+
+        return self._sessions[at], release
+
     def declares(self, capability: str) -> bool:
         return self._sessions[0].declares(capability)
 

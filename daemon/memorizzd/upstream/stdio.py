@@ -27,14 +27,14 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
 from typing import Final
 
 import anyio
-import anyio.abc
 
 from memorizzd.egress.oversize import OversizeMessage
+from memorizzd.loop import Inbox, Outbox
 from memorizzd.upstream.errors import ConnectionLost
 
 log = logging.getLogger("memorizzd.upstream.stdio")
@@ -88,62 +88,129 @@ class StdioPipes:
     ``lines()`` yields each non-blank stdout line (without its newline), read
     in the task that iterates (no hop through another task), and for a line
     over the cap that answers one of our requests, the error reply in its
-    place; it ends when stdout closes. ``send`` writes one message (its bytes
-    end with a newline) whole, even when callers send concurrently.
+    place; it ends when stdout closes. ``write_now`` puts one message (its
+    bytes end with a newline) whole into the child's stdin without waiting
+    (``loop.Outbox``: the rest is written as the pipe takes it), so a call
+    may be relayed from a callback; ``send`` also waits until it is written.
     """
 
     def __init__(
-        self,
-        name: str,
-        stdout: anyio.abc.ByteReceiveStream,
-        stdin: anyio.abc.ByteSendStream,
-        max_message_bytes: int,
+        self, name: str, stdout: int, stdin: int, max_message_bytes: int
     ) -> None:
         self._name = name
-        self._stdout = stdout
-        self._stdin = stdin
+        self._stdout = Inbox(stdout)
+        self._stdin_fd: int | None = stdin
+        self._stdin = Outbox(stdin)
         self._max = max_message_bytes
-        self._lock = anyio.Lock(fast_acquire=True)  # no yield when free
+
+    def write_now(self, data: bytes) -> None:
+        try:
+            self._stdin.put(data)
+        except OSError:
+            raise ConnectionLost("the server's stdin is closed") from None
+
+    def has_room(self) -> bool:
+        """Whether the child is keeping up (little is waiting for its stdin)."""
+        return self._stdin.kept < _CHUNK
 
     async def send(self, data: bytes) -> None:
+        self.write_now(data)
         try:
-            async with self._lock:
-                await self._stdin.send(data)
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
+            await self._stdin.drained()
+        except OSError:
             raise ConnectionLost("the server's stdin is closed") from None
+
+    def close_stdout(self) -> None:
+        """Stop reading the child's stdout (``lines`` ends)."""
+        self._stdout.close()
+
+    def close_stdin(self) -> None:
+        """The child reads EOF (what was not written yet is dropped)."""
+        self._stdin.close()
+        fd, self._stdin_fd = self._stdin_fd, None
+        if fd is not None:
+            _close_fd(fd)
 
     async def lines(self) -> AsyncIterator[bytes]:
         buffer = bytearray()
         oversize: OversizeMessage | None = None  # the oversize line being dropped
         limit = self._max
-        try:
-            async for chunk in self._stdout:
-                start = 0
-                while True:
-                    end = chunk.find(b"\n", start)
-                    piece = chunk[start:] if end < 0 else chunk[start:end]
-                    if oversize is not None:
-                        oversize.feed(piece)
-                    else:
-                        buffer += piece
-                        if len(buffer) > limit:
-                            oversize = OversizeMessage(limit)
-                            oversize.feed(bytes(buffer))
-                            buffer.clear()
-                    if oversize is not None and (reply := oversize.take_reply()):
-                        yield reply
-                    if end < 0:
-                        break
-                    if oversize is not None:
-                        log.warning("%s: %s", self._name, oversize.outcome())
-                        oversize = None
-                    elif buffer.strip():
-                        yield bytes(buffer)
-                    buffer.clear()
-                    start = end + 1
-        except (anyio.ClosedResourceError, anyio.BrokenResourceError, OSError):
-            pass
+        while chunk := await self._receive():
+            start = 0
+            while True:
+                end = chunk.find(b"\n", start)
+                piece = chunk[start:] if end < 0 else chunk[start:end]
+                if oversize is not None:
+                    oversize.feed(piece)
+                else:
+                    buffer += piece
+                    if len(buffer) > limit:
+                        oversize = OversizeMessage(limit)
+                        oversize.feed(bytes(buffer))
+                        buffer.clear()
+                if oversize is not None and (reply := oversize.take_reply()):
+                    yield reply
+                if end < 0:
+                    break
+                if oversize is not None:
+                    log.warning("%s: %s", self._name, oversize.outcome())
+                    oversize = None
+                elif buffer.strip():
+                    yield bytes(buffer)
+                buffer.clear()
+                start = end + 1
         log.debug("%s: stdout closed", self._name)
+
+    async def _receive(self) -> bytes:
+        try:
+            return await self._stdout.receive()
+        except OSError:
+            return b""
+
+
+async def _read_some(fd: int) -> bytes:
+    """The pipe's next bytes, once there are any; b"" at EOF or once it is closed."""
+    while True:
+        try:
+            return os.read(fd, _CHUNK)
+        except BlockingIOError:
+            try:
+                await anyio.wait_readable(fd)
+            except anyio.ClosedResourceError:
+                return b""
+        except OSError:
+            return b""
+
+
+def _spawn(
+    argv: list[str], env: dict[str, str], cwd: str | None
+) -> tuple[subprocess.Popen[bytes], int, int, int]:
+    """The child, in a session of its own, and our ends of its pipes (non-blocking)."""
+    process = subprocess.Popen(  # noqa: S603 - argv resolved, no shell
+        argv,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
+    pipes = (process.stdin, process.stdout, process.stderr)
+    fds = []
+    for pipe in pipes:
+        assert pipe is not None  # noqa: S101 - asked for above
+        fd = os.dup(pipe.fileno())
+        pipe.close()
+        os.set_blocking(fd, False)
+        fds.append(fd)
+    process.stdin = process.stdout = process.stderr = None
+    return process, fds[0], fds[1], fds[2]
+
+
+def _close_fd(fd: int) -> None:
+    anyio.notify_closing(fd)  # a task waiting on it wakes (ClosedResourceError)
+    with suppress(OSError):
+        os.close(fd)
 
 
 @asynccontextmanager
@@ -158,19 +225,8 @@ async def stdio_pipes(
     executable = shutil.which(argv[0], path=env.get("PATH"))
     if executable is None:
         raise FileNotFoundError(errno.ENOENT, "executable not found", argv[0])
-    process = await anyio.open_process(
-        [executable, *argv[1:]],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=env,
-        cwd=cwd,
-        start_new_session=True,
-    )
+    process, stdin, stdout, stderr = _spawn([executable, *argv[1:]], env, cwd)
     process_info.pid = process.pid
-    stdin, stdout, stderr = process.stdin, process.stdout, process.stderr
-    if stdin is None or stdout is None or stderr is None:  # pragma: no cover
-        raise RuntimeError("the child was spawned without pipes")
     name = process_info.name
     log.info("%s: started pid %d: %s", name, process.pid, argv[0])
 
@@ -196,70 +252,66 @@ async def stdio_pipes(
             else:
                 dropped += 1
 
-        try:
+        while True:
+            # Lines were dropped in this second: say so when it ends, even
+            # if the server falls silent (not only at its next line or exit).
+            deadline = window_start + 1.0 if dropped else math.inf
+            with anyio.move_on_at(deadline) as waited:
+                chunk = await _read_some(stderr)
+            if waited.cancelled_caught:
+                new_window(anyio.current_time())
+                continue
+            if not chunk:
+                break
+            buffer += chunk
             while True:
-                # Lines were dropped in this second: say so when it ends, even
-                # if the server falls silent (not only at its next line or exit).
-                deadline = window_start + 1.0 if dropped else math.inf
-                with anyio.move_on_at(deadline) as waited:
-                    chunk = await stderr.receive()
-                if waited.cancelled_caught:
-                    new_window(anyio.current_time())
-                    continue
-                buffer += chunk
-                while True:
-                    end = buffer.find(b"\n")
-                    if end < 0:
-                        if len(buffer) > STDERR_LINE_MAX:
-                            if not skipping:
-                                emit(_line(buffer[:STDERR_LINE_MAX]) + " [truncated]")
-                            skipping = True
-                            buffer.clear()
-                        break
-                    if not skipping:
-                        text = _line(buffer[: min(end, STDERR_LINE_MAX)])
-                        emit(text + (" [truncated]" if end > STDERR_LINE_MAX else ""))
-                    skipping = False
-                    del buffer[: end + 1]
-        except (
-            anyio.EndOfStream,
-            anyio.ClosedResourceError,
-            anyio.BrokenResourceError,
-            OSError,
-        ):
-            pass
+                end = buffer.find(b"\n")
+                if end < 0:
+                    if len(buffer) > STDERR_LINE_MAX:
+                        if not skipping:
+                            emit(_line(buffer[:STDERR_LINE_MAX]) + " [truncated]")
+                        skipping = True
+                        buffer.clear()
+                    break
+                if not skipping:
+                    text = _line(buffer[: min(end, STDERR_LINE_MAX)])
+                    emit(text + (" [truncated]" if end > STDERR_LINE_MAX else ""))
+                skipping = False
+                del buffer[: end + 1]
         if dropped:
             stderr_log.warning("%s: %d stderr lines not logged", name, dropped)
 
     async def watch_exit() -> None:
-        # Not process.wait(): on asyncio it also waits for pipe EOF, which a
-        # descendant holding the pipe can delay forever.
-        while process.returncode is None:  # noqa: ASYNC110 - nothing to wait on
+        # Polled: a descendant holding the pipes must not delay noticing the exit.
+        while process.poll() is None:  # noqa: ASYNC110 - nothing to wait on
             await anyio.sleep(0.2)
         process_info.returncode = process.returncode
         process_info.exited.set()
 
+    pipes = StdioPipes(name, stdout, stdin, max_message_bytes)
     try:
         async with anyio.create_task_group() as tg:
             tg.start_soon(read_stderr)
             tg.start_soon(watch_exit)
             try:
-                yield StdioPipes(name, stdout, stdin, max_message_bytes)
+                yield pipes
             finally:
                 with anyio.CancelScope(shield=True):
-                    await _stop(process, name)
+                    await _stop(process, pipes, name)
                 tg.cancel_scope.cancel()
     finally:
-        process_info.returncode = process.returncode
+        pipes.close_stdin()
+        pipes.close_stdout()
+        for fd in (stdout, stderr):
+            _close_fd(fd)
+        process_info.returncode = process.poll()
         process_info.exited.set()
 
 
-async def _stop(process: anyio.abc.Process, name: str) -> None:
+async def _stop(process: subprocess.Popen[bytes], pipes: StdioPipes, name: str) -> None:
     """Close stdin, wait, SIGTERM, wait, SIGKILL; always kill the group last."""
     pgid = process.pid  # start_new_session: the child leads its own group
-    if process.stdin is not None:
-        with suppress(OSError, anyio.BrokenResourceError, anyio.ClosedResourceError):
-            await process.stdin.aclose()
+    pipes.close_stdin()
     if not await _wait_exit(process, EXIT_GRACE_S):
         _killpg(pgid, signal.SIGTERM)
         _killpg(pgid, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
@@ -268,32 +320,16 @@ async def _stop(process: anyio.abc.Process, name: str) -> None:
     _killpg(pgid, signal.SIGKILL)  # the leader and any descendant left in the group
     if not await _wait_exit(process, TERM_GRACE_S):
         log.error("%s: pid %d survived SIGKILL", name, process.pid)
-    for pipe in (process.stdout, process.stderr):
-        if pipe is not None:
-            with suppress(
-                OSError, anyio.BrokenResourceError, anyio.ClosedResourceError
-            ):
-                await pipe.aclose()
-    _close_transport(process)
     log.info("%s: pid %d exited (%s)", name, process.pid, process.returncode)
 
 
-async def _wait_exit(process: anyio.abc.Process, grace_s: float) -> bool:
+async def _wait_exit(process: subprocess.Popen[bytes], grace_s: float) -> bool:
     with anyio.move_on_after(grace_s):
-        while process.returncode is None:  # noqa: ASYNC110 - polled, see watch_exit
+        while process.poll() is None:  # noqa: ASYNC110 - polled, see watch_exit
             await anyio.sleep(0.01)
-    return process.returncode is not None
+    return process.poll() is not None
 
 
 def _killpg(pgid: int, sig: signal.Signals) -> None:
     with suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-
-
-def _close_transport(process: anyio.abc.Process) -> None:
-    """Close asyncio's subprocess transport (it warns at GC while a pipe lingers)."""
-    transport = getattr(getattr(process, "_process", None), "_transport", None)
-    close: Callable[[], None] | None = getattr(transport, "close", None)
-    if callable(close):
-        with suppress(PermissionError):
-            close()
