@@ -49,6 +49,23 @@ def call_later(delay: float, callback: Callable[[], object]) -> Callable[[], Non
     return asyncio.get_running_loop().call_later(delay, callback).cancel
 
 
+class Clock:
+    """``now`` and ``call_later`` of the loop running where it is made, kept:
+    finding the running loop costs a system call (``getpid``) on every use,
+    and a warm call would ask for it several times."""
+
+    __slots__ = ("_loop", "now")
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.now: Callable[[], float] = self._loop.time
+
+    def call_later(
+        self, delay: float, callback: Callable[[], object]
+    ) -> Callable[[], None]:
+        return self._loop.call_later(delay, callback).cancel
+
+
 class Signal:
     """A one-shot event for one waiter (the cheap kind: a loop future).
 

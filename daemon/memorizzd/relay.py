@@ -38,7 +38,7 @@ from memorizzd.audit import CallArguments, outcome_for
 from memorizzd.caller import Caller
 from memorizzd.calllife import declared_by
 from memorizzd.calls import Calls
-from memorizzd.loop import TaskSet, call_later, deadline_at, now
+from memorizzd.loop import Clock, TaskSet, deadline_at, now
 from memorizzd.telemetry import tracing
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.asks import Call, InputRequired
@@ -65,6 +65,7 @@ class WarmRelay:
 
     def __init__(self, calls: Calls) -> None:
         self._calls = calls
+        self._clock = Clock()
         self._rounds = TaskSet()
         """Calls whose server asked its caller first (rare: they go on in a task)."""
 
@@ -180,7 +181,7 @@ class _Relayed:
         self._connection = connection
         self._sent = self.upstream.request_began()
         self.relay._calls.began()
-        self._cancel_timer = call_later(self.timeout_s, self._expire)
+        self._cancel_timer = self.relay._clock.call_later(self.timeout_s, self._expire)
 
     # --- how it ends -----------------------------------------------------------
 

@@ -51,7 +51,7 @@ from memorizzd import calllife
 from memorizzd.caller import Caller
 from memorizzd.calllife import CallLife
 from memorizzd.config import Limits
-from memorizzd.loop import Inbox, Outbox, TaskSet, now
+from memorizzd.loop import Clock, Inbox, Outbox, TaskSet
 from memorizzd.rpc.authority import SocketRule
 from memorizzd.rpc.dispatch import LineDispatcher, Relayed, encode_error
 from memorizzd.rpc.handoff import (
@@ -372,7 +372,8 @@ class _Connection:
             _WRITE_TIMEOUT_S if limits is None else limits.write_timeout_s
         )
         self.idle_timeout_s = None if limits is None else limits.idle_timeout_s
-        self.last_activity = anyio.current_time()
+        self.now = Clock().now
+        self.last_activity = self.now()
         self.in_flight = 0
         self.lives: dict[RequestId, CallLife] = {}
         """This connection's requests in flight in tasks, by id."""
@@ -510,7 +511,7 @@ class _Connection:
                         line = bytes(buffer[:end])
                         del buffer[: end + 1]
                         scanned = 0
-                        self.last_activity = now()
+                        self.last_activity = self.now()
                         if self.offering and await self._handoff(line, buffer):
                             continue
                         if line.strip():
@@ -702,7 +703,7 @@ class _Connection:
         except OSError:
             self._broke()
             return False
-        self.last_activity = now()
+        self.last_activity = self.now()
         return True
 
     def _broke(self) -> None:
