@@ -158,12 +158,11 @@ async def running_daemon(
                 vault=vault,
                 book=book,
             )
+            warm = WarmRelay(broker.tool_calls)
             dispatcher = AnsweringDispatcher(
-                broker.handlers(),
-                on_error=broker.on_error,
-                relay=WarmRelay(broker.tool_calls),
+                broker.handlers(), on_error=broker.on_error, relay=warm
             )
-            face = FaceDispatcher(broker)
+            face = FaceDispatcher(broker, warm)
             face_listeners.append(face)
             tasks = broker.tool_calls.tasks
 

@@ -79,7 +79,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from contextvars import ContextVar
 from functools import partial
 from typing import Any, Final, Literal, TypeVar, cast, get_args
@@ -102,6 +102,7 @@ from memorizzd import __version__, rounds
 from memorizzd.broker import Broker
 from memorizzd.caller import Caller
 from memorizzd.calllife import (
+    ASKED,
     client_asker,
     client_send,
     client_session,
@@ -110,6 +111,8 @@ from memorizzd.calllife import (
 )
 from memorizzd.calls import ProgressReport, progress_to_client
 from memorizzd.names import exposed_names
+from memorizzd.policy import ToolsView
+from memorizzd.relay import WarmRelay
 from memorizzd.rpc.answers import parse_line, take
 from memorizzd.rpc.dispatch import Relayed, Session, encode_error
 from memorizzd.telemetry import tracing
@@ -246,6 +249,9 @@ class _Call(msgspec.Struct):
     """2026-07-28: a retry with the answers to an input-required result."""
 
 
+_decode_call: Final = msgspec.json.Decoder(_Call).decode
+
+
 class _TaskRef(msgspec.Struct, rename="camel"):
     task_id: str
 
@@ -315,8 +321,10 @@ _ROUTE_CACHE_MAX: Final = 256
 class FaceDispatcher:
     """The MCP face's protocol on one socket (a ``rpc.dispatch.LineDispatcher``)."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: Broker, relay: WarmRelay | None = None) -> None:
         self._broker = broker
+        self._relay = relay
+        """Plain calls without a task (``relay.py``); None: every call in a task."""
         self._sessions: set[Session] = set()
         """The open connections of every face socket (told of list changes)."""
         self._levels: dict[Session, int] = {}
@@ -369,8 +377,55 @@ class FaceDispatcher:
         return self._scope_of(cast(Session, session))
 
     def relay(self, session: Session, request: Request) -> Relayed | None:
-        """Every face request runs in a task of its own."""
-        return None
+        """A plain ``tools/call``, relayed with no task (``relay.py``): one
+        that asks for no progress, no task, no log messages and no rounds, of
+        a client that answers no upstream request, to a tool the session's
+        warm listings name. Anything else runs in a task (``_tools_call``)."""
+        if (
+            self._relay is None
+            or request.method != "tools/call"
+            or request.id is None
+            or tracing.enabled
+            or session in self._levels
+        ):
+            return None
+        try:
+            call = _decode_call(request.params)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            return None
+        meta = call.meta
+        if (
+            call.task is not None
+            or call.request_state is not None
+            or call.name in _BUILTIN_NAMES
+            or (meta is not None and meta.progress_token is not None)
+        ):
+            return None
+        modern = _stamped(request.params)
+        can = (meta.client_capabilities if meta else None) if modern else None
+        if _answers_asks(can or {} if modern else self._clients.get(session, {})):
+            return None
+        route = self._warm_route(session, call.name)
+        if route is None:
+            return None
+        server, tool = route
+        return self._relay.start(
+            session,
+            request.id,
+            server,
+            tool,
+            call.arguments,
+            None,
+            shown=_completed_tool if modern else None,
+        )
+
+    def _warm_route(self, session: Session, name: str) -> tuple[str, str] | None:
+        """``_route`` from the warm listings only (None: one is cold)."""
+        upstreams = self._scope_of(session)
+        views = [(u.name, u.tools_view) for u in upstreams if u.connected]
+        if any(view is None for _, view in views):
+            return None
+        return self._routes_of(upstreams, views, session.caller).get(name)
 
     def opened(self, session: Session) -> None:
         self._sessions.add(session)
@@ -656,6 +711,15 @@ class FaceDispatcher:
         if any(view is None for _, view in views):
             routes, _ = await self._tools(caller)
             return routes.get(name)
+        return self._routes_of(upstreams, views, caller).get(name)
+
+    def _routes_of(
+        self,
+        upstreams: list[Upstream],
+        views: list[tuple[str, ToolsView | None]],
+        caller: Caller,
+    ) -> dict[str, tuple[str, str]]:
+        """The shown names of warm ``views``, remembered per scope and listings."""
         single = len(upstreams) == 1
         separator = self.separator_of(caller)
         key = (single, separator, *((server, id(view)) for server, view in views))
@@ -673,7 +737,7 @@ class FaceDispatcher:
                 self._routes.clear()
             # the views are kept with their names: their ids stay theirs
             found = self._routes[key] = _Routes(names, [v for _, v in views])
-        return found.names.get(name)
+        return found.names
 
     async def _tools_call(self, caller: Caller, params: msgspec.Raw) -> Any:
         call = _decode(params, _Call)
@@ -1098,6 +1162,17 @@ def _stamped(params: msgspec.Raw) -> bool:
     except (msgspec.ValidationError, msgspec.DecodeError):
         return False
     return stamp is not None and stamp.version == MODERN
+
+
+def _answers_asks(capabilities: Mapping[str, Any]) -> bool:
+    """Whether a client that declared ``capabilities`` answers an upstream's
+    elicitation or sampling requests (then its calls run in a task)."""
+    return any(isinstance(capabilities.get(c), dict) for c in ASKED.values())
+
+
+def _completed_tool(result: msgspec.Raw) -> object:
+    """A relayed tool result as 2026-07-28 has it (``_completed``)."""
+    return _completed("tools/call", result)
 
 
 def _completed(method: str, result: Any) -> Any:

@@ -70,6 +70,7 @@ class WarmRelay:
         """Calls whose server asked its caller first (rare: they go on in a task)."""
 
     def __call__(self, session: Session, request: Request) -> _Relayed | None:
+        """The socket API's ``tools/call`` (``rpc.dispatch.Relay``)."""
         if request.id is None or tracing.enabled or declared_by(session):
             return None
         try:
@@ -78,16 +79,36 @@ class WarmRelay:
             return None  # the task's way says what is wrong
         if p.task is not None or p.progress_token is not None:
             return None
+        return self.start(
+            session, request.id, p.server, p.name, p.arguments, p.timeout_s
+        )
+
+    def start(
+        self,
+        session: Session,
+        request_id: RequestId,
+        server: str,
+        tool: str,
+        arguments: msgspec.Raw,
+        timeout_s: float | None,
+        shown: Callable[[msgspec.Raw], object] | None = None,
+    ) -> _Relayed | None:
+        """Relay one call of a front that found it plain (the socket API's
+        above, the MCP face's ``FaceDispatcher.relay``); None: it cannot be
+        relayed now. ``shown``: the result as the front's protocol shows it
+        (default: the server's bytes, as they are)."""
+        if tracing.enabled:
+            return None
         calls = self._calls
         caller = session.caller
         try:
-            upstream = calls.scoped(caller, p.server)
+            upstream = calls.scoped(caller, server)
         except RemoteError:
             return None
         view = upstream.tools_view
         if view is None:
             return None
-        decided = view.verdict(p.name)
+        decided = view.verdict(tool)
         if decided.decision != "allow" or decided.blocked or decided.fixed:
             return None
         taken = upstream.warm_session()
@@ -96,23 +117,24 @@ class WarmRelay:
         client, release, connection = taken
         started = time.time()
         try:
-            read = calls.auditor.call_arguments(bytes(p.arguments))
+            read = calls.auditor.call_arguments(bytes(arguments))
         except RemoteError:
             release()
             return None
         relayed = _Relayed(
             self,
             session,
-            request.id,
+            request_id,
             upstream,
             client,
-            p.name,
+            tool,
             read,
             decided.risk,
             started,
-            upstream.timeout_for(p.timeout_s),
+            upstream.timeout_for(timeout_s),
+            shown,
         )
-        begun = client.start_call(p.name, read.raw, relayed)
+        begun = client.start_call(tool, read.raw, relayed)
         if begun is None:
             release()
             return None
@@ -139,6 +161,7 @@ class _Relayed:
         "request_id",
         "risk",
         "session",
+        "shown",
         "started",
         "timeout_s",
         "tool",
@@ -157,8 +180,10 @@ class _Relayed:
         risk: m.Risk,
         started: float,
         timeout_s: float,
+        shown: Callable[[msgspec.Raw], object] | None,
     ) -> None:
         self.relay = relay
+        self.shown = shown
         self.session = session
         self.request_id = request_id
         self.upstream = upstream
@@ -273,7 +298,11 @@ class _Relayed:
         if result is not None:
             fields["outcome"] = "tool_error" if result.is_error else "ok"
             fields["result_bytes"] = len(result.raw)
-            line = result_line(self.request_id, result.raw)
+            shown = self.shown
+            line = result_line(
+                self.request_id,
+                result.raw if shown is None else shown(result.raw),
+            )
         elif error is not None:
             fields["outcome"] = outcome_for(error.reason)
             fields["reason"] = error.reason

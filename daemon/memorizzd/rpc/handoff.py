@@ -85,21 +85,10 @@ class Pipes:
         close_all(fds)
         return None
 
-    async def receive(self, size: int) -> bytes:
-        """The client's next bytes; b"" when it closed its end."""
-        while True:
-            fd = self._in
-            if fd is None:
-                return b""
-            try:
-                return os.read(fd, size)
-            except BlockingIOError:
-                try:
-                    await anyio.wait_readable(fd)
-                except anyio.ClosedResourceError:
-                    return b""
-            except OSError:  # e.g. ECONNRESET on a socket: as its end
-                return b""
+    @property
+    def requests(self) -> int:
+        """The descriptor requests are read from (-1 once closed)."""
+        return -1 if self._in is None else self._in
 
     @property
     def replies(self) -> int:

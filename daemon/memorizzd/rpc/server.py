@@ -11,8 +11,10 @@ another, and nothing it sends grows the daemon without bound:
   raises as ``BrokenResourceError``): it sheds the connections waiting in the
   kernel's queue with a reserved descriptor, backs off, logs once per interval,
   and keeps serving the connections it has.
-* Requests are pipelined: each admitted line runs in its own task and is
-  answered when it finishes, matched by id. A connection stops being read
+* Requests are pipelined: each admitted line runs in its own task (a plain
+  warm ``tools/call`` with none: ``relay.py``) and is answered when it
+  finishes, matched by id; replies are put whole in the connection's outbox
+  (``loop.Outbox``), never interleaved. A connection stops being read
   while it has ``max_in_flight_per_connection`` requests pending or more than
   ``MAX_UNSENT_BYTES`` of replies waiting for the client to read them; lines
   refused at once (``overloaded``, a duplicate id, a malformed line) are
@@ -531,14 +533,14 @@ class _Connection:
         """The client's next bytes. The socket is read directly once it is
         readable: the stream's ``receive`` would first yield to the event loop
         and try a read that cannot succeed yet (this is every call's path)."""
-        if self.pipes is not None:
-            if data := await self.pipes.receive(_READ):
-                return data
-            raise anyio.EndOfStream
         if self.offering:
             return await self._receive_offer()
-        if self.inbox is None:
-            self.inbox = Inbox(self.raw.fileno(), partial(self.raw.recv, _READ))
+        if self.inbox is None:  # the socket's, or the handed-over stdin's
+            self.inbox = (
+                Inbox(self.raw.fileno(), partial(self.raw.recv, _READ))
+                if self.pipes is None
+                else Inbox(self.pipes.requests)
+            )
         if data := await self.inbox.receive():
             return data
         raise anyio.EndOfStream
