@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -157,6 +159,36 @@ class DaemonHarness:
         with self.client() as c:
             c.add_server(spec)
         self.wait_ready(spec.name)
+
+
+@contextlib.contextmanager
+def http_bridge(api_socket: str) -> Iterator[tuple[str, str]]:
+    """``memorizzctl mcp serve --transport streamable-http`` on a loopback
+    port in front of the face beside ``api_socket``; yields its URL and
+    bearer token (read from a 0600 token file)."""
+    token = secrets.token_urlsafe(24)
+    token_file = os.path.join(os.path.dirname(api_socket), "bridge-token")
+    with open(os.open(token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+        f.write(token)
+    memorizzctl = str(Path(sys.executable).with_name("memorizzctl"))
+    proc = subprocess.Popen(
+        [memorizzctl, "--socket", api_socket, "mcp", "serve",
+         "--transport", "streamable-http", "--listen", "127.0.0.1:0",
+         "--token-file", token_file],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        first = proc.stderr.readline().decode()
+        assert " at http://127.0.0.1:" in first, first
+        yield first.rsplit(" ", 1)[1].strip(), token
+    finally:
+        proc.terminate()
+        proc.wait()
+        if proc.stderr is not None:
+            proc.stderr.close()
 
 
 @contextlib.contextmanager

@@ -172,6 +172,15 @@ async def change_tools(ctx: Context) -> str:
     return "ok"
 
 
+@mcp.tool()
+def end_listens() -> str:
+    """End every ``subscriptions/listen`` stream gracefully (2026-07-28), as a
+    server that restarts its event bus does: its clients must listen again."""
+    entry = mcp._lowlevel_server._request_handlers["subscriptions/listen"]
+    entry.handler.close()
+    return "ended"
+
+
 @mcp.tool(annotations=ToolAnnotations(read_only_hint=True))
 async def watched(seconds: float, tag: str) -> str:
     """Read-only: log start:TAG to $CALL_LOG, sleep, log done:TAG (or cancelled:TAG)."""

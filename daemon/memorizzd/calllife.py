@@ -45,6 +45,7 @@ ABORTABLE_METHODS: Final = frozenset(
         "audit/list",
         "approvals/list",
         "approvals/wait",
+        "subscriptions/listen",
         "tasks/get",
         "tasks/result",
         "tasks/list",

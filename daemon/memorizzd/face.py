@@ -149,9 +149,15 @@ INSTRUCTIONS: Final = (
 )
 
 _encoder: Final = msgspec.json.Encoder()
-_TOOLS_CHANGED: Final = (
-    b'{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}\n'
-)
+_TOOLS_CHANGED: Final = "notifications/tools/list_changed"
+_LIST_CHANGES: Final = {
+    _TOOLS_CHANGED: "tools_list_changed",
+    "notifications/prompts/list_changed": "prompts_list_changed",
+    "notifications/resources/list_changed": "resources_list_changed",
+}
+"""The list changes a 2026-07-28 listen stream may ask for (``_Filter``'s fields)."""
+_ACKNOWLEDGED: Final = "notifications/subscriptions/acknowledged"
+_SUBSCRIPTION_ID: Final = "io.modelcontextprotocol/subscriptionId"
 LIST_CHANGED_SEND_S: Final = 1.0
 APPROVAL_PROGRESS_S: Final = 5.0
 """How often a call held for the operator tells its client (given a progress token)."""
@@ -256,6 +262,36 @@ class _TaskRef(msgspec.Struct, rename="camel"):
     task_id: str
 
 
+class _Filter(msgspec.Struct, rename="camel", omit_defaults=True):
+    """What a 2026-07-28 ``subscriptions/listen`` asks for (MCP's ``SubscriptionFilter``)."""
+
+    tools_list_changed: bool | None = None
+    prompts_list_changed: bool | None = None
+    resources_list_changed: bool | None = None
+    resource_subscriptions: list[str] | None = None
+
+
+class _ListenParams(msgspec.Struct):
+    notifications: _Filter = msgspec.field(default_factory=_Filter)
+
+
+class _Listen:
+    """One 2026-07-28 listen stream of a session: the list changes and the
+    resources (server, URI) it takes, every frame stamped with its id."""
+
+    __slots__ = ("changes", "id", "resources")
+
+    def __init__(self, request_id: int | str, changes: frozenset[str]) -> None:
+        self.id = request_id
+        self.changes = changes
+        self.resources: set[tuple[str, str]] = set()
+
+    def line(self, method: str, params: dict[str, Any] | None = None) -> bytes:
+        stamped = {**(params or {}), "_meta": {_SUBSCRIPTION_ID: self.id}}
+        message = {"jsonrpc": "2.0", "method": method, "params": stamped}
+        return _encoder.encode(message) + b"\n"
+
+
 class _Read(msgspec.Struct):
     uri: str
 
@@ -336,6 +372,10 @@ class FaceDispatcher:
         an upstream's elicitation and sampling requests only if it can)."""
         self._subscribed: dict[Session, set[tuple[str, str]]] = {}
         """Each session's resource subscriptions: (server, URI)."""
+        self._listens: dict[Session, dict[int | str, _Listen]] = {}
+        """Each 2026-07-28 session's listen streams, by request id."""
+        self._drained = anyio.Event()
+        """Set when the daemon stops: listen streams end, as the spec says, with a result."""
         self._routes: dict[tuple[object, ...], _Routes] = {}
         """Tool names resolved per scope and listings (``_route``)."""
         self._handlers: dict[str, Handler] = {
@@ -350,6 +390,7 @@ class FaceDispatcher:
             "resources/read": self._resources_read,
             "resources/subscribe": self._subscribe,
             "resources/unsubscribe": self._unsubscribe,
+            "subscriptions/listen": self._listen,
             "prompts/list": self._prompts_list,
             "prompts/get": self._prompts_get,
             "completion/complete": self._complete,
@@ -430,7 +471,13 @@ class FaceDispatcher:
     def opened(self, session: Session) -> None:
         self._sessions.add(session)
 
+    def draining(self) -> None:
+        """The daemon stops: every listen stream ends gracefully (its result)."""
+        self._drained.set()
+
     def closed(self, session: Session) -> None:
+        for listen in self._listens.pop(session, {}).values():
+            self._let_go(listen, session.caller)
         self._sessions.discard(session)
         self._levels.pop(session, None)
         self._narrowed.pop(session, None)
@@ -456,9 +503,7 @@ class FaceDispatcher:
             await self._updated(server, params)
             return
         if method != "notifications/message":
-            await self._tell(
-                server, _encoder.encode({"jsonrpc": "2.0", "method": method}) + b"\n"
-            )
+            await self._tell(server, method)
             return
         try:
             message = msgspec.json.decode(params, type=_LogMessage)
@@ -506,13 +551,33 @@ class FaceDispatcher:
             if (server, uri) in held:
                 with anyio.move_on_after(LIST_CHANGED_SEND_S):
                     await session.send(line)
+        for session, listens in list(self._listens.items()):
+            for listen in list(listens.values()):
+                if (server, uri) in listen.resources:
+                    with anyio.move_on_after(LIST_CHANGED_SEND_S):
+                        await session.send(listen.line(_UPDATED, {"uri": uri}))
 
-    async def _tell(self, server: str, line: bytes) -> None:
+    async def _tell(self, server: str, method: str) -> None:
+        """A list change of ``server``, to every session that sees it: on
+        each of its listen streams that asked for it (2026-07-28), else as
+        the handshake era sends it."""
+        plain = _encoder.encode({"jsonrpc": "2.0", "method": method}) + b"\n"
         for session in list(self._sessions):
             if not any(u.name == server for u in self._scope_of(session)):
                 continue
-            with anyio.move_on_after(LIST_CHANGED_SEND_S):
-                await session.send(line)
+            listens = self._listens.get(session)
+            lines = (
+                [plain]
+                if not listens
+                else [
+                    listen.line(method)
+                    for listen in listens.values()
+                    if method in listen.changes
+                ]
+            )
+            for line in lines:
+                with anyio.move_on_after(LIST_CHANGED_SEND_S):
+                    await session.send(line)
 
     def notified(self, session: Session, request: Request) -> bool:
         """``notifications/cancelled`` cancels that request of the session (and
@@ -927,6 +992,63 @@ class FaceDispatcher:
             await upstream.unsubscribe_resource(session, uri)
         return {}
 
+    async def _listen(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
+        """2026-07-28 ``subscriptions/listen``: this request is the stream.
+        The acknowledgement first (what is honored: the list changes asked
+        for, and the resources whose server takes subscriptions, each asked
+        of its server once for all holders), then the stream's frames, each
+        stamped with the request's id; it ends when the client cancels it or
+        leaves (no result), or gracefully when the daemon stops (its result)."""
+        wanted = _decode(params, _ListenParams).notifications
+        session = cast(Session | None, client_session())
+        request_id = _request_id.get()
+        if session is None or request_id is None:
+            raise InvalidParamsError("subscriptions/listen needs a session and an id")
+        changes = frozenset(m for m, f in _LIST_CHANGES.items() if getattr(wanted, f))
+        listen = _Listen(request_id, changes)
+        self._listens.setdefault(session, {})[request_id] = listen
+        try:
+            honored: dict[str, Any] = {
+                _camel(_LIST_CHANGES[m]): True for m in sorted(changes)
+            }
+            if wanted.resource_subscriptions is not None:
+                honored["resourceSubscriptions"] = [
+                    uri
+                    for uri in wanted.resource_subscriptions
+                    if await self._hold(caller, listen, uri)
+                ]
+            await session.send(listen.line(_ACKNOWLEDGED, {"notifications": honored}))
+            await self._drained.wait()
+        finally:
+            held = self._listens.get(session, {})
+            if held.pop(request_id, None) is not None:
+                self._let_go(listen, caller)
+            if not held:
+                self._listens.pop(session, None)
+        return {"_meta": {_SUBSCRIPTION_ID: request_id}}
+
+    async def _hold(self, caller: Caller, listen: _Listen, uri: str) -> bool:
+        """The listen stream subscribes to ``uri`` of the server that lists it
+        (False: none does, or it takes no subscriptions)."""
+        try:
+            owner = await self._owner_of(caller, uri)
+            if not owner.can_subscribe:
+                return False
+            await owner.subscribe_resource(listen, uri)
+        except RemoteError:
+            return False
+        listen.resources.add((owner.name, uri))
+        return True
+
+    def _let_go(self, listen: _Listen, caller: Caller) -> None:
+        """A listen stream ended: its resources are held no more (the last
+        holder's unsubscribe follows, ``subscriptions.py``)."""
+        servers = {server for server, _ in listen.resources}
+        listen.resources.clear()
+        for upstream in self._broker.in_scope(caller):
+            if upstream.name in servers:
+                upstream.subscriptions.release(listen)
+
     async def _owner_of(self, caller: Caller, uri: str) -> Upstream:
         """The server a URI goes to: the first, by name, that lists it; else
         (a URI built from a template) the first that has templates."""
@@ -1162,6 +1284,11 @@ def _stamped(params: msgspec.Raw) -> bool:
     except (msgspec.ValidationError, msgspec.DecodeError):
         return False
     return stamp is not None and stamp.version == MODERN
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(word.title() for word in rest)
 
 
 def _answers_asks(capabilities: Mapping[str, Any]) -> bool:

@@ -19,10 +19,7 @@ is no stream to send it on.
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
-import secrets
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -40,7 +37,13 @@ from mcp.shared.exceptions import MCPError
 
 from tests import asking_server, features_server
 from tests.e2e.test_face_asks import _sample, _text  # the same answers
-from tests.harness import DaemonHarness, daemon_config, short_tempdir, stdio_spec
+from tests.harness import (
+    DaemonHarness,
+    daemon_config,
+    http_bridge,
+    short_tempdir,
+    stdio_spec,
+)
 
 MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 WAIT_S = 30  # a guard against a hang, never a measurement
@@ -75,28 +78,8 @@ def harness() -> Iterator[DaemonHarness]:
 def bridge(harness: DaemonHarness) -> Iterator[tuple[str, str]]:
     """The HTTP bridge on a loopback port in front of the operator's face;
     yields its URL and bearer token."""
-    token = secrets.token_urlsafe(24)
-    token_file = os.path.join(os.path.dirname(harness.socket), "streams-token")
-    with open(token_file, "w") as f:
-        f.write(token)
-    proc = subprocess.Popen(
-        [MEMORIZZCTL, "--socket", harness.socket, "mcp", "serve",
-         "--transport", "streamable-http", "--listen", "127.0.0.1:0",
-         "--token-file", token_file],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        assert proc.stderr is not None
-        first = proc.stderr.readline().decode()
-        assert " at http://127.0.0.1:" in first, first
-        yield first.rsplit(" ", 1)[1].strip(), token
-    finally:
-        proc.terminate()
-        proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+    with http_bridge(harness.socket) as url_and_token:
+        yield url_and_token
 
 
 async def _elicit(context: Any, params: Any) -> types.ElicitResult:

@@ -98,6 +98,9 @@ from memorizz.ctl.session import (
 ENDPOINT: Final = "/mcp"
 MAX_BODY: Final = 4 << 20
 VERSIONS: Final = frozenset({"2025-06-18", "2025-11-25", "2026-07-28"})
+STREAMED: Final = frozenset({"subscriptions/listen"})
+"""2026-07-28 requests whose answer is a long-lived stream: each on a
+connection of its own, held while its client reads."""
 """``MCP-Protocol-Version`` values let through (the face negotiates)."""
 
 TIMEOUT_S: Final = 60.0
@@ -368,6 +371,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             if session_id is None:
                 if message.method == "initialize" and request_id is not None:
                     self._initialize(request_id, line)
+                elif request_id is not None and message.method in STREAMED:
+                    self._exchange(
+                        self.server.sessionless.stream(
+                            request_id,
+                            message,
+                            line,
+                            streams=self._takes_events(),
+                            keepalive_s=KEEPALIVE_S,
+                        )
+                    )
                 elif request_id is not None:
                     self._reply(self.server.sessionless.ask(request_id, message, line))
                 else:
@@ -436,6 +449,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 self._event(first)
                 for _, line in events:
                     self._event(line)
+            except OSError:
+                return  # the client left: closing the events stops the request
             except SessionGoneError:
                 return  # the answer never came: the stream just ends
         finally:
@@ -450,7 +465,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def _event(self, line: bytes) -> None:
-        self.wfile.write(b"event: message\ndata: " + line + b"\n\n")
+        """One event (an empty line: a keep-alive comment)."""
+        self.wfile.write(
+            b"event: message\ndata: " + line + b"\n\n" if line else b": keep-alive\n\n"
+        )
         self.wfile.flush()
 
     def _reply(self, line: bytes, headers: dict[str, str] | None = None) -> None:

@@ -73,6 +73,16 @@ class _Meta(msgspec.Struct):
     meta: _Token | None = msgspec.field(default=None, name="_meta")
 
 
+class _Subscription(msgspec.Struct):
+    id: RequestId | None = msgspec.field(
+        default=None, name="io.modelcontextprotocol/subscriptionId"
+    )
+
+
+class _Stamped(msgspec.Struct):
+    meta: _Subscription | None = msgspec.field(default=None, name="_meta")
+
+
 class _Progress(msgspec.Struct, rename="camel"):
     progress_token: RequestId | None = None
 
@@ -94,6 +104,16 @@ class Message(msgspec.Struct):
         except (msgspec.ValidationError, msgspec.DecodeError):
             return None
         return None if meta is None else meta.progress_token
+
+    def subscription_id(self) -> RequestId | None:
+        """The listen stream a 2026-07-28 notification belongs to (its
+        ``params._meta`` subscription id: the ``subscriptions/listen``
+        request's id), or None."""
+        try:
+            meta = msgspec.json.decode(self.params, type=_Stamped).meta
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            return None
+        return None if meta is None else meta.id
 
 
 class Outcome(msgspec.Struct):
@@ -228,10 +248,13 @@ class Session:
         token: RequestId | None = None,
         *,
         streams: bool = True,
+        keepalive_s: float | None = None,
     ) -> Generator[tuple[bool, bytes]]:
         """Write ``line``; yield ``(False, line)`` for each message the daemon
         sends this request before its answer (only if it ``streams``), then
-        ``(True, answer)``. ``SessionGoneError``: the answer never came."""
+        ``(True, answer)``. ``SessionGoneError``: the answer never came.
+        ``keepalive_s``: after that long with nothing, ``(False, b"")`` (a
+        long-lived stream's keep-alive, by which a client that left is seen)."""
         waiter = _Waiter(method, token, streams)
         with self._lock:
             if self._closed:
@@ -241,7 +264,14 @@ class Session:
             self._waiting[request_id] = waiter
         try:
             self.send(line)
-            while (event := waiter.events.get()) is not None:
+            while True:
+                try:
+                    event = waiter.events.get(timeout=keepalive_s)
+                except queue.Empty:
+                    yield False, b""
+                    continue
+                if event is None:
+                    break
                 yield False, event
         finally:
             with self._lock:
@@ -373,6 +403,10 @@ class Session:
             if isinstance(went, _Waiter) and went in self._waiting.values():
                 return went
             return self._stream
+        if not request and (listen := message.subscription_id()) is not None:
+            streamed = self._waiting.get(listen)  # 2026-07-28: its listen stream's
+            if streamed is not None and streamed.streams:
+                return streamed
         if request or method == "notifications/message":
             calls = [w for w in self._waiting.values() if w.method not in QUIET_METHODS]
             if len(calls) == 1 and calls[0].streams:
@@ -507,6 +541,30 @@ class Sessionless:
         finally:
             if not kept:
                 session.close()
+
+    def stream(
+        self,
+        request_id: RequestId,
+        message: Message,
+        line: bytes,
+        *,
+        streams: bool,
+        keepalive_s: float,
+    ) -> Generator[tuple[bool, bytes]]:
+        """A request whose answer is a stream (2026-07-28 ``subscriptions/listen``),
+        on a connection of its own, closed when the stream ends or its client
+        leaves (the face then ends the stream)."""
+        session = Session(connect(self.bridge))
+        try:
+            yield from session.exchange(
+                request_id,
+                line,
+                message.method if isinstance(message.method, str) else "",
+                streams=streams,
+                keepalive_s=keepalive_s,
+            )
+        finally:
+            session.close()
 
     def _hold(self, state: str, session: Session) -> None:
         now = time.monotonic()

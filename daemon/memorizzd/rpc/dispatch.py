@@ -98,6 +98,11 @@ class LineDispatcher(Protocol):
         """A connection began (a session the protocol may send messages to)."""
         ...
 
+    def draining(self) -> None:
+        """The daemon stops: requests that would run until told (the MCP
+        face's listen streams) end now."""
+        ...
+
     def closed(self, session: Session) -> None: ...
 
 
@@ -159,6 +164,9 @@ class Dispatcher:
         ):
             return None
         return self._relay(session, request)
+
+    def draining(self) -> None:
+        """Every method of this API ends by itself."""
 
     def opened(self, session: Session) -> None:
         """This API sends nothing unasked."""

@@ -300,6 +300,7 @@ class SocketServer:
     async def drain(self) -> None:
         """Stop reading new requests on every connection; wait until none is in flight."""
         self._draining = True
+        self._dispatcher.draining()
         for scope in list(self._readers):
             scope.cancel()
         while self.in_flight:

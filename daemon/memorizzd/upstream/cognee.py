@@ -290,8 +290,8 @@ class CogneeConnection:
         """The configuration only: no request to the API."""
         self._check()
 
-    async def watch_tool_changes(self, on_change: Callable[[], None]) -> None:
-        return None
+    async def watch_tool_changes(self, on_change: Callable[[], None]) -> bool:
+        return False
 
     # --- tools/call ---------------------------------------------------------
 

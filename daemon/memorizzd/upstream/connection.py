@@ -112,7 +112,9 @@ class Connection(Protocol):
         """A cheap liveness round trip (never cancelled upstream when abandoned)."""
         ...
 
-    async def watch_tool_changes(self, on_change: Callable[[], None]) -> None:
-        """Call ``on_change`` whenever the server says its tools changed; returns
-        when it cannot say so (or the session ends)."""
+    async def watch_tool_changes(self, on_change: Callable[[], None]) -> bool:
+        """Call ``on_change`` whenever the server says its tools changed, on a
+        2026-07-28 ``subscriptions/listen`` stream: True once the stream ended
+        (the server ended it; the caller may listen again); False at once when
+        there is none to hold (the handshake era says so in notifications)."""
         ...

@@ -228,6 +228,8 @@ class JsonRpcSession:
         self._progress: dict[str, ProgressHandler] = {}
         """Calls that asked for progress, by the token we sent."""
         self._progress_ids = itertools.count(1)
+        self._listens = itertools.count(1)
+        """Our ``subscriptions/listen`` requests' ids (``listen-N``)."""
         self._in_flight = InFlight(server)
         """Calls in flight, for the server's requests of a caller (``asks.py``)."""
         self._tasks: anyio.abc.TaskGroup | None = None
@@ -489,14 +491,14 @@ class JsonRpcSession:
         else:
             await self._request("ping", b"{}")
 
-    async def watch_tool_changes(self, on_change: Callable[[], None]) -> None:
+    async def watch_tool_changes(self, on_change: Callable[[], None]) -> bool:
         """2026-07-28: a ``subscriptions/listen`` stream for the tools,
         resources and prompts list changes the server declares (its
         notifications reach ``on_notification`` like the handshake era's);
-        held open until the session ends. The handshake era needs nothing:
-        returns at once."""
+        held open until the server ends it (True). The handshake era needs
+        nothing: returns False at once."""
         if self.protocol_version != MODERN:
-            return
+            return False
         wanted = {
             f"{capability}ListChanged": True
             for capability in ("tools", "resources", "prompts")
@@ -504,9 +506,11 @@ class JsonRpcSession:
             and declared.get("listChanged")
         }
         if not wanted:
-            return
+            return False
         params = self._params({"notifications": wanted})
-        await self._request("subscriptions/listen", params, request_id="listen-1")
+        listen_id = f"listen-{next(self._listens)}"
+        await self._request("subscriptions/listen", params, request_id=listen_id)
+        return True
 
     # --- negotiation -------------------------------------------------------
 

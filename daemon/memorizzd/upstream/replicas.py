@@ -134,10 +134,16 @@ class ReplicaSet:
         for session in self._sessions:  # every one must answer
             await session.probe()
 
-    async def watch_tool_changes(self, on_change: Callable[[], None]) -> None:
+    async def watch_tool_changes(self, on_change: Callable[[], None]) -> bool:
+        held: list[bool] = []
+
+        async def watch(session: JsonRpcSession) -> None:
+            held.append(await session.watch_tool_changes(on_change))
+
         async with anyio.create_task_group() as tg:
             for session in self._sessions:
-                tg.start_soon(session.watch_tool_changes, on_change)
+                tg.start_soon(watch, session)
+        return any(held)
 
 
 @asynccontextmanager

@@ -612,14 +612,15 @@ class SdkConnection:
             lambda: session._dispatcher.send_raw_request("ping", data["params"], opts)
         )
 
-    async def watch_tool_changes(self, on_change: Callable[[], None]) -> None:
+    async def watch_tool_changes(self, on_change: Callable[[], None]) -> bool:
         """2026-07-28: changes arrive only on a ``subscriptions/listen`` stream.
 
         Returns at once when the server does not announce tool list changes;
         the handshake era delivers them as notifications (``on_message``)."""
         tools = self._client.server_capabilities.tools
         if self.protocol_version != MODERN or tools is None or not tools.list_changed:
-            return
+            return False
         async with self._client.listen(tools_list_changed=True) as subscription:
             async for _event in subscription:
                 on_change()
+        return True

@@ -68,6 +68,10 @@ NOTICES: Final = frozenset(
 )
 """What a server says that its callers may hear (``on_notice``)."""
 NOTICES_MAX: Final = 256
+LISTEN_AGAIN_S: Final = 1.0
+LISTEN_AGAIN_MAX_S: Final = 60.0
+"""A list-change stream that ended is opened again after LISTEN_AGAIN_S,
+doubling up to this while they keep failing at once."""
 """Notices waiting to be passed on; past it the oldest are dropped."""
 NoticeListener = Callable[[str, str, msgspec.Raw], Awaitable[None]]
 """Told (server name, notification method, its raw params)."""
@@ -503,10 +507,25 @@ class Supervisor:
                 log.info("%s: no listing after a change: %s", self.name, exc)
 
     async def _watch_tool_changes(self, client: Connection) -> None:
-        try:
-            await client.watch_tool_changes(self._tools_changed)
-        except Exception as exc:  # noqa: BLE001 - best effort; refresh=true still works
-            log.info("%s: no tools/list_changed subscription: %s", self.name, exc)
+        """Hold the server's list-change stream (2026-07-28) while the session
+        lives. One that ends (the server closed it) or fails is opened again
+        after a pause (1 s, doubling to a minute while they keep failing at
+        once), and the tools are listed again: a stream has no replay, so a
+        change in the gap would be missed."""
+        pause = LISTEN_AGAIN_S
+        while True:
+            began = anyio.current_time()
+            try:
+                if not await client.watch_tool_changes(self._tools_changed):
+                    return  # the handshake era: notifications say it
+                log.info("%s: the server ended its list-change stream", self.name)
+            except Exception as exc:  # noqa: BLE001 - best effort; refresh=true still works
+                log.info("%s: no tools/list_changed subscription: %s", self.name, exc)
+            if anyio.current_time() - began > LISTEN_AGAIN_MAX_S:
+                pause = LISTEN_AGAIN_S  # it lived: not failing at once
+            await anyio.sleep(pause)
+            pause = min(pause * 2, LISTEN_AGAIN_MAX_S)
+            self._tools_changed()
 
     def _mark_dead(self, reason: str) -> None:
         if not self._dead.is_set():

@@ -1,0 +1,199 @@
+"""The MCP face serves 2026-07-28 ``subscriptions/listen`` (issue 11, item 4).
+
+A 2026-07-28 client has no session to be told of changes on: it opens a listen
+stream, and the face acknowledges what it honors, then sends on it, each frame
+stamped with the stream's id, the list changes it asked for and the updates of
+the resources it named (asked of their server once for all holders). The
+client here is the official Python SDK (``Client.listen``), through
+``memorizzctl mcp serve`` (stdio); behind the real daemon, our SDK test
+servers: ``alpha`` (tests/mcp_server.py, 2026-07-28) adds a tool,
+``feat`` (tests/features_server.py, the handshake era) says a resource changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2
+import pytest
+from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.subscriptions import ResourceUpdated, ToolsListChanged
+
+from tests import features_server
+from tests.harness import (
+    DaemonHarness,
+    daemon_config,
+    http_bridge,
+    short_tempdir,
+    stdio_spec,
+    wait_until,
+)
+
+MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
+WATCHED = "feat://watched"
+
+
+@pytest.fixture(scope="module")
+def harness() -> Iterator[DaemonHarness]:
+    base = short_tempdir()
+    config = daemon_config(
+        base,
+        servers=[
+            stdio_spec("alpha"),
+            stdio_spec(
+                "feat",
+                args=[str(Path(features_server.__file__)), "stdio"],
+                env={"SUB_LOG": os.path.join(base, "subs.log")},
+                protocol="legacy",
+            ),
+        ],
+    )
+    with DaemonHarness.running(config) as harness:
+        harness.wait_ready("alpha")
+        harness.wait_ready("feat")
+        yield harness
+
+
+def _subscriptions(harness: DaemonHarness) -> list[str]:
+    path = harness.config.servers[1].env["SUB_LOG"]
+    return Path(path).read_text().splitlines() if os.path.exists(path) else []
+
+
+def _modern(harness: DaemonHarness) -> Client:
+    params = StdioServerParameters(
+        command=MEMORIZZCTL, args=["--socket", harness.socket, "mcp", "serve"]
+    )
+    return Client(stdio_client(params), mode="auto", cache=None)
+
+
+@contextlib.asynccontextmanager
+async def _client(
+    harness: DaemonHarness, transport: str, bridge: tuple[str, str] | None
+) -> AsyncIterator[Client]:
+    """A 2026-07-28 client through the stdio bridge, or the HTTP one."""
+    if transport == "stdio":
+        async with _modern(harness) as client:
+            yield client
+        return
+    assert bridge is not None
+    url, token = bridge
+    headers = {"Authorization": f"Bearer {token}"}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=30) as http,
+        Client(
+            streamable_http_client(url, http_client=http), mode="auto", cache=None
+        ) as client,
+    ):
+        yield client
+
+
+@pytest.mark.parametrize("transport", ["stdio", "streamable_http"])
+def test_a_listen_stream_carries_the_list_changes_and_updates_asked_for(
+    harness: DaemonHarness, transport: str
+) -> None:
+    async def work() -> tuple[Any, list[object]]:
+        events: list[object] = []
+        async with _client(harness, transport, bridge) as client:
+            assert client.protocol_version == "2026-07-28"
+            async with client.listen(
+                tools_list_changed=True,
+                resource_subscriptions=[WATCHED, "feat://nobody-lists-this"],
+            ) as stream:
+                honored = stream.honored
+                await client.call_tool("alpha__change_tools", {})
+                with anyio.fail_after(15):
+                    async for event in stream:
+                        events.append(event)
+                        if isinstance(event, ToolsListChanged):
+                            break
+                await client.call_tool("feat__touch", {"uri": WATCHED})
+                with anyio.fail_after(15):
+                    async for event in stream:
+                        events.append(event)
+                        if isinstance(event, ResourceUpdated):
+                            break
+        return honored, events
+
+    with (
+        http_bridge(harness.socket)
+        if transport == "streamable_http"
+        else contextlib.nullcontext()
+    ) as bridge:
+        honored, events = anyio.run(work)
+    assert honored.tools_list_changed is True
+    assert not honored.prompts_list_changed  # not asked for: not honored
+    assert honored.resource_subscriptions == [WATCHED]  # listed by a server
+    assert ToolsListChanged() in events
+    assert ResourceUpdated(uri=WATCHED) in events
+    assert "subscribe feat://watched" in _subscriptions(harness)
+
+
+def test_a_stream_that_did_not_ask_hears_nothing_and_ends_with_its_client(
+    harness: DaemonHarness,
+) -> None:
+    """Only what a stream asked for is sent on it; a second client's stream
+    closing takes its resource holds with it, not the first's."""
+
+    async def work() -> list[object]:
+        heard: list[object] = []
+        async with (
+            _modern(harness) as client,
+            client.listen(prompts_list_changed=True) as stream,
+        ):
+            await client.call_tool("alpha__change_tools", {})
+            await client.call_tool("feat__touch", {"uri": WATCHED})
+            with anyio.move_on_after(
+                1.5
+            ):  # each as it comes: the wait ends by timing out
+                async for event in stream:
+                    heard.append(event)  # noqa: PERF401
+        return heard
+
+    assert anyio.run(work) == []
+    wait_until(lambda: "unsubscribe feat://watched" in _subscriptions(harness))
+
+
+def test_the_daemon_stopping_ends_a_listen_stream_gracefully(base_dir: str) -> None:
+    """A stream held open does not hold the daemon's stop to its drain
+    timeout: it ends with its result (a graceful end: the loop just ends)."""
+    config = daemon_config(base_dir, servers=[stdio_spec("alpha")], drain_timeout_s=30)
+    ended: list[str] = []
+
+    async def listen(harness: DaemonHarness, ready: anyio.Event) -> None:
+        async with (
+            _modern(harness) as client,
+            client.listen(tools_list_changed=True) as stream,
+        ):
+            ready.set()
+            async for _ in stream:
+                pass
+            ended.append("gracefully")
+
+    with contextlib.ExitStack() as running:
+        harness = running.enter_context(DaemonHarness.running(config))
+        harness.wait_ready("alpha")
+
+        async def work() -> float:
+            ready = anyio.Event()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(listen, harness, ready)
+                with anyio.fail_after(15):
+                    await ready.wait()
+                started = anyio.current_time()
+                await anyio.to_thread.run_sync(running.close)  # the daemon stops
+                with anyio.fail_after(15):
+                    while not ended:  # noqa: ASYNC110 - the client's loop ends on its own
+                        await anyio.sleep(0.05)
+                return anyio.current_time() - started
+
+        took = anyio.run(work)
+    assert ended == ["gracefully"]
+    assert took < 10  # far below the 30 s drain timeout
