@@ -96,8 +96,12 @@ async def complete(
 
 @mcp.tool()
 async def touch(uri: str, ctx: Context) -> str:
-    """Say that ``uri`` changed (notifications/resources/updated)."""
-    await ctx.session.send_resource_updated(uri)
+    """Say that ``uri`` changed (notifications/resources/updated; at
+    2026-07-28, on the listen streams that hold it)."""
+    if ctx.protocol_version and ctx.protocol_version >= "2026":
+        await ctx.notify_resource_updated(uri)
+    else:
+        await ctx.session.send_resource_updated(uri)
     return "touched"
 
 

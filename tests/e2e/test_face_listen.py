@@ -21,6 +21,7 @@ from typing import Any
 
 import anyio
 import httpx2
+import mcp_types as types
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -197,3 +198,58 @@ def test_the_daemon_stopping_ends_a_listen_stream_gracefully(base_dir: str) -> N
         took = anyio.run(work)
     assert ended == ["gracefully"]
     assert took < 10  # far below the 30 s drain timeout
+
+
+@pytest.mark.filterwarnings(
+    "ignore::mcp.shared.exceptions.MCPDeprecationWarning"
+)  # resources/subscribe is the handshake era's way
+@pytest.mark.parametrize("client_era", ["legacy", "auto"])
+def test_a_2026_upstreams_resource_updates_reach_face_clients_of_both_eras(
+    base_dir: str, client_era: str
+) -> None:
+    """The upstream speaks 2026-07-28 too: the daemon holds the URIs its
+    face sessions subscribe to on a listen stream of its own with the server
+    (``resourceSubscriptions``), and the server's updates on it reach a
+    handshake-era session (``resources/subscribe``) and a 2026-07-28 one
+    (its own listen stream) alike."""
+    spec = stdio_spec("modern", args=[str(Path(features_server.__file__)), "stdio"])
+    config = daemon_config(base_dir, servers=[spec])
+
+    async def work(harness: DaemonHarness) -> list[object]:
+        heard: list[object] = []
+        params = StdioServerParameters(
+            command=MEMORIZZCTL, args=["--socket", harness.socket, "mcp", "serve"]
+        )
+        if client_era == "legacy":
+            updated = anyio.Event()
+
+            async def on_message(message: Any) -> None:
+                if isinstance(message, types.ResourceUpdatedNotification):
+                    heard.append(ResourceUpdated(uri=str(message.params.uri)))
+                    updated.set()
+
+            async with Client(
+                stdio_client(params), mode="legacy", message_handler=on_message
+            ) as client:
+                await client.subscribe_resource(WATCHED)
+                await client.call_tool("touch", {"uri": WATCHED})
+                with anyio.fail_after(15):
+                    await updated.wait()
+            return heard
+        async with (
+            Client(stdio_client(params), mode="auto", cache=None) as client,
+            client.listen(resource_subscriptions=[WATCHED]) as stream,
+        ):
+            assert stream.honored.resource_subscriptions == [WATCHED]
+            await client.call_tool("touch", {"uri": WATCHED})
+            with anyio.fail_after(15):
+                async for event in stream:
+                    heard.append(event)
+                    break
+        return heard
+
+    with DaemonHarness.running(config) as harness:
+        harness.wait_ready("modern")
+        with harness.client() as c:
+            assert c.server_status("modern")[0].protocol_version == "2026-07-28"
+        assert anyio.run(work, harness) == [ResourceUpdated(uri=WATCHED)]

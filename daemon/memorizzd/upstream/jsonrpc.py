@@ -70,6 +70,9 @@ from memorizzd.upstream.stdio import StdioPipes, StdioProcess, stdio_pipes
 log = logging.getLogger("memorizzd.upstream.jsonrpc")
 
 MODERN: Final = "2026-07-28"
+ACKNOWLEDGED: Final = "notifications/subscriptions/acknowledged"
+LISTEN_AGAIN_S: Final = 1.0
+"""A resource listen stream the server ended is opened again after this."""
 HANDSHAKE_VERSION: Final = "2025-11-25"
 HANDSHAKE_VERSIONS: Final = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 DISCOVER_TIMEOUT_S: Final = 10.0
@@ -120,6 +123,26 @@ class _Message(msgspec.Struct):
 
 Message = _Message
 """One JSON-RPC message as the server wrote it (``result`` unread)."""
+
+
+class _Subscription(msgspec.Struct):
+    id: str | int | None = msgspec.field(
+        default=None, name="io.modelcontextprotocol/subscriptionId"
+    )
+
+
+class _Stamped(msgspec.Struct):
+    meta: _Subscription | None = msgspec.field(default=None, name="_meta")
+
+
+def _subscription_of(params: msgspec.Raw) -> str | None:
+    """The listen stream a notification's ``_meta`` names (ours are strings)."""
+    try:
+        meta = msgspec.json.decode(params, type=_Stamped).meta
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    found = None if meta is None else meta.id
+    return found if isinstance(found, str) else None
 
 
 class _Info(msgspec.Struct):
@@ -230,6 +253,11 @@ class JsonRpcSession:
         self._progress_ids = itertools.count(1)
         self._listens = itertools.count(1)
         """Our ``subscriptions/listen`` requests' ids (``listen-N``)."""
+        self._resources: frozenset[str] = frozenset()
+        """2026-07-28: the URIs held, all on one listen stream (``_resource_stream``)."""
+        self._resource_stream: str | None = None
+        self._acks: dict[str, Signal] = {}
+        """Listen streams of ours not acknowledged yet, by id."""
         self._in_flight = InFlight(server)
         """Calls in flight, for the server's requests of a caller (``asks.py``)."""
         self._tasks: anyio.abc.TaskGroup | None = None
@@ -285,7 +313,7 @@ class JsonRpcSession:
         """A call ``start_call`` began is over."""
         self._in_flight.leave(key)
 
-    def forget(self, rid: int) -> bool:
+    def forget(self, rid: int | str) -> bool:
         """Stop waiting for ``rid`` and tell the server so (no task: the
         notification is put in the pipe). False: it was answered already."""
         if self._waiting.pop(rid, None) is None:
@@ -469,17 +497,74 @@ class JsonRpcSession:
 
     def can_subscribe(self) -> bool:
         resources = self._capabilities.get("resources")
-        return (
-            self.protocol_version != MODERN
-            and isinstance(resources, dict)
-            and resources.get("subscribe") is True
-        )
+        return isinstance(resources, dict) and resources.get("subscribe") is True
 
     async def subscribe_resource(self, uri: str) -> None:
-        await self._request("resources/subscribe", self._params({"uri": uri}))
+        if self.protocol_version == MODERN:
+            await self._listen_for(self._resources | {uri})
+        else:
+            await self._request("resources/subscribe", self._params({"uri": uri}))
 
     async def unsubscribe_resource(self, uri: str) -> None:
-        await self._request("resources/unsubscribe", self._params({"uri": uri}))
+        if self.protocol_version == MODERN:
+            await self._listen_for(self._resources - {uri})
+        else:
+            await self._request("resources/unsubscribe", self._params({"uri": uri}))
+
+    async def _listen_for(self, uris: frozenset[str], *, again: bool = False) -> None:
+        """2026-07-28: the URIs held are one listen stream's
+        (``resourceSubscriptions``); another set is another stream, opened and
+        acknowledged before the old one is let go, so no update falls between
+        them. The caller bounds the wait for the acknowledgement."""
+        if uris == self._resources and not again:
+            return
+        old, stream = self._resource_stream, None
+        if uris:
+            stream = f"listen-{next(self._listens)}"
+            acked = self._acks[stream] = Signal()
+            params = self._params(
+                {"notifications": {"resourceSubscriptions": sorted(uris)}}
+            )
+            if self._tasks is None:
+                raise ConnectionLost("the session is not running")
+            self._tasks.start_soon(self._hold_stream, stream, params)
+            try:
+                await acked.wait()
+            finally:
+                self._acks.pop(stream, None)
+            if stream not in self._waiting:  # refused, or the session ended
+                raise UpstreamError(
+                    f"{self._server}: the server did not open a resource listen stream"
+                )
+        self._resources, self._resource_stream = uris, stream
+        if old is not None:  # let go: the server is told, its task ends
+            waiter = self._waiting.get(old)
+            self.forget(old)
+            if waiter is not None:
+                waiter.deliver(None)
+
+    async def _hold_stream(self, stream: str, params: bytes) -> None:
+        """One listen stream of ours, until it is let go or the server ends it;
+        one the server ended while it was ours is opened again (its URIs
+        still held; a stream has no replay)."""
+        try:
+            await self._request("subscriptions/listen", params, request_id=stream)
+        except (RemoteError, ConnectionLost) as exc:
+            if self._resource_stream == stream or stream in self._acks:
+                log.info("%s: resource listen stream %s: %s", self._server, stream, exc)
+        finally:
+            if (acked := self._acks.pop(stream, None)) is not None:
+                acked.set()  # refused before its acknowledgement
+        if self._resource_stream == stream and self._closed is None:
+            self._resource_stream = None  # the server ended it: hold the URIs again
+            await anyio.sleep(LISTEN_AGAIN_S)
+            await self._renew()
+
+    async def _renew(self) -> None:
+        """Open a stream for the URIs held, if none is open (the server ended it)."""
+        if self._resource_stream is None and self._resources:
+            with suppress(RemoteError, ConnectionLost):
+                await self._listen_for(self._resources, again=True)
 
     async def complete(self, params: dict[str, Any]) -> dict[str, Any]:
         raw = await self._request("completion/complete", self._params(params))
@@ -717,6 +802,11 @@ class JsonRpcSession:
                 await handler(params)
 
     def _notified(self, method: str, message: _Message) -> None:
+        if method == ACKNOWLEDGED:  # one of our listen streams is open
+            stream = _subscription_of(message.params)
+            if stream is not None and (acked := self._acks.get(stream)) is not None:
+                acked.set()
+            return
         if self._on_notification is not None:
             self._on_notification(method, message.params)
 
