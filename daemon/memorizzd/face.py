@@ -560,21 +560,21 @@ class FaceDispatcher:
     async def _tell(self, server: str, method: str) -> None:
         """A list change of ``server``, to every session that sees it: on
         each of its listen streams that asked for it (2026-07-28), else as
-        the handshake era sends it."""
+        the handshake era sends it, once the session is initialized (a client
+        hears nothing before its ``initialize`` is answered)."""
         plain = _encoder.encode({"jsonrpc": "2.0", "method": method}) + b"\n"
         for session in list(self._sessions):
             if not any(u.name == server for u in self._scope_of(session)):
                 continue
             listens = self._listens.get(session)
-            lines = (
-                [plain]
-                if not listens
-                else [
+            if listens:
+                lines = [
                     listen.line(method)
                     for listen in listens.values()
                     if method in listen.changes
                 ]
-            )
+            else:
+                lines = [plain] if session in self._clients else []
             for line in lines:
                 with anyio.move_on_after(LIST_CHANGED_SEND_S):
                     await session.send(line)

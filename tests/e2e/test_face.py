@@ -603,3 +603,27 @@ def test_the_bridge_can_show_one_server_under_its_own_names(
     assert (record.server, record.tool) == ("alpha", "echo")
     agent_names, _ = anyio.run(session, agent_socket_path(faced.config, "bot"))
     assert agent_names == set()
+
+
+def test_a_session_hears_no_list_change_before_its_initialize_is_answered(
+    faced: DaemonHarness,
+) -> None:
+    """A client connected but not initialized yet is told nothing: a list
+    change meanwhile does not come before its ``initialize`` reply."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as raw:
+        raw.settimeout(10)
+        raw.connect(_face(faced))
+        with faced.client() as c:
+            before = len(c.list_tools("alpha"))
+            c.call_tool("alpha", "change_tools", {})
+            wait_until(
+                lambda: len(c.list_tools("alpha")) > before
+            )  # listed again: told
+        raw.sendall(
+            b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":'
+            b'{"protocolVersion":"2025-11-25","capabilities":{},'
+            b'"clientInfo":{"name":"raw","version":"0"}}}\n'
+        )
+        first = msgspec.json.decode(raw.makefile("rb").readline())
+    assert first.get("id") == 1
+    assert "result" in first

@@ -106,7 +106,7 @@ def test_a_listen_stream_carries_the_list_changes_and_updates_asked_for(
             assert client.protocol_version == "2026-07-28"
             async with client.listen(
                 tools_list_changed=True,
-                resource_subscriptions=[WATCHED, "feat://nobody-lists-this"],
+                resource_subscriptions=[WATCHED],
             ) as stream:
                 honored = stream.honored
                 await client.call_tool("alpha__change_tools", {})
@@ -131,7 +131,7 @@ def test_a_listen_stream_carries_the_list_changes_and_updates_asked_for(
         honored, events = anyio.run(work)
     assert honored.tools_list_changed is True
     assert not honored.prompts_list_changed  # not asked for: not honored
-    assert honored.resource_subscriptions == [WATCHED]  # listed by a server
+    assert honored.resource_subscriptions == [WATCHED]
     assert ToolsListChanged() in events
     assert ResourceUpdated(uri=WATCHED) in events
     assert "subscribe feat://watched" in _subscriptions(harness)
