@@ -36,6 +36,17 @@ EMPTY_CONFIG: Final = (
     "# written by tests/process.py: no servers, nothing of the host's\n"
 )
 
+
+def empty_config(base: str) -> str:
+    """``OWN_CONFIG`` written in ``base``: for a ``memorizzd`` started by hand,
+    so that it never reads the host's /etc/memorizzd/memorizzd.toml."""
+    path = os.path.join(base, OWN_CONFIG)
+    os.makedirs(base, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(EMPTY_CONFIG)
+    return path
+
+
 _pause: Final = threading.Event()  # never set: wait() is an interruptible sleep
 
 

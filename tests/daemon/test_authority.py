@@ -35,6 +35,7 @@ from tests.harness import (
     wait_until,
 )
 from tests.peers import ME, NOBODY, agent_socket, as_user, needs_root, profiles_config
+from tests.process import empty_config
 
 
 @pytest.fixture(scope="module")
@@ -280,6 +281,8 @@ def test_systemd_socket_activation(base_dir: str) -> None:
             exec_on_fd3,
             str(fd),
             DAEMON_EXE,
+            "--config",
+            empty_config(base_dir),
             "--socket",
             path,
             "--state-dir",

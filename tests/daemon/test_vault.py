@@ -31,6 +31,7 @@ from tests.harness import (
     stdio_spec,
     wait_until,
 )
+from tests.process import empty_config
 
 SECRET = "vault-marker-4e9a1c7b3f"  # noqa: S105 - a test marker
 
@@ -197,6 +198,8 @@ def _start(base: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(  # noqa: PLW1510 - the exit status is the assertion
         [
             DAEMON_EXE,
+            "--config",
+            empty_config(base),
             "--socket",
             os.path.join(base, "d.sock"),
             "--state-dir",
@@ -236,6 +239,8 @@ def test_the_daemon_refuses_a_wrong_key_with_exit_78(base_dir: str) -> None:
     forgot = subprocess.run(
         [
             DAEMON_EXE,
+            "--config",
+            empty_config(base_dir),
             "--state-dir",
             os.path.join(base_dir, "state"),
             "--forget-secrets",

@@ -25,6 +25,7 @@ from tests.harness import (
     stdio_spec,
     wait_until,
 )
+from tests.process import empty_config
 
 
 def _gone(pid: int) -> bool:
@@ -209,7 +210,15 @@ def test_a_stale_socket_is_replaced_and_a_live_one_is_not_stolen(base_dir: str) 
     stale.close()
     with daemon_process(base_dir) as d:
         second = subprocess.run(  # noqa: PLW1510 - the exit status is the assertion
-            [DAEMON_EXE, "--socket", d.socket, "--state-dir", base_dir + "/state2"],
+            [
+                DAEMON_EXE,
+                "--config",
+                empty_config(base_dir),
+                "--socket",
+                d.socket,
+                "--state-dir",
+                base_dir + "/state2",
+            ],
             capture_output=True,
             text=True,
             timeout=30,
@@ -249,6 +258,8 @@ def test_systemd_hears_ready_status_and_stopping(base_dir: str) -> None:
         proc = subprocess.Popen(
             [
                 DAEMON_EXE,
+                "--config",
+                empty_config(base_dir),
                 "--socket",
                 os.path.join(base_dir, "d.sock"),
                 "--state-dir",
@@ -301,7 +312,15 @@ def test_calls_cut_off_by_the_drain_deadline_hear_why(base_dir: str) -> None:
 
 def test_a_bad_log_level_is_a_usage_error(base_dir: str) -> None:
     done = subprocess.run(  # noqa: PLW1510 - the exit status is the assertion
-        [DAEMON_EXE, "--socket", base_dir + "/d.sock", "--state-dir", base_dir],
+        [
+            DAEMON_EXE,
+            "--config",
+            empty_config(base_dir),
+            "--socket",
+            base_dir + "/d.sock",
+            "--state-dir",
+            base_dir,
+        ],
         env={**os.environ, "MEMORIZZ_LOG_LEVEL": "chatty"},
         capture_output=True,
         text=True,
@@ -340,7 +359,13 @@ def test_config_values_are_checked(base_dir: str, toml: str, message: str) -> No
 def test_the_daemon_honours_memorizz_socket(base_dir: str) -> None:
     path = os.path.join(base_dir, "env.sock")
     proc = subprocess.Popen(
-        [DAEMON_EXE, "--state-dir", os.path.join(base_dir, "state")],
+        [
+            DAEMON_EXE,
+            "--config",
+            empty_config(base_dir),
+            "--state-dir",
+            os.path.join(base_dir, "state"),
+        ],
         env={**os.environ, "MEMORIZZ_SOCKET": path},
         stderr=subprocess.DEVNULL,
     )
@@ -377,6 +402,8 @@ def test_the_daemon_raises_its_open_files_limit_to_the_hard_limit(
         proc = subprocess.Popen(
             [
                 DAEMON_EXE,
+                "--config",
+                empty_config(base_dir),
                 "--socket",
                 os.path.join(base_dir, "d.sock"),
                 "--state-dir",
