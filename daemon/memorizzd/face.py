@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import logging
 import time
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from contextvars import ContextVar
 from functools import partial
@@ -279,12 +280,14 @@ class _Listen:
     """One 2026-07-28 listen stream of a session: the list changes and the
     resources (server, URI) it takes, every frame stamped with its id."""
 
-    __slots__ = ("changes", "id", "resources")
+    __slots__ = ("changes", "ended", "id", "resources")
 
     def __init__(self, request_id: int | str, changes: frozenset[str]) -> None:
         self.id = request_id
         self.changes = changes
         self.resources: set[tuple[str, str]] = set()
+        self.ended = anyio.Event()
+        """Set when its socket stops: the stream ends with its result."""
 
     def line(self, method: str, params: dict[str, Any] | None = None) -> bytes:
         stamped = {**(params or {}), "_meta": {_SUBSCRIPTION_ID: self.id}}
@@ -374,8 +377,9 @@ class FaceDispatcher:
         """Each session's resource subscriptions: (server, URI)."""
         self._listens: dict[Session, dict[int | str, _Listen]] = {}
         """Each 2026-07-28 session's listen streams, by request id."""
-        self._drained = anyio.Event()
-        """Set when the daemon stops: listen streams end, as the spec says, with a result."""
+        self._stopping: weakref.WeakSet[Session] = weakref.WeakSet()
+        """Sessions whose socket is draining (a listen admitted meanwhile ends too)."""
+
         self._routes: dict[tuple[object, ...], _Routes] = {}
         """Tool names resolved per scope and listings (``_route``)."""
         self._handlers: dict[str, Handler] = {
@@ -471,9 +475,12 @@ class FaceDispatcher:
     def opened(self, session: Session) -> None:
         self._sessions.add(session)
 
-    def draining(self) -> None:
-        """The daemon stops: every listen stream ends gracefully (its result)."""
-        self._drained.set()
+    def draining(self, session: Session) -> None:
+        """The session's socket stops (the daemon stops, or a reload removes
+        its profile): its listen streams end gracefully, with their results."""
+        self._stopping.add(session)
+        for listen in self._listens.get(session, {}).values():
+            listen.ended.set()
 
     def closed(self, session: Session) -> None:
         for listen in self._listens.pop(session, {}).values():
@@ -1007,6 +1014,8 @@ class FaceDispatcher:
         changes = frozenset(m for m, f in _LIST_CHANGES.items() if getattr(wanted, f))
         listen = _Listen(request_id, changes)
         self._listens.setdefault(session, {})[request_id] = listen
+        if session in self._stopping:
+            listen.ended.set()
         try:
             honored: dict[str, Any] = {
                 _camel(_LIST_CHANGES[m]): True for m in sorted(changes)
@@ -1018,7 +1027,7 @@ class FaceDispatcher:
                     if await self._hold(caller, listen, uri)
                 ]
             await session.send(listen.line(_ACKNOWLEDGED, {"notifications": honored}))
-            await self._drained.wait()
+            await listen.ended.wait()
         finally:
             held = self._listens.get(session, {})
             if held.pop(request_id, None) is not None:

@@ -281,7 +281,11 @@ class _Relayed:
         aborted: str | None = None,
         told: RemoteError | None = None,
     ) -> None:
-        """Account, audit, reply: the pipeline's last steps (``Calls._relay``'s)."""
+        """Account, audit, reply: the pipeline's last steps (``Calls._relay``'s).
+        Once: a call whose client left while its server asked first (``_rounds``)
+        ends then, and its task's own end later is nothing."""
+        if self.over:
+            return
         self.over = True
         self._cancel_timer()
         self._release()

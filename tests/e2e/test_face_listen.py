@@ -28,8 +28,11 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.subscriptions import ResourceUpdated, ToolsListChanged
 
+from memorizzd.config import load
 from tests import features_server
+from tests.e2e.test_reload import _doc, _server, _write  # the config file's
 from tests.harness import (
+    MCP_SERVER,
     DaemonHarness,
     daemon_config,
     http_bridge,
@@ -253,3 +256,65 @@ def test_a_2026_upstreams_resource_updates_reach_face_clients_of_both_eras(
         with harness.client() as c:
             assert c.server_status("modern")[0].protocol_version == "2026-07-28"
         assert anyio.run(work, harness) == [ResourceUpdated(uri=WATCHED)]
+
+
+def _reload(harness: DaemonHarness) -> None:
+    with harness.client() as c:
+        c.daemon_reload()
+
+
+def test_a_reload_that_removes_a_profile_ends_only_its_listen_streams(
+    base_dir: str,
+) -> None:
+    """The profile's sockets drain: its session's stream ends with its
+    result; the operator's stream goes on hearing changes."""
+    config_file = Path(base_dir, "memorizzd.toml")
+    doc = _doc(
+        base_dir,
+        servers=[_server("alpha", MCP_SERVER)],
+        profiles=[{"name": "bot", "servers": ["alpha"], "uids": [os.getuid()]}],
+    )
+    _write(config_file, doc)
+    ended: list[str] = []
+
+    async def listen(socket_path: str, who: str, heard: anyio.Event) -> None:
+        params = StdioServerParameters(
+            command=MEMORIZZCTL, args=["--socket", socket_path, "mcp", "serve"]
+        )
+        async with (
+            Client(stdio_client(params), mode="auto", cache=None) as client,
+            client.listen(tools_list_changed=True) as stream,
+        ):
+            heard.set()  # acknowledged
+            async for _ in stream:
+                if who == "operator":
+                    ended.append("operator heard a change")
+                    return
+            ended.append(f"{who} ended")
+
+    with DaemonHarness.running(load(str(config_file))) as h:
+        h.wait_ready("alpha")
+        with h.client() as c:
+            bot_socket = c.daemon_status().agent_sockets["bot"]
+
+        async def work() -> None:
+            bot, operator = anyio.Event(), anyio.Event()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(listen, bot_socket, "bot", bot)
+                tg.start_soon(listen, h.socket, "operator", operator)
+                with anyio.fail_after(15):
+                    await bot.wait()
+                    await operator.wait()
+                _write(config_file, {**doc, "profiles": []})
+                await anyio.to_thread.run_sync(_reload, h)
+                with anyio.fail_after(15):
+                    while ended != ["bot ended"]:  # noqa: ASYNC110 - its stream ends
+                        await anyio.sleep(0.05)
+                with h.client() as c:
+                    c.call_tool("alpha", "change_tools", {})
+                with anyio.fail_after(15):
+                    while len(ended) < 2:  # noqa: ASYNC110 - the change comes
+                        await anyio.sleep(0.05)
+
+        anyio.run(work)
+    assert ended == ["bot ended", "operator heard a change"]

@@ -98,9 +98,10 @@ class LineDispatcher(Protocol):
         """A connection began (a session the protocol may send messages to)."""
         ...
 
-    def draining(self) -> None:
-        """The daemon stops: requests that would run until told (the MCP
-        face's listen streams) end now."""
+    def draining(self, session: Session) -> None:
+        """``session``'s socket stops (the daemon stops, or a reload removes
+        it): its requests that would run until told (the MCP face's listen
+        streams) end now."""
         ...
 
     def closed(self, session: Session) -> None: ...
@@ -165,7 +166,7 @@ class Dispatcher:
             return None
         return self._relay(session, request)
 
-    def draining(self) -> None:
+    def draining(self, session: Session) -> None:
         """Every method of this API ends by itself."""
 
     def opened(self, session: Session) -> None:

@@ -210,6 +210,8 @@ class SocketServer:
         self._idle: anyio.Event | None = None
         """Set when nothing is in flight, for a drain that waits (made by it)."""
         self._readers: set[anyio.CancelScope] = set()
+        self._open: set[_Connection] = set()
+        """This socket's connections (a drain tells the protocol of each)."""
         self._draining = False
         self._accept_log = _Every()
 
@@ -300,7 +302,8 @@ class SocketServer:
     async def drain(self) -> None:
         """Stop reading new requests on every connection; wait until none is in flight."""
         self._draining = True
-        self._dispatcher.draining()
+        for connection in list(self._open):
+            self._dispatcher.draining(connection)
         for scope in list(self._readers):
             scope.cancel()
         while self.in_flight:
@@ -316,11 +319,13 @@ class SocketServer:
         self, stream: anyio.abc.SocketStream, raw: socket.socket, caller: Caller
     ) -> None:
         connection = _Connection(self, stream, raw, caller)
+        self._open.add(connection)
         try:
             await connection.serve()
         except Exception:  # a connection must never take the server down
             log.exception("connection from pid %d failed", connection.caller.pid)
         finally:
+            self._open.discard(connection)
             self.connections -= 1
             left = self.by_uid.pop(caller.uid, 1) - 1
             if left:
