@@ -427,15 +427,20 @@ class _Connection:
             await self._serve()
         finally:
             self.dispatcher.closed(self)
-            if self.inbox is not None:
-                self.inbox.close()
-            self.outbox.close()
+            self._unwatch()
             close_all(self.offered)
             if self.pipes is not None:
                 self.pipes.close()
 
     async def _serve(self) -> None:
-        async with self.stream, anyio.create_task_group() as tg:
+        async with self.stream:
+            try:
+                await self._served()
+            finally:  # before the socket closes: its descriptor number may be reused
+                self._unwatch()
+
+    async def _served(self) -> None:
+        async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch)
             calls = TaskSet()  # a task per request, without a task group's cost
             try:
@@ -463,6 +468,13 @@ class _Connection:
             with suppress(OSError):  # the last replies, within the write timeout
                 await self.outbox.drained()
             tg.cancel_scope.cancel()
+
+    def _unwatch(self) -> None:
+        """The loop stops reading and writing the client's descriptors (what
+        is not written by now is dropped)."""
+        if self.inbox is not None:
+            self.inbox.close()
+        self.outbox.close()
 
     def _client_gone(self) -> None:
         """Nobody will read the replies: abandon what may be abandoned."""
@@ -759,9 +771,7 @@ class _Connection:
 
     def _shut(self) -> None:
         self.broken = True
-        self.outbox.close()
-        if self.inbox is not None:
-            self.inbox.close()
+        self._unwatch()
         with suppress(OSError):
             self.raw.shutdown(socket.SHUT_RDWR)
         if self.pipes is not None:
