@@ -107,6 +107,7 @@ class Inbox:
         "_reading",
         "_size",
         "_waiter",
+        "taken",
     )
 
     def __init__(
@@ -122,6 +123,9 @@ class Inbox:
         self._waiter: asyncio.Future[None] | None = None
         self._loop = asyncio.get_running_loop()
         self._reading = False
+        self.taken: Callable[[bytes], bool] | None = None
+        """Takes bytes in the reader callback itself, when the consumer waits
+        with nothing queued (True: taken; False: they go to the consumer)."""
         self._start()
 
     def _start(self) -> None:
@@ -142,6 +146,8 @@ class Inbox:
         except OSError as exc:
             self._error, data = exc, b""
         if data:
+            if self._waiter is not None and not self._chunks and self._take(data):
+                return
             self._chunks.append(data)
             self._size += len(data)
             if self._size >= self._limit:
@@ -152,6 +158,18 @@ class Inbox:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def _take(self, data: bytes) -> bool:
+        taken = self.taken
+        if taken is None:
+            return False
+        try:
+            return taken(data)
+        except Exception:  # a bug: logged; the bytes are not handed on twice
+            log.exception(
+                "taking %d bytes from descriptor %d failed", len(data), self._fd
+            )
+            return True
 
     async def receive(self) -> bytes:
         while not self._chunks:

@@ -264,6 +264,7 @@ class JsonRpcSession:
         """Where the server's requests of a caller wait (``open_session``)."""
         self.ended = anyio.Event()
         """Set when the server closed its stdout (the session is over)."""
+        pipes.take_answers(self._answers_now)
 
     # --- the Connection ----------------------------------------------------
 
@@ -780,6 +781,25 @@ class JsonRpcSession:
                     await self._answer_request(message)
         finally:
             self._close("the server closed its stdout")
+
+    def _answers_now(self, data: bytes) -> bool:
+        """Whole lines the pipes read while the reader waited: taken here, in
+        the loop's callback, when every one is an answer (a relayed call then
+        ends with no task woken); else False, and ``read`` takes them all."""
+        answers = []
+        for line in data.split(b"\n"):
+            if not line.strip():
+                continue
+            try:
+                message = _decode_message(line)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                return False
+            if message.method is not None:
+                return False
+            answers.append(message)
+        for message in answers:
+            self._answered(message)
+        return True
 
     def _answered(self, message: _Message) -> None:
         if message.id is None:

@@ -27,7 +27,7 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from typing import Final
 
@@ -102,6 +102,24 @@ class StdioPipes:
         self._stdin_fd: int | None = stdin
         self._stdin = Outbox(stdin)
         self._max = max_message_bytes
+        self._buffer = bytearray()
+        """The line being read (``lines``)."""
+        self._oversize: OversizeMessage | None = None
+        """The oversize line being dropped (``lines``)."""
+
+    def take_answers(self, taken: Callable[[bytes], bool]) -> None:
+        """``taken`` may take whole lines in the loop's reader callback (the
+        session's answers, which need no task): only when the reading task
+        waits with nothing half read, so the order of lines is kept."""
+
+        def take(data: bytes) -> bool:
+            if self._buffer or self._oversize is not None:
+                return False
+            if not data.endswith(b"\n") or len(data) > self._max:
+                return False
+            return taken(data)
+
+        self._stdout.taken = take
 
     def write_now(self, data: bytes) -> None:
         try:
@@ -132,31 +150,34 @@ class StdioPipes:
             _close_fd(fd)
 
     async def lines(self) -> AsyncIterator[bytes]:
-        buffer = bytearray()
-        oversize: OversizeMessage | None = None  # the oversize line being dropped
+        buffer = self._buffer
         limit = self._max
         while chunk := await self._receive():
             start = 0
             while True:
                 end = chunk.find(b"\n", start)
                 piece = chunk[start:] if end < 0 else chunk[start:end]
-                if oversize is not None:
-                    oversize.feed(piece)
+                if self._oversize is not None:
+                    self._oversize.feed(piece)
                 else:
                     buffer += piece
                     if len(buffer) > limit:
-                        oversize = OversizeMessage(limit)
-                        oversize.feed(bytes(buffer))
+                        self._oversize = OversizeMessage(limit)
+                        self._oversize.feed(bytes(buffer))
                         buffer.clear()
-                if oversize is not None and (reply := oversize.take_reply()):
+                if self._oversize is not None and (
+                    reply := self._oversize.take_reply()
+                ):
                     yield reply
                 if end < 0:
                     break
-                if oversize is not None:
-                    log.warning("%s: %s", self._name, oversize.outcome())
-                    oversize = None
+                if self._oversize is not None:
+                    log.warning("%s: %s", self._name, self._oversize.outcome())
+                    self._oversize = None
                 elif buffer.strip():
-                    yield bytes(buffer)
+                    line = bytes(buffer)
+                    buffer.clear()
+                    yield line
                 buffer.clear()
                 start = end + 1
         log.debug("%s: stdout closed", self._name)
