@@ -119,6 +119,7 @@ from memorizzd.rpc.dispatch import Relayed, Session, encode_error
 from memorizzd.telemetry import tracing
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
+from memorizzd.upstream.jsonrpc import ACKNOWLEDGED, SUBSCRIPTION_ID
 
 log = logging.getLogger("memorizzd.face")
 T = TypeVar("T")
@@ -157,8 +158,6 @@ _LIST_CHANGES: Final = {
     "notifications/resources/list_changed": "resources_list_changed",
 }
 """The list changes a 2026-07-28 listen stream may ask for (``_Filter``'s fields)."""
-_ACKNOWLEDGED: Final = "notifications/subscriptions/acknowledged"
-_SUBSCRIPTION_ID: Final = "io.modelcontextprotocol/subscriptionId"
 LIST_CHANGED_SEND_S: Final = 1.0
 APPROVAL_PROGRESS_S: Final = 5.0
 """How often a call held for the operator tells its client (given a progress token)."""
@@ -233,6 +232,8 @@ class _Cursor(msgspec.Struct):
 
 
 class _CallMeta(msgspec.Struct, rename="camel"):
+    version: str | None = msgspec.field(default=None, name=_VERSION_KEY)
+    """2026-07-28's stamp (``_stamped``, read with the rest of the call)."""
     progress_token: int | str | None = None
     client_capabilities: dict[str, Any] | None = msgspec.field(
         default=None, name="io.modelcontextprotocol/clientCapabilities"
@@ -290,7 +291,7 @@ class _Listen:
         """Set when its socket stops: the stream ends with its result."""
 
     def line(self, method: str, params: dict[str, Any] | None = None) -> bytes:
-        stamped = {**(params or {}), "_meta": {_SUBSCRIPTION_ID: self.id}}
+        stamped = {**(params or {}), "_meta": {SUBSCRIPTION_ID: self.id}}
         message = {"jsonrpc": "2.0", "method": method, "params": stamped}
         return _encoder.encode(message) + b"\n"
 
@@ -446,7 +447,7 @@ class FaceDispatcher:
             or (meta is not None and meta.progress_token is not None)
         ):
             return None
-        modern = _stamped(request.params)
+        modern = meta is not None and meta.version == MODERN
         can = (meta.client_capabilities if meta else None) if modern else None
         if _answers_asks(can or {} if modern else self._clients.get(session, {})):
             return None
@@ -1026,7 +1027,7 @@ class FaceDispatcher:
                     for uri in wanted.resource_subscriptions
                     if await self._hold(caller, listen, uri)
                 ]
-            await session.send(listen.line(_ACKNOWLEDGED, {"notifications": honored}))
+            await session.send(listen.line(ACKNOWLEDGED, {"notifications": honored}))
             await listen.ended.wait()
         finally:
             held = self._listens.get(session, {})
@@ -1034,7 +1035,7 @@ class FaceDispatcher:
                 self._let_go(listen, caller)
             if not held:
                 self._listens.pop(session, None)
-        return {"_meta": {_SUBSCRIPTION_ID: request_id}}
+        return {"_meta": {SUBSCRIPTION_ID: request_id}}
 
     async def _hold(self, caller: Caller, listen: _Listen, uri: str) -> bool:
         """The listen stream subscribes to ``uri`` of the server that lists it

@@ -13,7 +13,7 @@ import pytest
 
 from memorizzd.config import Metrics
 from memorizzd.telemetry.metrics import CALLS
-from tests.component.test_broker_pool_approvals import OPERATOR, components
+from tests.component.wiring import OPERATOR, components
 from tests.harness import daemon_config, rmtree, short_tempdir, stdio_spec
 
 pytestmark = pytest.mark.anyio

@@ -12,7 +12,7 @@ test server (tests/mcp_server.py over stdio).
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import anyio
@@ -23,47 +23,13 @@ from memorizz.api.errors import RemoteError
 from memorizz.api.protocol import Request, RequestId
 from memorizzd.caller import Caller
 from memorizzd.calllife import CallLife, current, declare
-from memorizzd.config import Config, Profile
 from memorizzd.face import MODERN, FaceDispatcher
 from memorizzd.relay import WarmRelay
 from memorizzd.rpc.dispatch import Relayed
-from tests.component.test_broker_pool_approvals import (
-    AGENT,
-    OPERATOR,
-    Components,
-    components,
-)
-from tests.harness import daemon_config, rmtree, short_tempdir, stdio_spec
+from tests.component.wiring import AGENT, OPERATOR, Components
 from tests.process import wait_until
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture(scope="module")
-def anyio_backend() -> tuple[str, dict[str, Any]]:
-    return ("asyncio", {"use_uvloop": True})
-
-
-@pytest.fixture(scope="module")
-def base() -> Iterator[str]:
-    path = short_tempdir()
-    yield path
-    rmtree(path)
-
-
-@pytest.fixture(scope="module")
-async def c(base: str) -> AsyncIterator[Components]:
-    async with components(_config(base)) as wired:
-        yield wired
-
-
-def _config(base: str) -> Config:
-    log = os.path.join(base, "calls.log")
-    return daemon_config(
-        base,
-        servers=[stdio_spec("t", env={"CALL_LOG": log})],
-        profiles=[Profile(name="alpha", servers=["t"], uids=[os.getuid()])],
-    )
 
 
 class Recorder:
@@ -185,10 +151,7 @@ async def test_the_callers_deadline_is_a_timer_and_the_server_is_told(
     reply = await _reply(session, 3)
     assert reply["error"]["data"]["reason"] == "timeout"
     assert (await _last_record(c, "watched"))["reason"] == "timeout"
-    log = os.path.join(base, "calls.log")  # notifications/cancelled reached it
-    await anyio.to_thread.run_sync(
-        lambda: wait_until(lambda: "cancelled:late" in _read(log), timeout=20)
-    )
+    await _logged(base, "cancelled:late")  # notifications/cancelled reached it
     assert c.pool.get("t").in_flight == 0
 
 
@@ -204,15 +167,10 @@ async def test_a_read_whose_client_left_is_cancelled_upstream_and_audited(
         "arguments": {"seconds": 30, "tag": "relayed"},
     }
     relayed = await _once_checked(lambda: relay(session, _request(4, params)))
-    log = os.path.join(base, "calls.log")
-    await anyio.to_thread.run_sync(
-        lambda: wait_until(lambda: "start:relayed" in _read(log), timeout=20)
-    )
+    await _logged(base, "start:relayed")
     relayed.client_gone()
     assert session.finished == {4: None}  # no reply: nobody reads it
-    await anyio.to_thread.run_sync(
-        lambda: wait_until(lambda: "cancelled:relayed" in _read(log), timeout=20)
-    )
+    await _logged(base, "cancelled:relayed")
     record = await _last_record(c, "watched")
     assert (record["outcome"], record["reason"]) == ("client_aborted", "client_gone")
 
@@ -248,6 +206,14 @@ async def test_what_the_relay_leaves_to_the_task_way(c: Components) -> None:
         type=Request,
     )
     assert relay(session, note) is None
+
+
+async def _logged(base: str, line: str) -> None:
+    """Wait until the test server has logged ``line`` to its calls.log."""
+    log = os.path.join(base, "calls.log")
+    await anyio.to_thread.run_sync(
+        lambda: wait_until(lambda: line in _read(log), timeout=20)
+    )
 
 
 def _read(path: str) -> str:

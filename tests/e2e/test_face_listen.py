@@ -171,7 +171,9 @@ def test_the_daemon_stopping_ends_a_listen_stream_gracefully(base_dir: str) -> N
     config = daemon_config(base_dir, servers=[stdio_spec("alpha")], drain_timeout_s=30)
     ended: list[str] = []
 
-    async def listen(harness: DaemonHarness, ready: anyio.Event) -> None:
+    async def listen(
+        harness: DaemonHarness, ready: anyio.Event, done: anyio.Event
+    ) -> None:
         async with (
             _modern(harness) as client,
             client.listen(tools_list_changed=True) as stream,
@@ -180,22 +182,22 @@ def test_the_daemon_stopping_ends_a_listen_stream_gracefully(base_dir: str) -> N
             async for _ in stream:
                 pass
             ended.append("gracefully")
+            done.set()
 
     with contextlib.ExitStack() as running:
         harness = running.enter_context(DaemonHarness.running(config))
         harness.wait_ready("alpha")
 
         async def work() -> float:
-            ready = anyio.Event()
+            ready, done = anyio.Event(), anyio.Event()
             async with anyio.create_task_group() as tg:
-                tg.start_soon(listen, harness, ready)
+                tg.start_soon(listen, harness, ready, done)
                 with anyio.fail_after(15):
                     await ready.wait()
                 started = anyio.current_time()
                 await anyio.to_thread.run_sync(running.close)  # the daemon stops
                 with anyio.fail_after(15):
-                    while not ended:  # noqa: ASYNC110 - the client's loop ends on its own
-                        await anyio.sleep(0.05)
+                    await done.wait()  # the client's loop ends on its own
                 return anyio.current_time() - started
 
         took = anyio.run(work)
@@ -276,6 +278,7 @@ def test_a_reload_that_removes_a_profile_ends_only_its_listen_streams(
     )
     _write(config_file, doc)
     ended: list[str] = []
+    said = {"bot": anyio.Event(), "operator": anyio.Event()}
 
     async def listen(socket_path: str, who: str, heard: anyio.Event) -> None:
         params = StdioServerParameters(
@@ -289,8 +292,10 @@ def test_a_reload_that_removes_a_profile_ends_only_its_listen_streams(
             async for _ in stream:
                 if who == "operator":
                     ended.append("operator heard a change")
+                    said[who].set()
                     return
             ended.append(f"{who} ended")
+            said[who].set()
 
     with DaemonHarness.running(load(str(config_file))) as h:
         h.wait_ready("alpha")
@@ -308,13 +313,11 @@ def test_a_reload_that_removes_a_profile_ends_only_its_listen_streams(
                 _write(config_file, {**doc, "profiles": []})
                 await anyio.to_thread.run_sync(_reload, h)
                 with anyio.fail_after(15):
-                    while ended != ["bot ended"]:  # noqa: ASYNC110 - its stream ends
-                        await anyio.sleep(0.05)
+                    await said["bot"].wait()  # its stream ends
                 with h.client() as c:
                     c.call_tool("alpha", "change_tools", {})
                 with anyio.fail_after(15):
-                    while len(ended) < 2:  # noqa: ASYNC110 - the change comes
-                        await anyio.sleep(0.05)
+                    await said["operator"].wait()  # the change comes
 
         anyio.run(work)
     assert ended == ["bot ended", "operator heard a change"]

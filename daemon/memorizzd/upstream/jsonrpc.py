@@ -71,6 +71,8 @@ log = logging.getLogger("memorizzd.upstream.jsonrpc")
 
 MODERN: Final = "2026-07-28"
 ACKNOWLEDGED: Final = "notifications/subscriptions/acknowledged"
+SUBSCRIPTION_ID: Final = "io.modelcontextprotocol/subscriptionId"
+"""The ``_meta`` key of a listen stream's frames: its request's id (both sides of ours)."""
 LISTEN_AGAIN_S: Final = 1.0
 """A resource listen stream the server ended is opened again after this."""
 HANDSHAKE_VERSION: Final = "2025-11-25"
@@ -126,9 +128,7 @@ Message = _Message
 
 
 class _Subscription(msgspec.Struct):
-    id: str | int | None = msgspec.field(
-        default=None, name="io.modelcontextprotocol/subscriptionId"
-    )
+    id: str | int | None = msgspec.field(default=None, name=SUBSCRIPTION_ID)
 
 
 class _Stamped(msgspec.Struct):
