@@ -11,7 +11,7 @@ from functools import partial
 
 import anyio
 
-from memorizzd import __version__
+from memorizzd import __version__, sdk_client_side
 from memorizzd.config import ConfigError, load
 from memorizzd.execution import check_config_servers, harden_process
 from memorizzd.sdnotify import setup_logging
@@ -27,6 +27,7 @@ log = logging.getLogger("memorizzd")
 
 
 def main(argv: list[str] | None = None) -> int:
+    sdk_client_side.install()  # before anything loads the MCP SDK
     parser = argparse.ArgumentParser(
         prog="memorizzd",
         description="The per-host MCP connection broker daemon. Runs in the foreground.",

@@ -123,9 +123,10 @@ class Inbox:
         self._waiter: asyncio.Future[None] | None = None
         self._loop = asyncio.get_running_loop()
         self._reading = False
-        self.taken: Callable[[bytes], bool] | None = None
+        self.taken: Callable[[bytes], bytes] | None = None
         """Takes bytes in the reader callback itself, when the consumer waits
-        with nothing queued (True: taken; False: they go to the consumer)."""
+        with nothing queued; returns what it left, which goes to the consumer
+        (b"": all taken)."""
         self._start()
 
     def _start(self) -> None:
@@ -146,8 +147,10 @@ class Inbox:
         except OSError as exc:
             self._error, data = exc, b""
         if data:
-            if self._waiter is not None and not self._chunks and self._take(data):
-                return
+            if self._waiter is not None and not self._chunks:
+                data = self._take(data)
+                if not data:
+                    return
             self._chunks.append(data)
             self._size += len(data)
             if self._size >= self._limit:
@@ -159,17 +162,17 @@ class Inbox:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    def _take(self, data: bytes) -> bool:
+    def _take(self, data: bytes) -> bytes:
         taken = self.taken
         if taken is None:
-            return False
+            return data
         try:
             return taken(data)
         except Exception:  # a bug: logged; the bytes are not handed on twice
             log.exception(
                 "taking %d bytes from descriptor %d failed", len(data), self._fd
             )
-            return True
+            return b""
 
     async def receive(self) -> bytes:
         while not self._chunks:

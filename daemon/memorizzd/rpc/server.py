@@ -390,6 +390,14 @@ class _Connection:
         in either is refused until it is answered."""
         self.inbox: Inbox | None = None
         """The client's bytes, read as they come (once the bridge's offer is over)."""
+        self.buffer = bytearray()
+        """The line being read, not yet whole."""
+        self.first_by: float | None = None
+        """When the first whole line must have come (``first_frame_timeout_s``);
+        None once it came."""
+        self.calls = TaskSet()
+        """The tasks of its requests (a task per request, without a task
+        group's cost)."""
         self.outbox = Outbox(raw.fileno(), raw.send)
         """Reply lines not yet written (the client reads them at its pace)."""
         self.room = anyio.Event()
@@ -442,9 +450,9 @@ class _Connection:
     async def _served(self) -> None:
         async with anyio.create_task_group() as tg:
             tg.start_soon(self._watch)
-            calls = TaskSet()  # a task per request, without a task group's cost
+            calls = self.calls
             try:
-                ended = await self._read(calls)
+                ended = await self._read()
                 if ended == "gone":
                     self._client_gone()
                 elif ended == "eof" and self.in_flight:
@@ -494,11 +502,11 @@ class _Connection:
             if self.pipes.gone() if self.pipes is not None else poller.poll(0):
                 self._client_gone()
 
-    async def _read(self, calls: TaskSet) -> str | None:
+    async def _read(self) -> str | None:
         """Read and admit lines until EOF (``"eof"``), a broken connection
         (``"gone"``), or another reason to stop (None)."""
-        server, buffer, max_frame = self.server, bytearray(), self.max_frame
-        first_by = (
+        server, buffer, max_frame = self.server, self.buffer, self.max_frame
+        first_by = self.first_by = (
             None
             if self.first_frame_s is None
             else anyio.current_time() + self.first_frame_s
@@ -527,7 +535,7 @@ class _Connection:
                     while (end := buffer.find(b"\n", scanned)) >= 0:
                         if end > max_frame:
                             break
-                        first_by = None
+                        first_by = self.first_by = None
                         line = bytes(buffer[:end])
                         del buffer[: end + 1]
                         scanned = 0
@@ -535,7 +543,7 @@ class _Connection:
                         if self.offering and await self._handoff(line, buffer):
                             continue
                         if line.strip():
-                            await self._admit(line, calls)
+                            await self._admit(line)
                     if len(buffer) > max_frame:
                         error = InvalidRequestError(
                             f"frame larger than {max_frame} bytes; closing the connection",
@@ -559,6 +567,7 @@ class _Connection:
                 if self.pipes is None
                 else Inbox(self.pipes.requests)
             )
+            self.inbox.taken = self._take_lines
         if data := await self.inbox.receive():
             return data
         raise anyio.EndOfStream
@@ -608,8 +617,32 @@ class _Connection:
         self.outbox = Outbox(pipes.replies, pipes.send_now)
         return True
 
-    async def _admit(self, line: bytes, calls: TaskSet) -> None:
-        """Run one request line in a task of its own, or answer it here and now.
+    def _take_lines(self, data: bytes) -> bytes:
+        """Admit whole request lines in the loop's reader callback, while the
+        reader task waits with nothing half read: a relayed call then wakes
+        no task at all. Returns what must go to the reader task instead (from
+        the first line that would have to wait, or be refused, or is not
+        whole), so the order of lines is kept."""
+        if self.buffer or self.first_by is not None or self.server._draining:
+            return data
+        start, max_frame = 0, self.max_frame
+        while (end := data.find(b"\n", start)) >= 0:
+            if (
+                end - start > max_frame
+                or self.broken
+                or self.in_flight >= self.max_in_flight
+                or self.outbox.kept > MAX_UNSENT_BYTES
+            ):
+                break
+            line = data[start:end]
+            start = end + 1
+            self.last_activity = self.now()
+            if line.strip() and (reply := self._admit_now(line)) is not None:
+                self._put(reply)
+        return data[start:]
+
+    async def _admit(self, line: bytes) -> None:
+        """Admit one request line (``_admit_now``).
 
         Past the connection's limits (requests pending, reply bytes unsent)
         this waits, and so the connection is not read: that is the push-back."""
@@ -621,21 +654,26 @@ class _Connection:
                 await self.outbox.drained()
         if self.broken:
             return
+        reply = self._admit_now(line)
+        if reply is not None:
+            await self._send(reply)
+
+    def _admit_now(self, line: bytes) -> bytes | None:
+        """Run one request line: relayed with no task, in a task of its own,
+        or answered here and now (the answer is returned, to be sent)."""
         parsed = self.dispatcher.parse(line)
         if isinstance(parsed, bytes):  # not a request: answered at once
-            await self._send(parsed)
-            return
+            return parsed
         if parsed.id is None:
             if not self.dispatcher.notified(self, parsed):
                 self._drop_notification(parsed)
-            return
+            return None
         if parsed.id in self.lives or parsed.id in self.relayed:
             duplicate = InvalidRequestError(
                 f"request id {parsed.id!r} is already in flight on this connection;"
                 " ids must be unique among a connection's pending requests"
             )
-            await self._send(encode_error(parsed.id, duplicate.to_wire()))
-            return
+            return encode_error(parsed.id, duplicate.to_wire())
         server = self.server
         if (
             self.socket_in_flight is not None
@@ -646,18 +684,18 @@ class _Connection:
                 reason="overloaded",
                 data={"retry_after_s": 0.1},
             )
-            await self._send(encode_error(parsed.id, error.to_wire()))
-            return
+            return encode_error(parsed.id, error.to_wire())
         self.in_flight += 1
         server._track(+1)
         relayed = self.dispatcher.relay(self, parsed)
         if relayed is not None:  # no task: it ends with finish()
             self.relayed[parsed.id] = relayed
-            return
+            return None
         life = self.lives[parsed.id] = CallLife(
             parsed.method, send=self._send, session=self
         )
-        calls.spawn(self._run_one, parsed, parsed.id, life, name=parsed.method)
+        self.calls.spawn(self._run_one, parsed, parsed.id, life, name=parsed.method)
+        return None
 
     def _drop_notification(self, request: Request) -> None:
         self.notifications += 1

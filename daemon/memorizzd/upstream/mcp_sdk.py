@@ -14,7 +14,7 @@ checks it: tests/test_layers.py).
 from __future__ import annotations
 
 import mcp_types as types
-from mcp import Client
+from mcp.client.client import Client
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.dispatcher import CallOptions, ProgressFnT

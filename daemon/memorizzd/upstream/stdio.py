@@ -112,12 +112,12 @@ class StdioPipes:
         session's answers, which need no task): only when the reading task
         waits with nothing half read, so the order of lines is kept."""
 
-        def take(data: bytes) -> bool:
+        def take(data: bytes) -> bytes:
             if self._buffer or self._oversize is not None:
-                return False
+                return data
             if not data.endswith(b"\n") or len(data) > self._max:
-                return False
-            return taken(data)
+                return data
+            return b"" if taken(data) else data
 
         self._stdout.taken = take
 
