@@ -28,7 +28,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.subscriptions import ResourceUpdated, ToolsListChanged
 
-from memorizzd.config import load
+from memorizzd.config import Config, load
 from tests import features_server
 from tests.e2e.test_reload import _doc, _server, _write  # the config file's
 from tests.harness import (
@@ -36,6 +36,8 @@ from tests.harness import (
     DaemonHarness,
     daemon_config,
     http_bridge,
+    http_spec,
+    serve_asgi,
     short_tempdir,
     stdio_spec,
     wait_until,
@@ -208,17 +210,32 @@ def test_the_daemon_stopping_ends_a_listen_stream_gracefully(base_dir: str) -> N
 @pytest.mark.filterwarnings(
     "ignore::mcp.shared.exceptions.MCPDeprecationWarning"
 )  # resources/subscribe is the handshake era's way
+@pytest.mark.parametrize("upstream", ["stdio", "streamable_http"])
 @pytest.mark.parametrize("client_era", ["legacy", "auto"])
 def test_a_2026_upstreams_resource_updates_reach_face_clients_of_both_eras(
-    base_dir: str, client_era: str
+    base_dir: str, client_era: str, upstream: str
 ) -> None:
     """The upstream speaks 2026-07-28 too: the daemon holds the URIs its
     face sessions subscribe to on a listen stream of its own with the server
-    (``resourceSubscriptions``), and the server's updates on it reach a
+    (``resourceSubscriptions``; our JSON-RPC client over stdio, the SDK's
+    ``Client.listen`` over HTTP), and the server's updates on it reach a
     handshake-era session (``resources/subscribe``) and a 2026-07-28 one
     (its own listen stream) alike."""
-    spec = stdio_spec("modern", args=[str(Path(features_server.__file__)), "stdio"])
-    config = daemon_config(base_dir, servers=[spec])
+    with contextlib.ExitStack() as stack:
+        if upstream == "stdio":
+            spec = stdio_spec(
+                "modern", args=[str(Path(features_server.__file__)), "stdio"]
+            )
+        else:
+            base_url = stack.enter_context(
+                serve_asgi(lambda _: features_server.mcp.streamable_http_app())
+            )
+            spec = http_spec("modern", base_url + "/mcp", "streamable_http")
+        config = daemon_config(base_dir, servers=[spec])
+        _updates_reach_face_clients(config, client_era)
+
+
+def _updates_reach_face_clients(config: Config, client_era: str) -> None:
 
     async def work(harness: DaemonHarness) -> list[object]:
         heard: list[object] = []

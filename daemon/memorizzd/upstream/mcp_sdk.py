@@ -17,6 +17,7 @@ import mcp_types as types
 from mcp.client.client import Client
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.client.subscriptions import SubscriptionLost
 from mcp.shared.dispatcher import CallOptions, ProgressFnT
 from mcp.shared.exceptions import MCPError
 from mcp_types.methods import validate_server_result
@@ -26,6 +27,7 @@ __all__ = [
     "Client",
     "MCPError",
     "ProgressFnT",
+    "SubscriptionLost",
     "sse_client",
     "streamable_http_client",
     "types",

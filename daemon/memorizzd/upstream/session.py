@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager, suppress
 from typing import Any, Final, TypeVar
 
 import anyio
@@ -36,6 +36,7 @@ from memorizzd.egress.oversize import TOO_LARGE_MARKER
 from memorizzd.egress.replies import refusal_in
 from memorizzd.egress.transport import BearerSource
 from memorizzd.egress.urls import check_url, without_trailing_dot
+from memorizzd.loop import TaskSet
 from memorizzd.upstream.asks import (
     INPUT_ROUNDS_MAX,
     InFlight,
@@ -60,6 +61,7 @@ from memorizzd.upstream.mcp_sdk import (
     Client,
     MCPError,
     ProgressFnT,
+    SubscriptionLost,
     sse_client,
     streamable_http_client,
     types,
@@ -81,6 +83,10 @@ _PASSED_ON: Final = (
     types.LoggingMessageNotification,
     types.ResourceUpdatedNotification,
 )
+LISTEN_AGAIN_S: Final = 1.0
+"""A resource listen stream the server ended is opened again after this."""
+CLOSE_WAIT_S: Final = 2.0
+"""How long a closing connection waits for its listen streams to end."""
 SSE_EVENT_MAX: Final = 1 << 20
 """The SDK's legacy SSE reader dies on a larger event; cap below it."""
 
@@ -184,8 +190,11 @@ async def open_connection(
                 http_client=http,
                 max_sse_event_size=spec.max_result_bytes + 65536,
             )
-            async with _refusals_raised(Client(transport, **client_kwargs)) as client:
-                yield SdkConnection(client, server=spec.name, in_flight=in_flight)
+            async with (
+                _refusals_raised(Client(transport, **client_kwargs)) as client,
+                _connection(client, spec.name, in_flight) as connection,
+            ):
+                yield connection
     else:
         url = _checked_url(spec, host_allowlist)
         # The endpoint event is checked before the SDK reads it, and the open
@@ -210,8 +219,24 @@ async def open_connection(
             ),
         )
         bounded = opened_within(transport, spec.timeout_s, watch)
-        async with _refusals_raised(Client(bounded, **client_kwargs)) as client:
-            yield SdkConnection(client, server=spec.name, in_flight=in_flight)
+        async with (
+            _refusals_raised(Client(bounded, **client_kwargs)) as client,
+            _connection(client, spec.name, in_flight) as connection,
+        ):
+            yield connection
+
+
+@asynccontextmanager
+async def _connection(
+    client: Client, server: str, in_flight: InFlight
+) -> AsyncIterator[SdkConnection]:
+    """The connection on ``client``; the listen streams it holds end with it."""
+    connection = SdkConnection(client, server=server, in_flight=in_flight)
+    try:
+        yield connection
+    finally:
+        with anyio.CancelScope(shield=True):
+            await connection.close()
 
 
 _CALL_RESULT: Final = pydantic.TypeAdapter(
@@ -361,6 +386,19 @@ async def _modern_call(
     return _CALL_RESULT.validate_python(raw, by_name=False)
 
 
+class _ResourceStream:
+    """A listen stream held for a set of resource URIs (2026-07-28)."""
+
+    def __init__(self, uris: frozenset[str]) -> None:
+        self.uris = uris
+        self.acked = anyio.Event()
+        self.scope = anyio.CancelScope()
+        self.error: RemoteError | ConnectionLost | None = None
+
+    def let_go(self) -> None:
+        self.scope.cancel()
+
+
 def _dump(model: pydantic.BaseModel) -> dict[str, Any]:
     return model.model_dump(mode="json", by_alias=True, exclude_none=True)
 
@@ -369,11 +407,20 @@ class SdkConnection:
     """A ``Connection`` on the SDK's ``Client`` (public API only)."""
 
     def __init__(
-        self, client: Client, *, server: str, in_flight: InFlight | None = None
+        self,
+        client: Client,
+        *,
+        server: str,
+        in_flight: InFlight | None = None,
     ) -> None:
         self._client = client
         self._server = server
         self._in_flight = in_flight or InFlight(server)
+        self._resources: frozenset[str] = frozenset()
+        """2026-07-28: the URIs the held listen stream subscribes to."""
+        self._held: _ResourceStream | None = None
+        self._streams = TaskSet()
+        self._closed = False
         self.protocol_version: str | None = client.protocol_version
         info = client.server_info
         self.server_name = info.name if info else None
@@ -562,23 +609,89 @@ class SdkConnection:
 
     def can_subscribe(self) -> bool:
         resources = self._client.server_capabilities.resources
-        return (
-            self.protocol_version != MODERN
-            and resources is not None
-            and resources.subscribe is True
-        )
+        return resources is not None and resources.subscribe is True
 
     async def subscribe_resource(self, uri: str) -> None:
+        if self.protocol_version == MODERN:
+            await self._listen_for(self._resources | {uri})
+            return
         request = types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri))
         session = self._client.session
         await self._guarded(lambda: session.send_request(request, types.EmptyResult))
 
     async def unsubscribe_resource(self, uri: str) -> None:
+        if self.protocol_version == MODERN:
+            await self._listen_for(self._resources - {uri})
+            return
         request = types.UnsubscribeRequest(
             params=types.UnsubscribeRequestParams(uri=uri)
         )
         session = self._client.session
         await self._guarded(lambda: session.send_request(request, types.EmptyResult))
+
+    async def _listen_for(self, uris: frozenset[str], *, again: bool = False) -> None:
+        """2026-07-28: the URIs held are one listen stream's
+        (``resource_subscriptions``), as for stdio servers (``jsonrpc.py``):
+        another set is another stream, acknowledged before the old one is let
+        go, so no update falls between them. The caller bounds the wait."""
+        if (uris == self._resources and not again) or self._closed:
+            return
+        old, held = self._held, None
+        if uris:
+            held = _ResourceStream(uris)
+            self._streams.spawn(self._hold, held, name=f"{self._server} listen")
+            await held.acked.wait()
+            if held.error is not None:
+                raise held.error
+        self._resources, self._held = uris, held
+        if old is not None:
+            old.let_go()
+
+    async def _hold(self, held: _ResourceStream) -> None:
+        """One listen stream, until it is let go or the server ends it; one
+        the server ended while it was held is opened again after a pause
+        (its URIs still held; a stream has no replay)."""
+
+        async def relay_updates() -> None:
+            async with self._client.listen(
+                resource_subscriptions=sorted(held.uris)
+            ) as stream:
+                held.acked.set()
+                async for _event in stream:
+                    pass  # the SDK also hands each to ``on_message``, as for stdio
+
+        with held.scope:
+            try:
+                await self._guarded(relay_updates)
+            except SubscriptionLost as exc:  # dropped, not ended: held again
+                if not held.acked.is_set():
+                    held.error = ConnectionLost(f"{self._server}: {exc}")
+                log.info("%s: resource listen stream lost: %s", self._server, exc)
+            except (RemoteError, ConnectionLost) as exc:
+                held.error = exc
+                if held.acked.is_set():
+                    log.info("%s: resource listen stream: %s", self._server, exc)
+            finally:
+                held.acked.set()
+        if not held.scope.cancel_called and held.error is None and not self._closed:
+            await anyio.sleep(LISTEN_AGAIN_S)  # the server ended it
+            await self._renew(held)
+
+    async def _renew(self, ended: _ResourceStream) -> None:
+        """Hold the URIs again on a new stream, if ``ended`` (which the
+        server ended) is still the one that held them."""
+        if self._held is ended and not self._closed:
+            self._held = None
+            with suppress(RemoteError, ConnectionLost):
+                await self._listen_for(self._resources, again=True)
+
+    async def close(self) -> None:
+        """Let go of the listen streams held (before the client closes)."""
+        self._closed = True
+        if self._held is not None:
+            self._held.let_go()
+        with anyio.move_on_after(CLOSE_WAIT_S):
+            await self._streams.join()
 
     async def complete(self, params: dict[str, Any]) -> dict[str, Any]:
         request = types.CompleteRequest(
