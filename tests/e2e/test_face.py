@@ -478,6 +478,36 @@ def test_an_upstreams_prompt_list_change_reaches_its_sessions(
 ) -> None:
     """``alpha`` adds a prompt and says so: a face session hears
     ``notifications/prompts/list_changed`` and lists the new prompt."""
+    added = _prompt_added_and_heard(faced.socket)
+    assert len(added) == 1
+    assert added[0].startswith("alpha__dyn_prompt_")
+
+
+def test_a_2026_http_upstreams_prompt_list_change_reaches_its_sessions(
+    base_dir: str,
+) -> None:
+    """The same through a 2026-07-28 Streamable HTTP upstream, which tells
+    of list changes only on a ``subscriptions/listen`` stream: the daemon
+    holds one for every list change the server declares (the SDK's
+    ``Client.listen``), not only the tools'."""
+    with serve_http("streamable_http") as url:
+        config = daemon_config(
+            base_dir,
+            servers=[http_spec("alpha", url, "streamable_http"), stdio_spec("beta")],
+        )
+        with DaemonHarness.running(config) as harness:
+            harness.wait_ready("alpha")
+            with harness.client() as c:
+                status = c.server_status("alpha")[0]
+                assert status.protocol_version == "2026-07-28"
+            added = _prompt_added_and_heard(harness.socket)
+    assert len(added) == 1
+    assert added[0].startswith("alpha__dyn_prompt_")
+
+
+def _prompt_added_and_heard(api_socket: str) -> list[str]:
+    """Through the bridge: call ``alpha__change_prompts``, wait for the
+    session to hear ``prompts/list_changed``; the prompts it added."""
 
     async def work() -> list[str]:
         changed = anyio.Event()
@@ -487,7 +517,7 @@ def test_an_upstreams_prompt_list_change_reaches_its_sessions(
                 changed.set()
 
         params = StdioServerParameters(
-            command=MEMORIZZCTL, args=["--socket", faced.socket, "mcp", "serve"]
+            command=MEMORIZZCTL, args=["--socket", api_socket, "mcp", "serve"]
         )
         async with Client(
             stdio_client(params), mode="legacy", message_handler=handler
@@ -499,9 +529,7 @@ def test_an_upstreams_prompt_list_change_reaches_its_sessions(
             after = {p.name for p in (await client.list_prompts()).prompts}
         return sorted(after - before)
 
-    added = anyio.run(work)
-    assert len(added) == 1
-    assert added[0].startswith("alpha__dyn_prompt_")
+    return anyio.run(work)
 
 
 @pytest.mark.filterwarnings(

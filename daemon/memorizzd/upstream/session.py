@@ -726,14 +726,28 @@ class SdkConnection:
         )
 
     async def watch_tool_changes(self, on_change: Callable[[], None]) -> bool:
-        """2026-07-28: changes arrive only on a ``subscriptions/listen`` stream.
+        """2026-07-28: a ``subscriptions/listen`` stream for the tools,
+        resources and prompts list changes the server declares, held open
+        until the server ends it (True). Its events reach ``on_notification``
+        like the handshake era's notifications (the SDK hands each to
+        ``on_message`` too), as for stdio servers (``jsonrpc.py``). The
+        handshake era needs nothing: returns False at once."""
+        capabilities = self._client.server_capabilities
 
-        Returns at once when the server does not announce tool list changes;
-        the handshake era delivers them as notifications (``on_message``)."""
-        tools = self._client.server_capabilities.tools
-        if self.protocol_version != MODERN or tools is None or not tools.list_changed:
+        def changes(name: str) -> bool:
+            declared = getattr(capabilities, name, None)
+            return declared is not None and declared.list_changed is True
+
+        tools, resources, prompts = (
+            changes(name) for name in ("tools", "resources", "prompts")
+        )
+        if self.protocol_version != MODERN or not (tools or resources or prompts):
             return False
-        async with self._client.listen(tools_list_changed=True) as subscription:
+        async with self._client.listen(
+            tools_list_changed=tools,
+            resources_list_changed=resources,
+            prompts_list_changed=prompts,
+        ) as subscription:
             async for _event in subscription:
-                on_change()
+                pass
         return True
