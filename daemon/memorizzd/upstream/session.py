@@ -360,7 +360,10 @@ def translate_mcp_error(exc: MCPError, *, server: str) -> RemoteError | Connecti
 
 
 async def _modern_call(
-    session: Any, request: types.CallToolRequest, on_progress: ProgressFnT | None
+    session: Any,
+    request: types.CallToolRequest,
+    on_progress: ProgressFnT | None,
+    log_level: str | None = None,
 ) -> types.CallToolResult | types.InputRequiredResult:
     """A 2026-07-28 ``tools/call`` as ``ClientSession.send_request`` sends it
     (the same stamp: ``_meta``, ``Mcp-Method``, ``Mcp-Name`` and the
@@ -368,8 +371,13 @@ async def _modern_call(
     that a result without ``resultType`` is a complete one (SEP-2322: absent
     means ``complete``), where SDK 2.3's result check requires the field and
     refuses it. Takes the session's private ``_stamp``/``_dispatcher`` (pinned
-    by ``mcp<2.4``, as ``probe`` does)."""
+    by ``mcp<2.4``, as ``probe`` does). ``log_level``: the caller hears the
+    server's log messages from that level on (2026-07-28 logs only to
+    requests that opt in, in ``_meta``)."""
     data = request.model_dump(by_alias=True, mode="json", exclude_none=True)
+    if log_level is not None:
+        meta = data.setdefault("params", {}).setdefault("_meta", {})
+        meta[types.LOG_LEVEL_META_KEY] = log_level
     opts: CallOptions = {}
     session._stamp(data, opts)
     timeout = session._session_read_timeout_seconds
@@ -464,7 +472,7 @@ class SdkConnection:
 
         async def once() -> types.CallToolResult | types.InputRequiredResult:
             if self.protocol_version == MODERN:
-                return await _modern_call(session, request, callback)
+                return await _modern_call(session, request, callback, call.log_level)
             return await session.send_request(
                 request, _CALL_RESULT, progress_callback=callback
             )
