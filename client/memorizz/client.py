@@ -38,11 +38,8 @@ from memorizz.api.errors import (
     SocketPermissionError,
     UpstreamError,
 )
-from memorizz.api.protocol import (
-    JSONRPC,
-    PROTOCOL_VERSION,
-    default_socket_path,
-)
+from memorizz.api.paths import default_socket_path
+from memorizz.api.protocol import JSONRPC, PROTOCOL_VERSION
 from memorizz.api.replies import (
     Notification,
     decode_log,

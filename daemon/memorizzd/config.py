@@ -21,8 +21,9 @@ import msgspec
 
 from memorizz.api.errors import RemoteError
 from memorizz.api.methods import Decision, ServerSpec
+from memorizz.api.paths import default_runtime_dir
 from memorizz.api.presets import expand_preset, find_preset
-from memorizz.api.protocol import MAX_FRAME, default_runtime_dir
+from memorizz.api.protocol import MAX_FRAME
 from memorizz.api.spec import SERVER_NAME_MAX, check_server_spec
 from memorizzd.egress.urls import normalise_pattern
 

@@ -10,7 +10,8 @@ import re
 from pathlib import Path
 
 from memorizz.api.errors import REASONS, ErrorCode
-from memorizz.api.protocol import MAX_FRAME, SYSTEM_SOCKET
+from memorizz.api.paths import SYSTEM_SOCKET
+from memorizz.api.protocol import MAX_FRAME
 
 ROOT = Path(__file__).parents[2]
 DOC = (ROOT / "docs" / "protocol.md").read_text()

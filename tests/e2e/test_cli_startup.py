@@ -27,7 +27,7 @@ import pytest
 from memorizz import cli
 from memorizz.api import methods as m
 from memorizz.api.errors import MemorizzError
-from memorizz.api.protocol import default_socket_path
+from memorizz.api.paths import default_socket_path
 from memorizz.api.replies import decode_reply
 from memorizz.ctl import oneshot, run
 from memorizz.ctl.commands import show_call
@@ -57,6 +57,8 @@ HEAVY = frozenset(
 ONE_SHOT_MODULES = frozenset(
     {
         "memorizz",
+        "memorizz.api",
+        "memorizz.api.paths",
         "memorizz.cli",
         "memorizz.ctl",
         "memorizz.ctl.run",
@@ -227,22 +229,6 @@ def test_the_hand_parser_reads_a_plain_call_as_argparse_does(
     assert call.line.endswith(b"\n")
     assert call.line.count(b"\n") == 1  # one NDJSON line, whatever the input held
     assert msgspec.json.decode(call.line) == _expected_line(args)
-
-
-@pytest.mark.parametrize("euid", [0, 1000])
-@pytest.mark.parametrize("env", ["MEMORIZZ_SOCKET", "XDG_RUNTIME_DIR", None])
-def test_the_default_socket_is_the_protocols(
-    euid: int, env: str | None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """oneshot keeps its own copy (protocol.py imports msgspec): the same path."""
-    monkeypatch.delenv("MEMORIZZ_SOCKET", raising=False)
-    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-    if env is not None:
-        monkeypatch.setenv(env, "/run/user/1000")
-    monkeypatch.setattr(os, "geteuid", lambda: euid)
-    call = oneshot.parse(["mcp", "call", "s", "t"])
-    assert call is not None
-    assert call.socket_path == default_socket_path()
 
 
 @pytest.mark.parametrize("argv", DECLINED)

@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from memorizz.api.protocol import SYSTEM_SOCKET
+from memorizz.api.paths import SYSTEM_SOCKET
 from tests.harness import NODE_DIR, DaemonHarness, node, wait_until
 
 DRIVER = str(NODE_DIR / "node_client.mjs")

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from memorizz import cli
-from memorizz.api.protocol import default_socket_path
+from memorizz.api.paths import default_socket_path
 from memorizz.ctl import run, serve
 from memorizz.ctl.parser import build_parser
 
@@ -355,20 +355,6 @@ def test_the_hand_parser_leaves_everything_else_to_argparse(argv: list[str]) -> 
     assert serve.parse(argv) is None
 
 
-@pytest.mark.parametrize("euid", [0, 1000])
-@pytest.mark.parametrize("env", ["MEMORIZZ_SOCKET", "XDG_RUNTIME_DIR", None])
-def test_the_default_socket_is_the_protocols(
-    euid: int, env: str | None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """serve keeps its own copy (protocol.py imports msgspec): the same path."""
-    monkeypatch.delenv("MEMORIZZ_SOCKET", raising=False)
-    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
-    if env is not None:
-        monkeypatch.setenv(env, "/run/user/1000/x.sock")
-    monkeypatch.setattr(os, "geteuid", lambda: euid)
-    assert serve.default_socket_path() == default_socket_path()
-
-
 # --- what the path imports ----------------------------------------------------------
 
 HEAVY = frozenset(
@@ -380,6 +366,8 @@ HEAVY = frozenset(
 SERVE_MODULES = frozenset(
     {
         "memorizz",
+        "memorizz.api",
+        "memorizz.api.paths",
         "memorizz.cli",
         "memorizz.ctl",
         "memorizz.ctl.run",

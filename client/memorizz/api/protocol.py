@@ -12,7 +12,6 @@ defaults never bump it):
 
 from __future__ import annotations
 
-import os
 from typing import Any, Final, Generic, Literal, TypeVar
 
 import msgspec
@@ -65,32 +64,3 @@ def result_line(request_id: RequestId | None, result: object) -> bytes:
 def error_line(request_id: RequestId | None, error: ErrorObject) -> bytes:
     """The reply line carrying ``error``."""
     return _encode_reply(Reply[None](jsonrpc="2.0", id=request_id, error=error)) + b"\n"
-
-
-SYSTEM_SOCKET: Final = "/run/memorizzd/memorizzd.sock"
-"""The system daemon's operator socket (memorizzd.socket; root's default)."""
-
-
-def default_socket_path() -> str:
-    """Where the operator socket lives when nothing says otherwise.
-
-    ``$MEMORIZZ_SOCKET`` wins; root uses /run/memorizzd/memorizzd.sock; any other
-    user ``$XDG_RUNTIME_DIR/memorizzd/memorizzd.sock`` (or /tmp/memorizzd-UID/ when
-    the runtime dir is unset), unless only the system's daemon is there
-    (``SYSTEM_SOCKET`` exists, the user's own socket does not): an operator in
-    memorizzd-operators reaches the installed daemon without saying where.
-    """
-    if env := os.environ.get("MEMORIZZ_SOCKET"):
-        return env
-    own = os.path.join(default_runtime_dir(), "memorizzd.sock")
-    if not os.path.exists(own) and os.path.exists(SYSTEM_SOCKET):
-        return SYSTEM_SOCKET
-    return own
-
-
-def default_runtime_dir() -> str:
-    if os.geteuid() == 0:
-        return "/run/memorizzd"
-    if runtime := os.environ.get("XDG_RUNTIME_DIR"):
-        return os.path.join(runtime, "memorizzd")
-    return f"/tmp/memorizzd-{os.geteuid()}"  # noqa: S108 - per-uid, created 0700

@@ -38,6 +38,7 @@ from __future__ import annotations
 import os
 import sys
 
+from memorizz.api.paths import default_socket_path
 from memorizz.ctl.exits import ERROR_PREFIX, EXIT_ERROR, EXIT_OK
 
 TYPE_CHECKING = False  # typing itself costs more than this whole module
@@ -145,7 +146,7 @@ def _parse(argv: list[str]) -> Call:
         line = text.encode()  # a lone surrogate (undecodable argv bytes) fails here
     except UnicodeError:
         raise Decline from None
-    return Call(socket_path or _default_socket_path(), line, as_json)
+    return Call(socket_path or default_socket_path(), line, as_json)
 
 
 def _timeout(text: str) -> float:
@@ -223,22 +224,6 @@ def _encoder() -> _json.make_encoder:
     return _json.make_encoder(
         None, _no_default, _json.encode_basestring, None, ":", ",", False, False, False
     )
-
-
-def _default_socket_path() -> str:
-    """``memorizz.api.protocol.default_socket_path`` (msgspec comes with that module)."""
-    if env := os.environ.get("MEMORIZZ_SOCKET"):
-        return env
-    system = "/run/memorizzd/memorizzd.sock"
-    if os.geteuid() == 0:
-        return system
-    if runtime := os.environ.get("XDG_RUNTIME_DIR"):
-        own = os.path.join(runtime, "memorizzd", "memorizzd.sock")
-    else:
-        own = f"/tmp/memorizzd-{os.geteuid()}/memorizzd.sock"  # noqa: S108 - per-uid, 0700
-    if not os.path.exists(own) and os.path.exists(system):
-        return system  # the installed daemon, for an operator
-    return own
 
 
 # --- the socket -----------------------------------------------------------------

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, get_args
 
 from memorizz import __version__
 from memorizz.api import methods as m
-from memorizz.api.protocol import default_socket_path
+from memorizz.api.paths import default_socket_path
 from memorizz.ctl.add import add_options
 from memorizz.ctl.args import (
     json_object_source,

@@ -109,7 +109,7 @@ def _general(argv: list[str]) -> int:
     import argparse
 
     from memorizz.api.errors import MemorizzError
-    from memorizz.api.protocol import default_socket_path
+    from memorizz.api.paths import default_socket_path
     from memorizz.client import Client
     from memorizz.ctl.args import split_trailing
     from memorizz.ctl.commands import Command

@@ -49,6 +49,7 @@ import _thread
 import os
 import sys
 
+from memorizz.api.paths import default_socket_path
 from memorizz.ctl.exits import (
     EXIT_BROKEN_PIPE,
     EXIT_NOPERM,
@@ -172,22 +173,6 @@ def parse(argv: list[str]) -> Bridge | None:
     if words != ["mcp", "serve"]:
         return None
     return bridge_for(api_socket or default_socket_path(), mcp_socket)
-
-
-def default_socket_path() -> str:
-    """``memorizz.api.protocol.default_socket_path`` (msgspec comes with that module)."""
-    if env := os.environ.get("MEMORIZZ_SOCKET"):
-        return env
-    system = "/run/memorizzd/memorizzd.sock"
-    if os.geteuid() == 0:
-        return system
-    if runtime := os.environ.get("XDG_RUNTIME_DIR"):
-        own = os.path.join(runtime, "memorizzd", "memorizzd.sock")
-    else:
-        own = f"/tmp/memorizzd-{os.geteuid()}/memorizzd.sock"  # noqa: S108 - per-uid, 0700
-    if not os.path.exists(own) and os.path.exists(system):
-        return system  # the installed daemon, for an operator
-    return own
 
 
 # --- the pump -------------------------------------------------------------------
