@@ -68,6 +68,34 @@ def node(purpose: str) -> str:
     return exe
 
 
+@contextlib.contextmanager
+def node_http(script: str, purpose: str) -> Iterator[str]:
+    """Run a tests/node server in its HTTP mode (``node SCRIPT http``, which
+    binds 127.0.0.1 on a free port and prints ``PORT N``); yields its
+    Streamable HTTP URL, ``http://127.0.0.1:N/mcp``."""
+    proc = subprocess.Popen(
+        [node(purpose), script, "http"],
+        cwd=NODE_DIR,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline().decode()  # the server says it first
+        if not first.startswith("PORT "):
+            raise RuntimeError(f"{script} did not start: {first!r}")
+        yield f"http://127.0.0.1:{int(first.split()[1])}/mcp"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
 MCP_SERVER = str(TESTS / "mcp_server.py")
 LEGACY_SERVER = str(TESTS / "legacy_server.py")
 

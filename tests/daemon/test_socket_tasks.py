@@ -1,14 +1,16 @@
 """Tasks (MCP 2025-11-25) through the socket API (issue 11, item 6).
 
-Behind the daemon, tests/node/task_server.mjs: a stdio server on the official
-TypeScript SDK's experimental tasks API, with a task-required tool
-(``report``), a task-optional one (``sum``), one that runs until cancelled
-(``hold``) and ``states`` (the tasks it holds, by its own ids). The caller is
+Behind the daemon, tests/node/task_server.mjs: a server on the official
+TypeScript SDK's experimental tasks API, over stdio and over Streamable HTTP,
+with a task-required tool (``report``), a task-optional one (``sum``), one
+that runs until cancelled (``hold``) and ``states`` (the tasks it holds, by
+its own ids). The caller is
 ``memorizz.Client`` on the profiles' agent sockets and the operator socket.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from typing import Any
@@ -25,6 +27,8 @@ from tests.harness import (
     NODE_DIR,
     DaemonHarness,
     daemon_config,
+    http_spec,
+    node_http,
     short_tempdir,
     stdio_spec,
 )
@@ -38,13 +42,29 @@ def task_spec(name: str = "tasks") -> m.ServerSpec:
     return stdio_spec(name, command=node, args=[TASK_SERVER], cwd=str(NODE_DIR))
 
 
-@pytest.fixture(scope="module")
-def harness() -> Iterator[DaemonHarness]:
+@pytest.fixture(scope="module", params=["stdio", "streamable_http"])
+def harness(request: pytest.FixtureRequest) -> Iterator[DaemonHarness]:
+    """The task server over stdio (our JSON-RPC client), or over Streamable
+    HTTP (the SDK's client, whose 2.3 release has no tasks API: the daemon
+    sends ``tasks/*`` through its session as raw requests)."""
+    with contextlib.ExitStack() as stack:
+        if request.param == "stdio":
+            spec = task_spec()
+        else:
+            url = stack.enter_context(
+                node_http(TASK_SERVER, "the TypeScript SDK's task server over HTTP")
+            )
+            spec = http_spec("tasks", url, "streamable_http")
+        yield stack.enter_context(_running(spec))
+
+
+@contextlib.contextmanager
+def _running(spec: m.ServerSpec) -> Iterator[DaemonHarness]:
     base = short_tempdir()
     uid = os.getuid()
     config = daemon_config(
         base,
-        servers=[task_spec()],
+        servers=[spec],
         profiles=[
             Profile(name="bot", servers=["tasks"], uids=[uid]),
             Profile(name="other", servers=["tasks"], uids=[uid]),

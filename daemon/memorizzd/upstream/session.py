@@ -24,7 +24,6 @@ import pydantic
 from memorizz.api import methods as m
 from memorizz.api.errors import (
     DeadlineExceededError,
-    MethodNotFoundError,
     RemoteError,
     TooLargeError,
     UpstreamError,
@@ -596,24 +595,51 @@ class SdkConnection:
         )
 
     def takes_tool_tasks(self) -> bool:
-        """Never: the SDK 2.3 client has no tasks API (no ``tasks/*`` request
-        types, no ``task`` in ``CallToolRequestParams``)."""
-        return False
+        """The handshake era's tasks (2025-11-25): ``tasks.requests.tools.call``."""
+        tasks = self._client.server_capabilities.tasks
+        requests = None if tasks is None else tasks.requests
+        tools = None if requests is None else requests.tools
+        return (
+            self.protocol_version != MODERN
+            and tools is not None
+            and tools.call is not None
+        )
 
     async def call_tool_task(
         self, name: str, arguments: bytes, task: bytes
     ) -> msgspec.Raw:
-        raise self._no_tasks()
+        """A task-augmented ``tools/call``; the ``CreateTaskResult`` comes back raw."""
+        params = {
+            "name": name,
+            "arguments": msgspec.json.decode(arguments),
+            "task": msgspec.json.decode(task),
+        }
+        return await self._raw_request("tools/call", params)
 
     async def task_request(self, method: str, params: dict[str, Any]) -> msgspec.Raw:
-        raise self._no_tasks()
+        return await self._raw_request(method, params)
 
-    def _no_tasks(self) -> MethodNotFoundError:
-        return MethodNotFoundError(
-            f"server {self._server!r}: tasks are not relayed to HTTP servers yet "
-            "(the MCP SDK's client has no tasks API)",
-            data={"server": self._server},
+    async def _raw_request(self, method: str, params: dict[str, Any]) -> msgspec.Raw:
+        """A request SDK 2.3's client has no API for (the handshake era's
+        ``tasks/*``, a task-augmented ``tools/call``): sent as the session
+        sends its own (the same stamp and read timeout), its result returned
+        as JSON, unchecked but for being an object; the caller's layer
+        (``tasks.py``) reads what it needs. Takes the session's private
+        ``_stamp``/``_dispatcher``, pinned by ``mcp<2.4`` as ``probe`` does;
+        never on a plain call's path. Status notifications are not heard
+        (the SDK drops ``notifications/tasks/status``): callers poll
+        ``tasks/get``, which the spec says they must be ready to do."""
+        session = self._client.session
+        data: dict[str, Any] = {"method": method, "params": params}
+        opts: CallOptions = {}
+        session._stamp(data, opts)
+        timeout = session._session_read_timeout_seconds
+        if timeout is not None:
+            opts["timeout"] = timeout
+        raw = await self._guarded(
+            lambda: session._dispatcher.send_raw_request(method, data["params"], opts)
         )
+        return msgspec.Raw(msgspec.json.encode(raw))
 
     def can_subscribe(self) -> bool:
         resources = self._client.server_capabilities.resources
