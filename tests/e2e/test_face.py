@@ -490,17 +490,28 @@ def test_a_2026_http_upstreams_prompt_list_change_reaches_its_sessions(
     of list changes only on a ``subscriptions/listen`` stream: the daemon
     holds one for every list change the server declares (the SDK's
     ``Client.listen``), not only the tools'."""
-    with serve_http("streamable_http") as url:
-        config = daemon_config(
-            base_dir,
-            servers=[http_spec("alpha", url, "streamable_http"), stdio_spec("beta")],
-        )
-        with DaemonHarness.running(config) as harness:
-            harness.wait_ready("alpha")
-            with harness.client() as c:
-                status = c.server_status("alpha")[0]
-                assert status.protocol_version == "2026-07-28"
-            added = _prompt_added_and_heard(harness.socket)
+    from tests.mcp_server import mcp  # served in this process: its prompts
+
+    before = {p.name for p in anyio.run(mcp.list_prompts)}
+    try:
+        with serve_http("streamable_http") as url:
+            config = daemon_config(
+                base_dir,
+                servers=[
+                    http_spec("alpha", url, "streamable_http"),
+                    stdio_spec("beta"),
+                ],
+            )
+            with DaemonHarness.running(config) as harness:
+                harness.wait_ready("alpha")
+                with harness.client() as c:
+                    status = c.server_status("alpha")[0]
+                    assert status.protocol_version == "2026-07-28"
+                added = _prompt_added_and_heard(harness.socket)
+    finally:  # the next test that serves it in this process sees it as it was
+        for prompt in anyio.run(mcp.list_prompts):
+            if prompt.name not in before:
+                mcp.remove_prompt(prompt.name)
     assert len(added) == 1
     assert added[0].startswith("alpha__dyn_prompt_")
 
