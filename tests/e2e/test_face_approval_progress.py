@@ -80,7 +80,8 @@ def test_a_held_call_tells_its_client_it_waits_for_the_operator(
         thread.join()
     assert (result.is_error, result.content[0].text) == (False, f"recorded held-{mode}")
     progress, total, message = heard[0]
-    assert (progress, total) == (0, 20.0)
+    assert 0 <= progress < 1  # the seconds waited so far: the first report at once
+    assert total == 20.0
     assert message is not None
     assert message.startswith("waiting for operator approval of proposal p_")
     assert message.endswith("(20 s left)")
