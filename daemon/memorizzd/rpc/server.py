@@ -637,7 +637,15 @@ class _Connection:
             line = data[start:end]
             start = end + 1
             self.last_activity = self.now()
-            if line.strip() and (reply := self._admit_now(line)) is not None:
+            if not line.strip():
+                continue
+            try:
+                reply = self._admit_now(line)
+            except Exception:  # a bug: said in the log and by closing, never a hang
+                log.exception("pid %d: admitting a request failed", self.caller.pid)
+                self._shut()
+                return b""
+            if reply is not None:
                 self._put(reply)
         return data[start:]
 
