@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import secrets
@@ -100,15 +101,61 @@ MCP_SERVER = str(TESTS / "mcp_server.py")
 LEGACY_SERVER = str(TESTS / "legacy_server.py")
 
 
+ZYGOTE = str(TESTS / "zygote.py")
+ZYGOTE_LAUNCH = str(TESTS / "zygote_launch.py")
+_zygote: tuple[subprocess.Popen[bytes], str] | None = None
+
+
+def zygote_socket() -> str:
+    """This process's test-server zygote (tests/zygote.py), started on first
+    use and stopped at exit: SDK test servers forked with the SDK loaded."""
+    global _zygote
+    if _zygote is None or _zygote[0].poll() is not None:
+        path = os.path.join(tempfile.mkdtemp(prefix="mz-zygote-"), "z.sock")
+        proc = subprocess.Popen(
+            [sys.executable, ZYGOTE, path],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+        )
+        assert proc.stdout is not None
+        if proc.stdout.readline() != b"ready\n":
+            raise RuntimeError("the test-server zygote did not start")
+        proc.stdout.close()
+        if _zygote is None:
+            atexit.register(_stop_zygote)
+        _zygote = (proc, path)
+    return _zygote[1]
+
+
+def _stop_zygote() -> None:
+    if _zygote is not None:
+        proc, path = _zygote
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
 def stdio_spec(name: str = "t", **overrides: Any) -> ServerSpec:
+    """tests/mcp_server.py over stdio, forked by this process's zygote (a
+    spawn that costs milliseconds, not the second ``import mcp`` takes; see
+    tests/zygote.py); with ``command`` or ``args`` of a test's own, as given."""
     fields: dict[str, Any] = {
         "name": name,
         "transport": "stdio",
         "command": sys.executable,
-        "args": [MCP_SERVER, "stdio"],
     }
+    if "command" not in overrides and "args" not in overrides:
+        fields["args"] = [ZYGOTE_LAUNCH, zygote_socket(), MCP_SERVER, "stdio"]
+    else:
+        fields["args"] = [MCP_SERVER, "stdio"]
     fields.update(overrides)
     return ServerSpec(**fields)
+
+
+def spawned_spec(name: str = "t", **overrides: Any) -> ServerSpec:
+    """tests/mcp_server.py spawned for real (not forked by the zygote): for
+    tests that look at its process group or its pid."""
+    return stdio_spec(name, **{"args": [MCP_SERVER, "stdio"], **overrides})
 
 
 def light_spec(name: str, **overrides: Any) -> ServerSpec:

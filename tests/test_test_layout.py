@@ -8,8 +8,9 @@ the room its subject does, and the client's tests stay offline.
 * ``tests/e2e/``: the real executable, third-party servers, the CLI end to end,
   crash trials.
 
-Helpers (servers, worlds, the harness) stay in ``tests/``; so does this file
-and ``test_layers.py``, which check the whole tree. A new test module goes in
+Helpers (servers, worlds, the harness, the test-server zygote) stay in
+``tests/``; so do this file and ``test_layers.py``, which check the whole tree,
+and ``test_zygote.py``, which checks a helper. A new test module goes in
 its room (a few written while the rooms were made still wait at the top).
 """
 

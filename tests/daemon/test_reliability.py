@@ -18,6 +18,7 @@ from tests.harness import (
     DaemonHarness,
     daemon_config,
     serve_http,
+    spawned_spec,
     stdio_spec,
     wait_until,
 )
@@ -238,7 +239,10 @@ def test_a_frozen_server_fails_its_health_probe_and_is_replaced(base_dir: str) -
     from tests.harness import daemon_config
 
     config = daemon_config(
-        base_dir, servers=[stdio_spec("t")], health_interval_s=0.1, health_timeout_s=0.5
+        base_dir,
+        servers=[spawned_spec("t")],  # the pid it stops is the server's own
+        health_interval_s=0.1,
+        health_timeout_s=0.5,
     )
     with DaemonHarness.running(config) as harness:
         harness.wait_ready("t")

@@ -22,6 +22,7 @@ from tests.harness import (
     DaemonHarness,
     daemon_config,
     daemon_process,
+    spawned_spec,
     stdio_spec,
     wait_until,
 )
@@ -83,8 +84,8 @@ def test_removing_a_server_or_stopping_the_daemon_leaves_no_process_behind(
 ) -> None:
     with daemon_process(base_dir) as d:
         with d.client() as c:
-            c.add_server(stdio_spec("a"))
-            c.add_server(stdio_spec("b"))
+            c.add_server(spawned_spec("a"))  # process groups: spawned for real
+            c.add_server(spawned_spec("b"))
         d.wait_ready("a")
         d.wait_ready("b")
         with d.client() as c:
@@ -109,12 +110,15 @@ def test_removing_a_server_or_stopping_the_daemon_leaves_no_process_behind(
     assert not [p for p in daemon.children() if p.status() == psutil.STATUS_ZOMBIE]
 
 
-def test_a_crashed_server_leaves_no_orphan(stdio_daemon: DaemonHarness) -> None:
-    with stdio_daemon.client() as c:
-        child = int(c.call_tool("t", "spawn_child").content[0]["text"])
-        with pytest.raises(UnavailableError):
-            c.call_tool("t", "crash")
-    wait_until(lambda: _gone(child), what="the crashed server's grandchild to go")
+def test_a_crashed_server_leaves_no_orphan(base_dir: str) -> None:
+    config = daemon_config(base_dir, servers=[spawned_spec("t")])  # its own group
+    with DaemonHarness.running(config) as harness:
+        harness.wait_ready("t")
+        with harness.client() as c:
+            child = int(c.call_tool("t", "spawn_child").content[0]["text"])
+            with pytest.raises(UnavailableError):
+                c.call_tool("t", "crash")
+        wait_until(lambda: _gone(child), what="the crashed server's grandchild to go")
 
 
 def test_a_known_legacy_server_never_pays_the_version_probe_again(

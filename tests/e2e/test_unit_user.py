@@ -30,7 +30,7 @@ import pytest
 
 from memorizz import Client
 from memorizz.api.errors import DaemonUnreachableError
-from tests.harness import DAEMON_EXE, stdio_spec, wait_until
+from tests.harness import DAEMON_EXE, spawned_spec, wait_until
 
 UID = GID = 64_123
 WATCHDOG_USEC = 600_000  # a ping every 0.2 s
@@ -103,7 +103,7 @@ def test_the_daemon_runs_as_its_own_user_under_the_units_environment(
         os.chown(path, UID, GID)
     view = base / "view"
     view.mkdir()
-    spec = stdio_spec("as-the-user")
+    spec = spawned_spec("as-the-user")  # the zygote is not the unit user's
     config = dirs["CONFIGURATION"] / "memorizzd.toml"
     config.write_text(
         "[operators]\n"
