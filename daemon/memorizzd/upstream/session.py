@@ -4,8 +4,11 @@ Streamable HTTP and legacy HTTP+SSE servers are spoken to through the SDK
 (stdio servers through our own ``jsonrpc.py``). This module is imported only
 when a server needs it (``supervisor.py`` loads it lazily), so a host with
 only stdio servers never loads the SDK. It turns SDK results (pydantic
-models) into wire structs and SDK exceptions into our error classes; only
-public SDK API is used.
+models) into wire structs and SDK exceptions into our error classes. It uses
+the SDK's public API but where SDK 2.3 has none: a 2026-07-28 ``tools/call``
+(``_modern_call``), the legacy health probe (``probe``) and the handshake
+era's tasks (``_raw_request``) go through the session's private
+``_stamp``/``_dispatcher``, pinned by ``mcp<2.4``; a plain call does not.
 """
 
 from __future__ import annotations
@@ -411,7 +414,8 @@ def _dump(model: pydantic.BaseModel) -> dict[str, Any]:
 
 
 class SdkConnection:
-    """A ``Connection`` on the SDK's ``Client`` (public API only)."""
+    """A ``Connection`` on the SDK's ``Client`` (see the module's docstring
+    for the few requests that take its private API)."""
 
     def __init__(
         self,
