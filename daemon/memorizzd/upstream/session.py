@@ -8,7 +8,8 @@ models) into wire structs and SDK exceptions into our error classes. It uses
 the SDK's public API but where SDK 2.3 has none: a 2026-07-28 ``tools/call``
 (``_modern_call``), the legacy health probe (``probe``) and the handshake
 era's tasks (``_raw_request``) go through the session's private
-``_stamp``/``_dispatcher``, pinned by ``mcp<2.4``; a plain call does not.
+``_stamp``/``_dispatcher``, pinned by ``mcp<2.4`` (a stdio server's calls
+take no SDK at all).
 """
 
 from __future__ import annotations
