@@ -87,3 +87,22 @@ def test_a_killed_launcher_takes_its_server_with_it(tmp_path: Path) -> None:
     wait_until(lambda: not _alive(pid), what="the orphaned server to be killed")
     proc.stdin.close()
     proc.stdout.close()
+
+
+def test_a_launcher_that_dies_before_it_asks_leaves_the_zygote_serving(
+    tmp_path: Path,
+) -> None:
+    import socket
+
+    for junk in (b"", b"not json"):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.connect(zygote_socket())
+            sock.sendall(junk)
+    proc = _launch(tmp_path)
+    assert proc.stdout is not None
+    assert proc.stdin is not None
+    assert "given" in proc.stdout.readline()
+    proc.stdin.write("0\n")
+    proc.stdin.close()
+    assert proc.wait(timeout=30) == 0
+    proc.stdout.close()

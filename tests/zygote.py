@@ -119,7 +119,11 @@ def main() -> None:
         for ready in readable:
             if ready is listener:
                 conn, _ = listener.accept()
-                launch, fds = _receive(conn)
+                try:
+                    launch, fds = _receive(conn)
+                except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+                    conn.close()  # a launcher that died before it asked: none to run
+                    continue
                 pid = os.fork()
                 if pid == 0:
                     _child(listener, [conn, *launchers], launch, fds)
@@ -127,10 +131,16 @@ def main() -> None:
                     os.close(fd)
                 children[pid] = conn
                 launchers[conn] = pid
-                conn.sendall(msgspec.json.encode(Started(pid=pid)) + b"\n")
-            else:  # a launcher went away, or forwarded nothing we read: kill
-                if ready.recv(1):
-                    continue
+                try:
+                    conn.sendall(msgspec.json.encode(Started(pid=pid)) + b"\n")
+                except OSError:  # the launcher is gone: its closed socket says so next
+                    pass
+            else:  # a launcher went away (it sends nothing more): kill its child
+                try:
+                    if ready.recv(1):
+                        continue
+                except OSError:
+                    pass
                 pid = launchers.pop(ready)
                 ready.close()
                 try:
