@@ -504,6 +504,7 @@ def test_a_2026_http_upstreams_prompt_list_change_reaches_its_sessions(
             )
             with DaemonHarness.running(config) as harness:
                 harness.wait_ready("alpha")
+                harness.wait_ready("beta")  # listed before, not during
                 with harness.client() as c:
                     status = c.server_status("alpha")[0]
                     assert status.protocol_version == "2026-07-28"
