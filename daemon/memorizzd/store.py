@@ -134,6 +134,11 @@ _AUDIT_COLUMNS: Final = (
     " decision, outcome, reason, duration_ms, argument_keys, arguments_hmac, result_bytes,"
     " proposal_id, caller_profile"
 )
+_INSERT_AUDIT: Final = (
+    f"INSERT OR IGNORE INTO audit (id, {_AUDIT_COLUMNS}) VALUES"  # noqa: S608 - constant columns
+    " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+)
+"""A record with its id; one already in the trail (a replayed spool) is left."""
 _PROPOSAL_FIELDS: Final = (
     "id",
     "status",
@@ -330,43 +335,39 @@ class Store:
         transaction: all or none are written. A record whose id is already
         in the trail is left as it is (a spool replayed after a crash)."""
         db = self._audit
-        if len(records) == 1:  # one statement is its own transaction
-            self._insert_audit(records[0])
+        rows = [self._audit_row(record) for record in records]
+        if len(rows) == 1:  # one statement is its own transaction
+            db.execute(_INSERT_AUDIT, rows[0])
             return
         db.execute("BEGIN IMMEDIATE")
         try:
-            for record in records:
-                self._insert_audit(record)
+            db.executemany(_INSERT_AUDIT, rows)
         except BaseException:
             db.execute("ROLLBACK")
             raise
         db.execute("COMMIT")
 
-    def _insert_audit(self, record: AuditRow) -> None:
-        self._audit.execute(
-            f"INSERT OR IGNORE INTO audit (id, {_AUDIT_COLUMNS}) VALUES"  # noqa: S608 - constant columns
-            " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                record.id,
-                record.time,
-                record.action,
-                record.caller_socket,
-                record.caller_uid,
-                record.caller_gid,
-                record.caller_pid,
-                record.server,
-                record.tool,
-                record.risk,
-                record.decision,
-                record.outcome,
-                record.reason,
-                record.duration_ms,
-                self._encoder.encode(record.argument_keys).decode(),
-                record.arguments_hmac,
-                record.result_bytes,
-                record.proposal_id,
-                record.caller_profile,
-            ),
+    def _audit_row(self, record: AuditRow) -> tuple[object, ...]:
+        return (
+            record.id,
+            record.time,
+            record.action,
+            record.caller_socket,
+            record.caller_uid,
+            record.caller_gid,
+            record.caller_pid,
+            record.server,
+            record.tool,
+            record.risk,
+            record.decision,
+            record.outcome,
+            record.reason,
+            record.duration_ms,
+            self._encoder.encode(record.argument_keys).decode(),
+            record.arguments_hmac,
+            record.result_bytes,
+            record.proposal_id,
+            record.caller_profile,
         )
 
     @_sqlite_errors
