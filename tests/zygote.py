@@ -67,7 +67,12 @@ def _receive(conn: socket.socket) -> tuple[Launch, list[int]]:
     for level, kind, payload in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
-    return msgspec.json.decode(data, type=Launch), list(fds)
+    try:
+        return msgspec.json.decode(data, type=Launch), list(fds)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        for fd in fds:
+            os.close(fd)
+        raise
 
 
 def _child(
