@@ -135,27 +135,46 @@ def _stop_zygote() -> None:
         shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
-def stdio_spec(name: str = "t", **overrides: Any) -> ServerSpec:
-    """tests/mcp_server.py over stdio, forked by this process's zygote (a
-    spawn that costs milliseconds, not the second ``import mcp`` takes; see
-    tests/zygote.py); with ``command`` or ``args`` of a test's own, as given."""
+SDK_SERVERS = frozenset(
+    str(TESTS / script)
+    for script in (
+        "mcp_server.py",
+        "features_server.py",
+        "asking_server.py",
+        "modern_asking_server.py",
+        "meta_server.py",
+    )
+)
+"""The test servers written with the SDK (they import ``mcp``: a second of CPU)."""
+
+
+def stdio_spec(name: str = "t", *, spawn: bool = False, **overrides: Any) -> ServerSpec:
+    """A stdio test server: tests/mcp_server.py unless ``args`` (or ``command``)
+    say otherwise. One of ``SDK_SERVERS`` run by this interpreter is forked by
+    this process's zygote (a start that costs milliseconds, not the second
+    ``import mcp`` takes: tests/zygote.py) unless ``spawn``."""
     fields: dict[str, Any] = {
         "name": name,
         "transport": "stdio",
         "command": sys.executable,
+        "args": [MCP_SERVER, "stdio"],
     }
-    if "command" not in overrides and "args" not in overrides:
-        fields["args"] = [ZYGOTE_LAUNCH, zygote_socket(), MCP_SERVER, "stdio"]
-    else:
-        fields["args"] = [MCP_SERVER, "stdio"]
     fields.update(overrides)
+    args = fields["args"]
+    if (
+        not spawn
+        and fields["command"] == sys.executable
+        and args
+        and str(args[0]) in SDK_SERVERS
+    ):
+        fields["args"] = [ZYGOTE_LAUNCH, zygote_socket(), *args]
     return ServerSpec(**fields)
 
 
 def spawned_spec(name: str = "t", **overrides: Any) -> ServerSpec:
-    """tests/mcp_server.py spawned for real (not forked by the zygote): for
-    tests that look at its process group or its pid."""
-    return stdio_spec(name, **{"args": [MCP_SERVER, "stdio"], **overrides})
+    """tests/mcp_server.py (or ``args``) spawned for real, not forked by the
+    zygote: for tests that look at its process group or its pid."""
+    return stdio_spec(name, spawn=True, **overrides)
 
 
 def light_spec(name: str, **overrides: Any) -> ServerSpec:
