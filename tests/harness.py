@@ -177,6 +177,22 @@ def spawned_spec(name: str = "t", **overrides: Any) -> ServerSpec:
     return stdio_spec(name, spawn=True, **overrides)
 
 
+FEATURES_SERVER = str(TESTS / "features_server.py")
+ASKING_SERVER = str(TESTS / "asking_server.py")
+
+
+def features_spec(name: str = "feat", **overrides: Any) -> ServerSpec:
+    """tests/features_server.py (subscriptions, completions, roots), handshake era."""
+    fields = {"args": [FEATURES_SERVER, "stdio"], "protocol": "legacy", **overrides}
+    return stdio_spec(name, **fields)
+
+
+def asking_spec(name: str = "ask", **overrides: Any) -> ServerSpec:
+    """tests/asking_server.py (elicitation and sampling), handshake era."""
+    fields = {"args": [ASKING_SERVER, "stdio"], "protocol": "legacy", **overrides}
+    return stdio_spec(name, **fields)
+
+
 def light_spec(name: str, **overrides: Any) -> ServerSpec:
     """A stdio server for a test to which the server's kind does not matter
     (audit records, listings, settings): tests/legacy_server.py, which needs no

@@ -5,10 +5,12 @@ the launcher is killed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.harness import ZYGOTE_LAUNCH, zygote_socket
@@ -61,32 +63,34 @@ def test_the_forked_server_has_the_launchers_argv_env_cwd_and_exit_status(
     proc.stdout.close()
 
 
-def test_a_signal_to_the_launcher_reaches_the_server(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def _sleeping(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
+    """A launched server that sleeps: its launcher, and the server's own pid."""
     proc = _launch(tmp_path)
     assert proc.stdout is not None
     assert proc.stdin is not None
-    pid = int(proc.stdout.readline().rsplit(" ", 1)[1])
-    proc.stdin.write("sleep\n")
-    proc.stdin.flush()
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=30) == -signal.SIGTERM  # died of it, as the server did
-    wait_until(lambda: not _alive(pid), what="the server to end")
-    proc.stdin.close()
-    proc.stdout.close()
+    try:
+        pid = int(proc.stdout.readline().rsplit(" ", 1)[1])
+        proc.stdin.write("sleep\n")
+        proc.stdin.flush()
+        yield proc, pid
+    finally:
+        proc.stdin.close()
+        proc.stdout.close()
+
+
+def test_a_signal_to_the_launcher_reaches_the_server(tmp_path: Path) -> None:
+    with _sleeping(tmp_path) as (proc, pid):
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == -signal.SIGTERM  # died of it, as the server did
+        wait_until(lambda: not _alive(pid), what="the server to end")
 
 
 def test_a_killed_launcher_takes_its_server_with_it(tmp_path: Path) -> None:
-    proc = _launch(tmp_path)
-    assert proc.stdout is not None
-    assert proc.stdin is not None
-    pid = int(proc.stdout.readline().rsplit(" ", 1)[1])
-    proc.stdin.write("sleep\n")
-    proc.stdin.flush()
-    proc.kill()
-    proc.wait(timeout=30)
-    wait_until(lambda: not _alive(pid), what="the orphaned server to be killed")
-    proc.stdin.close()
-    proc.stdout.close()
+    with _sleeping(tmp_path) as (proc, pid):
+        proc.kill()
+        proc.wait(timeout=30)
+        wait_until(lambda: not _alive(pid), what="the orphaned server to be killed")
 
 
 def test_a_launcher_that_dies_before_it_asks_leaves_the_zygote_serving(

@@ -35,11 +35,12 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
-from tests import asking_server, features_server
 from tests.e2e.test_face_asks import _sample, _text  # the same answers
 from tests.harness import (
     DaemonHarness,
+    asking_spec,
     daemon_config,
+    features_spec,
     http_bridge,
     short_tempdir,
     stdio_spec,
@@ -56,16 +57,8 @@ def harness() -> Iterator[DaemonHarness]:
         base,
         servers=[
             stdio_spec("alpha"),
-            stdio_spec(
-                "ask",
-                args=[str(Path(asking_server.__file__)), "stdio"],
-                protocol="legacy",
-            ),
-            stdio_spec(
-                "feat",
-                args=[str(Path(features_server.__file__)), "stdio"],
-                protocol="legacy",
-            ),
+            asking_spec(),
+            features_spec(),
         ],
     )
     with DaemonHarness.running(config) as harness:

@@ -35,6 +35,7 @@ from tests.harness import (
     MCP_SERVER,
     DaemonHarness,
     daemon_config,
+    features_spec,
     http_bridge,
     http_spec,
     serve_asgi,
@@ -54,11 +55,8 @@ def harness() -> Iterator[DaemonHarness]:
         base,
         servers=[
             stdio_spec("alpha"),
-            stdio_spec(
-                "feat",
-                args=[str(Path(features_server.__file__)), "stdio"],
+            features_spec(
                 env={"SUB_LOG": os.path.join(base, "subs.log")},
-                protocol="legacy",
             ),
         ],
     )

@@ -20,7 +20,6 @@ on the session's GET stream (memorizz.ctl.serve_http).
 from __future__ import annotations
 
 import os
-import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -30,14 +29,18 @@ from typing import Any
 import msgspec
 import pytest
 
-from tests import asking_server, features_server
 from tests.harness import (
     NODE_DIR,
     DaemonHarness,
+    asking_spec,
     daemon_config,
+    features_spec,
     short_tempdir,
     stdio_spec,
     wait_until,
+)
+from tests.harness import (
+    http_bridge as bridge_over,
 )
 from tests.harness import node as harness_node
 
@@ -54,16 +57,9 @@ def harness() -> Iterator[DaemonHarness]:
         base,
         servers=[
             stdio_spec("alpha", env={"CALL_LOG": os.path.join(base, "calls.log")}),
-            stdio_spec(
-                "ask",
-                args=[str(Path(asking_server.__file__)), "stdio"],
-                protocol="legacy",
-            ),
-            stdio_spec(
-                "feat",
-                args=[str(Path(features_server.__file__)), "stdio"],
+            asking_spec(),
+            features_spec(
                 env={"SUB_LOG": os.path.join(base, "subs.log")},
-                protocol="legacy",
             ),
         ],
     )
@@ -132,38 +128,8 @@ def test_the_typescript_client_through_the_stdio_bridge(harness: DaemonHarness) 
 def http_bridge(harness: DaemonHarness) -> Iterator[tuple[str, str]]:
     """``memorizzctl mcp serve --transport streamable-http`` on a loopback
     port, in front of the operator's face; yields its URL and token."""
-    token = secrets.token_urlsafe(24)
-    token_file = os.path.join(os.path.dirname(harness.socket), "ts-token")
-    with open(token_file, "w") as f:
-        f.write(token)
-    proc = subprocess.Popen(
-        [
-            MEMORIZZCTL,
-            "--socket",
-            harness.socket,
-            "mcp",
-            "serve",
-            "--transport",
-            "streamable-http",
-            "--listen",
-            "127.0.0.1:0",
-            "--token-file",
-            token_file,
-        ],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        assert proc.stderr is not None
-        first = proc.stderr.readline().decode()
-        assert " at http://127.0.0.1:" in first, first
-        yield first.rsplit(" ", 1)[1].strip(), token
-    finally:
-        proc.terminate()
-        proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+    with bridge_over(harness.socket) as bridge:
+        yield bridge
 
 
 def test_the_typescript_client_through_the_http_bridge(
