@@ -162,7 +162,9 @@ class Auditor:
         spool: Spool | None = None,
     ) -> None:
         self._store = store
-        self._key = key
+        self._keyed = hmac.new(key, digestmod="sha256")
+        """Keyed once: each digest copies it (the one-shot ``hmac.digest`` looks
+        the hash up again every time, ~1.5 us more)."""
         self._mirror = mirror_to_journal
         self._spool = spool
         self._pending: list[AuditRow] = []
@@ -191,7 +193,9 @@ class Auditor:
 
     def digest(self, arguments: dict[str, Any]) -> str:
         """HMAC-SHA-256 (hex) of the canonical JSON (sorted keys) of the arguments."""
-        return hmac.digest(self._key, _canonical.encode(arguments), "sha256").hex()
+        keyed = self._keyed.copy()
+        keyed.update(_canonical.encode(arguments))
+        return keyed.hexdigest()
 
     def call_arguments(
         self, raw: bytes, value: dict[str, Any] | None = None
@@ -403,6 +407,8 @@ def _decode_arguments(raw: bytes) -> dict[str, Any]:
             f"invalid params: arguments nested deeper than {m.MAX_ARGUMENT_DEPTH}"
             " levels"
         ) from None
+    if raw.count(b"{") + raw.count(b"[") <= m.MAX_ARGUMENT_DEPTH:
+        return value  # so few brackets (strings' too) cannot nest deeper
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()

@@ -114,7 +114,8 @@ def test_a_task_required_tool_runs_as_a_task_and_its_result_comes_later(
         done = c.get_task(task.task_id)
         assert (done.task_id, done.status) == (task.task_id, "completed")
         assert task.task_id in {t.task_id for t in c.list_tasks()}
-        # the server's status notification reached this connection, its id ours
+        # the server's status notifications reached this connection, its id ours
+        assert seen
         assert all(s.task_id == task.task_id for s in seen)
 
 

@@ -6,8 +6,8 @@ tests/node/face_tasks_client.mjs starts the real bridge (``memorizzctl
 runs a task-required and a task-optional tool of tests/node/task_server.mjs
 as tasks, then starts one that runs until cancelled and cancels it, with the
 task server behind the daemon over stdio and over Streamable HTTP. The daemon
-shows its own task ids, and (over stdio) the server's status notifications
-reach the session that created the task.
+shows its own task ids, and the server's status notifications reach the
+session that created the task.
 """
 
 from __future__ import annotations
@@ -109,10 +109,9 @@ def test_the_typescript_client_runs_tools_as_tasks_through_the_face(
     created = {report["created"], total["created"], seen["hold"]}
     assert created <= set(seen["listed"])
     # the server's notifications/tasks/status reached this session, our ids in
-    # them (over stdio; the SDK's HTTP client drops them: the client polls)
+    # them (over HTTP too: heard through the SDK's notification bindings)
     assert {s["taskId"] for s in seen["statuses"]} <= created
-    if transport == "stdio":
-        assert any(s["status"] == "completed" for s in seen["statuses"])
+    assert any(s["status"] == "completed" for s in seen["statuses"])
 
 
 def test_the_audit_record_says_the_call_created_a_task(faced: DaemonHarness) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import mcp_types as types
 from mcp.client.client import Client
+from mcp.client.extension import ClientExtension, NotificationBinding
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.client.subscriptions import SubscriptionLost
@@ -25,7 +26,9 @@ from mcp_types.methods import validate_server_result
 __all__ = [
     "CallOptions",
     "Client",
+    "ClientExtension",
     "MCPError",
+    "NotificationBinding",
     "ProgressFnT",
     "SubscriptionLost",
     "sse_client",

@@ -62,7 +62,9 @@ from memorizzd.upstream.expired import SESSION_EXPIRED, expired_answers
 from memorizzd.upstream.mcp_sdk import (
     CallOptions,
     Client,
+    ClientExtension,
     MCPError,
+    NotificationBinding,
     ProgressFnT,
     SubscriptionLost,
     sse_client,
@@ -118,6 +120,39 @@ def _as_remote(exc: MCPError) -> RemoteError | None:
     return translated if isinstance(translated, RemoteError) else None
 
 
+TASK_STATUS: Final = "notifications/tasks/status"
+
+
+class _AnyParams(pydantic.BaseModel):
+    """A notification's params, kept as they came."""
+
+    model_config = pydantic.ConfigDict(extra="allow")
+
+
+class _Unspoken(ClientExtension):
+    """The server notifications that SDK 2.3 knows no type for and would drop
+    (``notifications/tasks/status``, MCP 2025-11-25), heard through the SDK's
+    own way for them (a notification binding) and passed on as ``on_message``
+    passes the others. Its identifier is advertised among the client's
+    extensions, where servers that know no such extension ignore it."""
+
+    identifier = "dev.memorizz/unspoken-notifications"
+
+    def __init__(self, on_notification: Callable[[str, msgspec.Raw], None]) -> None:
+        self._on_notification = on_notification
+
+    def notifications(self) -> Sequence[NotificationBinding[Any]]:
+        async def heard(params: _AnyParams) -> None:
+            raw = params.model_dump_json(by_alias=True, exclude_none=True)
+            self._on_notification(TASK_STATUS, msgspec.Raw(raw.encode()))
+
+        return (
+            NotificationBinding(
+                method=TASK_STATUS, params_type=_AnyParams, handler=heard
+            ),
+        )
+
+
 def _timeout(spec: m.ServerSpec) -> httpx2.Timeout:
     return httpx2.Timeout(30.0, read=max(300.0, spec.timeout_s + 30))
 
@@ -158,6 +193,7 @@ async def open_connection(
             on_notification(message.method, msgspec.Raw(raw))
 
     client_kwargs: dict[str, Any] = {
+        "extensions": [_Unspoken(on_notification)],
         "mode": mode,
         "read_timeout_seconds": spec.timeout_s,
         "message_handler": on_message,
@@ -631,9 +667,8 @@ class SdkConnection:
         as JSON, unchecked but for being an object; the caller's layer
         (``tasks.py``) reads what it needs. Takes the session's private
         ``_stamp``/``_dispatcher``, pinned by ``mcp<2.4`` as ``probe`` does;
-        never on a plain call's path. Status notifications are not heard
-        (the SDK drops ``notifications/tasks/status``): callers poll
-        ``tasks/get``, which the spec says they must be ready to do."""
+        never on a plain call's path. The server's status notifications are
+        heard by ``_Unspoken``."""
         session = self._client.session
         data: dict[str, Any] = {"method": method, "params": params}
         opts: CallOptions = {}
