@@ -64,8 +64,9 @@ PARTLY: dict[str, str] = {
     "server-sse-polling": (
         "SEP-1699's priming event, retry field and resumption by Last-Event-ID are not"
         " checked through the face: the upstream closes its stream mid-call, the daemon"
-        " resumes it, and the bridge answers the call as JSON (it keeps no event ids to"
-        " resume from)"
+        " resumes it, and the bridge answers the call as JSON, the answer being the first"
+        " thing the call hears (a call's event stream, when it has one, opens with a"
+        " priming event and resumes by Last-Event-ID: tests/e2e/test_face_http_streams.py)"
     ),
     "server-sse-multiple-streams": (
         "three concurrent tools/list POSTs are all answered, as JSON (the answer is the"

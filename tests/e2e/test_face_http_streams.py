@@ -260,7 +260,7 @@ class _Raw:
                 self.content_type = stream.headers.get("content-type")
                 opened.set()
                 for line in stream.iter_lines():
-                    if line.startswith("data: "):
+                    if line.startswith("data: ") and line[6:].strip():  # not priming
                         self.heard.put(msgspec.json.decode(line[6:]))
 
         reader = threading.Thread(target=read, daemon=True)
@@ -383,3 +383,125 @@ def test_a_newer_get_stream_ends_the_older_and_a_get_must_take_events(
         raw.url, headers={"Mcp-Session-Id": "nope", "Accept": "text/event-stream"}
     )
     assert unknown.status_code == 404
+
+
+# --- resumption (Last-Event-ID) -------------------------------------------------
+
+
+class _Event(msgspec.Struct):
+    id: str | None = None
+    retry: int | None = None
+    data: str = ""
+
+
+def _events(lines: Iterator[str]) -> Iterator[_Event]:
+    """The events of an SSE stream, priming events (no data) among them."""
+    event = _Event()
+    for line in lines:
+        if not line:
+            if event.id is not None or event.data:
+                yield event
+            event = _Event()
+        elif line.startswith("id: "):
+            event.id = line[4:]
+        elif line.startswith("retry: "):
+            event.retry = int(line[7:])
+        elif line.startswith("data: "):
+            event.data += line[6:]
+
+
+def _progressing(rid: int, steps: int) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": rid,
+        "method": "tools/call",
+        "params": {
+            "name": "alpha__progressing",
+            "arguments": {"steps": steps},
+            "_meta": {"progressToken": f"p{rid}"},
+        },
+    }
+
+
+def _seq(event: _Event) -> tuple[int, int]:
+    assert event.id is not None
+    number, _, seq = event.id.partition("-")
+    return int(number), int(seq)
+
+
+def test_a_call_whose_event_stream_breaks_is_resumed_with_its_last_event_id(
+    raw: _Raw,
+) -> None:
+    """A call's event stream starts with a priming event (an id, no data, a
+    retry time); a client whose connection breaks mid-call comes back with a
+    GET and ``Last-Event-ID`` and gets the rest: every progress step once, in
+    order, then the answer (MCP's Streamable HTTP resumability)."""
+    accept = {**raw.sid, "Accept": "application/json, text/event-stream"}
+    with raw.http.stream(
+        "POST", raw.url, json=_progressing(5, 40), headers=accept
+    ) as r:
+        assert r.headers["content-type"] == "text/event-stream"
+        events = _events(r.iter_lines())
+        priming = next(events)
+        first = [next(events), next(events)]
+    # the connection is closed here, the call still running
+    assert (priming.data, priming.retry) == ("", 1000)
+    number, zero = _seq(priming)
+    assert zero == 0
+    assert [_seq(e) for e in first] == [(number, 1), (number, 2)]
+    assert first[-1].id is not None
+    resume = {**raw.sid, "Accept": "text/event-stream", "Last-Event-ID": first[-1].id}
+    rest: list[_Event] = []
+    with raw.http.stream("GET", raw.url, headers=resume) as r:
+        assert (r.status_code, r.headers["content-type"]) == (200, "text/event-stream")
+        for event in _events(r.iter_lines()):
+            rest.append(event)
+            if msgspec.json.decode(event.data).get("id") == 5:
+                break
+    seqs = [_seq(e) for e in rest]
+    assert seqs == [(number, n) for n in range(3, len(rest) + 3)]  # no gap, none twice
+    messages = [msgspec.json.decode(e.data) for e in first + rest]
+    steps = [m["params"]["progress"] for m in messages[:-1]]
+    assert steps == list(range(1, 41))
+    assert messages[-1]["result"]["content"][0]["text"] == "done in 40 steps"
+    # the answer was given: there is nothing left to resume
+    again = raw.http.get(
+        raw.url, headers={**resume, "Last-Event-ID": rest[-1].id or ""}
+    )
+    assert again.status_code == 400
+    assert "no stream to resume" in again.json()["error"]["message"]
+
+
+def test_a_get_stream_that_breaks_is_resumed_after_its_last_event(raw: _Raw) -> None:
+    """The GET stream's events are numbered across its GETs: a GET with the
+    ``Last-Event-ID`` of the one a dropped stream's client last saw gets the
+    events after it again, then what waited for a stream."""
+    raw.post({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})
+    listen = {**raw.sid, "Accept": "text/event-stream"}
+    with raw.http.stream("GET", raw.url, headers=listen) as r:
+        events = _events(r.iter_lines())
+        priming = next(events)
+        for rid in (2, 3):
+            raw.post({"jsonrpc": "2.0", "id": 10 + rid, "method": "tools/list"})
+            assert raw.call(rid, "alpha__change_tools", {}).status_code == 200
+        heard = [next(events), next(events)]
+    assert priming.id == "0-0"
+    assert [e.id for e in heard] == ["0-1", "0-2"]
+    raw.post({"jsonrpc": "2.0", "id": 14, "method": "tools/list"})
+    assert raw.call(4, "alpha__change_tools", {}).status_code == 200  # no stream open
+    with raw.http.stream(
+        "GET", raw.url, headers={**listen, "Last-Event-ID": "0-1"}
+    ) as r:
+        events = _events(r.iter_lines())
+        again = [next(events), next(events)]
+    assert [e.id for e in again] == ["0-2", "0-3"]
+    assert {msgspec.json.decode(e.data)["method"] for e in again} == {
+        "notifications/tools/list_changed"
+    }
+
+
+def test_a_last_event_id_of_no_stream_here_is_400(raw: _Raw) -> None:
+    headers = {**raw.sid, "Accept": "text/event-stream", "Last-Event-ID": "999-1"}
+    refused = raw.http.get(raw.url, headers=headers)
+    assert refused.status_code == 400
+    assert "no stream to resume" in refused.json()["error"]["message"]

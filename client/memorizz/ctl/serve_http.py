@@ -26,10 +26,19 @@ message.
                                     outside a request (list changes, resource
                                     updates, log messages and requests that no
                                     one call can be told from); one at a time, a
-                                    newer GET ends the older. No resumption: a
-                                    Last-Event-ID is not replayed (events carry
-                                    no ids), but notifications sent while no
-                                    GET is open wait for the next (the last 256)
+                                    newer GET ends the older; notifications sent
+                                    while no GET is open wait for the next (the
+                                    last 256)
+    GET with a Last-Event-ID        resumption: a session's events carry ids
+                                    (NUMBER-SEQ; the GET stream's number is 0),
+                                    each stream opening with a priming event (an
+                                    id, no data, a retry time); a client whose
+                                    stream broke gets the events after the one
+                                    it names again (the last 256 of that
+                                    stream), then the rest: a request's stream
+                                    ends with its answer (a request is kept
+                                    RESUME_S for its client to come back), the
+                                    GET stream goes on
     GET without a session           ``405``
     DELETE                          the session's connection is closed
 
@@ -84,10 +93,13 @@ from memorizz.ctl.serve import Bridge, connect
 from memorizz.ctl.session import (
     KEEPALIVE_S,
     MAX_SESSIONS,
+    RESUME_S,
     DuplicateIdError,
+    Event,
     FaceUnreachableError,
     Message,
     RequestId,
+    Session,
     SessionGoneError,
     Sessionless,
     Sessions,
@@ -104,6 +116,8 @@ connection of its own, held while its client reads."""
 """``MCP-Protocol-Version`` values let through (the face negotiates)."""
 
 TIMEOUT_S: Final = 60.0
+RETRY_MS: Final = 1000
+"""What a client whose event stream broke waits before it comes back (SSE ``retry``)."""
 _DRAIN: Final = 4 * MAX_BODY  # a larger declared body is not read before the 413
 
 
@@ -285,21 +299,41 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if not self._takes_events():
             self._refuse(406, "a GET must accept text/event-stream")
             return
+        last_event_id = self.headers.get("Last-Event-ID")
+        if last_event_id is not None and not last_event_id.startswith("0-"):
+            self._resume(session, last_event_id)
+            return
         try:
-            stream = session.open_stream()
+            stream = session.open_stream(last_event_id)
         except SessionGoneError:
             self._refuse(404, "the session ended")
             return
         try:
-            self._start_events()
-            while (line := stream.next(KEEPALIVE_S)) is not None:
-                if line:
-                    self._event(line)
-                else:  # a comment: a client that left is found out
-                    self.wfile.write(b": keep-alive\n\n")
-                    self.wfile.flush()
+            self._start_events("0-0" if last_event_id is None else None)
+            while (sent := stream.next(KEEPALIVE_S)) is not None:
+                self._event(
+                    *sent
+                )  # no line: a comment, by which a client that left is found out
+        except OSError:
+            return  # the client left
         finally:
             session.close_stream(stream)
+
+    def _resume(self, session: Session, last_event_id: str) -> None:
+        """The rest of a request's event stream that its client left."""
+        try:
+            events = session.resume(last_event_id, KEEPALIVE_S)
+        except SessionGoneError:
+            self._refuse(404, "the session ended")
+            return
+        if events is None:
+            self._refuse(
+                400,
+                f"no stream to resume after event {last_event_id[:40]!r}: its"
+                f" answer was sent, or it waited more than {RESUME_S:g} s",
+            )
+            return
+        self._stream(events, None, started=False)
 
     def do_DELETE(self) -> None:
         if not self._admitted():
@@ -379,7 +413,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                             line,
                             streams=self._takes_events(),
                             keepalive_s=KEEPALIVE_S,
-                        )
+                        ),
+                        request_id,
+                        ids=False,  # no session: nothing to resume with a GET
                     )
                 elif request_id is not None:
                     self._reply(self.server.sessionless.ask(request_id, message, line))
@@ -397,7 +433,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                         message.method,
                         message.progress_token(),
                         streams=self._takes_events(),
-                    )
+                        resumable=True,
+                    ),
+                    request_id,
                 )
             elif responds and isinstance(message.id, int | str):
                 session.respond(message.id, line)
@@ -435,40 +473,88 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _takes_events(self) -> bool:
         return "text/event-stream" in (self.headers.get("Accept") or "")
 
-    def _exchange(self, events: Generator[tuple[bool, bytes]]) -> None:
+    def _exchange(
+        self, events: Generator[Event], request_id: RequestId, *, ids: bool = True
+    ) -> None:
         """A request's answer: JSON when the answer is the first line the
         request hears, else an event stream of what came first, then the
-        answer; the connection closes after it (the stream has no length)."""
+        answer; the connection closes after it (the stream has no length).
+        ``ids``: the events carry ids (a priming event first), so a client
+        whose stream breaks comes back for the rest (``_resume``)."""
         try:
-            final, first = next(events)  # SessionGoneError: a 404, before headers
-            if final:
-                self._reply(first)
-                return
-            self._start_events()
-            try:
-                self._event(first)
-                for _, line in events:
-                    self._event(line)
-            except OSError:
-                return  # the client left: closing the events stops the request
-            except SessionGoneError:
-                return  # the answer never came: the stream just ends
-        finally:
-            events.close()  # a client that left: the request stops waiting here
+            final, first, first_id = next(
+                events
+            )  # SessionGoneError: a 404, before headers
+        except BaseException:
+            events.close()
+            raise
+        if final:
+            events.close()
+            self._reply(first)
+            return
+        number = first_id.partition("-")[0]
+        self._start_events(f"{number}-0" if ids and first_id else None)
+        self._stream(events, request_id, ids=ids, first=(first, first_id))
 
-    def _start_events(self) -> None:
+    def _stream(
+        self,
+        events: Generator[Event],
+        request_id: RequestId | None,
+        *,
+        ids: bool = True,
+        started: bool = True,
+        first: tuple[bytes, str] | None = None,
+    ) -> None:
+        """Write ``events`` as an event stream (begun unless ``started``) to
+        its end: the answer. If it never comes (the session ended), the
+        request's error, so that its client does not come back for it."""
+        try:
+            if not started:
+                self._start_events()
+            if first is not None:
+                self._event(first[0], first[1] if ids else "")
+            try:
+                for _, line, event_id in events:
+                    self._event(line, event_id if ids else "")
+            except SessionGoneError:
+                if request_id is not None:
+                    self._event(
+                        _error_body(-32603, "memorizzd closed the session", request_id)
+                    )
+        except OSError:
+            return  # the client left: it may come back for the rest (_resume)
+        finally:
+            events.close()  # a client that left: the request is kept, or stops waiting
+
+    def _start_events(self, priming_id: str | None = None) -> None:
+        """The event stream's headers; ``priming_id``: first an event with
+        that id and no data, which tells the client it may resume after it
+        (MCP's Streamable HTTP transport, SEP-1699), and when to retry."""
         self.close_connection = True
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.end_headers()
+        if priming_id is not None:
+            self.wfile.write(
+                b"id: %s\nretry: %d\ndata: \n\n" % (priming_id.encode(), RETRY_MS)
+            )
         self.wfile.flush()
 
-    def _event(self, line: bytes) -> None:
+    def _event(self, line: bytes, event_id: str = "") -> None:
         """One event (an empty line: a keep-alive comment)."""
-        self.wfile.write(
-            b"event: message\ndata: " + line + b"\n\n" if line else b": keep-alive\n\n"
-        )
+        if not line:
+            self.wfile.write(b": keep-alive\n\n")
+        elif event_id:
+            self.wfile.write(
+                b"id: "
+                + event_id.encode()
+                + b"\nevent: message\ndata: "
+                + line
+                + b"\n\n"
+            )
+        else:
+            self.wfile.write(b"event: message\ndata: " + line + b"\n\n")
         self.wfile.flush()
 
     def _reply(self, line: bytes, headers: dict[str, str] | None = None) -> None:

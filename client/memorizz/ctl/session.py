@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import _socket
 import collections
+import itertools
 import queue
 import secrets
 import threading
@@ -39,6 +40,11 @@ HELD_S: Final = 600.0
 """Sessionless connections held for a retry (``Sessionless``): how many, how long."""
 KEEPALIVE_S: Final = 15.0
 """A GET stream silent this long gets a comment: a client that left is seen."""
+RESUME_S: Final = 60.0
+"""A request whose client left its event stream before the answer is kept this
+long for the client to come back for the rest (``Last-Event-ID``)."""
+RESUME_WAIT_S: Final = 5.0
+"""How long a resumption waits for the stream's old reader to let go."""
 QUIET_METHODS: Final = frozenset(
     {
         "initialize",
@@ -61,8 +67,17 @@ QUIET_METHODS: Final = frozenset(
 in flight that an upstream's request or log message is sent with."""
 
 _CHUNK: Final = 1 << 16
+_TAKEN: Final = b"\n"
+"""Put in a request's events when a resumption takes it over (no line of the
+daemon's is a newline): its old reader lets go there."""
+
+_RESUMING: Final = object()
+"""A request's reader while a resumption takes it over."""
 
 RequestId = int | str
+Event = tuple[bool, bytes, str]
+"""What a request hears: ``(final, line, event id)``; the answer is final; a
+line ``b""`` is a keep-alive (no id)."""
 
 
 class _Token(msgspec.Struct, rename="camel"):
@@ -141,35 +156,75 @@ class DuplicateIdError(Exception):
 class _Waiter:
     """A request waiting for its answer, and what comes before it."""
 
-    __slots__ = ("events", "method", "reply", "streams", "token")
+    __slots__ = (
+        "count",
+        "events",
+        "left_at",
+        "method",
+        "number",
+        "reader",
+        "released",
+        "reply",
+        "sent",
+        "streams",
+        "token",
+    )
 
-    def __init__(self, method: str, token: RequestId | None, streams: bool) -> None:
+    def __init__(
+        self, method: str, token: RequestId | None, streams: bool, number: int
+    ) -> None:
         self.method = method
         self.token = token
         """The request's progressToken: its progress notifications come here."""
         self.streams = streams
         """Whether its client takes an event stream (else: only the answer)."""
+        self.number = number
+        """Its stream's number in the session: its events' ids are NUMBER-SEQ."""
         self.events: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         """What the daemon sends it before the answer, then None."""
         self.reply: bytes | None = None
+        self.sent: collections.deque[bytes] = collections.deque(maxlen=BACKLOG)
+        """The last events handed to its client (for a resumption)."""
+        self.count = 0
+        """How many events were handed to its client (the last one's SEQ)."""
+        self.reader: object | None = None
+        """Who reads its events now (None: nobody: its client left)."""
+        self.released = threading.Event()
+        """Set while nobody reads its events."""
+        self.left_at: float | None = None
+        """When its client left before the answer (kept for a resumption)."""
+
+    def event_id(self, seq: int) -> str:
+        return f"{self.number}-{seq}"
 
 
 class Stream:
     """The session's standalone stream (an HTTP GET): what the daemon sends
-    that belongs to no request in flight."""
+    that belongs to no request in flight. Its events are numbered (``0-SEQ``)
+    across the GETs of a session, so a GET with a ``Last-Event-ID`` gets again
+    what a dropped one may have missed (the last ``BACKLOG``)."""
 
-    __slots__ = ("events",)
+    __slots__ = ("_session", "events", "replay")
 
-    def __init__(self) -> None:
+    def __init__(self, session: Session, replay: list[tuple[bytes, str]]) -> None:
+        self._session = session
         self.events: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
+        self.replay = replay
+        """Events sent before, sent again first (a resumption)."""
 
-    def next(self, timeout: float) -> bytes | None:
-        """The next line; ``b""`` when none came within ``timeout``; None once
-        the stream is ended (the session closed, or a newer GET took over)."""
+    def next(self, timeout: float) -> tuple[bytes, str] | None:
+        """The next line and its event id; ``(b"", "")`` when none came within
+        ``timeout``; None once the stream is ended (the session closed, or a
+        newer GET took over)."""
+        if self.replay:
+            return self.replay.pop(0)
         try:
-            return self.events.get(timeout=timeout)
+            line = self.events.get(timeout=timeout)
         except queue.Empty:
-            return b""
+            return b"", ""
+        if line is None:
+            return None
+        return line, self._session.standalone_sent(line)
 
 
 class _Cancelled(msgspec.Struct, rename="camel"):
@@ -217,6 +272,12 @@ class Session:
         self._backlog: collections.deque[bytes] = collections.deque(maxlen=BACKLOG)
         self._asked: dict[RequestId, _Waiter | Stream] = {}
         """The daemon's requests in flight, by id: where each went."""
+        self._numbers = itertools.count(1)
+        self._left: dict[int, tuple[RequestId, _Waiter]] = {}
+        """Requests whose client left their stream before the answer, by number."""
+        self._standalone: collections.deque[bytes] = collections.deque(maxlen=BACKLOG)
+        self._standalone_count = 0
+        """The last events of the GET streams, and how many there were."""
         self._closed = False
         self._on_close = on_close
         threading.Thread(target=self._read, daemon=True).start()
@@ -249,59 +310,164 @@ class Session:
         *,
         streams: bool = True,
         keepalive_s: float | None = None,
-    ) -> Generator[tuple[bool, bytes]]:
-        """Write ``line``; yield ``(False, line)`` for each message the daemon
-        sends this request before its answer (only if it ``streams``), then
-        ``(True, answer)``. ``SessionGoneError``: the answer never came.
-        ``keepalive_s``: after that long with nothing, ``(False, b"")`` (a
-        long-lived stream's keep-alive, by which a client that left is seen)."""
-        waiter = _Waiter(method, token, streams)
+        resumable: bool = False,
+    ) -> Generator[Event]:
+        """Write ``line``; yield ``(False, line, id)`` for each message the
+        daemon sends this request before its answer (only if it ``streams``),
+        then ``(True, answer, id)``. ``SessionGoneError``: the answer never
+        came. ``keepalive_s``: after that long with nothing, ``(False, b"",
+        "")`` (a long-lived stream's keep-alive, by which a client that left
+        is seen). ``resumable``: a client that leaves before the answer may
+        come back for the rest (``resume``) within ``RESUME_S``."""
+        waiter = _Waiter(method, token, streams, next(self._numbers))
         with self._lock:
             if self._closed:
                 raise SessionGoneError
             if request_id in self._waiting:
                 raise DuplicateIdError
+            self._expire_left()
             self._waiting[request_id] = waiter
         try:
             self.send(line)
+        except SessionGoneError:
+            with self._lock:
+                self._waiting.pop(request_id, None)
+            raise
+        return self._follow(request_id, waiter, 0, keepalive_s, resumable)
+
+    def resume(
+        self, last_event_id: str, keepalive_s: float | None = None
+    ) -> Generator[Event] | None:
+        """The rest of a request's stream that its client left (a GET with
+        ``Last-Event-ID``): the events after that one, then what comes, then
+        the answer. None: no such stream here (it ended, or it was never
+        this session's, or it waited past ``RESUME_S``). A stream whose old
+        reader has not seen its client leave is taken from it."""
+        number, seq = _event_number(last_event_id)
+        if number <= 0:
+            return None
+        with self._lock:
+            self._expire_left()
+            left = self._left.pop(number, None)
+            if left is None:
+                for request_id, waiter in self._waiting.items():
+                    if waiter.number == number and waiter.streams:
+                        left = request_id, waiter
+                        break
+            if left is None:
+                return None
+            request_id, waiter = left
+            waiter.left_at = None
+            taking = waiter.reader is not None
+            if taking:
+                waiter.reader = _RESUMING  # its old reader lets go at _TAKEN
+        if taking:
+            waiter.events.put(_TAKEN)
+        return self._follow(request_id, waiter, seq, keepalive_s, True, taking)
+
+    def _follow(
+        self,
+        request_id: RequestId,
+        waiter: _Waiter,
+        after: int,
+        keepalive_s: float | None,
+        resumable: bool,
+        taking: bool = False,
+    ) -> Generator[Event]:
+        """A request's events after ``after`` (those already sent again, from
+        ``sent``), then its answer; read by one reader at a time."""
+        me = object()
+        if taking and not waiter.released.wait(RESUME_WAIT_S):
+            raise SessionGoneError  # its old reader is stuck writing
+        with self._lock:
+            waiter.reader = me
+            waiter.released.clear()
+        finished = False
+        try:
+            first = max(after, waiter.count - len(waiter.sent))
+            again = list(waiter.sent)[first - (waiter.count - len(waiter.sent)) :]
+            for seq, sent in enumerate(again, first + 1):
+                yield False, sent, waiter.event_id(seq)
             while True:
                 try:
                     event = waiter.events.get(timeout=keepalive_s)
                 except queue.Empty:
-                    yield False, b""
+                    yield False, b"", ""
+                    continue
+                if event == _TAKEN:
+                    if waiter.reader is not me:
+                        return  # a resumption took this stream
                     continue
                 if event is None:
                     break
-                yield False, event
+                waiter.sent.append(event)
+                waiter.count += 1
+                yield False, event, waiter.event_id(waiter.count)
+            finished = True
         finally:
             with self._lock:
-                if self._waiting.get(request_id) is waiter:
-                    del self._waiting[request_id]
+                if waiter.reader is me:
+                    waiter.reader = None
+                    if not finished and resumable and waiter.streams:
+                        waiter.left_at = time.monotonic()
+                        self._left[waiter.number] = request_id, waiter
+                    elif self._waiting.get(request_id) is waiter:
+                        del self._waiting[request_id]
+            waiter.released.set()
             self.last_used = time.monotonic()
         if waiter.reply is None:
             raise SessionGoneError
-        yield True, waiter.reply
+        yield True, waiter.reply, waiter.event_id(waiter.count + 1)
+
+    def _expire_left(self) -> None:
+        """Forget the requests left past ``RESUME_S`` (under the lock)."""
+        now = time.monotonic()
+        for number, (request_id, waiter) in list(self._left.items()):
+            if waiter.left_at is not None and now - waiter.left_at > RESUME_S:
+                del self._left[number]
+                if self._waiting.get(request_id) is waiter:
+                    del self._waiting[request_id]
 
     def ask(self, request_id: RequestId, line: bytes) -> bytes:
         """Write ``line``, and return the line that answers ``request_id``."""
-        for final, event in self.exchange(request_id, line, "", streams=False):
+        for final, event, _ in self.exchange(request_id, line, "", streams=False):
             if final:
                 return event
         raise SessionGoneError  # not reached: exchange ends with the answer
 
-    def open_stream(self) -> Stream:
+    def open_stream(self, last_event_id: str | None = None) -> Stream:
         """The session's GET stream, from now on (one at a time: an older one
-        ends); what waited for it comes first."""
-        stream = Stream()
+        ends): first the events after ``last_event_id`` that a GET stream
+        carried before (those still kept), then what waited for a stream."""
+        replay: list[tuple[bytes, str]] = []
         with self._lock:
             if self._closed:
                 raise SessionGoneError
+            if last_event_id is not None:
+                number, seq = _event_number(last_event_id)
+                kept = self._standalone_count - len(self._standalone)
+                if number == 0 and seq >= 0:
+                    first = max(seq, kept)
+                    replay = [
+                        (line, f"0-{n}")
+                        for n, line in enumerate(
+                            list(self._standalone)[first - kept :], first + 1
+                        )
+                    ]
+            stream = Stream(self, replay)
             if self._stream is not None:
                 self._stream.events.put(None)
             self._stream = stream
             while self._backlog:
                 stream.events.put(self._backlog.popleft())
         return stream
+
+    def standalone_sent(self, line: bytes) -> str:
+        """A GET stream sends ``line``: its event id (kept for a resumption)."""
+        with self._lock:
+            self._standalone.append(line)
+            self._standalone_count += 1
+            return f"0-{self._standalone_count}"
 
     def close_stream(self, stream: Stream) -> None:
         with self._lock:
@@ -412,6 +578,14 @@ class Session:
             if len(calls) == 1 and calls[0].streams:
                 return calls[0]
         return self._stream
+
+
+def _event_number(event_id: str) -> tuple[int, int]:
+    """``NUMBER-SEQ`` (an event id of ours) as numbers; (-1, -1): not one."""
+    number, _, seq = event_id.strip().partition("-")
+    if not (number.isdigit() and seq.isdigit()) or len(event_id) > 40:
+        return -1, -1
+    return int(number), int(seq)
 
 
 class Sessions:
@@ -550,7 +724,7 @@ class Sessionless:
         *,
         streams: bool,
         keepalive_s: float,
-    ) -> Generator[tuple[bool, bytes]]:
+    ) -> Generator[Event]:
         """A request whose answer is a stream (2026-07-28 ``subscriptions/listen``),
         on a connection of its own, closed when the stream ends or its client
         leaves (the face then ends the stream)."""
