@@ -17,7 +17,12 @@
     the handshake era, and the default "auto") over ``stdio_client`` running
     ``memorizzctl --socket S mcp serve`` -> the daemon's face -> the warm echo
     server of (b), against the same client over ``stdio_client`` spawning the
-    echo server itself; ABBA blocks as (a)/(b), right after them;
+    echo server itself; ABBA blocks as (a)/(b), right after them. In the
+    legacy mode's face blocks, for context, the same client through the face
+    scoped (``--server``) to an echo server the daemon speaks 2025-11-25 to:
+    the daemon speaks 2026-07-28 to the warm one, and an SDK server does more
+    per request in that era (each carries the client's stamp), which the
+    direct legacy client does not ask of it;
 (g) a fresh daemon's RSS with 100 raw sessions (``initialize``, held open) on
     the operator's face (its mcp.sock has the operator socket's fixed cap, 128
     per uid; an agent face has its profile's limits, 32 per uid by default);
@@ -85,6 +90,7 @@ from bench.harness import (
     TEXT,
     DaemonProcess,
     cpu_ns,
+    echo_spec,
     median,
     p99,
     pause,
@@ -119,6 +125,8 @@ MAX_RATIO_FACE: Final = 1.2
 """(f): SDK client through the face / the same client direct, at the median."""
 FACE_MODES: Final = ("legacy", "auto")
 """(f): the SDK Client's modes: the handshake era, and its default (discover first)."""
+HELD_SERVER: Final = "echo-held"
+"""(f) context: an echo server the daemon speaks 2025-11-25 to (``protocol = "legacy"``)."""
 FACE_SESSIONS: Final = 100
 MAX_FACE_SESSIONS_RSS: Final = 15_000_000
 """(g): the daemon's RSS growth with ``FACE_SESSIONS`` face sessions open."""
@@ -170,6 +178,10 @@ class FaceRun(msgspec.Struct, kw_only=True):
     face: Sequential
     direct: Sequential
     bridge_cpu_ns: int | None = None
+    held: Sequential | None = None
+    """(legacy, context) through the face to an echo server the daemon holds at
+    2025-11-25, in the same blocks: the face's cost without the one of the
+    upstream's protocol era (a 2026-07-28 SDK server does more per request)."""
 
 
 class FaceRss(msgspec.Struct, kw_only=True):
@@ -412,16 +424,37 @@ def face_sequential(
     per_block = options.n // options.blocks
     warmup = min(200, max(20, options.n // 10))
     daemon_server = _server_pid(client, "echo")
+    client.add_server(
+        msgspec.structs.replace(echo_spec(HELD_SERVER), protocol="legacy")
+    )
+    wait_until(
+        lambda: client.server_status(HELD_SERVER)[0].state == "ready",
+        timeout_s=READY_TIMEOUT_S,
+        what=f"{HELD_SERVER} to be ready",
+    )
+    held_server = _server_pid(client, HELD_SERVER)
     runs: list[FaceRun] = []
     with open(os.path.join(workdir, "face-stderr.log"), "a") as errlog:
         for mode in FACE_MODES:
-            with face_and_direct(daemon.socket, mode, errlog) as (pair, bridge, own):
+            held_name = HELD_SERVER if mode == "legacy" else None
+            with face_and_direct(daemon.socket, mode, errlog, held_name) as (
+                pair,
+                bridge,
+                own,
+            ):
                 face = Sequential(protocol=pair.face.protocol_version)
                 direct = Sequential(protocol=pair.direct.protocol_version)
                 run = FaceRun(mode=mode, tool=pair.face.tool, face=face, direct=direct)
+                held = pair.held
+                if held is not None:
+                    run.held = Sequential(
+                        protocol=client.server_status(HELD_SERVER)[0].protocol_version
+                    )
                 progress(f"(f) {mode}: {warmup} warm-up calls each")
                 pair.face.sequential(warmup)
                 pair.direct.sequential(warmup)
+                if held is not None:
+                    held.sequential(warmup)
                 bridge0 = cpu_ns(bridge) if bridge else 0
                 order = ("abba" * options.blocks)[: 2 * options.blocks]
                 for step, which in enumerate(order, 1):
@@ -439,10 +472,18 @@ def face_sequential(
                             daemon_pid=daemon.pid,
                             server_pid=daemon_server,
                         )
+                        if held is not None and run.held is not None:
+                            _timed_block(
+                                run.held,
+                                functools.partial(held.sequential, per_block),
+                                daemon_pid=daemon.pid,
+                                server_pid=held_server,
+                            )
                     progress(f"(f) {mode}: block {step}/{len(order)} ({which}) done")
                 if bridge:
                     run.bridge_cpu_ns = cpu_ns(bridge) - bridge0
                 runs.append(run)
+    client.remove_server(HELD_SERVER)
     return runs
 
 
@@ -932,6 +973,18 @@ def _face_rows(r: Results) -> list[str]:
                 f"{label:54}{_us(median(seq.samples)):>11}{_us(p99(seq.samples)):>11}"
                 f"{n:>6}   {cpu:>32}"
             )
+        if run.held is not None:
+            seq = run.held
+            n = len(seq.samples)
+            cpu = "".join(
+                f"{_cpu(x, n):>7}"
+                for x in (seq.client_cpu_ns, seq.daemon_cpu_ns, seq.server_cpu_ns)
+            )
+            label = f"    {run.mode}: ... face -> upstream held at {seq.protocol}"
+            lines.append(
+                f"{label:54}{_us(median(seq.samples)):>11}{_us(p99(seq.samples)):>11}"
+                f"{n:>6}   {cpu:>32}"
+            )
         lines.append(
             f"    {run.mode}: tool {run.tool!r}; protocol face {run.face.protocol}, "
             f"direct {run.direct.protocol}; bridge CPU/call "
@@ -1051,6 +1104,16 @@ def _face_targets(r: Results) -> list[tuple[str, str, str, bool | None]]:
         )
         ratio99 = p99(run.face.samples) / p99(run.direct.samples)
         targets.append(("    face/direct at p99 (context)", f"{ratio99:.2f}", "", None))
+        if run.held is not None:
+            held = median(run.held.samples) / median(run.direct.samples)
+            targets.append(
+                (
+                    f"    ... upstream held at {run.held.protocol} (context)",
+                    f"{held:.2f}",
+                    "",
+                    None,
+                )
+            )
     if r.face_rss is not None:
         grown = r.face_rss.after - r.face_rss.before
         targets.append(

@@ -103,6 +103,8 @@ class Session:
 class Pair(msgspec.Struct, kw_only=True, frozen=True):
     face: Session
     direct: Session
+    held: Session | None = None
+    """Through the face to an upstream held at the handshake era (context)."""
 
 
 def _children() -> set[int]:
@@ -123,16 +125,21 @@ def _children() -> set[int]:
 
 @contextmanager
 def face_and_direct(
-    api_socket: str, mode: str, errlog: TextIO
+    api_socket: str, mode: str, errlog: TextIO, held: str | None = None
 ) -> Iterator[tuple[Pair, int | None, int | None]]:
     """Two warm SDK sessions in ``mode`` ("legacy" or "auto"): through the
     bridge to the face beside ``api_socket``, and straight to a fresh echo
     server. Yields them with the pids of the bridge and of that echo server
-    (children of this process; None if not found)."""
+    (children of this process; None if not found). ``held``: a third, through
+    the bridge scoped to that server (``mcp serve --server``), in ``Pair.held``."""
     through_face = StdioServerParameters(
         command=MEMORIZZCTL, args=["--socket", api_socket, "mcp", "serve"]
     )
     direct = StdioServerParameters(command=sys.executable, args=[ECHO_SERVER])
+    scoped = StdioServerParameters(
+        command=MEMORIZZCTL,
+        args=["--socket", api_socket, "mcp", "serve", "--server", held or ""],
+    )
     before = _children()
     with (
         anyio.from_thread.start_blocking_portal(
@@ -142,7 +149,7 @@ def face_and_direct(
     ):
         sessions: list[Session] = []
         pids: list[int | None] = []
-        for params in (through_face, direct):
+        for params in (through_face, direct, scoped)[: 3 if held else 2]:
             client = Client(
                 stdio_client(params, errlog=errlog),
                 mode=mode,
@@ -155,7 +162,12 @@ def face_and_direct(
             new = _children() - before
             before |= new
             pids.append(min(new) if len(new) == 1 else None)
-        yield Pair(face=sessions[0], direct=sessions[1]), pids[0], pids[1]
+        pair = Pair(
+            face=sessions[0],
+            direct=sessions[1],
+            held=sessions[2] if held else None,
+        )
+        yield pair, pids[0], pids[1]
 
 
 # --- (g) ----------------------------------------------------------------------------
