@@ -413,7 +413,7 @@ class Session:
                         self._left[waiter.number] = request_id, waiter
                     elif self._waiting.get(request_id) is waiter:
                         del self._waiting[request_id]
-            waiter.released.set()
+                waiter.released.set()  # under the lock: a new reader clears it after
             self.last_used = time.monotonic()
         if waiter.reply is None:
             raise SessionGoneError
