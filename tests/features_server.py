@@ -12,6 +12,8 @@ when served in-process): a file that gets one line per ``resources/subscribe``
 * prompt ``pick(color)``; completions of ``color`` (prompt and template), the
   values starting with the typed prefix, each ending in ``@prompt`` or
   ``@template`` (which ref reached the server);
+* 2026-07-28 ``subscriptions/listen`` honors resource subscriptions to its own
+  ``feat://`` URIs only (its acknowledgement leaves the others out);
 * tool ``touch(uri)``: sends ``notifications/resources/updated`` for ``uri``;
 * tool ``roots()``: asks the client ``roots/list`` and returns the URIs, one a line.
 """
@@ -25,6 +27,7 @@ from typing import Any
 
 import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.subscriptions import ListenHandler
 from mcp.shared.exceptions import MCPDeprecationWarning
 
 mcp = MCPServer("memorizz-features-server", version="0.1", log_level="WARNING")
@@ -62,6 +65,26 @@ mcp._lowlevel_server.add_request_handler(
     "resources/unsubscribe",
     types.UnsubscribeRequestParams,
     _unsubscribe,
+)
+
+
+_listen = ListenHandler(mcp._subscriptions)
+
+
+async def _listen_own(
+    ctx: Any, params: types.SubscriptionsListenRequestParams
+) -> types.SubscriptionsListenResult:
+    """The SDK's listen handler, asked only for this server's own URIs."""
+    wanted = params.notifications
+    if wanted.resource_subscriptions:
+        own = [u for u in wanted.resource_subscriptions if u.startswith("feat://")]
+        wanted = wanted.model_copy(update={"resource_subscriptions": own})
+        params = params.model_copy(update={"notifications": wanted})
+    return await _listen(ctx, params)
+
+
+mcp._lowlevel_server.add_request_handler(
+    "subscriptions/listen", types.SubscriptionsListenRequestParams, _listen_own
 )
 
 

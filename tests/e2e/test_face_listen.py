@@ -26,6 +26,7 @@ import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 from mcp.shared.subscriptions import ResourceUpdated, ToolsListChanged
 
 from memorizzd.config import Config, load
@@ -46,6 +47,8 @@ from tests.harness import (
 
 MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 WATCHED = "feat://watched"
+ELSEWHERE = "other://elsewhere"
+"""A URI the features server takes no 2026-07-28 subscription to."""
 
 
 @pytest.fixture(scope="module")
@@ -218,7 +221,8 @@ def test_a_2026_upstreams_resource_updates_reach_face_clients_of_both_eras(
     (``resourceSubscriptions``; our JSON-RPC client over stdio, the SDK's
     ``Client.listen`` over HTTP), and the server's updates on it reach a
     handshake-era session (``resources/subscribe``) and a 2026-07-28 one
-    (its own listen stream) alike."""
+    (its own listen stream) alike. A URI the server does not honor is not
+    acknowledged to the face's client either (a subscribe to it fails)."""
     with contextlib.ExitStack() as stack:
         if upstream == "stdio":
             spec = stdio_spec(
@@ -251,6 +255,8 @@ def _updates_reach_face_clients(config: Config, client_era: str) -> None:
             async with Client(
                 stdio_client(params), mode="legacy", message_handler=on_message
             ) as client:
+                with pytest.raises(MCPError, match="takes no subscription"):
+                    await client.subscribe_resource(ELSEWHERE)  # not honored upstream
                 await client.subscribe_resource(WATCHED)
                 await client.call_tool("touch", {"uri": WATCHED})
                 with anyio.fail_after(15):
@@ -258,8 +264,9 @@ def _updates_reach_face_clients(config: Config, client_era: str) -> None:
             return heard
         async with (
             Client(stdio_client(params), mode="auto", cache=None) as client,
-            client.listen(resource_subscriptions=[WATCHED]) as stream,
+            client.listen(resource_subscriptions=[ELSEWHERE, WATCHED]) as stream,
         ):
+            # the face acknowledges what the upstream honored, and no more
             assert stream.honored.resource_subscriptions == [WATCHED]
             await client.call_tool("touch", {"uri": WATCHED})
             with anyio.fail_after(15):

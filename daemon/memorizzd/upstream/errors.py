@@ -110,3 +110,12 @@ def rpc_error(
     return UpstreamError(
         f"{server}: {message}", data={"server": server, "upstream_code": code}
     )
+
+
+def not_honored(server: str, uri: str) -> UpstreamError:
+    """A 2026-07-28 server's listen stream acknowledged without ``uri``: it
+    takes no subscription to it (the face then does not acknowledge it either)."""
+    return UpstreamError(
+        f"{server}: the server takes no subscription to {uri[:200]!r}",
+        data={"server": server, "uri": uri[:200]},
+    )

@@ -63,6 +63,7 @@ from memorizzd.upstream.connection import CallShape, ProgressHandler, ToolResult
 from memorizzd.upstream.errors import (
     METHOD_NOT_FOUND,
     ConnectionLost,
+    not_honored,
     rpc_error,
 )
 from memorizzd.upstream.stdio import StdioPipes, StdioProcess, stdio_pipes
@@ -133,6 +134,26 @@ class _Subscription(msgspec.Struct):
 
 class _Stamped(msgspec.Struct):
     meta: _Subscription | None = msgspec.field(default=None, name="_meta")
+
+
+class _Honored(msgspec.Struct, rename="camel"):
+    resource_subscriptions: list[str] | None = None
+
+
+class _Acknowledged(msgspec.Struct):
+    notifications: _Honored | None = None
+
+
+def _honored_uris(params: msgspec.Raw) -> frozenset[str] | None:
+    """The resource URIs a listen stream's acknowledgement honors (None: it
+    says nothing we can read, so what was asked is taken as honored)."""
+    try:
+        honored = msgspec.json.decode(params, type=_Acknowledged).notifications
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    if honored is None:
+        return None
+    return frozenset(honored.resource_subscriptions or ())
 
 
 def _subscription_of(params: msgspec.Raw) -> str | None:
@@ -257,6 +278,8 @@ class JsonRpcSession:
         """2026-07-28: the URIs held, all on one listen stream (``_resource_stream``)."""
         self._resource_stream: str | None = None
         self._acks: dict[str, Signal] = {}
+        self._honored: dict[str, frozenset[str]] = {}
+        """The resource URIs each listen stream's acknowledgement honored."""
         """Listen streams of ours not acknowledged yet, by id."""
         self._in_flight = InFlight(server)
         """Calls in flight, for the server's requests of a caller (``asks.py``)."""
@@ -503,6 +526,8 @@ class JsonRpcSession:
     async def subscribe_resource(self, uri: str) -> None:
         if self.protocol_version == MODERN:
             await self._listen_for(self._resources | {uri})
+            if uri not in self._resources:
+                raise not_honored(self._server, uri)
         else:
             await self._request("resources/subscribe", self._params({"uri": uri}))
 
@@ -533,10 +558,12 @@ class JsonRpcSession:
                 await acked.wait()
             finally:
                 self._acks.pop(stream, None)
+                honored = self._honored.pop(stream, uris)
             if stream not in self._waiting:  # refused, or the session ended
                 raise UpstreamError(
                     f"{self._server}: the server did not open a resource listen stream"
                 )
+            uris = uris & honored  # the server says which it takes
         self._resources, self._resource_stream = uris, stream
         if old is not None:  # let go: the server is told, its task ends
             waiter = self._waiting.get(old)
@@ -825,6 +852,8 @@ class JsonRpcSession:
         if method == ACKNOWLEDGED:  # one of our listen streams is open
             stream = _subscription_of(message.params)
             if stream is not None and (acked := self._acks.get(stream)) is not None:
+                if (honored := _honored_uris(message.params)) is not None:
+                    self._honored[stream] = honored
                 acked.set()
             return
         if self._on_notification is not None:

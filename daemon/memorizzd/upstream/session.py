@@ -56,6 +56,7 @@ from memorizzd.upstream.errors import (
     chain,
     classify,
     leaves,
+    not_honored,
     rpc_error,
 )
 from memorizzd.upstream.expired import SESSION_EXPIRED, expired_answers
@@ -438,6 +439,7 @@ class _ResourceStream:
 
     def __init__(self, uris: frozenset[str]) -> None:
         self.uris = uris
+        """Asked for; once acknowledged, those the server honored."""
         self.acked = anyio.Event()
         self.scope = anyio.CancelScope()
         self.error: RemoteError | ConnectionLost | None = None
@@ -688,6 +690,8 @@ class SdkConnection:
     async def subscribe_resource(self, uri: str) -> None:
         if self.protocol_version == MODERN:
             await self._listen_for(self._resources | {uri})
+            if uri not in self._resources:
+                raise not_honored(self._server, uri)
             return
         request = types.SubscribeRequest(params=types.SubscribeRequestParams(uri=uri))
         session = self._client.session
@@ -717,6 +721,7 @@ class SdkConnection:
             await held.acked.wait()
             if held.error is not None:
                 raise held.error
+            uris = held.uris  # the server says which it takes
         self._resources, self._held = uris, held
         if old is not None:
             old.let_go()
@@ -730,6 +735,8 @@ class SdkConnection:
             async with self._client.listen(
                 resource_subscriptions=sorted(held.uris)
             ) as stream:
+                honored = stream.honored.resource_subscriptions or ()
+                held.uris = held.uris & frozenset(honored)
                 held.acked.set()
                 async for _event in stream:
                     pass  # the SDK also hands each to ``on_message``, as for stdio
