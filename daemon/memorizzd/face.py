@@ -88,6 +88,7 @@ from typing import Any, Final, Literal, TypeVar, cast, get_args
 import anyio
 import msgspec
 
+from memorizz.api import mcp_meta
 from memorizz.api import methods as m
 from memorizz.api.errors import (
     ApprovalRequiredError,
@@ -119,7 +120,7 @@ from memorizzd.rpc.dispatch import Relayed, Session, encode_error
 from memorizzd.telemetry import tracing
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
-from memorizzd.upstream.jsonrpc import ACKNOWLEDGED, SUBSCRIPTION_ID
+from memorizzd.upstream.jsonrpc import ACKNOWLEDGED
 
 log = logging.getLogger("memorizzd.face")
 T = TypeVar("T")
@@ -128,8 +129,6 @@ VERSIONS: Final = ("2025-06-18", "2025-11-25")
 """Handshake-era protocol versions the face negotiates, oldest first."""
 MODERN: Final = "2026-07-28"
 """The era without a handshake: ``server/discover``, and every request stamped."""
-_VERSION_KEY: Final = "io.modelcontextprotocol/protocolVersion"
-_SERVER_INFO_KEY: Final = "io.modelcontextprotocol/serverInfo"
 _CACHED: Final = frozenset(
     {
         "server/discover",
@@ -179,7 +178,7 @@ Handler = Callable[[Caller, msgspec.Raw], Awaitable[Any]]
 
 
 class _Stamp(msgspec.Struct):
-    version: str | None = msgspec.field(default=None, name=_VERSION_KEY)
+    version: str | None = msgspec.field(default=None, name=mcp_meta.PROTOCOL_VERSION)
 
 
 class _Stamped(msgspec.Struct):
@@ -232,11 +231,11 @@ class _Cursor(msgspec.Struct):
 
 
 class _CallMeta(msgspec.Struct, rename="camel"):
-    version: str | None = msgspec.field(default=None, name=_VERSION_KEY)
+    version: str | None = msgspec.field(default=None, name=mcp_meta.PROTOCOL_VERSION)
     """2026-07-28's stamp (``_stamped``, read with the rest of the call)."""
     progress_token: int | str | None = None
     client_capabilities: dict[str, Any] | None = msgspec.field(
-        default=None, name="io.modelcontextprotocol/clientCapabilities"
+        default=None, name=mcp_meta.CLIENT_CAPABILITIES
     )
     """2026-07-28: what the client answers (``rounds.py``)."""
     traceparent: str | None = None
@@ -291,7 +290,7 @@ class _Listen:
         """Set when its socket stops: the stream ends with its result."""
 
     def line(self, method: str, params: dict[str, Any] | None = None) -> bytes:
-        stamped = {**(params or {}), "_meta": {SUBSCRIPTION_ID: self.id}}
+        stamped = {**(params or {}), "_meta": {mcp_meta.SUBSCRIPTION_ID: self.id}}
         message = {"jsonrpc": "2.0", "method": method, "params": stamped}
         return _encoder.encode(message) + b"\n"
 
@@ -653,7 +652,9 @@ class FaceDispatcher:
             "supportedVersions": [MODERN],
             "capabilities": self._capabilities(caller),
             "instructions": self._instructions(caller),
-            "_meta": {_SERVER_INFO_KEY: {"name": "memorizzd", "version": __version__}},
+            "_meta": {
+                mcp_meta.SERVER_INFO: {"name": "memorizzd", "version": __version__}
+            },
         }
 
     def _instructions(self, caller: Caller) -> str:
@@ -1035,7 +1036,7 @@ class FaceDispatcher:
                 self._let_go(listen, caller)
             if not held:
                 self._listens.pop(session, None)
-        return {"_meta": {SUBSCRIPTION_ID: request_id}}
+        return {"_meta": {mcp_meta.SUBSCRIPTION_ID: request_id}}
 
     async def _hold(self, caller: Caller, listen: _Listen, uri: str) -> bool:
         """The listen stream subscribes to ``uri`` of the server that lists it

@@ -29,6 +29,7 @@ from typing import Final
 
 import msgspec
 
+from memorizz.api import mcp_meta
 from memorizz.ctl.serve import Bridge, scope_line
 
 MAX_SESSIONS: Final = 64
@@ -89,9 +90,7 @@ class _Meta(msgspec.Struct):
 
 
 class _Subscription(msgspec.Struct):
-    id: RequestId | None = msgspec.field(
-        default=None, name="io.modelcontextprotocol/subscriptionId"
-    )
+    id: RequestId | None = msgspec.field(default=None, name=mcp_meta.SUBSCRIPTION_ID)
 
 
 class _Stamped(msgspec.Struct):

@@ -44,6 +44,7 @@ import anyio
 import anyio.abc
 import msgspec
 
+from memorizz.api import mcp_meta
 from memorizz.api import methods as m
 from memorizz.api.errors import RemoteError, UpstreamError
 from memorizzd import __version__
@@ -72,23 +73,17 @@ log = logging.getLogger("memorizzd.upstream.jsonrpc")
 
 MODERN: Final = "2026-07-28"
 ACKNOWLEDGED: Final = "notifications/subscriptions/acknowledged"
-SUBSCRIPTION_ID: Final = "io.modelcontextprotocol/subscriptionId"
-"""The ``_meta`` key of a listen stream's frames: its request's id (both sides of ours)."""
 LISTEN_AGAIN_S: Final = 1.0
 """A resource listen stream the server ended is opened again after this."""
 HANDSHAKE_VERSION: Final = "2025-11-25"
 HANDSHAKE_VERSIONS: Final = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 DISCOVER_TIMEOUT_S: Final = 10.0
 CANCEL_WRITE_S: Final = 1.0
+"""How long a ``notifications/cancelled`` may take to write before it is skipped."""
 PROGRESS_SEND_S: Final = 1.0
 """How long one progress notification may take to pass on before it is dropped."""
-"""How long a ``notifications/cancelled`` may take to write before it is skipped."""
 
-_PROTOCOL_VERSION_KEY: Final = "io.modelcontextprotocol/protocolVersion"
-_CLIENT_INFO_KEY: Final = "io.modelcontextprotocol/clientInfo"
-_CLIENT_CAPABILITIES_KEY: Final = "io.modelcontextprotocol/clientCapabilities"
-_SERVER_INFO_KEY: Final = "io.modelcontextprotocol/serverInfo"
-LOG_LEVEL_KEY: Final = b"io.modelcontextprotocol/logLevel"
+_LOG_LEVEL: Final = mcp_meta.LOG_LEVEL.encode()
 """2026-07-28: a request's ``_meta`` member that asks for the server's logs."""
 _CLIENT_INFO: Final = {"name": "memorizzd", "version": __version__}
 _NOT_CANCELLED: Final = frozenset({"initialize", "server/discover", "ping"})
@@ -129,7 +124,7 @@ Message = _Message
 
 
 class _Subscription(msgspec.Struct):
-    id: str | int | None = msgspec.field(default=None, name=SUBSCRIPTION_ID)
+    id: str | int | None = msgspec.field(default=None, name=mcp_meta.SUBSCRIPTION_ID)
 
 
 class _Stamped(msgspec.Struct):
@@ -383,7 +378,7 @@ class JsonRpcSession:
         meta = _traced(self._meta) if tracing.enabled else self._meta
         if call.log_level is None or not self._meta:
             return meta
-        stamp = b'"' + LOG_LEVEL_KEY + b'":' + _encode(call.log_level) + b","
+        stamp = b'"' + _LOG_LEVEL + b'":' + _encode(call.log_level) + b","
         return b',"_meta":{' + stamp + meta[len(b',"_meta":{') :]
 
     async def _call_tool(
@@ -655,9 +650,9 @@ class JsonRpcSession:
 
     async def _discover(self) -> None:
         meta = {
-            _PROTOCOL_VERSION_KEY: MODERN,
-            _CLIENT_INFO_KEY: _CLIENT_INFO,
-            _CLIENT_CAPABILITIES_KEY: _ASKS,  # asked the 2026-07-28 way (asks.py)
+            mcp_meta.PROTOCOL_VERSION: MODERN,
+            mcp_meta.CLIENT_INFO: _CLIENT_INFO,
+            mcp_meta.CLIENT_CAPABILITIES: _ASKS,  # asked the 2026-07-28 way (asks.py)
         }
         raw = await self._request("server/discover", _encode({"_meta": meta}))
         result = self._decode(raw, _DiscoverResult)
@@ -666,7 +661,7 @@ class JsonRpcSession:
                 f"{self._server}: server/discover offers no version we speak "
                 f"({', '.join(result.supported_versions[:8])})"
             )
-        info = (result.meta or {}).get(_SERVER_INFO_KEY)
+        info = (result.meta or {}).get(mcp_meta.SERVER_INFO)
         if isinstance(info, dict):
             name, version = info.get("name"), info.get("version")
             self.server_name = name if isinstance(name, str) else None

@@ -36,6 +36,7 @@ from typing import Any, Final
 import anyio
 import msgspec
 
+from memorizz.api import mcp_meta
 from memorizz.api.errors import InvalidParamsError, UpstreamError
 from memorizzd.caller import Caller
 
@@ -45,7 +46,6 @@ MAX_TASKS: Final = 10_000
 STATUS_SEND_S: Final = 1.0
 """How long one status notification may take to reach its connection."""
 STATUS: Final = "notifications/tasks/status"
-RELATED_TASK: Final = "io.modelcontextprotocol/related-task"
 
 Owner = tuple[str | None, str | None, int]
 """Who may use a task: the caller's role, profile and uid."""
@@ -154,8 +154,8 @@ class TaskBook:
         ``_meta`` names the daemon's id."""
         result: dict[str, Any] = msgspec.json.decode(raw)
         meta = result.get("_meta")
-        if isinstance(meta, dict) and isinstance(meta.get(RELATED_TASK), dict):
-            result["_meta"] = {**meta, RELATED_TASK: {"taskId": entry.id}}
+        if isinstance(meta, dict) and isinstance(meta.get(mcp_meta.RELATED_TASK), dict):
+            result["_meta"] = {**meta, mcp_meta.RELATED_TASK: {"taskId": entry.id}}
         return result
 
     async def noticed(self, server: str, params: msgspec.Raw) -> None:
