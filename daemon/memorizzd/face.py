@@ -360,6 +360,10 @@ _ROUTE_CACHE_MAX: Final = 256
 class FaceDispatcher:
     """The MCP face's protocol on one socket (a ``rpc.dispatch.LineDispatcher``)."""
 
+    settles: Final = frozenset({"initialize", "logging/setLevel"})
+    """What the client answers, and the log messages it wants: a call sent
+    right behind them (a client that does not wait) runs with them."""
+
     def __init__(self, broker: Broker, relay: WarmRelay | None = None) -> None:
         self._broker = broker
         self._relay = relay

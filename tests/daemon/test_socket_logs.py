@@ -15,6 +15,7 @@ import msgspec
 import pytest
 
 from memorizz.api import methods as m
+from memorizz.api.protocol import PROTOCOL_VERSION
 from tests.harness import (
     DaemonHarness,
     daemon_config,
@@ -75,6 +76,41 @@ def test_a_connection_that_did_not_ask_gets_only_its_reply(
         sock.sendall(msgspec.json.encode(request) + b"\n")
         first = sock.makefile("rb").readline()
     assert msgspec.json.decode(first)["id"] == 7
+
+
+def test_a_call_sent_right_behind_its_hello_runs_with_what_the_hello_asked(
+    harness: DaemonHarness,
+) -> None:
+    """A client that does not wait for ``daemon/hello``'s reply: the call
+    written with it is not relayed past it (it would run before the hello set
+    the connection up), so it hears the log messages the hello asked for."""
+    hello = m.DaemonHelloParams(
+        protocol_version=PROTOCOL_VERSION,
+        client="raw",
+        capabilities={"logging": {"level": "info"}},
+    )
+    lines = [
+        {"jsonrpc": "2.0", "id": 1, "method": "daemon/hello", "params": hello},
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {"server": "old", "name": "logged", "arguments": {"text": "x"}},
+        },
+    ]
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(
+            30
+        )  # a guard against a hang (the old way: no log, no third line)
+        sock.connect(harness.socket)
+        sock.sendall(b"".join(msgspec.json.encode(line) + b"\n" for line in lines))
+        replies = sock.makefile("rb")
+        heard = [msgspec.json.decode(replies.readline()) for _ in range(3)]
+    assert [h.get("id", h.get("method")) for h in heard] == [
+        1,
+        "notifications/message",
+        2,
+    ]
 
 
 def test_mcp_call_verbose_prints_the_servers_log_messages_on_stderr(

@@ -82,6 +82,13 @@ class LineDispatcher(Protocol):
     """What a socket server needs of the protocol it serves (the API's
     ``Dispatcher``, the MCP face's ``FaceDispatcher``)."""
 
+    @property
+    def settles(self) -> frozenset[str]:
+        """Methods that set a session up (what its client answers, its log
+        level): while one runs, the requests after it on the connection are
+        not relayed past it, so they run with what it set."""
+        ...
+
     def parse(self, line: bytes) -> Request | bytes: ...
 
     def notified(self, session: Session, request: Request) -> bool:
@@ -124,6 +131,8 @@ class Session(Protocol):
 
 
 class Dispatcher:
+    settles: Final = frozenset({"daemon/hello"})  # its capabilities (calllife.declare)
+
     def __init__(
         self,
         handlers: Mapping[str, Handler],

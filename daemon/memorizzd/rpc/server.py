@@ -384,6 +384,10 @@ class _Connection:
         self.last_activity = self.now()
         self.in_flight = 0
         self.lives: dict[RequestId, CallLife] = {}
+        self.settling = 0
+        """Requests that set the session up (``LineDispatcher.settles``) still
+        running: a task is spawned before its first step runs, so a request
+        relayed without one could overtake them."""
         """This connection's requests in flight in tasks, by id."""
         self.relayed: dict[RequestId, Relayed] = {}
         """Its requests in flight without a task (``Dispatcher.relay``); an id
@@ -695,14 +699,20 @@ class _Connection:
             return encode_error(parsed.id, error.to_wire())
         self.in_flight += 1
         server._track(+1)
-        relayed = self.dispatcher.relay(self, parsed)
-        if relayed is not None:  # no task: it ends with finish()
-            self.relayed[parsed.id] = relayed
-            return None
+        settles = parsed.method in self.dispatcher.settles
+        if not settles and not self.settling:
+            relayed = self.dispatcher.relay(self, parsed)
+            if relayed is not None:  # no task: it ends with finish()
+                self.relayed[parsed.id] = relayed
+                return None
         life = self.lives[parsed.id] = CallLife(
             parsed.method, send=self._send, session=self
         )
-        self.calls.spawn(self._run_one, parsed, parsed.id, life, name=parsed.method)
+        if settles:  # until it is done, what follows takes tasks, after it
+            self.settling += 1
+        self.calls.spawn(
+            self._run_one, parsed, parsed.id, life, settles, name=parsed.method
+        )
         return None
 
     def _drop_notification(self, request: Request) -> None:
@@ -727,7 +737,11 @@ class _Connection:
         await self._send(encode_error(None, error.to_wire()))
 
     async def _run_one(
-        self, request: Request, request_id: RequestId, life: CallLife
+        self,
+        request: Request,
+        request_id: RequestId,
+        life: CallLife,
+        settles: bool = False,
     ) -> None:
         calllife.current.set(life)  # this task's context only
         try:
@@ -745,6 +759,8 @@ class _Connection:
                 await self._send(encode_error(request_id, error.to_wire()))
             raise
         finally:
+            if settles:
+                self.settling -= 1
             del self.lives[request_id]
             self.in_flight -= 1
             self.server._track(-1)
