@@ -283,7 +283,11 @@ class Session:
 
     @property
     def busy(self) -> bool:
-        return bool(self._waiting) or self._stream is not None
+        """Requests waiting, a GET stream open, or a stream its client may
+        come back for (within ``RESUME_S``): not idle, not to be evicted."""
+        with self._lock:
+            self._expire_left()
+            return bool(self._waiting) or self._stream is not None or bool(self._left)
 
     def send(self, line: bytes) -> None:
         with self._send_lock:
