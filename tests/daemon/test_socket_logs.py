@@ -16,6 +16,7 @@ import pytest
 
 from memorizz.api import methods as m
 from memorizz.api.protocol import PROTOCOL_VERSION
+from memorizzd.listeners import face_socket_path
 from tests.harness import (
     DaemonHarness,
     daemon_config,
@@ -110,6 +111,52 @@ def test_a_call_sent_right_behind_its_hello_runs_with_what_the_hello_asked(
         1,
         "notifications/message",
         2,
+    ]
+
+
+def test_a_face_call_sent_right_behind_its_set_level_is_asked_for_logs(
+    harness: DaemonHarness,
+) -> None:
+    """The same on the MCP face: a call written right behind
+    ``logging/setLevel`` runs after it, so the 2026-07-28 server (which logs
+    only to a request that asks) is asked, and the message comes first."""
+    messages: list[dict[str, object]] = [
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "logging/setLevel",
+            "params": {"level": "info"},
+        },
+        {
+            "jsonrpc": "2.0",
+            "id": 3,
+            "method": "tools/call",
+            "params": {"name": "new__logged", "arguments": {"text": "x"}},
+        },
+    ]
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"},
+        },
+    }
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(30)  # a guard against a hang (the old way: no log)
+        sock.connect(face_socket_path(harness.socket))
+        replies = sock.makefile("rb")
+        sock.sendall(msgspec.json.encode(initialize) + b"\n")
+        assert msgspec.json.decode(replies.readline())["id"] == 1
+        sock.sendall(b"".join(msgspec.json.encode(x) + b"\n" for x in messages))
+        heard = [msgspec.json.decode(replies.readline()) for _ in range(3)]
+    assert [h.get("id", h.get("method")) for h in heard] == [
+        2,
+        "notifications/message",
+        3,
     ]
 
 
