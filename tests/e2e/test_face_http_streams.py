@@ -498,6 +498,9 @@ def test_a_get_stream_that_breaks_is_resumed_after_its_last_event(raw: _Raw) -> 
     assert {msgspec.json.decode(e.data)["method"] for e in again} == {
         "notifications/tools/list_changed"
     }
+    # a GET without one starts after what the session's streams sent
+    with raw.http.stream("GET", raw.url, headers=listen) as r:
+        assert next(_events(r.iter_lines())).id == "0-3"
 
 
 def test_a_last_event_id_of_no_stream_here_is_400(raw: _Raw) -> None:

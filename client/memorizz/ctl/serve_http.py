@@ -309,11 +309,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._refuse(404, "the session ended")
             return
         try:
-            self._start_events("0-0" if last_event_id is None else None)
+            self._start_events(stream.priming_id if last_event_id is None else None)
+            # (no line: a comment, by which a client that left is found out)
             while (sent := stream.next(KEEPALIVE_S)) is not None:
-                self._event(
-                    *sent
-                )  # no line: a comment, by which a client that left is found out
+                self._event(*sent)
         except OSError:
             return  # the client left
         finally:
@@ -482,9 +481,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         ``ids``: the events carry ids (a priming event first), so a client
         whose stream breaks comes back for the rest (``_resume``)."""
         try:
-            final, first, first_id = next(
-                events
-            )  # SessionGoneError: a 404, before headers
+            # SessionGoneError: a 404, before the headers
+            final, first, first_id = next(events)
         except BaseException:
             events.close()
             raise

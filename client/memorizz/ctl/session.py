@@ -203,13 +203,17 @@ class Stream:
     across the GETs of a session, so a GET with a ``Last-Event-ID`` gets again
     what a dropped one may have missed (the last ``BACKLOG``)."""
 
-    __slots__ = ("_session", "events", "replay")
+    __slots__ = ("_session", "events", "priming_id", "replay")
 
-    def __init__(self, session: Session, replay: list[tuple[bytes, str]]) -> None:
+    def __init__(
+        self, session: Session, replay: list[tuple[bytes, str]], sent: int
+    ) -> None:
         self._session = session
         self.events: queue.SimpleQueue[bytes | None] = queue.SimpleQueue()
         self.replay = replay
         """Events sent before, sent again first (a resumption)."""
+        self.priming_id = f"0-{sent}"
+        """The id of the last event the session's GET streams sent before this one."""
 
     def next(self, timeout: float) -> tuple[bytes, str] | None:
         """The next line and its event id; ``(b"", "")`` when none came within
@@ -457,7 +461,7 @@ class Session:
                             list(self._standalone)[first - kept :], first + 1
                         )
                     ]
-            stream = Stream(self, replay)
+            stream = Stream(self, replay, self._standalone_count)
             if self._stream is not None:
                 self._stream.events.put(None)
             self._stream = stream
