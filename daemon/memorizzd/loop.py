@@ -50,9 +50,9 @@ def call_later(delay: float, callback: Callable[[], object]) -> Callable[[], Non
 
 
 class Clock:
-    """``now`` and ``call_later`` of the loop running where it is made, kept:
-    finding the running loop costs a system call (``getpid``) on every use,
-    and a warm call would ask for it several times."""
+    """``now`` of the loop running where it is made, kept: finding the running
+    loop costs a system call (``getpid``) on every use, and a warm call would
+    ask for it several times."""
 
     __slots__ = ("_loop", "now")
 
@@ -60,10 +60,45 @@ class Clock:
         self._loop = asyncio.get_running_loop()
         self.now: Callable[[], float] = self._loop.time
 
-    def call_later(
-        self, delay: float, callback: Callable[[], object]
-    ) -> Callable[[], None]:
-        return self._loop.call_later(delay, callback).cancel
+
+class Deadlines:
+    """Many deadlines checked together, every ``tick`` seconds, by one loop
+    timer that runs only while some are set: setting and clearing one is a
+    dict insert and delete. A loop timer of each (uvloop's ``call_later`` and
+    its ``cancel``) costs ~2.7 us, and every relayed call sets a deadline and
+    clears it. A deadline's callback runs at most ``tick`` after it is due,
+    in the loop; one that raises is logged."""
+
+    __slots__ = ("_due", "_loop", "_tick", "_timer")
+
+    def __init__(self, tick: float = 0.05) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._tick = tick
+        self._due: dict[object, tuple[float, Callable[[], object]]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+
+    def set(self, key: object, delay: float, callback: Callable[[], object]) -> None:
+        """``callback`` in ``delay`` seconds, unless ``clear(key)`` comes first."""
+        self._due[key] = (self._loop.time() + delay, callback)
+        if self._timer is None:
+            self._timer = self._loop.call_later(self._tick, self._check)
+
+    def clear(self, key: object) -> None:
+        self._due.pop(key, None)
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        due = [(key, then) for key, (when, then) in self._due.items() if when <= now]
+        for key, _ in due:
+            del self._due[key]
+        self._timer = (
+            self._loop.call_later(self._tick, self._check) if self._due else None
+        )
+        for _, then in due:
+            try:
+                then()
+            except Exception:  # a bug: logged; the other deadlines still run
+                log.exception("a deadline's callback failed")
 
 
 class Signal:

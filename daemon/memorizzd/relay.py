@@ -38,7 +38,7 @@ from memorizzd.audit import CallArguments, outcome_for
 from memorizzd.caller import Caller
 from memorizzd.calllife import declared_by
 from memorizzd.calls import Calls
-from memorizzd.loop import Clock, TaskSet, deadline_at, now
+from memorizzd.loop import Deadlines, TaskSet, deadline_at, now
 from memorizzd.telemetry import tracing
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.asks import Call, InputRequired
@@ -65,7 +65,8 @@ class WarmRelay:
 
     def __init__(self, calls: Calls) -> None:
         self._calls = calls
-        self._clock = Clock()
+        self._deadlines = Deadlines()
+        """The calls' deadlines (one loop timer for all of them)."""
         self._rounds = TaskSet()
         """Calls whose server asked its caller first (rare: they go on in a task)."""
 
@@ -148,7 +149,6 @@ class _Relayed:
 
     __slots__ = (
         "_call",
-        "_cancel_timer",
         "_connection",
         "_key",
         "_release",
@@ -206,7 +206,7 @@ class _Relayed:
         self._connection = connection
         self._sent = self.upstream.request_began()
         self.relay._calls.began()
-        self._cancel_timer = self.relay._clock.call_later(self.timeout_s, self._expire)
+        self.relay._deadlines.set(self, self.timeout_s, self._expire)
 
     # --- how it ends -----------------------------------------------------------
 
@@ -217,7 +217,7 @@ class _Relayed:
         try:
             result = self.client.result_of(message)
         except AsksFirst as exc:
-            self._cancel_timer()
+            self.relay._deadlines.clear(self)
             self.relay._rounds.spawn(self._rounds, exc.asked, name="tools/call")
             return
         except ConnectionLost as exc:
@@ -287,7 +287,7 @@ class _Relayed:
         if self.over:
             return
         self.over = True
-        self._cancel_timer()
+        self.relay._deadlines.clear(self)
         self._release()
         self.client.end_call(self._key)
         upstream = self.upstream
