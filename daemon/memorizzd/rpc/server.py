@@ -384,11 +384,11 @@ class _Connection:
         self.last_activity = self.now()
         self.in_flight = 0
         self.lives: dict[RequestId, CallLife] = {}
+        """This connection's requests in flight in tasks, by id."""
         self.settling = 0
         """Requests that set the session up (``LineDispatcher.settles``) still
         running: a task is spawned before its first step runs, so a request
         relayed without one could overtake them."""
-        """This connection's requests in flight in tasks, by id."""
         self.relayed: dict[RequestId, Relayed] = {}
         """Its requests in flight without a task (``Dispatcher.relay``); an id
         in either is refused until it is answered."""
