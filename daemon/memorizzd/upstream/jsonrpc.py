@@ -273,9 +273,9 @@ class JsonRpcSession:
         """2026-07-28: the URIs held, all on one listen stream (``_resource_stream``)."""
         self._resource_stream: str | None = None
         self._acks: dict[str, Signal] = {}
+        """Listen streams of ours not acknowledged yet, by id."""
         self._honored: dict[str, frozenset[str]] = {}
         """The resource URIs each listen stream's acknowledgement honored."""
-        """Listen streams of ours not acknowledged yet, by id."""
         self._in_flight = InFlight(server)
         """Calls in flight, for the server's requests of a caller (``asks.py``)."""
         self._tasks: anyio.abc.TaskGroup | None = None

@@ -74,6 +74,7 @@ from memorizzd.upstream.mcp_sdk import (
     validate_server_result,
 )
 from memorizzd.upstream.sse import EndpointWatch, opened_within
+from memorizzd.upstream.tasks import STATUS as TASK_STATUS
 from memorizzd.vault.server_secrets import ServerSecrets
 
 T = TypeVar("T")
@@ -119,9 +120,6 @@ def failure_kind(exc: BaseException) -> FailureKind:
 def _as_remote(exc: MCPError) -> RemoteError | None:
     translated = translate_mcp_error(exc, server="")
     return translated if isinstance(translated, RemoteError) else None
-
-
-TASK_STATUS: Final = "notifications/tasks/status"
 
 
 class _AnyParams(pydantic.BaseModel):
