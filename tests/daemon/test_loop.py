@@ -13,22 +13,46 @@ import pytest
 from memorizzd.loop import Deadlines, now
 
 TICK = 0.02
+WAIT_S = 10  # a guard against a hang, never a measurement
 
 
 def _run(main: Callable[[], Awaitable[None]]) -> None:
     anyio.run(main, backend="asyncio", backend_options={"use_uvloop": True})
 
 
+class _Fired:
+    """What fired (label, seconds after ``start``), awaitable by count."""
+
+    def __init__(self) -> None:
+        self.start = now()
+        self.seen: list[tuple[str, float]] = []
+        self._more = anyio.Event()
+
+    def __call__(self, label: str) -> Callable[[], None]:
+        def fire() -> None:
+            self.seen.append((label, now() - self.start))
+            self._more.set()
+
+        return fire
+
+    async def count(self, n: int) -> None:
+        with anyio.fail_after(WAIT_S):
+            while len(self.seen) < n:
+                self._more = anyio.Event()
+                await self._more.wait()
+
+    @property
+    def labels(self) -> list[str]:
+        return [label for label, _ in self.seen]
+
+
 def test_a_deadline_runs_its_callback_once_when_due_and_not_before() -> None:
     async def main() -> None:
-        deadlines = Deadlines(tick=TICK)
-        fired: list[float] = []
-        start = now()
-        deadlines.set("call", 0.1, lambda: fired.append(now() - start))
-        await anyio.sleep(0.3)
-        assert len(fired) == 1
+        fired = _Fired()
+        Deadlines(tick=TICK).set("call", 0.1, fired("call"))
+        await fired.count(1)
         # due, to the clock's rounding; at most a tick late (and the loop's lag)
-        assert 0.1 - 1e-6 <= fired[0] < 0.1 + TICK + 0.15
+        assert 0.1 - 1e-6 <= fired.seen[0][1] < 0.1 + TICK + 0.15
 
     _run(main)
 
@@ -36,13 +60,14 @@ def test_a_deadline_runs_its_callback_once_when_due_and_not_before() -> None:
 def test_a_cleared_deadline_never_runs_and_the_others_do() -> None:
     async def main() -> None:
         deadlines = Deadlines(tick=TICK)
-        fired: list[str] = []
+        fired = _Fired()
         for key in ("a", "b", "c"):
-            deadlines.set(key, 0.05, lambda key=key: fired.append(key))
+            deadlines.set(key, 0.05, fired(key))
         deadlines.clear("b")
         deadlines.clear("nothing")  # clearing what is not set is no error
-        await anyio.sleep(0.2)
-        assert sorted(fired) == ["a", "c"]
+        await fired.count(2)  # "b" was due with them: the same tick
+        await anyio.sleep(TICK * 2)  # and one tick more, for a late "b"
+        assert sorted(fired.labels) == ["a", "c"]
 
     _run(main)
 
@@ -50,13 +75,12 @@ def test_a_cleared_deadline_never_runs_and_the_others_do() -> None:
 def test_setting_a_key_again_moves_its_deadline() -> None:
     async def main() -> None:
         deadlines = Deadlines(tick=TICK)
-        fired: list[tuple[str, float]] = []
-        start = now()
-        deadlines.set("k", 0.05, lambda: fired.append(("first", now() - start)))
-        deadlines.set("k", 0.3, lambda: fired.append(("second", now() - start)))
-        await anyio.sleep(0.6)
-        assert [label for label, _ in fired] == ["second"]
-        assert fired[0][1] >= 0.3 - 1e-6
+        fired = _Fired()
+        deadlines.set("k", 0.05, fired("first"))
+        deadlines.set("k", 0.3, fired("second"))
+        await fired.count(1)
+        assert fired.labels == ["second"]
+        assert fired.seen[0][1] >= 0.3 - 1e-6
 
     _run(main)
 
@@ -69,15 +93,14 @@ def test_a_callback_that_raises_is_logged_and_the_rest_still_run(
 
     async def main() -> None:
         deadlines = Deadlines(tick=TICK)
-        fired: list[str] = []
+        fired = _Fired()
         deadlines.set("bad", 0.01, boom)
-        deadlines.set("good", 0.01, lambda: fired.append("good"))
-        await anyio.sleep(0.15)
-        assert fired == ["good"]
+        deadlines.set("good", 0.01, fired("good"))
+        await fired.count(1)
         # set again after they all ran: the timer starts again
-        deadlines.set("later", 0.01, lambda: fired.append("later"))
-        await anyio.sleep(0.15)
-        assert fired == ["good", "later"]
+        deadlines.set("later", 0.01, fired("later"))
+        await fired.count(2)
+        assert fired.labels == ["good", "later"]
 
     with caplog.at_level(logging.ERROR, logger="memorizzd.loop"):
         _run(main)

@@ -391,9 +391,7 @@ class Session:
             waiter.released.clear()
         finished = False
         try:
-            first = max(after, waiter.count - len(waiter.sent))
-            again = list(waiter.sent)[first - (waiter.count - len(waiter.sent)) :]
-            for seq, sent in enumerate(again, first + 1):
+            for seq, sent in _after(waiter.sent, waiter.count, after):
                 yield False, sent, waiter.event_id(seq)
             while True:
                 try:
@@ -452,13 +450,11 @@ class Session:
                 raise SessionGoneError
             if last_event_id is not None:
                 number, seq = _event_number(last_event_id)
-                kept = self._standalone_count - len(self._standalone)
                 if number == 0 and seq >= 0:
-                    first = max(seq, kept)
                     replay = [
                         (line, f"0-{n}")
-                        for n, line in enumerate(
-                            list(self._standalone)[first - kept :], first + 1
+                        for n, line in _after(
+                            self._standalone, self._standalone_count, seq
                         )
                     ]
             stream = Stream(self, replay, self._standalone_count)
@@ -585,6 +581,16 @@ class Session:
             if len(calls) == 1 and calls[0].streams:
                 return calls[0]
         return self._stream
+
+
+def _after(
+    sent: collections.deque[bytes], count: int, seq: int
+) -> list[tuple[int, bytes]]:
+    """The events of a stream after event ``seq``, with their numbers, of the
+    last ones kept (``sent``; ``count`` were sent in all)."""
+    kept = count - len(sent)
+    first = max(seq, kept)
+    return list(enumerate(list(sent)[first - kept :], first + 1))
 
 
 def _event_number(event_id: str) -> tuple[int, int]:
