@@ -2,7 +2,9 @@
 (what Toxiproxy would do, in-process): a slow drip on stdio and over HTTP, an
 HTTP upstream that answers 429/503 with ``Retry-After``, a listener that
 accepts and never answers, requests that hang, responses cut mid-way, a
-server that forgets its sessions (404) and SSE streams dropped mid-response.
+server that forgets its sessions (404) and SSE streams dropped mid-response;
+and in front of an HTTP server of ours, a relay that breaks one connection
+mid-stream (``cutting_proxy``).
 
     python tests/faults.py drip RATE -- CMD ARG...   # stdio: CMD's big lines at RATE bytes/s
 
@@ -464,6 +466,69 @@ def silent_listener() -> Iterator[tuple[str, list[socket.socket]]]:
         listener.close()
         os.close(stop_r)
         os.close(stop_w)
+
+
+@dataclass
+class Cuts:
+    """What ``cutting_proxy`` did: whether it cut, and every request's bytes
+    (as sent by the client, per connection, in the order they connected)."""
+
+    cut: threading.Event = field(default_factory=threading.Event)
+    requests: list[bytearray] = field(default_factory=list)
+
+
+@contextlib.contextmanager
+def cutting_proxy(target: str, marker: bytes) -> Iterator[tuple[str, Cuts]]:
+    """A TCP relay on 127.0.0.1 to ``target`` (``http://127.0.0.1:PORT...``)
+    that breaks one connection: the first whose response bytes hold
+    ``marker`` is closed, both ways, right after the piece that holds it is
+    relayed (a network lost mid-stream). Every other byte passes as it is.
+    Yields ``target`` with the relay's port in place of its own."""
+    head, _, rest = target.partition("//")
+    host_port, slash, path = rest.partition("/")
+    port = int(host_port.rsplit(":", 1)[1])
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    cuts = Cuts()
+    conns: list[socket.socket] = []
+
+    def pump(src: socket.socket, dst: socket.socket, seen: bytearray | None) -> None:
+        with contextlib.suppress(OSError):
+            while chunk := src.recv(65536):
+                dst.sendall(chunk)
+                if seen is not None:
+                    seen += chunk
+                elif not cuts.cut.is_set() and marker in chunk:
+                    cuts.cut.set()
+                    break
+        for end in (src, dst):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
+
+    def serve() -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # closed
+            upstream = socket.create_connection(("127.0.0.1", port))
+            conns.extend((client, upstream))
+            cuts.requests.append(seen := bytearray())
+            for args in ((client, upstream, seen), (upstream, client, None)):
+                threading.Thread(target=pump, args=args, daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"{head}//127.0.0.1:{listener.getsockname()[1]}{slash}{path}", cuts
+    finally:
+        with contextlib.suppress(OSError):
+            listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        thread.join(5)
+        for conn in conns:
+            conn.close()
 
 
 def _drip_main(rate: int, argv: list[str]) -> int:

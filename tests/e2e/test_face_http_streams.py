@@ -36,6 +36,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from tests.e2e.test_face_asks import _sample, _text  # the same answers
+from tests.faults import cutting_proxy
 from tests.harness import (
     DaemonHarness,
     asking_spec,
@@ -470,6 +471,51 @@ def test_a_call_whose_event_stream_breaks_is_resumed_with_its_last_event_id(
     )
     assert again.status_code == 400
     assert "no stream to resume" in again.json()["error"]["message"]
+
+
+def test_the_sdk_client_resumes_a_call_whose_connection_breaks(
+    bridge: tuple[str, str],
+) -> None:
+    """The official Python SDK client, its connection cut mid-call by a relay
+    in front of the bridge (after the third progress step): it comes back with
+    a GET and ``Last-Event-ID`` once the priming event's retry time has passed,
+    and gets every step once, in order, then the answer."""
+    url, token = bridge
+    steps: list[float] = []
+
+    async def progressed(
+        progress: float, total: float | None, message: str | None
+    ) -> None:
+        steps.append(progress)
+
+    async def run(proxied: str) -> types.CallToolResult:
+        # the bridge serves its own Host only (DNS rebinding): the relay is
+        # a network in between, so the client still names the bridge
+        host = url.split("//", 1)[1].split("/", 1)[0]
+        async with (
+            httpx2.AsyncClient(
+                headers={"Authorization": f"Bearer {token}", "Host": host},
+                timeout=WAIT_S,
+            ) as http,
+            Client(
+                streamable_http_client(proxied, http_client=http), mode="legacy"
+            ) as client,
+        ):
+            return await client.call_tool(
+                "alpha__progressing", {"steps": 20}, progress_callback=progressed
+            )
+
+    with cutting_proxy(url, b'"progress":3') as (proxied, cuts):
+        result = anyio.run(run, proxied)
+    assert cuts.cut.is_set()
+    assert (result.is_error, _text(result)) == (False, "done in 20 steps")
+    assert steps == [float(n) for n in range(1, 21)]
+    came_back = [
+        r
+        for r in cuts.requests
+        if r.startswith(b"GET ") and b"last-event-id:" in r.lower()
+    ]
+    assert len(came_back) == 1
 
 
 def test_a_get_stream_that_breaks_is_resumed_after_its_last_event(raw: _Raw) -> None:

@@ -129,7 +129,7 @@ def _wakes(pid: int) -> int:
 
 def test_an_idle_daemon_does_not_wake_for_its_stdio_servers(base_dir: str) -> None:
     # A child's exit is waited for on its pidfd: polling each child five
-    # times a second woke the daemon 45 times in these 3 seconds.
+    # times a second woke the daemon 30 times in these 2 seconds.
     names = ["s0", "s1", "s2"]
     with daemon_process(base_dir) as d:
         with d.client() as c:
@@ -139,9 +139,9 @@ def test_an_idle_daemon_does_not_wake_for_its_stdio_servers(base_dir: str) -> No
             d.wait_ready(name)
         with d.client() as c:
             assert c.call_tool("s0", "hello").content[0]["text"] == "hello from legacy"
-            threading.Event().wait(1.0)  # settled after the call
+            threading.Event().wait(0.5)  # settled after the call
             before = _wakes(d.pid)
-            threading.Event().wait(3.0)
+            threading.Event().wait(2.0)
             assert _wakes(d.pid) - before <= 3
             pid = c.server_status("s0")[0].pid
             assert pid is not None
