@@ -130,6 +130,10 @@ def _wakes(pid: int) -> int:
 def test_an_idle_daemon_does_not_wake_for_its_stdio_servers(base_dir: str) -> None:
     # A child's exit is waited for on its pidfd: polling each child five
     # times a second woke the daemon 30 times in these 2 seconds.
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError as exc:  # the daemon polls then, as it must
+        pytest.skip(f"no pidfd here ({exc})")
     names = ["s0", "s1", "s2"]
     with daemon_process(base_dir) as d:
         with d.client() as c:
