@@ -77,6 +77,9 @@ NoticeListener = Callable[[str, str, msgspec.Raw], Awaitable[None]]
 """Told (server name, notification method, its raw params)."""
 
 FAILED_AFTER: Final = 5
+LEAVE_GRACE_S: Final = 2.0
+"""How long a stop lets a served session end in order (an HTTP session's
+``DELETE``, a stdio server's stdin closed first) before it is cancelled."""
 """Consecutive failed connects after which the state reads ``failed`` (it still retries)."""
 
 
@@ -123,6 +126,9 @@ class Supervisor:
         self._last_ok = 0.0
         self._scope: anyio.CancelScope | None = None
         self._stopped = anyio.Event()
+        self._serving = False
+        """Set while a ready session is served (``_open_and_serve``)."""
+        self._stopping = False
         self._was_ready = False
         self._check = anyio.Event()
         """Set: the health loop probes the session now (a request timed out)."""
@@ -203,6 +209,9 @@ class Supervisor:
             try:
                 await self._connect_and_serve()
             except Exception as exc:  # noqa: BLE001 - the supervision boundary
+                if self._stopping:
+                    log.debug("%s: the session ended with an error: %s", self.name, exc)
+                    return
                 if not self._dead.is_set():  # else _mark_dead said why
                     self.last_error = _describe_failure(exc)
                     self.last_failure = self._failure_kind(exc)
@@ -214,6 +223,8 @@ class Supervisor:
                 )
             finally:
                 self._publish(None)
+            if self._stopping:
+                return
             # A session that was ready starts the backoff ladder afresh.
             failures = 1 if self._was_ready else failures + 1
             self.restarts += 1
@@ -256,6 +267,15 @@ class Supervisor:
         await self._tools.announce()
 
     async def stop(self) -> None:
+        """Stop for good. A session being served is left the way its transport
+        says, within ``LEAVE_GRACE_S`` (a Streamable HTTP session is
+        ``DELETE``d: the SDK sends it only when its client is left, never when
+        cancelled); anything else (a connect, a backoff) is cancelled."""
+        self._stopping = True
+        if self._serving:
+            self._dead.set()
+            with anyio.move_on_after(LEAVE_GRACE_S):
+                await self._stopped.wait()
         if self._scope is not None:
             self._scope.cancel()
         await self._stopped.wait()
@@ -343,17 +363,21 @@ class Supervisor:
                 "ready",
                 f" ({self.server_name or 'unnamed server'}, protocol {version})",
             )
-            async with anyio.create_task_group() as tg:
-                for process in self._processes:
-                    tg.start_soon(self._watch_process, process)
-                tg.start_soon(self._health_loop, client)
-                tg.start_soon(self._watch_tool_changes, client)
-                tg.start_soon(self._relist_on_change, client)
-                tg.start_soon(self._forward_notices)
-                if client.can_subscribe():
-                    tg.start_soon(self._keep_subscriptions, client)
-                await self._dead.wait()
-                tg.cancel_scope.cancel()
+            self._serving = True
+            try:
+                async with anyio.create_task_group() as tg:
+                    for process in self._processes:
+                        tg.start_soon(self._watch_process, process)
+                    tg.start_soon(self._health_loop, client)
+                    tg.start_soon(self._watch_tool_changes, client)
+                    tg.start_soon(self._relist_on_change, client)
+                    tg.start_soon(self._forward_notices)
+                    if client.can_subscribe():
+                        tg.start_soon(self._keep_subscriptions, client)
+                    await self._dead.wait()  # or stop() asks to leave
+                    tg.cancel_scope.cancel()
+            finally:
+                self._serving = False
             self._publish(None)
 
     def _open(
