@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -83,10 +84,26 @@ def test_the_tour(daemon: DaemonHarness, capsys: pytest.CaptureFixture[str]) -> 
     assert daemon.ctl("daemon", "status") == 0
     assert "1/1 ready" in capsys.readouterr().out
 
+    # ping: the round trip this command saw (the daemon's own time is ~0)
+    assert daemon.ctl("ping") == 0
+    assert re.fullmatch(
+        r"memorizzd: (\d+\.\d+|\d+) ms\n", out := capsys.readouterr().out
+    )
+    assert _ms(out) > 0
+    assert daemon.ctl("ping", "demo") == 0
+    out = capsys.readouterr().out
+    assert re.fullmatch(r"demo: \S+ ms \(through memorizzd: \S+ ms\)\n", out), out
+    inside, through = (float(x) for x in re.findall(r"([\d.]+) ms", out))
+    assert 0 < inside <= through
+
     assert daemon.ctl("mcp", "remove", "demo") == 0
     assert daemon.ctl("mcp", "call", "demo", "echo") == 1
     err = capsys.readouterr().err
     assert err.startswith("memorizzctl: error: unknown server 'demo' (unknown_server)")
+
+
+def _ms(line: str) -> float:
+    return float(line.split(": ", 1)[1].split(" ms", 1)[0])
 
 
 def test_errors_have_documented_exit_codes(

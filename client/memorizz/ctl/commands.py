@@ -449,7 +449,18 @@ def cmd_audit(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_ping(client: Client, args: argparse.Namespace) -> int:
+    """The round trip as this command saw it (the daemon's ``latency_ms`` is
+    the time inside it: about 0 for the daemon itself), and for a server the
+    daemon's round trip to it too. ``--json``: the daemon's result."""
+    started = time.perf_counter()
     result = client.ping(args.server)
-    target = args.server or "memorizzd"
-    _show(args, result, f"{target}: {format_ms(result.latency_ms)}\n")
+    round_trip = format_ms((time.perf_counter() - started) * 1000)
+    if args.server is None:
+        text = f"memorizzd: {round_trip}\n"
+    else:
+        text = (
+            f"{args.server}: {format_ms(result.latency_ms)}"
+            f" (through memorizzd: {round_trip})\n"
+        )
+    _show(args, result, text)
     return EXIT_OK
