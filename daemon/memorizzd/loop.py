@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
@@ -62,38 +63,53 @@ class Clock:
 
 
 class Deadlines:
-    """Many deadlines checked together, every ``tick`` seconds, by one loop
-    timer that runs only while some are set: setting and clearing one is a
-    dict insert and delete. A loop timer of each (uvloop's ``call_later`` and
-    its ``cancel``) costs ~2.7 us, and every relayed call sets a deadline and
-    clears it. A deadline's callback runs at most ``tick`` after it is due,
-    in the loop; one that raises is logged."""
+    """Many deadlines, one loop timer, armed for the earliest.
 
-    __slots__ = ("_due", "_loop", "_tick", "_timer")
+    Setting and clearing a deadline is a dict insert and delete: a uvloop
+    ``call_later`` and its ``cancel`` cost ~2.7 us, and every relayed call
+    sets a deadline and clears it. The timer moves only for a deadline more
+    than ``slack`` earlier than the one it is armed for (rare: calls mostly
+    share a timeout, so each new deadline is later); a cleared one leaves it
+    where it is. When it fires it runs what is due and is armed again for the
+    earliest left, if any. So a run of calls that all end in time wakes the
+    loop about once a timeout, not ten times a second. A deadline's callback
+    runs in the loop, at most ``slack`` after it is due (and the loop's lag);
+    one that raises is logged."""
 
-    def __init__(self, tick: float = 0.05) -> None:
+    __slots__ = ("_armed", "_due", "_loop", "_slack", "_timer")
+
+    def __init__(self, slack: float = 0.05) -> None:
         self._loop = asyncio.get_running_loop()
-        self._tick = tick
+        self._slack = slack
         self._due: dict[object, tuple[float, Callable[[], object]]] = {}
         self._timer: asyncio.TimerHandle | None = None
+        self._armed = math.inf
+        """When the timer fires (inf: it is not armed)."""
 
     def set(self, key: object, delay: float, callback: Callable[[], object]) -> None:
         """``callback`` in ``delay`` seconds, unless ``clear(key)`` comes first."""
-        self._due[key] = (self._loop.time() + delay, callback)
-        if self._timer is None:
-            self._timer = self._loop.call_later(self._tick, self._check)
+        when = self._loop.time() + delay
+        self._due[key] = (when, callback)
+        if when < self._armed - self._slack:
+            self._arm(when)
 
     def clear(self, key: object) -> None:
         self._due.pop(key, None)
 
-    def _check(self) -> None:
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._armed = when
+        self._timer = self._loop.call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self._timer, self._armed = None, math.inf
         now = self._loop.time()
         due = [(key, then) for key, (when, then) in self._due.items() if when <= now]
         for key, _ in due:
             del self._due[key]
-        self._timer = (
-            self._loop.call_later(self._tick, self._check) if self._due else None
-        )
+        if self._due:
+            self._arm(min(when for when, _ in self._due.values()))
         for _, then in due:
             try:
                 then()

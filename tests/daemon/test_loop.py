@@ -12,7 +12,7 @@ import pytest
 
 from memorizzd.loop import Deadlines, now
 
-TICK = 0.02
+SLACK = 0.02
 WAIT_S = 10  # a guard against a hang, never a measurement
 
 
@@ -49,32 +49,63 @@ class _Fired:
 def test_a_deadline_runs_its_callback_once_when_due_and_not_before() -> None:
     async def main() -> None:
         fired = _Fired()
-        Deadlines(tick=TICK).set("call", 0.1, fired("call"))
+        Deadlines(slack=SLACK).set("call", 0.1, fired("call"))
         await fired.count(1)
-        # due, to the clock's rounding; at most a tick late (and the loop's lag)
-        assert 0.1 - 1e-6 <= fired.seen[0][1] < 0.1 + TICK + 0.15
+        # due, to the clock's rounding; at most the slack late (and the loop's lag)
+        assert 0.1 - 1e-6 <= fired.seen[0][1] < 0.1 + SLACK + 0.15
 
     _run(main)
 
 
 def test_a_cleared_deadline_never_runs_and_the_others_do() -> None:
     async def main() -> None:
-        deadlines = Deadlines(tick=TICK)
+        deadlines = Deadlines(slack=SLACK)
         fired = _Fired()
         for key in ("a", "b", "c"):
             deadlines.set(key, 0.05, fired(key))
         deadlines.clear("b")
         deadlines.clear("nothing")  # clearing what is not set is no error
-        await fired.count(2)  # "b" was due with them: the same tick
-        await anyio.sleep(TICK * 2)  # and one tick more, for a late "b"
+        await fired.count(2)  # "b" was due with them: the same firing
+        await anyio.sleep(SLACK * 2)  # and more, for a late "b"
         assert sorted(fired.labels) == ["a", "c"]
+
+    _run(main)
+
+
+def test_a_later_deadline_runs_after_the_earlier_one_it_followed_was_cleared() -> None:
+    """The timer stays armed for the first; firing with nothing due, it is
+    armed again for the one left."""
+
+    async def main() -> None:
+        deadlines = Deadlines(slack=SLACK)
+        fired = _Fired()
+        deadlines.set("first", 0.1, fired("first"))
+        await anyio.sleep(0.05)
+        deadlines.set("second", 0.1, fired("second"))  # due at 0.15
+        deadlines.clear("first")
+        await fired.count(1)
+        assert fired.labels == ["second"]
+        assert 0.15 - 1e-6 <= fired.seen[0][1] < 0.15 + SLACK + 0.15
+
+    _run(main)
+
+
+def test_an_earlier_deadline_moves_the_timer() -> None:
+    async def main() -> None:
+        deadlines = Deadlines(slack=SLACK)
+        fired = _Fired()
+        deadlines.set("late", WAIT_S * 2, fired("late"))
+        deadlines.set("soon", 0.05, fired("soon"))
+        await fired.count(1)  # not WAIT_S * 2 later: fail_after(WAIT_S) says so
+        assert fired.labels == ["soon"]
+        deadlines.clear("late")
 
     _run(main)
 
 
 def test_setting_a_key_again_moves_its_deadline() -> None:
     async def main() -> None:
-        deadlines = Deadlines(tick=TICK)
+        deadlines = Deadlines(slack=SLACK)
         fired = _Fired()
         deadlines.set("k", 0.05, fired("first"))
         deadlines.set("k", 0.3, fired("second"))
@@ -92,7 +123,7 @@ def test_a_callback_that_raises_is_logged_and_the_rest_still_run(
         raise RuntimeError("a bug")
 
     async def main() -> None:
-        deadlines = Deadlines(tick=TICK)
+        deadlines = Deadlines(slack=SLACK)
         fired = _Fired()
         deadlines.set("bad", 0.01, boom)
         deadlines.set("good", 0.01, fired("good"))
