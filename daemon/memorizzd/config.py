@@ -19,6 +19,7 @@ from typing import Final, Literal
 
 import msgspec
 
+from memorizz.api.digits import ascii_int
 from memorizz.api.errors import RemoteError
 from memorizz.api.methods import Decision, ServerSpec
 from memorizz.api.paths import default_runtime_dir
@@ -352,12 +353,13 @@ def load(
 
 def metrics_address(listen: str) -> tuple[str, int]:
     """``host:port`` (IPv6 in brackets) as (host, port); ValueError if malformed."""
-    host, colon, port = listen.rpartition(":")
-    if not colon or not port.isdigit() or not 0 < int(port) < 65536 or not host:
+    host, colon, port_text = listen.rpartition(":")
+    port = ascii_int(port_text, max_digits=5)
+    if not colon or port is None or not 0 < port < 65536 or not host:
         raise ValueError(f"metrics.listen: {listen!r} is not host:port")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
-    return host, int(port)
+    return host, port
 
 
 def _check_metrics(metrics: Metrics, where: Path | None) -> None:

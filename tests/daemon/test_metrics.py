@@ -220,6 +220,18 @@ def test_the_tcp_listener_is_loopback_unless_allow_remote(
         assert load(str(path)).metrics.allow_remote
 
 
+@pytest.mark.parametrize("port", ["\u00b2", "\u0663", "9" * 5000])
+def test_a_port_of_other_digits_is_a_config_error(tmp_path: Path, port: str) -> None:
+    # "²" passes str.isdigit and made int() raise; int() reads "٣" as 3
+    path = tmp_path / "m.toml"
+    path.write_text(
+        f'socket = "{tmp_path}/d.sock"\n[metrics]\nlisten = "127.0.0.1:{port}"\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(ConfigError, match=r"metrics\.listen: .* is not host:port"):
+        load(str(path))
+
+
 def test_approvals_are_counted_proposed_pending_and_decided() -> None:
     base = short_tempdir()
     try:

@@ -301,6 +301,10 @@ def test_retry_after_values() -> None:
     assert retry_after_s(None) == DEFAULT_RETRY_AFTER_S
     assert retry_after_s("soon") == DEFAULT_RETRY_AFTER_S
     assert retry_after_s("-3") == DEFAULT_RETRY_AFTER_S
+    # digits to str.isdigit, not to RFC 9110: "²" made int() raise
+    assert retry_after_s("\u00b2") == DEFAULT_RETRY_AFTER_S
+    assert retry_after_s("\u0663") == DEFAULT_RETRY_AFTER_S
+    assert retry_after_s("9" * 5000) == 3600.0  # past int()'s 4,300 digits
     assert retry_after_s(email.utils.formatdate(now + 30, usegmt=True), now=now) == (
         pytest.approx(30, abs=1)
     )

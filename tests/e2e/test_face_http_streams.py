@@ -549,8 +549,14 @@ def test_a_get_stream_that_breaks_is_resumed_after_its_last_event(raw: _Raw) -> 
         assert next(_events(r.iter_lines())).id == "0-3"
 
 
-def test_a_last_event_id_of_no_stream_here_is_400(raw: _Raw) -> None:
-    headers = {**raw.sid, "Accept": "text/event-stream", "Last-Event-ID": "999-1"}
+@pytest.mark.parametrize(
+    "event_id",
+    [b"999-1", b"1-\xb2", b"\xb9-1", b"1-" + b"9" * 5000, b"-", b"1--1"],
+    ids=["unknown", "superscript-2", "superscript-1", "5000-digits", "dash", "minus"],
+)
+def test_a_last_event_id_of_no_stream_here_is_400(raw: _Raw, event_id: bytes) -> None:
+    # "²" passes str.isdigit and made int() raise: the request got no answer
+    headers = {**raw.sid, "Accept": "text/event-stream", "Last-Event-ID": event_id}
     refused = raw.http.get(raw.url, headers=headers)
     assert refused.status_code == 400
     assert "no stream to resume" in refused.json()["error"]["message"]

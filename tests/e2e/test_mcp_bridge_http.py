@@ -391,6 +391,27 @@ def test_sessions_are_bounded() -> None:
         listener.close()
 
 
+def _raw_request(served: Served, head: str, body: bytes = b"") -> bytes:
+    """One request written by hand (latin-1 headers, as the bridge reads
+    them: "\u00b2" is one byte); the status line of the answer."""
+    with socket.create_connection(("127.0.0.1", served.port), timeout=WAIT_S) as s:
+        s.sendall(head.encode("latin-1") + b"\r\n" + body)
+        return s.makefile("rb").readline()
+
+
+@pytest.mark.parametrize("length", ["\u00b2", "9" * 5000, "-1", ""])
+def test_a_content_length_that_is_not_ascii_digits_is_411(
+    served: Served, length: str
+) -> None:
+    head = (
+        f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{served.port}\r\n"
+        f"Authorization: Bearer {served.token}\r\nContent-Type: application/json\r\n"
+        f"Accept: application/json, text/event-stream\r\nContent-Length: {length}\r\n"
+    )
+    assert _raw_request(served, head, b"{}").split(b" ", 2)[1] == b"411"
+    assert served.post(INITIALIZE).status_code == 200  # and it serves on
+
+
 def test_a_refused_request_does_not_poison_its_connection(served: Served) -> None:
     """A request refused before its body is read (here: a Host from elsewhere)
     has its body read and its connection closed: the next request, on the same

@@ -81,6 +81,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 
+from memorizz.api.digits import ascii_int
 from memorizz.ctl.exits import (
     EXIT_ERROR,
     EXIT_OK,
@@ -127,7 +128,8 @@ class Listen:
     def __init__(self, text: str, *, allow_remote: bool) -> None:
         host, sep, port_text = text.rpartition(":")
         host = host.removeprefix("[").removesuffix("]")
-        if not sep or not host or not port_text.isdigit() or int(port_text) > 65535:
+        port = ascii_int(port_text, max_digits=5)
+        if not sep or not host or port is None or port > 65535:
             raise UsageError(
                 f"--listen {text!r}: expected HOST:PORT, e.g. 127.0.0.1:8765"
             )
@@ -233,8 +235,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         ``_DRAIN``) so that no next request is read from its middle, and the
         connection closes after the answer."""
         self.close_connection = True
-        length_text = self.headers.get("Content-Length") or "0"
-        length = int(length_text) if length_text.isdigit() else 0
+        length = ascii_int(self.headers.get("Content-Length") or "0") or 0
         if length <= _DRAIN:
             while length > 0:
                 chunk = self.rfile.read(min(length, 1 << 16))
@@ -365,12 +366,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._post(message, line)
 
     def _body(self) -> bytes | None:
-        length_text = self.headers.get("Content-Length")
-        if length_text is None or not length_text.isdigit():
+        length = ascii_int(self.headers.get("Content-Length") or "")
+        if length is None:
             self.close_connection = True
             self._refuse(411, "a Content-Length is required")
             return None
-        length = int(length_text)
         if length > MAX_BODY:
             self.close_connection = True
             if length <= _DRAIN:  # read so the client reads the answer, not a reset

@@ -30,6 +30,7 @@ from typing import Final
 import msgspec
 
 from memorizz.api import mcp_meta
+from memorizz.api.digits import ascii_int
 from memorizz.ctl.serve import Bridge, scope_line
 
 MAX_SESSIONS: Final = 64
@@ -595,10 +596,11 @@ def _after(
 
 def _event_number(event_id: str) -> tuple[int, int]:
     """``NUMBER-SEQ`` (an event id of ours) as numbers; (-1, -1): not one."""
-    number, _, seq = event_id.strip().partition("-")
-    if not (number.isdigit() and seq.isdigit()) or len(event_id) > 40:
+    number_text, _, seq_text = event_id.strip().partition("-")
+    number, seq = ascii_int(number_text), ascii_int(seq_text)
+    if number is None or seq is None:
         return -1, -1
-    return int(number), int(seq)
+    return number, seq
 
 
 class Sessions:

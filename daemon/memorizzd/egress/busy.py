@@ -16,6 +16,7 @@ from typing import Final
 
 import httpx2
 
+from memorizz.api.digits import ascii_int
 from memorizz.api.errors import UnavailableError
 
 BUSY_STATUSES: Final = frozenset({429, 503})
@@ -32,8 +33,9 @@ def retry_after_s(value: str | None, *, now: float | None = None) -> float:
     if not value:
         return DEFAULT_RETRY_AFTER_S
     value = value.strip()[:64]
-    if value.isdigit():
-        seconds = float(int(value[:8]))
+    delta = ascii_int(value, max_digits=64)
+    if delta is not None:
+        seconds = float(min(delta, 10**8))
     else:
         try:
             when = email.utils.parsedate_to_datetime(value)
