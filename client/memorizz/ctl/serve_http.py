@@ -147,7 +147,7 @@ class Listen:
                 " to serve other hosts (each still needs the bearer token)"
             )
         self.host = str(address)
-        self.port = int(port_text)
+        self.port = port
         self.family = _socket.AF_INET6 if address.version == 6 else _socket.AF_INET
         self.loopback = address.is_loopback
 
