@@ -31,7 +31,13 @@ from memorizz.ctl import serve_http
 from memorizz.ctl.serve import Bridge
 from memorizz.ctl.session import Sessions
 from memorizzd.listeners import face_socket_path
-from tests.harness import DaemonHarness, daemon_config, short_tempdir, stdio_spec
+from tests.harness import (
+    DaemonHarness,
+    daemon_config,
+    short_tempdir,
+    stdio_spec,
+    wait_until,
+)
 
 MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 WAIT_S = 30  # a guard against a hang, never a measurement
@@ -410,6 +416,39 @@ def test_a_content_length_that_is_not_ascii_digits_is_411(
     )
     assert _raw_request(served, head, b"{}").split(b" ", 2)[1] == b"411"
     assert served.post(INITIALIZE).status_code == 200  # and it serves on
+
+
+def test_connections_over_the_cap_are_503_at_once_and_the_bridge_serves_on(
+    served: Served,
+) -> None:
+    """A flood of connections that send nothing holds at most MAX_CONNECTIONS
+    threads (each closed within HEAD_TIMEOUT_S, before any token is read)."""
+    flood = [
+        socket.create_connection(("127.0.0.1", served.port), timeout=WAIT_S)
+        for _ in range(serve_http.MAX_CONNECTIONS)
+    ]
+    try:
+        wait_until(
+            lambda: _status_of_one_more(served) == b"503",
+            what="a connection over the cap refused",
+        )
+    finally:
+        for conn in flood:
+            conn.close()
+    wait_until(
+        lambda: served.post(INITIALIZE).status_code == 200,
+        what="the bridge to serve once the flood left",
+    )
+
+
+def _status_of_one_more(served: Served) -> bytes:
+    """The status a new connection hears before it sends anything (b"": none)."""
+    with socket.create_connection(("127.0.0.1", served.port), timeout=1.0) as s:
+        try:
+            line = s.makefile("rb").readline()
+        except TimeoutError:  # served: the bridge waits for a request
+            return b""
+    return line.split(b" ", 2)[1] if line else b""
 
 
 def test_a_refused_request_does_not_poison_its_connection(served: Served) -> None:

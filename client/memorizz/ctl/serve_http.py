@@ -61,8 +61,11 @@ sent, must be such a host over http (else ``403``). It listens on loopback
 unless ``--allow-remote`` says otherwise.
 
 Bounded: a body over ``MAX_BODY`` is ``413``, at most ``MAX_SESSIONS`` sessions
-(``memorizz.ctl.session``; when full, idle ones make room, else ``503``), and a
-connection silent for ``TIMEOUT_S`` is closed.
+(``memorizz.ctl.session``; when full, idle ones make room, else ``503``), at
+most ``MAX_CONNECTIONS`` connections at once (one more is ``503`` and closed
+before anything is read), a connection that takes ``HEAD_TIMEOUT_S`` to send
+a request's head (or to send the next) is closed, and one silent for
+``TIMEOUT_S`` in a body or an answer.
 
 Standard library and msgspec only, imported only when this transport is chosen.
 """
@@ -70,13 +73,15 @@ Standard library and msgspec only, imported only when this transport is chosen.
 from __future__ import annotations
 
 import _socket
+import contextlib
 import hmac
 import http.server
 import ipaddress
 import secrets
 import sys
+import threading
 from collections.abc import Generator
-from typing import Final
+from typing import Any, Final
 from urllib.parse import urlsplit
 
 import msgspec
@@ -111,12 +116,20 @@ from memorizz.ctl.session import (
 ENDPOINT: Final = "/mcp"
 MAX_BODY: Final = 4 << 20
 VERSIONS: Final = frozenset({"2025-06-18", "2025-11-25", "2026-07-28"})
+"""``MCP-Protocol-Version`` values let through (the face negotiates)."""
 STREAMED: Final = frozenset({"subscriptions/listen"})
 """2026-07-28 requests whose answer is a long-lived stream: each on a
 connection of its own, held while its client reads."""
-"""``MCP-Protocol-Version`` values let through (the face negotiates)."""
 
 TIMEOUT_S: Final = 60.0
+"""A read or write of a request's body or answer (not the wait for the daemon's)."""
+HEAD_TIMEOUT_S: Final = 10.0
+"""A read of a request's head, and the wait for the next request on a kept
+connection: a connection that sends nothing is closed, before any token."""
+MAX_CONNECTIONS: Final = 128
+"""Connections served at once (a thread each). One more is answered ``503``
+at once and closed, so a flood of idle connections cannot exhaust the
+bridge's threads; each of them is closed within ``HEAD_TIMEOUT_S``."""
 RETRY_MS: Final = 1000
 """What a client whose event stream broke waits before it comes back (SSE ``retry``)."""
 _DRAIN: Final = 4 * MAX_BODY  # a larger declared body is not read before the 413
@@ -196,6 +209,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         pass  # no access log: errors only, and those are said where they happen
+
+    def handle_one_request(self) -> None:
+        self.connection.settimeout(HEAD_TIMEOUT_S)
+        super().handle_one_request()
+
+    def parse_request(self) -> bool:
+        parsed = super().parse_request()  # reads the headers too
+        self.connection.settimeout(TIMEOUT_S)
+        return parsed
 
     # -- answers
 
@@ -561,6 +583,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 class _Server(http.server.ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = MAX_CONNECTIONS
+    """The listen backlog (socketserver's 5 made a burst wait for SYN retries)."""
 
     def __init__(self, listen: Listen, token: bytes, sessions: Sessions) -> None:
         self.address_family = listen.family
@@ -568,12 +592,39 @@ class _Server(http.server.ThreadingHTTPServer):
         self.token = token
         self.sessions = sessions
         self.sessionless = Sessionless(sessions.bridge)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__((listen.host, listen.port), _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            with contextlib.suppress(OSError):
+                request.settimeout(1.0)
+                request.sendall(_BUSY)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def handle_error(self, request: object, client_address: object) -> None:
         exc = sys.exc_info()[1]
         if not isinstance(exc, ConnectionError):  # a client that left is no news
             _error(f"error serving a request: {exc!r}")
+
+
+_BUSY: Final = (
+    b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Length: 0\r\n"
+    b"Connection: close\r\n\r\n"
+)
+"""The answer to a connection over ``MAX_CONNECTIONS``, before reading it."""
 
 
 # --- the command ----------------------------------------------------------------
