@@ -12,7 +12,8 @@ The daemon must speak 2026-07-28 to it (``protocol = "2026-07-28"``).
 * ``sample(prompt)``: a ``sampling/createMessage``; "MODEL: TEXT";
 * ``ask_twice()``: two rounds (a name, then a colour; the name rides the
   ``requestState``); "NAME likes COLOUR";
-* ``ask_forever()``: asks again on every round (the rounds must be bounded).
+* ``ask_forever()``: asks again on every round (the rounds must be bounded);
+* ``capabilities()``: the client capabilities its request declared, as JSON.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import sys
 
 import mcp_types as types
+import msgspec
 from mcp.server.mcpserver import Context, MCPServer
 
 mcp = MCPServer("memorizz-modern-asking-server", version="0.1", log_level="WARNING")
@@ -99,6 +101,14 @@ async def ask_forever(ctx: Context) -> types.InputRequiredResult:
         input_requests={"name": _form("What is your name?", "name")},
         request_state=str(len(ctx.request_state or "") + 1),
     )
+
+
+@mcp.tool()
+async def capabilities(ctx: Context) -> str:
+    """The client capabilities this request declared (``_meta``), as JSON."""
+    meta = dict(ctx.request_context.meta or {})
+    declared = meta.get("io.modelcontextprotocol/clientCapabilities")
+    return msgspec.json.encode(declared).decode()
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from typing import Any
 
 import anyio
 import mcp_types as types
+import msgspec
 import pytest
 from mcp import Client, StdioServerParameters
 from mcp.client.stdio import stdio_client
@@ -110,6 +111,31 @@ def test_a_caller_that_cannot_answer_gets_an_error_result_saying_why(
     assert result.is_error
     assert "the caller's client does not support elicitation" in _text(result)
     assert result.structured_content["reason"] == "input_unanswered"
+
+
+def test_a_calls_client_capabilities_are_what_its_caller_can_answer(
+    harness: DaemonHarness,
+) -> None:
+    """A 2026-07-28 server reads the client's capabilities per request: over
+    stdio each ``tools/call`` declares what its caller can answer (nothing
+    for a relayed call), so a server that could do without asking does."""
+    if harness.daemon.pool.get("ask").spec.transport != "stdio":
+        pytest.skip(
+            "over HTTP the SDK client declares its own, the same on every request"
+        )
+
+    def declared(**callbacks: Any) -> Any:
+        with harness.client() as c:
+            return msgspec.json.decode(
+                _text(c.call_tool("ask", "capabilities", **callbacks))
+            )
+
+    assert declared() == {}
+    assert set(declared(on_elicit=_elicit)) == {"elicitation"}
+    assert set(declared(on_elicit=_elicit, on_sample=_sample)) == {
+        "elicitation",
+        "sampling",
+    }
 
 
 def test_a_server_that_asks_forever_is_stopped_after_eight_rounds(

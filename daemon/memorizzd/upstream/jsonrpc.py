@@ -260,6 +260,11 @@ class JsonRpcSession:
         """Why the session ended (None while it lives)."""
         self._meta: bytes = b""
         """The 2026-07-28 ``_meta`` member every request's params carry (empty before)."""
+        self._plain: bytes = b""
+        """... as a ``tools/call`` of a caller that answers nothing carries it:
+        its client capabilities empty (``_call_meta``)."""
+        self._stamp: dict[str, Any] = {}
+        """``_meta``'s members as a dict (2026-07-28)."""
         self.protocol_version: str | None = None
         self.server_name: str | None = None
         self.server_version: str | None = None
@@ -317,7 +322,7 @@ class JsonRpcSession:
             + _encode(name)
             + b',"arguments":'
             + arguments
-            + self._meta
+            + self._plain  # a relayed call's caller answers nothing
             + b"}}\n"
         )
         try:
@@ -370,13 +375,26 @@ class JsonRpcSession:
             ) from None
         return ToolResult(raw, shape.is_error)
 
-    def _logs(self, call: Call) -> bytes:
-        """The ``_meta`` member with the caller's log level added, when it
-        asked for log messages and the server speaks 2026-07-28 (it logs only
-        to requests that opt in); else ``_meta`` as it is. With tracing on,
-        the call's trace context too (``traceparent``, MCP's convention)."""
-        meta = _traced(self._meta) if tracing.enabled else self._meta
-        if call.log_level is None or not self._meta:
+    def _call_meta(self, call: Call) -> bytes:
+        """A ``tools/call``'s ``_meta`` member (2026-07-28; else empty). Its
+        client capabilities are what the caller can answer: a server reads
+        them per request, and one that would ask a caller who cannot answer
+        can do without, or say so itself (and parses less). With the
+        caller's log level when it asked for log messages (a server logs only
+        to requests that opt in), and with tracing on the call's trace
+        context (``traceparent``, MCP's convention)."""
+        if not self._meta:
+            return _traced(b"") if tracing.enabled else b""
+        if call.asker is None:
+            meta = self._plain
+        else:
+            meta = b',"_meta":' + _encode(
+                self._stamp
+                | {mcp_meta.CLIENT_CAPABILITIES: _answerable(call.asker.capabilities)}
+            )
+        if tracing.enabled:
+            meta = _traced(meta)
+        if call.log_level is None:
             return meta
         stamp = b'"' + _LOG_LEVEL + b'":' + _encode(call.log_level) + b","
         return b',"_meta":{' + stamp + meta[len(b',"_meta":{') :]
@@ -385,18 +403,18 @@ class JsonRpcSession:
         self, name: str, arguments: bytes, progress: ProgressHandler | None, call: Call
     ) -> ToolResult:
         params = b'{"name":' + _encode(name) + b',"arguments":' + arguments
-        if progress is None and call.log_level is None and not tracing.enabled:
-            raw = await self._request("tools/call", params + self._meta + b"}")
-        elif progress is None:  # the caller hears the server's logs (2026-07-28)
-            raw = await self._request("tools/call", params + self._logs(call) + b"}")
+        if progress is None:
+            raw = await self._request(
+                "tools/call", params + self._call_meta(call) + b"}"
+            )
         else:  # a token of ours in _meta: its notifications come to progress
             token = call.token = f"mz-{next(self._progress_ids)}"
             self._progress[token] = progress
             stamp = b'"progressToken":' + _encode(token)
-            logs = self._logs(call)
+            base = self._call_meta(call)
             meta = (
-                b',"_meta":{' + stamp + b"," + logs[len(b',"_meta":{') :]
-                if logs
+                b',"_meta":{' + stamp + b"," + base[len(b',"_meta":{') :]
+                if base
                 else b',"_meta":{' + stamp + b"}"
             )
             try:
@@ -440,7 +458,7 @@ class JsonRpcSession:
                 + arguments
                 + b","
                 + _encode(retry)[1:-1]
-                + self._logs(call)
+                + self._call_meta(call)
                 + b"}"
             )
             raw = await self._request("tools/call", params)
@@ -668,7 +686,9 @@ class JsonRpcSession:
             self.server_version = version if isinstance(version, str) else None
         self._capabilities = result.capabilities
         self.protocol_version = MODERN
+        self._stamp = meta
         self._meta = b',"_meta":' + _encode(meta)
+        self._plain = b',"_meta":' + _encode(meta | {mcp_meta.CLIENT_CAPABILITIES: {}})
 
     async def _initialize(self) -> None:
         params = {
@@ -689,7 +709,8 @@ class JsonRpcSession:
             self.server_version = result.server_info.version
         self._capabilities = result.capabilities
         self.protocol_version = result.protocol_version
-        self._meta = b""
+        self._stamp = {}
+        self._meta = self._plain = b""
         await self._send(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
 
     # --- requests ----------------------------------------------------------
@@ -954,6 +975,16 @@ async def open_session(
             yield session
         finally:
             tg.cancel_scope.cancel()
+
+
+def _answerable(capabilities: Mapping[str, Any]) -> dict[str, Any]:
+    """Of a caller's client capabilities, those of the requests the daemon
+    relays to it (elicitation, sampling), as the caller declared them."""
+    return {
+        name: value
+        for name, value in capabilities.items()
+        if name in _ASKS and isinstance(value, dict)
+    }
 
 
 def _traced(meta: bytes) -> bytes:
