@@ -279,7 +279,7 @@ class Upstream(Supervisor):
 
     def answered(self) -> None:
         """The server answered a request (its session works)."""
-        self._last_ok = now()
+        self._last_ok = self._now()
         self._budget.succeeded()
 
     def _busy_wait(

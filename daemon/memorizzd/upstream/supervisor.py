@@ -39,6 +39,7 @@ import msgspec
 from memorizz.api import methods as m
 from memorizz.api.errors import DeadlineExceededError, RemoteError
 from memorizzd.config import Config
+from memorizzd.loop import Clock, now
 from memorizzd.store import Negotiated, Store
 from memorizzd.stored import fingerprint
 from memorizzd.upstream import errors
@@ -124,6 +125,8 @@ class Supervisor:
         """The warm tools cache: the listing as policy shows it, verdicts precomputed."""
         self._next_attempt = 0.0
         self._last_ok = 0.0
+        self._now: Callable[[], float] = now
+        """The loop's clock (``run`` keeps the loop: no lookup on each call)."""
         self._scope: anyio.CancelScope | None = None
         self._stopped = anyio.Event()
         self._serving = False
@@ -180,6 +183,7 @@ class Supervisor:
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Connect, stay warm, reconnect; until ``stop()``. Started = first attempt begun."""
+        self._now = Clock().now
         try:
             with anyio.CancelScope() as self._scope:
                 if self.keeper is None:
