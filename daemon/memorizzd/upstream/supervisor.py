@@ -193,7 +193,8 @@ class Supervisor:
                     async with anyio.create_task_group() as tg:
                         await tg.start(self.keeper.run)
                         task_status.started()
-                        await self._supervise()
+                        await self._supervise()  # returns only when stopping
+                        tg.cancel_scope.cancel()  # the keeper's refreshes too
         finally:
             self._publish(None)
             self._set_state("stopped")
@@ -278,8 +279,15 @@ class Supervisor:
         self._stopping = True
         if self._serving:
             self._dead.set()
-            with anyio.move_on_after(LEAVE_GRACE_S):
+            with anyio.move_on_after(LEAVE_GRACE_S) as waited:
                 await self._stopped.wait()
+            if waited.cancelled_caught:
+                log.warning(
+                    "%s: the session did not end in order within %g s; cancelled",
+                    self.name,
+                    LEAVE_GRACE_S,
+                    extra={"MEMORIZZ_SERVER": self.name},
+                )
         if self._scope is not None:
             self._scope.cancel()
         await self._stopped.wait()
