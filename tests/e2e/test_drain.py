@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import pytest
 
 from memorizz.api.errors import MemorizzError
 from memorizz.api.methods import ServerSpec
@@ -171,11 +172,12 @@ allow_private_network = true
     assert not Path(d.socket).exists()
 
 
-def test_a_legacy_http_session_is_deleted_when_the_daemon_stops(
-    base_dir: str,
-) -> None:
+@pytest.mark.parametrize("how", ["the daemon stops", "the server is removed"])
+def test_a_legacy_http_session_is_deleted_when_it_ends(base_dir: str, how: str) -> None:
     """Only the 2025-11-25 era has Streamable HTTP sessions (Mcp-Session-Id);
-    2026-07-28 has none, so there is nothing to DELETE (the test above)."""
+    2026-07-28 has none, so there is nothing to DELETE (the test above). A
+    stop leaves a served session in order: the SDK sends its ``DELETE`` only
+    when its client is left, never when it is cancelled."""
     upstream = _Requests()
     with serve_http("streamable_http", wrap=upstream.wrap) as url:
         spec = ServerSpec(
@@ -185,30 +187,11 @@ def test_a_legacy_http_session_is_deleted_when_the_daemon_stops(
             allow_private_network=True,
             protocol="legacy",
         )
-        with DaemonHarness.running(daemon_config(base_dir, servers=[spec])) as d:
-            d.wait_ready("web")
-            assert "DELETE" not in upstream.methods
-    assert upstream.methods.count("DELETE") == 1
-
-
-def test_a_removed_legacy_http_servers_session_is_deleted(base_dir: str) -> None:
-    """A stop leaves a served session in order: the SDK sends its ``DELETE``
-    only when its client is left, never when it is cancelled."""
-    upstream = _Requests()
-    with serve_http("streamable_http", wrap=upstream.wrap) as url:
-        spec = ServerSpec(
-            name="web",
-            transport="streamable_http",
-            url=url,
-            allow_private_network=True,
-            protocol="legacy",
-        )
-        with (
-            DaemonHarness.running(daemon_config(base_dir)) as d,
-            d.client() as c,
-        ):
+        with DaemonHarness.running(daemon_config(base_dir)) as d, d.client() as c:
             c.add_server(spec)
             d.wait_ready("web")
             assert "DELETE" not in upstream.methods
-            c.remove_server("web")
-            assert upstream.methods.count("DELETE") == 1
+            if how == "the server is removed":
+                c.remove_server("web")
+                assert upstream.methods.count("DELETE") == 1
+    assert upstream.methods.count("DELETE") == 1
