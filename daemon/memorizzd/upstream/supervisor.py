@@ -78,10 +78,10 @@ NoticeListener = Callable[[str, str, msgspec.Raw], Awaitable[None]]
 """Told (server name, notification method, its raw params)."""
 
 FAILED_AFTER: Final = 5
+"""Consecutive failed connects after which the state reads ``failed`` (it still retries)."""
 LEAVE_GRACE_S: Final = 2.0
 """How long a stop lets a served session end in order (an HTTP session's
 ``DELETE``, a stdio server's stdin closed first) before it is cancelled."""
-"""Consecutive failed connects after which the state reads ``failed`` (it still retries)."""
 
 
 class Supervisor:
