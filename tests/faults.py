@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import select
 import socket
 import subprocess
@@ -476,17 +477,31 @@ class Cuts:
     cut: threading.Event = field(default_factory=threading.Event)
     requests: list[bytearray] = field(default_factory=list)
 
+    def heads(self, method: str) -> list[bytes]:
+        """The heads of the ``method`` requests sent, on any connection (a
+        kept connection carries several, each after the body before it),
+        lower-cased."""
+        line = re.compile(method.encode() + rb" /\S* HTTP/1\.1\r\n")
+        return [
+            sent[m.start() : sent.find(b"\r\n\r\n", m.start())].lower()
+            for sent in map(bytes, self.requests)
+            for m in line.finditer(sent)
+        ]
+
 
 @contextlib.contextmanager
 def cutting_proxy(target: str, marker: bytes) -> Iterator[tuple[str, Cuts]]:
     """A TCP relay on 127.0.0.1 to ``target`` (``http://127.0.0.1:PORT...``)
     that breaks one connection: the first whose response bytes hold
     ``marker`` is closed, both ways, right after the piece that holds it is
-    relayed (a network lost mid-stream). Every other byte passes as it is.
-    Yields ``target`` with the relay's port in place of its own."""
+    relayed (a network lost mid-stream). A request's ``Host`` is the target's,
+    as a reverse proxy in front of it would send (the bridge serves its own
+    Host only); every other byte passes as it is. Yields ``target`` with the
+    relay's port in place of its own."""
     head, _, rest = target.partition("//")
     host_port, slash, path = rest.partition("/")
     port = int(host_port.rsplit(":", 1)[1])
+    named = b"Host: " + host_port.encode()
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.bind(("127.0.0.1", 0))
     listener.listen(64)
@@ -496,10 +511,12 @@ def cutting_proxy(target: str, marker: bytes) -> Iterator[tuple[str, Cuts]]:
     def pump(src: socket.socket, dst: socket.socket, seen: bytearray | None) -> None:
         with contextlib.suppress(OSError):
             while chunk := src.recv(65536):
-                dst.sendall(chunk)
-                if seen is not None:
+                if seen is not None:  # a request: named for the target
                     seen += chunk
-                elif not cuts.cut.is_set() and marker in chunk:
+                    dst.sendall(re.sub(rb"(?im)^host: [^\r\n]*", named, chunk))
+                    continue
+                dst.sendall(chunk)
+                if not cuts.cut.is_set() and marker in chunk:
                     cuts.cut.set()
                     break
         for end in (src, dst):

@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from tests.faults import cutting_proxy
 from tests.harness import (
     NODE_DIR,
     DaemonHarness,
@@ -161,3 +162,22 @@ def test_the_typescript_client_through_the_http_bridge(
         "isError": False,
     }
     assert seen["sampled"] == ["say hi"]
+
+
+def test_the_typescript_client_resumes_a_call_whose_connection_breaks(
+    harness: DaemonHarness, http_bridge: tuple[str, str]
+) -> None:
+    """A relay in front of the HTTP bridge cuts the connection after the
+    third progress step: the TS client comes back with a GET and
+    ``Last-Event-ID`` and gets every step once, in order, then the answer."""
+    url, token = http_bridge
+    with cutting_proxy(url, b'"progress":3') as (proxied, cuts):
+        seen = _run(harness, url=proxied, token=token, steps=["resume"])
+    assert cuts.cut.is_set()
+    assert seen["resume"] == {
+        "progress": list(range(1, 21)),
+        "text": ["done in 20 steps"],
+        "isError": False,
+    }
+    came_back = [h for h in cuts.heads("GET") if b"\r\nlast-event-id:" in h]
+    assert len(came_back) == 1, cuts.heads("GET")

@@ -8,7 +8,7 @@
 // HTTP: `memorizzctl mcp serve --transport streamable-http`, bearer token);
 // "callLog": the file where the upstream logs start:TAG of `watched`;
 // "steps": which of elicit, sample, cancel, listChanged, subscribe, complete
-// to run. Each step's outcome (or its error) goes into one JSON line.
+// and resume to run. Each step's outcome (or its error) goes into one JSON line.
 import fs from "node:fs";
 
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
@@ -113,6 +113,17 @@ const steps = {
     const note = plan.awaitUpdate === false ? null : await updated;
     await client.unsubscribeResource({ uri: "feat://watched" });
     return { touched, updated: note?.uri ?? null };
+  },
+  async resume() {
+    // through a relay that cuts the connection mid-call (tests/faults.py):
+    // the SDK comes back with Last-Event-ID; every step once, then the answer
+    const progress = [];
+    const result = await client.callTool(
+      { name: "alpha__progressing", arguments: { steps: 20 } },
+      undefined,
+      { onprogress: (p) => progress.push(p.progress), resetTimeoutOnProgress: true },
+    );
+    return { progress, ...texts(result) };
   },
   async complete() {
     const done = await client.complete({
