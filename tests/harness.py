@@ -180,6 +180,18 @@ def spawned_spec(name: str = "t", **overrides: Any) -> ServerSpec:
 FEATURES_SERVER = str(TESTS / "features_server.py")
 ASKING_SERVER = str(TESTS / "asking_server.py")
 
+INITIALIZE: dict[str, Any] = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"},
+    },
+}
+"""A raw MCP client's ``initialize`` (id 1, the handshake era, nothing declared)."""
+
 
 def features_spec(name: str = "feat", **overrides: Any) -> ServerSpec:
     """tests/features_server.py (subscriptions, completions, roots), handshake era."""

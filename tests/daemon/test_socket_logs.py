@@ -18,6 +18,7 @@ from memorizz.api import methods as m
 from memorizz.api.protocol import PROTOCOL_VERSION
 from memorizzd.listeners import face_socket_path
 from tests.harness import (
+    INITIALIZE,
     DaemonHarness,
     daemon_config,
     rmtree,
@@ -135,21 +136,11 @@ def test_a_face_call_sent_right_behind_its_set_level_is_asked_for_logs(
             "params": {"name": "new__logged", "arguments": {"text": "x"}},
         },
     ]
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": "raw", "version": "0"},
-        },
-    }
     with socket.socket(socket.AF_UNIX) as sock:
         sock.settimeout(30)  # a guard against a hang (the old way: no log)
         sock.connect(face_socket_path(harness.socket))
         replies = sock.makefile("rb")
-        sock.sendall(msgspec.json.encode(initialize) + b"\n")
+        sock.sendall(msgspec.json.encode(INITIALIZE) + b"\n")
         assert msgspec.json.decode(replies.readline())["id"] == 1
         sock.sendall(b"".join(msgspec.json.encode(x) + b"\n" for x in messages))
         heard = [msgspec.json.decode(replies.readline()) for _ in range(3)]

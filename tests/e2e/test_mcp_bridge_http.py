@@ -32,6 +32,7 @@ from memorizz.ctl.serve import Bridge
 from memorizz.ctl.session import Sessions
 from memorizzd.listeners import face_socket_path
 from tests.harness import (
+    INITIALIZE,
     DaemonHarness,
     daemon_config,
     short_tempdir,
@@ -42,16 +43,6 @@ from tests.harness import (
 MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 WAIT_S = 30  # a guard against a hang, never a measurement
 TOKEN = secrets.token_urlsafe(24)
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 1,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-11-25",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "0"},
-    },
-}
 
 
 @dataclass
