@@ -16,6 +16,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -440,6 +441,54 @@ def _status_of_one_more(served: Served) -> bytes:
         except TimeoutError:  # served: the bridge waits for a request
             return b""
     return line.split(b" ", 2)[1] if line else b""
+
+
+TRICKLE_S = serve_http.HEAD_TIMEOUT_S * 0.3
+"""A byte now and then: each well within HEAD_TIMEOUT_S of the last (a timeout
+per read would never end), none near the head's deadline."""
+
+
+@pytest.mark.parametrize("trickle", [False, True], ids=["silent", "trickling"])
+def test_a_head_not_finished_in_head_timeout_s_is_closed_and_the_bridge_serves_on(
+    served: Served, trickle: bool
+) -> None:
+    """Part of a request's head, then nothing, or a byte of a header now and
+    then (slowloris): the bridge closes the connection HEAD_TIMEOUT_S after
+    it opened, not sooner, before any token is read."""
+    head_s = serve_http.HEAD_TIMEOUT_S
+    with socket.create_connection(("127.0.0.1", served.port), timeout=WAIT_S) as s:
+        s.sendall(f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{served.port}\r\n".encode())
+        sent = time.monotonic()
+        heard = _heard_until_closed(s, sent + head_s + WAIT_S, trickle=trickle)
+        closed_after = time.monotonic() - sent
+    assert heard == b"" or heard.split(b" ", 2)[1] in {b"400", b"408"}, heard
+    assert closed_after >= head_s * 0.8, f"closed after {closed_after:.1f} s"
+    assert served.post(INITIALIZE).status_code == 200
+
+
+def _heard_until_closed(conn: socket.socket, give_up: float, *, trickle: bool) -> bytes:
+    """What the bridge sent on ``conn`` before it closed it (failing at
+    ``give_up``); ``trickle``: meanwhile, a header's bytes every TRICKLE_S."""
+    heard = b""
+    next_byte = time.monotonic() + TRICKLE_S if trickle else give_up
+    try:
+        if trickle:
+            conn.sendall(b"X-Slow: ")
+        while (now := time.monotonic()) < give_up:
+            if now >= next_byte:
+                conn.sendall(b"x")
+                next_byte += TRICKLE_S
+            conn.settimeout(max(min(next_byte, give_up) - now, 0.01))
+            try:
+                chunk = conn.recv(4096)
+            except TimeoutError:
+                continue
+            if not chunk:
+                return heard
+            heard += chunk
+    except ConnectionError:  # closed with a byte of ours unread: a reset
+        return heard
+    pytest.fail(f"the connection is still open (it heard {heard!r})")
 
 
 def test_a_refused_request_does_not_poison_its_connection(served: Served) -> None:

@@ -64,8 +64,8 @@ Bounded: a body over ``MAX_BODY`` is ``413``, at most ``MAX_SESSIONS`` sessions
 (``memorizz.ctl.session``; when full, idle ones make room, else ``503``), at
 most ``MAX_CONNECTIONS`` connections at once (one more is ``503`` and closed
 before anything is read), a connection that takes ``HEAD_TIMEOUT_S`` to send
-a request's head (or to send the next) is closed, and one silent for
-``TIMEOUT_S`` in a body or an answer.
+a request's head (or to send the next) is closed, however slowly its bytes
+come, and one silent for ``TIMEOUT_S`` in a body or an answer.
 
 Standard library and msgspec only, imported only when this transport is chosen.
 """
@@ -76,12 +76,14 @@ import _socket
 import contextlib
 import hmac
 import http.server
+import io
 import ipaddress
 import secrets
 import sys
 import threading
+import time
 from collections.abc import Generator
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import urlsplit
 
 import msgspec
@@ -113,6 +115,9 @@ from memorizz.ctl.session import (
     decode_outcome,
 )
 
+if TYPE_CHECKING:
+    from _typeshed import WriteableBuffer
+
 ENDPOINT: Final = "/mcp"
 MAX_BODY: Final = 4 << 20
 VERSIONS: Final = frozenset({"2025-06-18", "2025-11-25", "2026-07-28"})
@@ -124,8 +129,10 @@ connection of its own, held while its client reads."""
 TIMEOUT_S: Final = 60.0
 """A read or write of a request's body or answer (not the wait for the daemon's)."""
 HEAD_TIMEOUT_S: Final = 10.0
-"""A read of a request's head, and the wait for the next request on a kept
-connection: a connection that sends nothing is closed, before any token."""
+"""What a request's head may take, from the wait for it (on a kept connection,
+the wait for the next request) to its blank line: a deadline for the whole
+head, not for each read, so that a connection that sends nothing, or a byte
+now and then, is closed before any token."""
 MAX_CONNECTIONS: Final = 128
 """Connections served at once (a thread each). One more is answered ``503``
 at once and closed, so a flood of idle connections cannot exhaust the
@@ -200,6 +207,29 @@ def _error_body(code: int, message: str, request_id: RequestId | None = None) ->
     )
 
 
+class _Reads(io.RawIOBase):
+    """A connection's reads, under its buffered ``rfile``: while ``deadline``
+    is set (a request's head), each waits only for the time left to it (a
+    socket's timeout is for one read: a byte now and then would renew it)."""
+
+    def __init__(self, sock: Any) -> None:
+        super().__init__()
+        self._sock = sock
+        self.deadline: float | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: WriteableBuffer) -> int:
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the request's head took too long")
+            self._sock.settimeout(left)
+        n: int = self._sock.recv_into(buffer)
+        return n
+
+
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = TIMEOUT_S  # reads and writes; not the wait for the daemon's answer
@@ -210,12 +240,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: object) -> None:
         pass  # no access log: errors only, and those are said where they happen
 
+    def setup(self) -> None:
+        super().setup()
+        self.rfile.close()  # the socket's own file: reads that keep a deadline instead
+        self._reads = _Reads(self.connection)
+        self.rfile = io.BufferedReader(self._reads)
+
     def handle_one_request(self) -> None:
-        self.connection.settimeout(HEAD_TIMEOUT_S)
-        super().handle_one_request()
+        self._reads.deadline = time.monotonic() + HEAD_TIMEOUT_S
+        super().handle_one_request()  # a TimeoutError closes the connection
 
     def parse_request(self) -> bool:
         parsed = super().parse_request()  # reads the headers too
+        self._reads.deadline = None
         self.connection.settimeout(TIMEOUT_S)
         return parsed
 
