@@ -133,12 +133,45 @@ def test_the_wire_contract_imports_only_the_standard_library_and_msgspec() -> No
 
 
 def test_the_client_imports_only_the_standard_library_and_msgspec() -> None:
-    """What a thin client in a container installs: no daemon dependency."""
-    allowed = sys.stdlib_module_names | {"msgspec", "memorizz"}
+    """What a thin client in a container installs: no daemon dependency.
+    ``_typeshed`` is the type checker's (the standard library's stubs), never
+    imported at run time: only under ``TYPE_CHECKING``, which this checks."""
+    allowed = sys.stdlib_module_names | {"msgspec", "memorizz", TYPESHED}
     for module, imported in IMPORTS.items():
         if _top(module) == "memorizz":
             outside = {name for name in imported if _top(name) not in allowed}
             assert not outside, f"{module} imports {sorted(outside)}"
+    for module, path in _modules():
+        if _top(module) == "memorizz":
+            assert TYPESHED not in _run_time_imports(path), (
+                f"{module} imports {TYPESHED} at run time"
+            )
+
+
+TYPESHED = "_typeshed"
+
+
+def _run_time_imports(path: Path) -> set[str]:
+    """The absolute imports of ``path`` outside ``if TYPE_CHECKING:`` blocks."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    checking = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If)
+        and isinstance(node.test, ast.Name)
+        and node.test.id == "TYPE_CHECKING"
+        for stmt in node.body
+        for inner in ast.walk(stmt)
+    }
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in checking:
+            continue
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.add(node.module)
+    return found
 
 
 @pytest.mark.parametrize("package", ["memorizzd.policy", "memorizzd.presets"])
