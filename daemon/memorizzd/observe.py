@@ -28,7 +28,7 @@ from memorizz.api import methods as m
 from memorizzd import __version__
 from memorizzd.calls import Calls
 from memorizzd.config import Config, ConfigError, gid_of, metrics_address
-from memorizzd.rpc.authority import operator_rule
+from memorizzd.rpc.authority import SocketRule, operator_rule
 from memorizzd.rpc.peer import peer_of
 from memorizzd.rpc.server import SocketServer, prepare_socket_path
 from memorizzd.store import Store
@@ -137,11 +137,19 @@ async def _serve_metrics(
     watched = _Watched(pool, calls, servers, store)
     server = MetricsServer(watched.snapshot, __version__, refresh=watched.refresh)
     path = metrics_socket_path(config)
-    rule = operator_rule(config.operators)
+    started_with = operator_rule(config.operators)
+
+    def operators() -> SocketRule:
+        """The operator socket's rule as the last reload left it (``servers``
+        is the daemon's own list, which a reload reconfigures)."""
+        for each in servers:
+            if each.rule.profile is None:
+                return each.rule
+        return started_with
 
     def admits(stream: anyio.abc.SocketStream) -> bool:
         raw: socket.socket = stream.extra(anyio.abc.SocketAttribute.raw_socket)
-        return rule.admits(peer_of(raw, path, profile=None, role="operator"))
+        return operators().admits(peer_of(raw, path, profile=None, role="operator"))
 
     unix = await _bind_unix(config, path)
     try:

@@ -12,6 +12,8 @@ The kernel's peer credentials and the real client do the rest.
 from __future__ import annotations
 
 import os
+import signal
+import socket
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -108,3 +110,36 @@ def test_without_allow_root_root_is_refused(
         c.daemon_status()
     assert refused.value.reason == "permission_denied"
     assert "uid 0 may not use the operator socket" in refused.value.message
+
+
+def _scrape(path: Path) -> bytes:
+    """What ``metrics.sock`` answers a GET (b"": closed unanswered)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(str(path))
+        answer = b""
+        try:
+            s.sendall(b"GET /metrics HTTP/1.1\r\nHost: memorizzd\r\n\r\n")
+            while chunk := s.recv(65536):
+                answer += chunk
+        except ConnectionResetError:  # closed with the request unread
+            pass
+    return answer
+
+
+def test_a_reload_of_the_operators_holds_for_the_metrics_socket_too(
+    home: Path, serve: Serve
+) -> None:
+    """``metrics.sock`` is the operators': a reload that changes who they are
+    changes who may scrape it, as it does for the operator socket."""
+    proc = serve("")
+    metrics = home / "metrics.sock"
+    assert _scrape(metrics) == b""  # root is no operator
+    (home / "memorizzd.toml").write_text("[operators]\nallow_root = true\n")
+    proc.send_signal(signal.SIGHUP)
+    wait_until(
+        lambda: "reloaded" in (home / "daemon.log").read_text(), what="the reload"
+    )
+    with Client(str(home / "d.sock")) as c:
+        assert c.daemon_status().pid == proc.pid
+    assert _scrape(metrics).startswith(b"HTTP/1.1 200 OK")
