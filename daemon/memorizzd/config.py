@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import grp
 import ipaddress
+import math
 import os
 import re
 import tomllib
@@ -223,6 +224,8 @@ _POSITIVE: Final = (
     "approval_ttl_s",
     "upstream_request_wait_s",
 )
+_NOT_NEGATIVE: Final = ("drain_timeout_s", "face_approval_wait_s")
+"""Settings that may be 0: no drain; the face answers "still pending" at once."""
 
 
 def systemd_directory(kind: str) -> str | None:
@@ -275,24 +278,24 @@ def load(
         config_path = default if default.exists() else None
     config = Config()
     if config_path is not None:
+        raw = _read_toml(config_path)
+        if "config_path" in raw:
+            raise ConfigError(f"{config_path}: unknown key config_path")
+        _refuse_nul(raw, "$", config_path)
         try:
-            raw = tomllib.loads(config_path.read_text(encoding="utf-8"))
-            if "config_path" in raw:
-                raise ConfigError(f"{config_path}: unknown key config_path")
             servers = msgspec.convert(
                 _preset_transports(raw.pop("servers", []), config_path),
                 list[ConfigServer],
             )
-            config = msgspec.convert(raw, Config)
-            config.servers = [
-                msgspec.convert(msgspec.to_builtins(s), ServerSpec) for s in servers
-            ]
-        except OSError as exc:
-            raise ConfigError(f"{config_path}: {exc.strerror}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{config_path}: {exc}") from None
         except msgspec.ValidationError as exc:
-            raise ConfigError(f"{config_path}: {_where(exc, raw)}") from None
+            raise ConfigError(f"{config_path}: {_at_servers(exc)}") from None
+        try:
+            config = msgspec.convert(raw, Config)
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"{config_path}: {exc}") from None
+        config.servers = [
+            msgspec.convert(msgspec.to_builtins(s), ServerSpec) for s in servers
+        ]
     config.config_path = str(config_path) if config_path else None
     config.socket = (
         socket
@@ -302,11 +305,19 @@ def load(
             systemd_directory("RUNTIME") or default_runtime_dir(), "memorizzd.sock"
         )
     )
+    for key in (*_POSITIVE, *_NOT_NEGATIVE):
+        if not math.isfinite(value := getattr(config, key)):
+            # nan passes no range check; inf breaks every deadline and expiry
+            # made from it (a proposal's expires_at, the drain's deadline)
+            raise ConfigError(
+                f"{config_path}: {key} must be a finite number, not {value}"
+            )
     for key in _POSITIVE:
         if not getattr(config, key) > 0:
             raise ConfigError(f"{config_path}: {key} must be greater than 0")
-    if config.drain_timeout_s < 0:
-        raise ConfigError(f"{config_path}: drain_timeout_s must not be negative")
+    for key in _NOT_NEGATIVE:
+        if getattr(config, key) < 0:
+            raise ConfigError(f"{config_path}: {key} must not be negative")
     stores = config.credentials.stores
     if "vault" not in stores or len(set(stores)) != len(stores):
         raise ConfigError(
@@ -338,7 +349,8 @@ def load(
     )
     _check_metrics(config.metrics, config_path)
     _check_access(config, config_path)
-    seen: set[str] = set()
+    _check_socket_paths(config, config_path)
+    seen: dict[str, int] = {}
     for i, given in enumerate(config.servers):
         try:
             spec = config.servers[i] = expand_preset(given)  # preset = "..."
@@ -346,9 +358,88 @@ def load(
         except RemoteError as exc:
             raise ConfigError(f"{config_path}: $.servers[{i}]: {exc.message}") from None
         if spec.name in seen:
-            raise ConfigError(f"{config_path}: duplicate server name {spec.name!r}")
-        seen.add(spec.name)
+            raise ConfigError(
+                f"{config_path}: $.servers[{i}]: duplicate server name {spec.name!r}"
+                f" (also $.servers[{seen[spec.name]}])"
+            )
+        seen[spec.name] = i
     return config
+
+
+SUN_PATH_MAX: Final = 107
+"""The longest path an AF_UNIX socket can be bound at (``sun_path`` is 108
+bytes, with its NUL)."""
+
+
+def _check_socket_paths(config: Config, where: Path | None) -> None:
+    """Every socket the daemon binds fits in ``sun_path`` (else its start
+    would end in a traceback): the operator socket and what it binds beside
+    it (``mcp.sock``, ``metrics.sock``), and each profile's directory with
+    ``api.sock`` and ``mcp.sock`` (``memorizzd.listeners``)."""
+    beside = os.path.dirname(config.socket) or "."
+    paths = [("socket", config.socket)]
+    if config.mcp_face:
+        paths.append(("mcp_face", os.path.join(beside, "mcp.sock")))
+    if config.metrics.enabled:
+        metrics = config.metrics.socket or os.path.join(beside, "metrics.sock")
+        paths.append(("metrics.socket", metrics))
+    paths += [
+        (
+            f"profile {p.name!r}'s socket",
+            os.path.join(config.agents_dir, p.name, "api.sock"),
+        )
+        for p in config.profiles
+    ]
+    for key, path in paths:
+        if (size := len(os.fsencode(path))) > SUN_PATH_MAX:
+            raise ConfigError(
+                f"{f'{where}: ' if where else ''}{key}: {path!r} is {size} bytes"
+                f" long; a Unix socket's path may be at most {SUN_PATH_MAX}"
+            )
+
+
+def _read_toml(path: Path) -> dict[str, object]:
+    """The file's TOML; a ConfigError that says where it cannot be read."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror}") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise ConfigError(
+            f"{path}: not UTF-8 text: byte 0x{data[exc.start]:02x}"
+            f" (at line {line}, column {column})"
+        ) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    except RecursionError:  # tomllib parses nested arrays and tables recursively
+        raise ConfigError(
+            f"{path}: arrays or inline tables nested too deeply"
+        ) from None
+
+
+def _refuse_nul(value: object, at: str, where: Path) -> None:
+    """No string of the file holds a NUL: not a path, a command, an argument
+    or a variable can carry one (the OS refuses it where it is used, far from
+    the file)."""
+    if isinstance(value, str):
+        if "\0" in value:
+            raise ConfigError(f"{where}: {at}: a NUL character is not allowed")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if "\0" in key:
+                raise ConfigError(
+                    f"{where}: {at}: a NUL character is not allowed in a key"
+                )
+            _refuse_nul(item, f"{at}.{key}", where)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _refuse_nul(item, f"{at}[{i}]", where)
 
 
 def metrics_address(listen: str) -> tuple[str, int]:
@@ -383,9 +474,16 @@ def _check_metrics(metrics: Metrics, where: Path | None) -> None:
         )
 
 
+GID_MAX: Final = 2**32 - 2
+"""The largest gid (``(gid_t) -1`` means "no change" to chown)."""
+
+
 def gid_of(group: int | str) -> int:
-    """A group name or gid as a gid; ValueError for an unknown name."""
+    """A group name or gid as a gid; ValueError for an unknown name or a gid
+    out of range (chown would raise OverflowError, at start or mid-reload)."""
     if isinstance(group, int):
+        if not 0 <= group <= GID_MAX:
+            raise ValueError(f"gid {group} is out of range (0..{GID_MAX})")
         return group
     try:
         return grp.getgrnam(group).gr_gid
@@ -397,9 +495,9 @@ def _check_access(config: Config, where: Path | None) -> None:
     """Profiles: valid distinct names, positive limits; every group resolves."""
     try:
         for group in config.operators.groups:
-            gid_of(group)
+            _gid(group, "operators.groups")
         if config.operators.socket_group is not None:
-            gid_of(config.operators.socket_group)
+            _gid(config.operators.socket_group, "operators.socket_group")
         names: set[str] = set()
         for profile in config.profiles:
             name = profile.name
@@ -417,9 +515,9 @@ def _check_access(config: Config, where: Path | None) -> None:
                 raise ValueError(f"profile name {name!r} is reserved or given twice")
             names.add(name)
             for group in profile.gids:
-                gid_of(group)
+                _gid(group, f"profile {name!r}: gids")
             if profile.socket_group is not None:
-                gid_of(profile.socket_group)
+                _gid(profile.socket_group, f"profile {name!r}: socket_group")
             limits = profile.limits
             for key in (
                 "max_connections",
@@ -438,6 +536,13 @@ def _check_access(config: Config, where: Path | None) -> None:
                 )
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def _gid(group: int | str, key: str) -> None:
+    try:
+        gid_of(group)
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from None
 
 
 def _preset_transports(servers: object, where: Path) -> object:
@@ -460,12 +565,13 @@ def _preset_transports(servers: object, where: Path) -> object:
     return filled
 
 
-def _where(exc: msgspec.ValidationError, raw: dict[str, object]) -> str:
-    """msgspec's message, with server paths relative to the whole file."""
+def _at_servers(exc: msgspec.ValidationError) -> str:
+    """msgspec's message on the ``servers`` array, with its path relative to
+    the whole file (``$[0]`` is ``$.servers[0]``; ``$`` is ``$.servers``)."""
     text = str(exc)
-    if "servers" not in raw and "- at `$[" in text:
-        return text.replace("- at `$[", "- at `$.servers[")
-    return text
+    if "- at `$" in text:
+        return text.replace("- at `$", "- at `$.servers")
+    return f"{text} - at `$.servers`"
 
 
 def _env_list(env: Mapping[str, str], name: str) -> list[str]:

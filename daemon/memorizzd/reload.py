@@ -75,9 +75,12 @@ RESTART_KEYS: Final[dict[str, Callable[[Config], object]]] = {
     "mcp_face": lambda c: c.mcp_face,
     "operators.socket_group": lambda c: c.operators.socket_group,
     "credentials.stores": lambda c: c.credentials.stores,
+    "metrics": lambda c: c.metrics,
+    "tracing": lambda c: c.tracing,
 }
-"""Settings a reload does not apply (the sockets and the state database are
-opened once): the old value stays until a restart."""
+"""Settings a reload does not apply (the sockets, the state database, the
+credential stores, the metrics listeners and the tracer are set up once): the
+old value stays until a restart."""
 POLICY_FIELDS: Final = ("allow_tools", "block_tools", "require_approval", "risk")
 """A server's keys that change what callers see and get, not how it is reached."""
 SIGNAL_CALLER: Final = Caller(
@@ -280,6 +283,9 @@ class Reloader:
             operators=msgspec.structs.replace(
                 new.operators, socket_group=old.operators.socket_group
             ),
+            credentials=old.credentials,
+            metrics=old.metrics,
+            tracing=old.tracing,
         )
         old_profiles = {p.name: p for p in old.profiles}
         new_profiles = {p.name: p for p in config.profiles}
@@ -454,7 +460,7 @@ def _restyle(path: str, profile: Profile) -> None:
         group = profile.socket_group
         os.chown(path, -1, os.getegid() if group is None else gid_of(group))
         os.chmod(path, agent_mode(profile))
-    except OSError as exc:
+    except (OSError, ValueError) as exc:  # a group gone since the file was read
         log.error("%s: mode and group not changed: %s", path, exc)
 
 

@@ -237,10 +237,18 @@ def test_a_daemon_not_running_is_said_on_stderr_with_status_69(
 def test_an_api_socket_without_its_mcp_socket_says_the_daemon_may_be_older(
     base: str,
 ) -> None:
-    api = _refusing(os.path.join(base, "api.sock"))
+    api = os.path.join(base, "api.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as older:
+        older.bind(api)
+        older.listen()  # a daemon answers there, with no face beside it
+        done = _bridge("--socket", api)
+    assert (done.returncode, done.stdout) == (69, b"")
+    assert f"its API socket {api} answers" in done.stderr.decode()
+    # a stale API socket (nobody answers) is no sign of an older daemon
     done = _bridge("--socket", api)
     assert (done.returncode, done.stdout) == (69, b"")
-    assert f"its API socket {api} exists" in done.stderr.decode()
+    assert "predate" not in done.stderr.decode()
+    assert "is memorizzd running?" in done.stderr.decode()
 
 
 def test_the_general_path_reports_as_the_fast_one(

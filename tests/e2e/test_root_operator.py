@@ -122,7 +122,7 @@ def _scrape(path: Path) -> bytes:
             s.sendall(b"GET /metrics HTTP/1.1\r\nHost: memorizzd\r\n\r\n")
             while chunk := s.recv(65536):
                 answer += chunk
-        except ConnectionResetError:  # closed with the request unread
+        except ConnectionError:  # closed with the request unread (reset, broken pipe)
             pass
     return answer
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import re
 from typing import Final, NoReturn
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
+
+import msgspec
 
 from memorizz.api.errors import InvalidParamsError, PermissionDeniedError
 from memorizz.api.methods import ServerSpec
@@ -68,6 +70,7 @@ def check_server_spec(spec: ServerSpec) -> None:
             f"server name {spec.name!r} may contain only letters, digits, '-', '_' and '.'"
         )
     where = f"server {spec.name!r}"
+    _check_nul(spec, where)
     if (spec.transport == "builtin") != (spec.builtin is not None):
         _invalid(f'{where}: transport "builtin" goes with builtin (the bridge\'s name)')
     if spec.transport == "builtin":
@@ -202,9 +205,10 @@ def _check_roots(roots: list[str], where: str) -> None:
     if len(roots) > ROOTS_MAX:
         _invalid(f"{where}: at most {ROOTS_MAX} roots")
     for root in roots:
-        parts = urlsplit(root)
+        parts = _split(root)
         if (
-            len(root) > ROOT_MAX
+            parts is None
+            or len(root) > ROOT_MAX
             or not root.startswith("file:///")
             or parts.scheme != "file"
             or parts.netloc
@@ -236,13 +240,46 @@ def _check_scheme(url: str, where: str) -> None:
 
 def redirect_uri_ok(uri: str) -> bool:
     """Loopback ``http`` (RFC 8252 §7.3) or ``https``; no fragment."""
-    parts = urlsplit(uri)
+    parts = _split(uri)
+    if parts is None:
+        return False
     loopback = parts.scheme == "http" and (parts.hostname or "") in LOOPBACK_HOSTS
     return (
         (loopback or parts.scheme == "https")
         and not parts.fragment
         and bool(parts.netloc)
     )
+
+
+def _split(url: str) -> SplitResult | None:
+    """``url``'s parts; None when urllib finds it malformed (``http://[x``
+    raises ValueError there, which must not reach the caller as a bug)."""
+    try:
+        return urlsplit(url)
+    except ValueError:
+        return None
+
+
+def _check_nul(spec: ServerSpec, where: str) -> None:
+    """No string of the spec holds a NUL: no path, command, argument,
+    variable or header can carry one (the OS or the HTTP stack would refuse
+    it far from here). Names the field, never its value (it may be secret)."""
+
+    def check(value: object, at: str) -> None:
+        if isinstance(value, str):
+            if "\0" in value:
+                _invalid(f"{where}: {at}: a NUL character is not allowed")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                if "\0" in key:
+                    _invalid(f"{where}: {at}: a NUL character is not allowed in a key")
+                check(item, f"{at}.{key}")
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                check(item, f"{at}[{i}]")
+
+    for field, value in msgspec.structs.asdict(spec).items():
+        check(value, field)
 
 
 def _invalid(message: str) -> NoReturn:
@@ -320,8 +357,13 @@ def _check_oauth(spec: ServerSpec, where: str) -> None:
     _check_machine_grant(spec, where)
     url = spec.oauth_client_metadata_url
     if url is not None:
-        parts = urlsplit(url)
-        if parts.scheme != "https" or parts.path in ("", "/") or parts.fragment:
+        parts = _split(url)
+        if (
+            parts is None
+            or parts.scheme != "https"
+            or parts.path in ("", "/")
+            or parts.fragment
+        ):
             _invalid(
                 f"{where}: oauth_client_metadata_url must be an https URL with a path"
             )
@@ -450,10 +492,11 @@ def _check_token_exchange(spec: ServerSpec, where: str) -> None:
         url = getattr(spec, key)
         if url is None:
             continue
-        parts = urlsplit(url)
+        parts = _split(url)
         allowed = ("https", "http") if spec.allow_private_network else ("https",)
         if (
-            not _clean(url)
+            parts is None
+            or not _clean(url)
             or parts.scheme not in allowed
             or not parts.hostname
             or parts.fragment

@@ -80,6 +80,33 @@ exit status:
 """
 
 
+def not_a_socket(path: str) -> str | None:
+    """Why ``path`` cannot be memorizzd's socket when something else is there
+    (``connect`` says "connection refused" for a file or a directory, as for
+    a socket nobody listens on, and the daemon is not the one to start then);
+    None when it is a socket, or nothing is there."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    if stat.S_ISSOCK(mode):
+        return None
+    kind = (
+        "a directory"
+        if stat.S_ISDIR(mode)
+        else "a regular file"
+        if stat.S_ISREG(mode)
+        else "a FIFO"
+        if stat.S_ISFIFO(mode)
+        else "a device"
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+        else "something else"
+    )
+    return f"{path} is {kind}, not a socket"
+
+
 class UsageError(Exception):
     """A command line the daemon need not see: reported with usage, exit 2."""
 

@@ -45,7 +45,7 @@ def _failed(exc: MemorizzError | OSError, socket_path: str, *, as_json: bool) ->
     """Report a command's failure and return its exit status (a closed pipe
     is re-raised: ``main`` ends quietly)."""
     from memorizz.api.errors import MemorizzError, RemoteError
-    from memorizz.ctl.exits import error_reason, exit_status
+    from memorizz.ctl.exits import UNREACHABLE, error_reason, exit_status, not_a_socket
 
     if isinstance(exc, BrokenPipeError):
         raise exc  # main() stops quietly
@@ -65,6 +65,10 @@ def _failed(exc: MemorizzError | OSError, socket_path: str, *, as_json: bool) ->
         )
         return exit_status(exc)
     data = {"socket": socket_path}
+    if reason == UNREACHABLE and (why := not_a_socket(socket_path)) is not None:
+        message = f"cannot reach memorizzd: {why}; point --socket/MEMORIZZ_SOCKET at its socket"
+        report(message, reason=reason, data=data, as_json=as_json)
+        return EXIT_UNAVAILABLE
     if isinstance(exc, MemorizzError):
         report(str(exc), reason=reason, data=data, as_json=as_json)
         return exit_status(exc)

@@ -56,6 +56,7 @@ from memorizz.ctl.exits import (
     EXIT_OK,
     EXIT_UNAVAILABLE,
     UNREACHABLE,
+    not_a_socket,
     report,
 )
 
@@ -184,6 +185,18 @@ def _error(message: str) -> None:
     report(message, reason=UNREACHABLE)
 
 
+def _answers(path: str) -> bool:
+    """Whether a daemon listens on the socket at ``path``."""
+    probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except OSError:
+        return False
+    finally:
+        probe.close()
+    return True
+
+
 def connect(bridge: Bridge) -> _socket.socket | int:
     """The connected socket, or the exit status after saying why not."""
     path = bridge.mcp_socket
@@ -193,13 +206,18 @@ def connect(bridge: Bridge) -> _socket.socket | int:
     except (FileNotFoundError, ConnectionRefusedError) as exc:
         sock.close()
         where = f"cannot reach memorizzd's MCP socket at {path}: {exc.strerror}"
-        if (
-            isinstance(exc, FileNotFoundError)
-            and bridge.api_socket is not None
-            and os.path.exists(bridge.api_socket)
-        ):
+        api = bridge.api_socket
+        if api is not None and (why := not_a_socket(api)) is not None:
             _error(
-                f"{where}; its API socket {bridge.api_socket} exists: this "
+                f"cannot reach memorizzd: {why}; point --socket/MEMORIZZ_SOCKET at its API socket"
+            )
+        elif (why := not_a_socket(path)) is not None:
+            _error(
+                f"cannot reach memorizzd's MCP socket: {why}; point --mcp-socket at its mcp.sock"
+            )
+        elif isinstance(exc, FileNotFoundError) and api is not None and _answers(api):
+            _error(
+                f"{where}; its API socket {api} answers: this "
                 "memorizzd may predate the MCP face (upgrade and restart it)"
             )
         else:
