@@ -12,7 +12,8 @@ Faults, each off unless its environment variable is set (SECURITY.md 6.2 #17):
   ``lines`` lines of ``size`` bytes to stderr, and answers at once;
 * ``IGNORE_TERM=1``: SIGTERM is ignored, and the server stays up after stdin
   closes (only SIGKILL ends it);
-* ``EXIT_AT_ONCE=1``: exits with status 3 before reading anything."""
+* ``EXIT_AT_ONCE=1``: exits with status 3 before reading anything;
+* ``DUPLICATE_TOOL=1``: its first page lists ``hello`` twice."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ NOISE = os.environ.get("NOISE") == "1"
 FLOOD = os.environ.get("STDERR_FLOOD") == "1"
 IGNORE_TERM = os.environ.get("IGNORE_TERM") == "1"
 EXIT_AT_ONCE = os.environ.get("EXIT_AT_ONCE") == "1"
+DUPLICATE_TOOL = os.environ.get("DUPLICATE_TOOL") == "1"
 
 
 def tool(name: str) -> dict[str, object]:
@@ -93,6 +95,8 @@ def serve() -> None:
             }
             if FLOOD and page == 1:
                 result["tools"] = [tool("hello"), tool("flood")]
+            if DUPLICATE_TOOL and page == 1:
+                result["tools"] = [tool("hello"), tool("hello")]
             if page < PAGES:
                 result["nextCursor"] = str(page + 1)
             reply(message["id"], result)

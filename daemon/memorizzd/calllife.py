@@ -207,11 +207,12 @@ class _AnswerError(msgspec.Struct):
 class _Response(msgspec.Struct):
     id: int | str | None = None
     result: msgspec.Raw = msgspec.Raw(b"")
-    error: _AnswerError | None = None
+    error: msgspec.Raw = msgspec.Raw(b"")
 
 
 _decode_shape: Final = msgspec.json.Decoder(_AskShape).decode
 _decode_response: Final = msgspec.json.Decoder(_Response).decode
+_decode_error: Final = msgspec.json.Decoder(_AnswerError).decode
 _encode: Final = msgspec.json.encode
 ANSWER_WAIT_CANCEL_S: Final = 1.0
 _SAID: Final = {
@@ -374,14 +375,34 @@ def answered(session: object, line: bytes) -> bool:
     answer = _asked.pop((session, response.id), None)
     if answer is None:
         return False
-    if response.error is not None:
-        answer.error = response.error
-    elif response.result:
-        answer.result = bytes(response.result)
-    else:
-        answer.error = _AnswerError(INTERNAL_ERROR, "an answer with no result")
+    answer.result, answer.error = _answer_of(response)
     answer.done.set()
     return True
+
+
+def _answer_of(response: _Response) -> tuple[bytes | None, _AnswerError | None]:
+    """The client's result, or its error: an answer that is neither (a result
+    that is not an object, a malformed error) is an error of ours, since the
+    upstream must get a valid response (an SDK server left with none waits
+    for it until the call's deadline, every other asking call of that server
+    refused meanwhile)."""
+    error = bytes(response.error).strip()
+    if error and error != b"null":
+        try:
+            return None, _decode_error(error)
+        except (msgspec.DecodeError, RecursionError, ValueError):
+            return None, _AnswerError(
+                INTERNAL_ERROR, "the caller's client answered with a malformed error"
+            )
+    result = bytes(response.result).strip()
+    if result.startswith(b"{"):
+        return result, None
+    if not result:
+        return None, _AnswerError(INTERNAL_ERROR, "an answer with no result")
+    return None, _AnswerError(
+        INTERNAL_ERROR,
+        "the caller's client answered with a result that is not an object",
+    )
 
 
 def offer_asks(capabilities: Mapping[str, Any], wait_s: float) -> Asker | None:

@@ -355,6 +355,9 @@ class _Routes(msgspec.Struct):
 
 
 _ROUTE_CACHE_MAX: Final = 256
+_SAID_MAX: Final = 200
+"""The most of a name the client made up that an error says back to it
+(a name is any string up to the frame's size)."""
 
 
 class FaceDispatcher:
@@ -615,7 +618,9 @@ class FaceDispatcher:
         handler = self._handlers.get(request.method)
         try:
             if handler is None:
-                raise MethodNotFoundError(f"unknown method {request.method!r}")
+                raise MethodNotFoundError(
+                    f"unknown method {request.method[:_SAID_MAX]!r}"
+                )
             _request_id.set(request.id)
             result = await handler(caller, request.params)
             if result is rounds.ANSWERED:
@@ -722,9 +727,10 @@ class FaceDispatcher:
             separator=self.separator_of(caller),
         )
         by_pair = {pair: shown for shown, pair in names.items()}
-        listed = [
-            _mcp_tool(tool, by_pair[(upstream.name, tool.name)], upstream.name)
+        listed = [  # a tool its server lists twice is listed once (pop)
+            _mcp_tool(tool, shown, upstream.name)
             for upstream, tool in found
+            if (shown := by_pair.pop((upstream.name, tool.name), None)) is not None
         ]
         return dict(names), listed
 
@@ -834,8 +840,8 @@ class FaceDispatcher:
         route = await self._route(caller, call.name)
         if route is None:
             raise InvalidParamsError(
-                f"unknown tool {call.name!r} (tools/list shows the tools)",
-                data={"tool": call.name},
+                f"unknown tool {call.name[:_SAID_MAX]!r} (tools/list shows the tools)",
+                data={"tool": call.name[:_SAID_MAX]},
             )
         server, tool = route
         calls = self._broker.tool_calls
@@ -1076,7 +1082,7 @@ class FaceDispatcher:
             owner = next((u for u, _ in templated), None)
         if owner is None:
             raise NotFoundError(
-                f"no server in scope lists the resource {uri[:200]!r}",
+                f"no server in scope lists the resource {uri[:_SAID_MAX]!r}",
                 reason="not_found",
             )
         return owner
@@ -1094,8 +1100,11 @@ class FaceDispatcher:
         by_pair = {pair: shown for shown, pair in names.items()}
         listed = []
         for upstream, prompt in found:
+            shown = by_pair.pop((upstream.name, prompt.name), None)
+            if shown is None:  # a prompt its server lists twice: listed once
+                continue
             item = _builtins(prompt)
-            item["name"] = by_pair[(upstream.name, prompt.name)]
+            item["name"] = shown
             listed.append(item)
         return names, listed
 
@@ -1110,7 +1119,7 @@ class FaceDispatcher:
         routes, _ = await self._prompts(caller)
         route = routes.get(get.name)
         if route is None:
-            raise InvalidParamsError(f"unknown prompt {get.name!r}")
+            raise InvalidParamsError(f"unknown prompt {get.name[:_SAID_MAX]!r}")
         server, name = route
         upstream = self._broker.scoped(caller, server)
         result = await upstream.get_prompt(name, get.arguments, timeout_s=None)
@@ -1123,14 +1132,14 @@ class FaceDispatcher:
         by its shown name (sent under its own), a resource template by its
         URI template (the first server, by name, that lists it)."""
         ref = _decode(params, _Complete).ref
-        forwarded: dict[str, Any] = msgspec.json.decode(params)
+        forwarded: dict[str, Any] = _decode(params, dict[str, Any])
         forwarded.pop("_meta", None)  # the upstream request carries its own
         owner: Upstream | None = None
         if ref.type == "ref/prompt" and ref.name is not None:
             routes, _ = await self._prompts(caller)
             route = routes.get(ref.name)
             if route is None:
-                raise InvalidParamsError(f"unknown prompt {ref.name[:200]!r}")
+                raise InvalidParamsError(f"unknown prompt {ref.name[:_SAID_MAX]!r}")
             owner = self._broker.scoped(caller, route[0])
             forwarded["ref"] = {**forwarded["ref"], "name": route[1]}
         elif ref.type == "ref/resource" and ref.uri is not None:
@@ -1141,10 +1150,12 @@ class FaceDispatcher:
             owner = next((u for u, t in templates if t.uri_template == uri), None)
             if owner is None:
                 raise InvalidParamsError(
-                    f"no server in scope lists the resource template {uri[:200]!r}"
+                    f"no server in scope lists the resource template {uri[:_SAID_MAX]!r}"
                 )
         else:
-            raise InvalidParamsError(f"unknown completion reference {ref.type!r}")
+            raise InvalidParamsError(
+                f"unknown completion reference {ref.type[:_SAID_MAX]!r}"
+            )
         if not owner.declares("completions"):
             raise MethodNotFoundError(
                 f"server {owner.name!r} offers no completions",

@@ -38,10 +38,15 @@ def exposed_names(
     quiet: bool = False,
 ) -> dict[str, tuple[str, str]]:
     """Each listed (server, name) under the name the face shows, in the
-    order given (earlier entries keep the plain name); each rename is logged
-    (at info) unless ``quiet``."""
+    order given (earlier entries keep the plain name; a pair listed again,
+    a server's listing that names a tool twice, is shown once); each rename
+    is logged (at info) unless ``quiet``."""
     exposed: dict[str, tuple[str, str]] = {}
+    seen: set[tuple[str, str]] = set()
     for server, name in listed:
+        if (server, name) in seen:
+            continue
+        seen.add((server, name))
         wanted = wanted_name(server, name, single=single, separator=separator)
         shown = wanted
         if not _NAME_OK.fullmatch(wanted) or wanted in exposed:

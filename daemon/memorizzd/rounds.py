@@ -80,6 +80,9 @@ class Held:
         self.done = False
         self.gave_up = False
         self.result: Any = None
+        self.completed = False
+        """The call returned ``result`` (not so when it was cancelled: the
+        first request cancelled, or the daemon stopping)."""
         self.error: Exception | None = None
         self.collected = anyio.Event()
         self.ended = anyio.Event()
@@ -209,6 +212,7 @@ async def first(
     async def run() -> None:
         try:
             held.result = await work()
+            held.completed = True
         except Exception as exc:  # noqa: BLE001 (the retry raises it, as the face would)
             held.error = exc
         finally:
@@ -242,12 +246,7 @@ async def retried(
     result or its next round."""
     held = _held.get(state)
     if held is None or held.session is not session or held.name != name:
-        raise InvalidParamsError(
-            "requestState names no call held for this session: unknown, already "
-            "answered, another session's, or given up (each round's state is "
-            "good once, on its own session); call the tool again",
-            reason="input_state_unknown",
-        )
+        raise _unknown_state()
     held.forget()
     held.answer(responses)
     try:
@@ -260,4 +259,15 @@ async def retried(
     held.collected.set()
     if held.error is not None:
         raise held.error
+    if not held.completed:  # cancelled meanwhile: it has no result to give
+        raise _unknown_state()
     return held.result
+
+
+def _unknown_state() -> InvalidParamsError:
+    return InvalidParamsError(
+        "requestState names no call held for this session: unknown, already "
+        "answered, another session's, or given up (each round's state is "
+        "good once, on its own session); call the tool again",
+        reason="input_state_unknown",
+    )

@@ -26,7 +26,9 @@ import pytest
 from memorizz import Client
 from memorizz.api.errors import InvalidParamsError
 from memorizzd.config import Config, Limits, Profile
+from memorizzd.listeners import face_socket_path
 from tests.harness import (
+    INITIALIZE,
     MCP_SERVER,
     DaemonHarness,
     DaemonProcess,
@@ -634,6 +636,38 @@ def test_an_idle_or_dripping_connection_is_closed_and_the_client_reconnects(
         c.ping()
         select.select([], [], [], 1.0)  # idle past the limit: the daemon closes it
         c.ping()  # sent again on a new connection, transparently
+
+
+def _not_notified(session: Lines) -> dict[str, object]:
+    """The next line that is no notification (the face sends list changes)."""
+    while "method" in (line := session.read()):
+        pass
+    return line
+
+
+def test_an_idle_mcp_session_is_kept_and_a_dripping_one_closed(
+    idle_daemon: DaemonHarness, base_dir: str
+) -> None:
+    """The face's sessions are MCP sessions: an agent idle between its turns
+    keeps its session past ``idle_timeout_s`` (its MCP client would not
+    connect again), while one that drips a line it never finishes is closed
+    as on the API socket."""
+    path = face_socket_path(agent_socket(base_dir, "idle"))
+    idle, dripping = Lines(path), Lines(path)
+    for session in (idle, dripping):
+        session.send(msgspec.json.encode(INITIALIZE) + b"\n")
+        assert "result" in session.read()
+    for _ in range(20):  # 2 s, four times idle_timeout_s
+        dripping.send(b"{")
+        if select.select([dripping.sock], [], [], 0.1)[0]:
+            break
+    assert reason(_not_notified(dripping)) == "idle_timeout"
+    with pytest.raises(EOFError):
+        dripping.read()
+    idle.send(rpc(2, "ping"))
+    assert _not_notified(idle) == {"jsonrpc": "2.0", "id": 2, "result": {}}
+    idle.close()
+    dripping.close()
 
 
 def test_a_slowloris_flood_is_shed_and_the_operator_is_still_served(

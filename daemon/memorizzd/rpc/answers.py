@@ -19,6 +19,7 @@ import msgspec
 
 from memorizz.api.protocol import Request
 from memorizzd import calllife
+from memorizzd.egress.envelope import EnvelopeScanner
 from memorizzd.rpc.dispatch import Dispatcher, Session, parse_request
 
 ANSWER: Final = "memorizz/answer"
@@ -34,6 +35,7 @@ class _Response(msgspec.Struct):
 
 
 _decode_response: Final = msgspec.json.Decoder(_Response).decode
+_encode: Final = msgspec.json.encode
 CANCELLED: Final = "notifications/cancelled"
 
 
@@ -44,7 +46,9 @@ def parse_line(line: bytes) -> Request | bytes:
         try:
             response = _decode_response(line)
         except (msgspec.DecodeError, RecursionError, ValueError):
-            return parsed  # not JSON, too deep (the error says so), not a response
+            # not JSON, too deep (the error says so), not a response; or a
+            # response we cannot read, which its request must not wait out
+            return _unreadable_answer(line) or parsed
         if (
             response.method is None
             and response.id is not None
@@ -52,6 +56,25 @@ def parse_line(line: bytes) -> Request | bytes:
         ):
             return Request(jsonrpc="2.0", method=ANSWER, params=msgspec.Raw(line))
     return parsed
+
+
+def _unreadable_answer(line: bytes) -> Request | None:
+    """A response line that cannot be decoded (a lone surrogate escape in its
+    result, say) whose id is plain to see: an error answer under that id."""
+    scanner = EnvelopeScanner()
+    scanner.feed(line.strip())
+    if not (scanner.done and scanner.answerable):
+        return None
+    error = {
+        "jsonrpc": "2.0",
+        "id": scanner.id,
+        "error": {
+            "code": -32700,
+            "message": "the caller's client answered with a line that is not valid"
+            " UTF-8 JSON",
+        },
+    }
+    return Request(jsonrpc="2.0", method=ANSWER, params=msgspec.Raw(_encode(error)))
 
 
 def take(session: Session, request: Request) -> bool:

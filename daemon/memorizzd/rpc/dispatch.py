@@ -30,6 +30,7 @@ from memorizz.api.errors import (
 from memorizz.api.methods import METHODS, Params
 from memorizz.api.protocol import Request, RequestId, error_line, result_line
 from memorizzd.caller import Caller, Handler
+from memorizzd.egress.envelope import EnvelopeScanner
 from memorizzd.rpc.authority import method_allowed, refuse_method
 
 log = logging.getLogger("memorizzd.rpc")
@@ -237,8 +238,21 @@ def _decode_request(line: bytes) -> Request:
         request_id = _probe_id(line)
         error = InvalidRequestError(f"not a JSON-RPC 2.0 request: {exc}")
         raise _WithId(error, request_id) from None
-    except (msgspec.DecodeError, RecursionError, ValueError):
-        raise ParseError("parse error: the line is not valid UTF-8 JSON") from None
+    except (msgspec.DecodeError, RecursionError, ValueError) as exc:
+        scanner = EnvelopeScanner()
+        scanner.feed(line.strip())
+        refused: RemoteError = (
+            InvalidRequestError(
+                "the message is nested too deeply to be read (JSON-RPC 2.0"
+                " request not run)"
+            )
+            if isinstance(exc, RecursionError) and scanner.done
+            else ParseError("parse error: the line is not valid UTF-8 JSON")
+        )
+        # A whole request whose id is plain to see (a lone surrogate escape or
+        # a nesting too deep somewhere in its params) is answered under it.
+        request_id = scanner.id if scanner.done and scanner.has_method else None
+        raise _WithId(refused, request_id) from None
 
 
 def _probe_id(line: bytes) -> RequestId | None:
@@ -255,5 +269,7 @@ class _WithId(InvalidRequestError):
     """An invalid request whose id could still be read, so the reply can name it."""
 
     def __init__(self, error: RemoteError, request_id: RequestId | None) -> None:
-        super().__init__(error.message, reason=error.reason, data=error.data)
+        super().__init__(
+            error.message, reason=error.reason, data=error.data, code=error.code
+        )
         self.request_id = request_id

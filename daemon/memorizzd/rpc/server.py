@@ -794,7 +794,12 @@ class _Connection:
 
     async def _watch(self) -> None:
         """Cut off a client that does not read its replies, and close a
-        connection that sits idle (nothing in flight, no request line)."""
+        connection that sits idle (nothing in flight, no request line).
+
+        On the MCP face (``handoff``), only one that holds part of a line: an
+        MCP session is its client's for as long as it runs, idle between the
+        agent's turns, and MCP clients do not connect again by themselves; a
+        line dripped and never finished still cannot hold a slot."""
         period = self.write_timeout_s / 4
         if self.idle_timeout_s is not None:
             period = min(period, self.idle_timeout_s / 4)
@@ -815,6 +820,7 @@ class _Connection:
                 and not self.in_flight
                 and started is None
                 and now - self.last_activity > self.idle_timeout_s
+                and (self.buffer or not self.server.handoff)
             ):
                 self._close_idle()
                 return
