@@ -401,14 +401,21 @@ def _decode_arguments(raw: bytes) -> dict[str, Any]:
     """A call's arguments: a JSON object nested at most ``MAX_ARGUMENT_DEPTH`` deep."""
     try:
         value = _decode_object(raw)
-    except msgspec.ValidationError:
-        raise InvalidParamsError(
-            "invalid params: arguments must be an object"
-        ) from None
-    except msgspec.DecodeError:  # msgspec's own nesting limit, among others
+    except msgspec.ValidationError as exc:  # not an object; a number out of range
+        said = (
+            "arguments must be an object"
+            if raw.lstrip()[:1] != b"{"
+            else f"arguments: {exc}".replace("`$", "`$.arguments")
+        )
+        raise InvalidParamsError(f"invalid params: {said}") from None
+    except RecursionError:  # msgspec's own nesting limit (about 1000 levels)
         raise InvalidParamsError(
             f"invalid params: arguments nested deeper than {m.MAX_ARGUMENT_DEPTH}"
             " levels"
+        ) from None
+    except msgspec.DecodeError as exc:  # invalid UTF-8 in a string, and the like
+        raise InvalidParamsError(
+            f"invalid params: arguments are not valid JSON ({exc})"
         ) from None
     if raw.count(b"{") + raw.count(b"[") <= m.MAX_ARGUMENT_DEPTH:
         return value  # so few brackets (strings' too) cannot nest deeper

@@ -264,3 +264,37 @@ def test_servers_add_refuses_a_hostile_spec_as_invalid_params(
         assert said in refused.value.message
         assert "secret" not in refused.value.message
         assert "hostile" not in [s.name for s in c.list_servers()]
+
+
+@pytest.mark.parametrize(
+    ("arguments", "said"),
+    [
+        (b"[1]", "arguments must be an object"),
+        (b'{"n":1e400}', "arguments: Number out of range - at `$.arguments"),
+        (b'{"s":"\xff"}', "arguments are not valid JSON (Invalid UTF-8"),
+    ],
+    ids=["not-an-object", "number-out-of-range", "invalid-utf8"],
+)
+def test_arguments_that_cannot_be_read_are_said_as_they_are(
+    harness: DaemonHarness, arguments: bytes, said: str
+) -> None:
+    """Each way arguments can be unreadable gets its own message (invalid
+    UTF-8 was "nested deeper than 64 levels", a number out of range "must
+    be an object"), and the connection serves on."""
+    line = (
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":'
+        b'{"server":"one","name":"echo","arguments":' + arguments + b"}}\n"
+    )
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(10)
+        s.connect(harness.socket)
+        s.sendall(line + b'{"jsonrpc":"2.0","id":2,"method":"ping"}\n')
+        buffer = b""
+        while buffer.count(b"\n") < 2:
+            chunk = s.recv(65536)
+            assert chunk, f"closed after {buffer!r}"
+            buffer += chunk
+    first, second = (msgspec.json.decode(x) for x in buffer.splitlines())
+    assert (first["id"], _reason(first)) == (1, "invalid_params")
+    assert said in first["error"]["message"], first
+    assert (second["id"], "result" in second) == (2, True)
