@@ -8,12 +8,14 @@ Served over Streamable HTTP in-process by ``tests.harness.serve_asgi`` with
 when served in-process): a file that gets one line per ``resources/subscribe``
 (``subscribe URI``) and ``resources/unsubscribe`` (``unsubscribe URI``).
 
-* resource ``feat://watched`` (subscribable), template ``feat://colors/{color}``;
+* resource ``feat://watched`` (subscribable), template ``feat://colors/{color}``
+  (``$FEAT_SCHEME``: another scheme than ``feat``);
 * prompt ``pick(color)``; completions of ``color`` (prompt and template), the
   values starting with the typed prefix, each ending in ``@prompt`` or
   ``@template`` (which ref reached the server);
-* 2026-07-28 ``subscriptions/listen`` honors resource subscriptions to its own
-  ``feat://`` URIs only (its acknowledgement leaves the others out);
+* 2026-07-28 ``subscriptions/listen`` honors a resource subscription to
+  ``feat://watched`` only (its acknowledgement leaves the others out, those
+  built from its template too);
 * tool ``touch(uri)``: sends ``notifications/resources/updated`` for ``uri``;
 * tool ``roots()``: asks the client ``roots/list`` and returns the URIs, one a line.
 """
@@ -29,6 +31,9 @@ import mcp_types as types
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.subscriptions import ListenHandler
 from mcp.shared.exceptions import MCPDeprecationWarning
+
+SCHEME = os.environ.get("FEAT_SCHEME", "feat")
+"""The scheme of its resources and template (``$FEAT_SCHEME``; default ``feat``)."""
 
 mcp = MCPServer("memorizz-features-server", version="0.1", log_level="WARNING")
 SUB_LOG: str | None = os.environ.get("SUB_LOG")
@@ -74,10 +79,11 @@ _listen = ListenHandler(mcp._subscriptions)
 async def _listen_own(
     ctx: Any, params: types.SubscriptionsListenRequestParams
 ) -> types.SubscriptionsListenResult:
-    """The SDK's listen handler, asked only for this server's own URIs."""
+    """The SDK's listen handler, asked only for the resource this server lists
+    (not for those built from its template)."""
     wanted = params.notifications
     if wanted.resource_subscriptions:
-        own = [u for u in wanted.resource_subscriptions if u.startswith("feat://")]
+        own = [u for u in wanted.resource_subscriptions if u == WATCHED]
         wanted = wanted.model_copy(update={"resource_subscriptions": own})
         params = params.model_copy(update={"notifications": wanted})
     return await _listen(ctx, params)
@@ -88,12 +94,15 @@ mcp._lowlevel_server.add_request_handler(
 )
 
 
-@mcp.resource("feat://watched", mime_type="text/plain")
+WATCHED = f"{SCHEME}://watched"
+
+
+@mcp.resource(WATCHED, mime_type="text/plain")
 def watched() -> str:
     return "watched content"
 
 
-@mcp.resource("feat://colors/{color}", mime_type="text/plain")
+@mcp.resource(SCHEME + "://colors/{color}", mime_type="text/plain")
 def color(color: str) -> str:
     return f"the colour {color}"
 

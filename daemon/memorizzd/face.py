@@ -100,7 +100,7 @@ from memorizz.api.errors import (
 )
 from memorizz.api.presets import instructions_of
 from memorizz.api.protocol import Reply, Request
-from memorizzd import __version__, rounds
+from memorizzd import __version__, rounds, uri_templates
 from memorizzd.broker import Broker
 from memorizzd.caller import Caller
 from memorizzd.calllife import (
@@ -1072,14 +1072,17 @@ class FaceDispatcher:
 
     async def _owner_of(self, caller: Caller, uri: str) -> Upstream:
         """The server a URI goes to: the first, by name, that lists it; else
-        (a URI built from a template) the first that has templates."""
+        (a URI built from a template) the first whose template it matches."""
         found = await self._listed(caller, lambda u: u.list_resources())
         owner = next((u for u, item in found if item.uri == uri), None)
-        if owner is None:  # perhaps a template's: the first server with templates
+        if owner is None:  # perhaps a template's
             templated = await self._listed(
                 caller, lambda u: u.list_resource_templates()
             )
-            owner = next((u for u, _ in templated), None)
+            owner = next(
+                (u for u, t in templated if uri_templates.matches(t.uri_template, uri)),
+                None,
+            )
         if owner is None:
             raise NotFoundError(
                 f"no server in scope lists the resource {uri[:_SAID_MAX]!r}",

@@ -47,7 +47,9 @@ from tests.harness import (
 
 MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 WATCHED = "feat://watched"
-ELSEWHERE = "other://elsewhere"
+ELSEWHERE = "feat://colors/elsewhere"
+"""Built from the server's template (so it goes to that server), which its
+listen stream does not honor."""
 """A URI the features server takes no 2026-07-28 subscription to."""
 
 

@@ -295,3 +295,33 @@ def test_a_tool_its_server_lists_twice_is_listed_once_under_its_name(
         assert [name for name in names if name.startswith("dup__")] == ["dup__hello"]
         session.send(session.request(2, "tools/call", {"name": "dup__hello"}))
         assert "result" in session.reply()
+
+
+def test_a_uri_built_from_a_template_goes_to_the_server_whose_template_it_matches() -> (
+    None
+):
+    """Two servers with templates: ``a-paint`` (``paint://colors/{color}``)
+    sorts before ``feat`` (``feat://colors/{color}``). A URI built from
+    ``feat``'s template went to ``a-paint``, the first server with any
+    template, which knows no such resource; one that matches no template
+    went there too, instead of being ``not_found``."""
+    base = short_tempdir()
+    servers = [features_spec("a-paint", env={"FEAT_SCHEME": "paint"}), features_spec()]
+    try:
+        with DaemonHarness.running(daemon_config(base, servers=servers)) as running:
+            for name in ("a-paint", "feat"):
+                running.wait_ready(name)
+            with face(running) as session:
+                for request_id, uri, text in (
+                    (1, "feat://colors/red", "the colour red"),
+                    (2, "paint://colors/blue", "the colour blue"),
+                ):
+                    session.send(
+                        session.request(request_id, "resources/read", {"uri": uri})
+                    )
+                    reply = session.reply()
+                    assert reply["result"]["contents"][0]["text"] == text, reply
+                session.send(session.request(3, "resources/read", {"uri": "zz://no"}))
+                assert session.reply()["error"]["data"]["reason"] == "not_found"
+    finally:
+        rmtree(base)
