@@ -138,7 +138,7 @@ ACCEPTED = [
     ["mcp", "call", "s", "t"],
     ["--socket", "/x.sock", "mcp", "call", "s", "t"],
     ["mcp", "--socket", "/a", "call", "s", "t", "--socket=/b"],
-    ["--socket=/a", "mcp", "call", "--socket", "/b", "s", "--socket=", "t"],
+    ["--socket=/a", "mcp", "call", "--socket", "/b", "s", "--socket=/c", "t"],
     ["mcp", "call", "--timeout", "2", "s", "t"],
     ["mcp", "call", "s", "t", "--timeout=1e3", "--timeout", " 7.5 "],
     ["mcp", "call", "s", "--arguments", '{"a": [1, 2.5, null, true, "é\\n"]}', "t"],
@@ -174,6 +174,9 @@ DECLINED = [
     ["mcp", "call", "s", "t", "--timeout", "nan"],
     ["mcp", "call", "s", "t", "--timeout", "inf"],
     ["mcp", "call", "s", "t", "--timeout", "soon"],
+    ["mcp", "call", "s", "t", "--timeout", "3601"],  # the daemon's limit: 3600
+    ["mcp", "call", "s", "t", "--socket="],  # an empty path is a usage error
+    ["--socket", "", "mcp", "call", "s", "t"],
     ["mcp", "call", "s", "t", "--timeout", "0", "--timeout", "5"],
     ["mcp", "call", "s", "t", "--arguments", "[1]", "--arguments", "{}"],
     ["mcp", "--arguments", "{}", "call", "s", "t"],
@@ -327,7 +330,7 @@ LINES = [
     ["--json", "mcp", "call", "t", "echo", "--arguments", '{"text": "hi"}'],
     ["mcp", "call", "t", "no_such_tool"],
     ["mcp", "call", "nope", "echo"],
-    ["mcp", "call", "t", "echo", "--timeout", "4000"],
+    ["mcp", "call", "t", "echo", "--timeout", "3600"],  # the longest deadline
 ]
 
 

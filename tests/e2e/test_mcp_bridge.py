@@ -325,9 +325,9 @@ ACCEPTED = [
     ["mcp", "--socket=/a/d.sock", "serve", "--socket", "/b/api.sock"],
     ["mcp", "serve", "--mcp-socket", "/c/m.sock"],
     ["mcp", "serve", "--mcp-socket=/c/m.sock", "--socket", "/a/d.sock"],
-    ["mcp", "serve", "--mcp-socket", "/c/m.sock", "--mcp-socket="],
+    ["mcp", "serve", "--mcp-socket", "/c/m.sock", "--mcp-socket=/d/m.sock"],
     ["--json", "mcp", "serve", "--json"],
-    ["--socket=", "mcp", "serve"],
+    ["--socket=/a/d.sock", "mcp", "serve"],
     ["--socket", "relative.sock", "mcp", "serve"],
 ]
 

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from typing import cast, get_args
 
 from memorizz.api import methods as m
 from memorizz.ctl.args import (
+    StdinError,
     header,
     key_value,
     positive_float,
     positive_int,
+    read_stdin,
     secret_key_value,
 )
 from memorizz.ctl.exits import UsageError
@@ -248,9 +249,16 @@ def _read_private_key(path: str | None) -> str | None:
         with open(path, encoding="ascii") as f:
             return f.read().strip() + "\n"
     except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(
-            f"--private-key-file: cannot read {path}: {type(exc).__name__}"
-        ) from None
+        why = getattr(exc, "strerror", None) or "not a PEM file (not ASCII text)"
+        raise UsageError(f"--private-key-file: cannot read {path}: {why}") from None
+
+
+def _stdin_secret(option: str) -> str:
+    """A secret given as ``-``: standard input, stripped."""
+    try:
+        return read_stdin().strip()
+    except StdinError as exc:
+        raise UsageError(f"{option} -: {exc}") from None
 
 
 def build_server_spec(
@@ -292,13 +300,13 @@ def build_server_spec(
         raise UsageError("give --instructions or --no-instructions, not both")
     client_secret = args.client_secret
     if client_secret == "-":  # noqa: S105 - "-" means stdin
-        client_secret = sys.stdin.read().strip()
+        client_secret = _stdin_secret("--client-secret")
     private_key = _read_private_key(args.private_key_file)
     idp_secret = args.idp_client_secret
     if idp_secret == "-":  # noqa: S105 - "-" means stdin
         if args.client_secret == "-":  # noqa: S105
             raise UsageError("only one of the secrets can be read from stdin")
-        idp_secret = sys.stdin.read().strip()
+        idp_secret = _stdin_secret("--idp-client-secret")
     if args.oauth_grant != "authorization-code" and args.auth is None:
         auth = "oauth"
     spec = m.ServerSpec(
@@ -357,14 +365,15 @@ def _read_token(args: argparse.Namespace) -> str | None:
     if args.token is not None and args.token_file is not None:
         raise UsageError("give --token or --token-file, not both")
     if args.token == "-":  # noqa: S105 - "-" means stdin
-        return sys.stdin.read().strip()
+        return _stdin_secret("--token")
     if args.token_file is not None:
         try:
             with open(args.token_file, encoding="utf-8") as f:
                 return f.read().strip()
-        except OSError as exc:
+        except (OSError, UnicodeDecodeError) as exc:
+            why = getattr(exc, "strerror", None) or "not UTF-8 text"
             raise UsageError(
-                f"cannot read --token-file {args.token_file}: {exc.strerror}"
+                f"cannot read --token-file {args.token_file}: {why}"
             ) from None
     token: str | None = args.token
     return token

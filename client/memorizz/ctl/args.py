@@ -1,10 +1,13 @@
 """Turning memorizzctl's command-line words into values.
 
 The argparse ``type=`` converters (an ``ArgumentTypeError`` becomes a usage
-error, exit 2) and ``split_trailing``, which takes the words after
+error, exit 2; numbers are held to the bounds the wire contract puts on
+them, so the daemon never sees one it would refuse), ``read_stdin`` for the
+values given as ``-``, and ``split_trailing``, which takes the words after
 ``mcp add ... --`` before argparse sees the line.
 
-Standard library and msgspec only, like the rest of the client.
+Standard library, msgspec and the wire contract only, like the rest of the
+client.
 """
 
 from __future__ import annotations
@@ -12,9 +15,28 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, get_args
 
 import msgspec
+
+from memorizz.api import methods as m
+
+
+def _most(kind: object) -> Any:
+    """The upper bound (``le``) the wire contract puts on ``kind``."""
+    return next(a.le for a in get_args(kind) if isinstance(a, msgspec.Meta))
+
+
+# What the daemon accepts: a larger value would come back as its
+# invalid_params, naming a wire field, not the option.
+MAX_DEADLINE_S: Final[float] = _most(m.Deadline)
+"""The longest deadline a request may carry (3600 s)."""
+MAX_WAIT_S: Final[float] = _most(m.WaitSeconds)
+"""The longest long-poll (300 s)."""
+MAX_PAGE: Final[int] = _most(m.PageLimit)
+"""The most items one page may ask for (1000)."""
+MAX_ROW_ID: Final[int] = _most(m.RowId)
+"""The largest record id."""
 
 
 def key_value(text: str) -> tuple[str, str]:
@@ -50,11 +72,34 @@ _JSON_KINDS: Final[dict[type, str]] = {
 }
 
 
-def json_object(text: str) -> dict[str, Any]:
+class StdinError(ValueError):
+    """Standard input could not be read as text; the message says why."""
+
+
+def read_stdin(*, line: bool = False) -> str:
+    """All of standard input (``line``: its first line), as text; raise
+    ``StdinError`` when it is closed or not UTF-8."""
+    if sys.stdin is None:  # started with fd 0 closed (``<&-``)
+        raise StdinError("standard input is closed")
     try:
-        value = msgspec.json.decode(text)
+        return sys.stdin.readline() if line else sys.stdin.read()
+    except UnicodeDecodeError:
+        raise StdinError("standard input is not UTF-8 text") from None
+    except OSError as exc:
+        raise StdinError(f"cannot read standard input: {exc.strerror or exc}") from None
+
+
+def json_object(text: str) -> dict[str, Any]:
+    if not text.strip(" \t\n\r\ufeff"):
+        raise argparse.ArgumentTypeError("not valid JSON: it is empty")
+    try:
+        value = msgspec.json.decode(text.removeprefix("\ufeff"))  # a BOM: not JSON's
     except msgspec.DecodeError as exc:
         raise argparse.ArgumentTypeError(f"not valid JSON: {exc}") from None
+    except UnicodeError:  # undecodable bytes on the command line (surrogates)
+        raise argparse.ArgumentTypeError("not UTF-8 text") from None
+    except RecursionError:
+        raise argparse.ArgumentTypeError("not valid JSON: nested too deeply") from None
     if not isinstance(value, dict):
         kind = _JSON_KINDS.get(type(value), type(value).__name__)
         raise argparse.ArgumentTypeError(f"must be a JSON object, got {kind}")
@@ -65,7 +110,10 @@ def json_object_source(text: str) -> dict[str, Any]:
     """``json_object`` of the text itself, of a file (``@FILE``), or of
     standard input (``-``); a file that cannot be read is a usage error."""
     if text == "-":
-        return json_object(sys.stdin.read())
+        try:
+            return json_object(read_stdin())
+        except StdinError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
     if text.startswith("@"):
         path = text[1:]
         try:
@@ -97,6 +145,48 @@ def positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be positive, got {text!r}")
     return value
+
+
+def _at_most(value: float, limit: float, text: str) -> None:
+    if value > limit:
+        most = str(int(limit)) if limit == int(limit) else f"{limit:g}"
+        raise argparse.ArgumentTypeError(f"must be at most {most}, got {text!r}")
+
+
+def deadline(text: str) -> float:
+    """Seconds a request may take: positive, at most ``MAX_DEADLINE_S``."""
+    value = positive_float(text)
+    _at_most(value, MAX_DEADLINE_S, text)
+    return value
+
+
+def wait_seconds(text: str) -> float:
+    """Seconds a long-poll may wait: positive, at most ``MAX_WAIT_S``."""
+    value = positive_float(text)
+    _at_most(value, MAX_WAIT_S, text)
+    return value
+
+
+def page_limit(text: str) -> int:
+    """Items per page: 1 to ``MAX_PAGE``."""
+    value = positive_int(text)
+    _at_most(value, MAX_PAGE, text)
+    return value
+
+
+def row_id(text: str) -> int:
+    """A record id: positive, at most ``MAX_ROW_ID``."""
+    value = positive_int(text)
+    _at_most(value, MAX_ROW_ID, text)
+    return value
+
+
+def socket_path(text: str) -> str:
+    """A socket's path: an empty one is a mistake (an unset variable, most
+    likely), not a request for the default."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path")
+    return text
 
 
 def split_trailing(argv: Sequence[str]) -> tuple[list[str], list[str]]:

@@ -27,6 +27,7 @@ from memorizz.api.errors import (
 )
 from memorizz.client import Client
 from memorizz.ctl.add import build_server_spec
+from memorizz.ctl.args import StdinError, read_stdin
 from memorizz.ctl.exits import (
     ERROR_PREFIX,
     EXIT_ERROR,
@@ -34,6 +35,7 @@ from memorizz.ctl.exits import (
     EXIT_TEMPFAIL,
     LOGIN_TIMED_OUT,
     UsageError,
+    emit,
     report,
 )
 from memorizz.ctl.render import (
@@ -71,7 +73,7 @@ Command = Callable[[Client, argparse.Namespace], int]
 
 
 def _show(args: argparse.Namespace, result: m.Result, text: str) -> None:
-    sys.stdout.write(to_json(result) if args.json else text)
+    emit(to_json(result) if args.json else text)
 
 
 def cmd_mcp_list(client: Client, args: argparse.Namespace) -> int:
@@ -105,11 +107,12 @@ def cmd_mcp_presets(client: Client, args: argparse.Namespace) -> int:
 
 def cmd_mcp_login(client: Client, args: argparse.Namespace) -> int:
     if args.callback_url is not None:
-        url = (
-            sys.stdin.readline().strip()
-            if args.callback_url == "-"
-            else args.callback_url
-        )
+        url = args.callback_url
+        if url == "-":
+            try:
+                url = read_stdin(line=True).strip()
+            except StdinError as exc:
+                raise UsageError(f"--callback-url -: {exc}") from None
         done = client.auth_complete(args.name, url)
         _show(args, done, render_login_done(done, time.time()))
         return EXIT_OK
@@ -218,12 +221,12 @@ def show_call(result: m.ToolsCallResult, *, as_json: bool) -> int:
     ``memorizzctl: error: `` when the tool reported an error (exit 1);
     ``--json``: the result struct."""
     if as_json:
-        sys.stdout.write(to_json(result))
+        emit(to_json(result))
     elif result.is_error:
         text = render_call(result) or "the tool reported an error\n"
         sys.stderr.write(ERROR_PREFIX + text)
     else:
-        sys.stdout.write(render_call(result))
+        emit(render_call(result))
     return EXIT_ERROR if result.is_error else EXIT_OK
 
 
@@ -383,6 +386,7 @@ def cmd_daemon_status(client: Client, args: argparse.Namespace) -> int:
 
 METRICS_SOCKET = "metrics.sock"
 _METRICS_MAX = 64 << 20
+_HTTP = b"HTTP/"
 
 
 def cmd_daemon_reload(client: Client, args: argparse.Namespace) -> int:
@@ -401,10 +405,18 @@ def cmd_daemon_metrics(client: Client, args: argparse.Namespace) -> int:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.settimeout(30.0)
             sock.connect(path)
-            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: memorizzd\r\n\r\n")
+            sock.sendall(
+                b"GET /metrics HTTP/1.1\r\nHost: memorizzd\r\nConnection: close\r\n\r\n"
+            )
             reply = bytearray()
             while chunk := sock.recv(65536):
                 reply += chunk
+                if not _HTTP.startswith(reply[: len(_HTTP)]):
+                    # Another socket (the API's answers JSON-RPC and waits
+                    # for the next line): say so now, not after the timeout.
+                    raise ProtocolError(
+                        f"{path} did not answer HTTP: it is not the metrics socket"
+                    )
                 if len(reply) > _METRICS_MAX:
                     raise ProtocolError(f"{path}: the metrics are too large")
     except PermissionError as exc:
@@ -418,7 +430,7 @@ def cmd_daemon_metrics(client: Client, args: argparse.Namespace) -> int:
     status = head.split(b"\r\n", 1)[0]
     if not status.startswith(b"HTTP/1.1 200"):
         raise ProtocolError(f"{path}: {status.decode('latin-1') or 'no answer'}")
-    sys.stdout.write(body.decode())
+    emit(body.decode())
     return EXIT_OK
 
 
@@ -435,7 +447,9 @@ def cmd_vault_rotate(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_audit(client: Client, args: argparse.Namespace) -> int:
-    since = None if args.since is None else time.time() - args.since
+    # --since longer ago than the epoch: everything (the daemon takes no
+    # time before 1970)
+    since = None if args.since is None else max(0.0, time.time() - args.since)
     result = client.audit(
         server=args.server,
         tool=args.tool,

@@ -1,7 +1,8 @@
 """memorizzctl's exit statuses, and which error earns which.
 
     0    success
-    1    the daemon returned an error, a tool result has isError, or a test failed
+    1    the daemon returned an error, a tool result has isError, or a test
+         failed; or standard output could not be written (``OutputError``)
     2    usage error (``UsageError``, or argparse's own)
     69   memorizzd is unreachable (os.EX_UNAVAILABLE)
     75   temporary failure, worth retrying: unavailable or deadline exceeded
@@ -16,7 +17,8 @@ Every error is reported one way (``report``): ``memorizzctl: error: MSG`` on
 stderr (a usage error after the usage line), or, with ``--json``, one line on
 stdout, ``{"error": {"message": MSG, "reason": REASON, "data": {...}}}``; the
 exit status is the same either way. ``reason`` is the daemon's stable reason
-for a daemon's error, else one of ``CLIENT_REASONS``.
+for a daemon's error, else one of ``CLIENT_REASONS``. Results go to stdout
+through ``emit``, which writes all of them or raises.
 
 Standard library and the wire contract's errors only; the one-shot call
 imports this module, so the errors (and msgspec with them) are imported only
@@ -77,6 +79,7 @@ exit status:
   75   temporary failure, worth retrying: unavailable or deadline exceeded (EX_TEMPFAIL)
   77   permission denied (EX_NOPERM)
   130  interrupted
+  141  the reader of the output went away (memorizzctl mcp list | head)
 """
 
 
@@ -111,6 +114,47 @@ class UsageError(Exception):
     """A command line the daemon need not see: reported with usage, exit 2."""
 
 
+class OutputError(Exception):
+    """Standard output could not be written (closed, a full disk, an I/O
+    error): said on stderr, exit 1. Not an ``OSError``, so that it is never
+    taken for the daemon's socket failing; the reader going away is still a
+    ``BrokenPipeError`` (exit 141)."""
+
+
+def emit(text: str) -> None:
+    """Write ``text`` to standard output, all of it, now.
+
+    Straight to the file descriptor, in a loop: a large write into a pipe
+    whose reader leaves halfway returns short, and the text layer would drop
+    the rest without a word (exit 0 for a truncated output); here the next
+    write raises ``BrokenPipeError``. Characters the output's encoding lacks
+    are written as backslash escapes, as stderr writes them. A stream without
+    a descriptor (a test's) is written as it is."""
+    stream = sys.stdout
+    if stream is None:  # started with fd 1 closed (``>&-``)
+        raise OutputError("cannot write the output: standard output is closed")
+    try:
+        try:
+            fd = stream.fileno()
+        except (OSError, ValueError):  # io.UnsupportedOperation is both
+            stream.write(text)
+            stream.flush()
+            return
+        stream.flush()  # anything written the ordinary way goes first
+        data = memoryview(text.encode(stream.encoding or "utf-8", "backslashreplace"))
+        while data:
+            try:
+                data = data[os.write(fd, data) :]
+            except BlockingIOError:  # a non-blocking descriptor, shared with a parent
+                import select
+
+                select.select([], [fd], [])
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise OutputError(f"cannot write the output: {exc.strerror or exc}") from None
+
+
 def report(
     message: str,
     *,
@@ -125,8 +169,7 @@ def report(
         import msgspec  # only for an error, only with --json
 
         body = {"error": {"message": message, "reason": reason, "data": data or {}}}
-        sys.stdout.write(msgspec.json.encode(body).decode() + "\n")
-        sys.stdout.flush()
+        emit(msgspec.json.encode(body).decode() + "\n")
         return
     text = message.rstrip("\n").replace("\n", "\n  ")
     sys.stderr.write(f"{ERROR_PREFIX}{text}\n")

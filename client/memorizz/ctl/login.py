@@ -92,17 +92,24 @@ class CallbackListener:
 
 
 def read_pasted(found: queue.Queue[str]) -> None:
-    """Lines from stdin until one looks like a callback (a background thread)."""
-    for line in sys.stdin:
-        text = line.strip()
-        if "code=" in text or "error=" in text:
-            found.put(text)
-            return
-        if text:
-            sys.stderr.write(
-                "that is not the callback URL (it has no code=...); paste the full"
-                " address from the browser\n"
-            )
+    """Lines from stdin until one looks like a callback (a background thread).
+    A closed or unreadable stdin ends it quietly: the listener, if any, can
+    still finish the login, else the wait times out."""
+    if sys.stdin is None:  # started with fd 0 closed
+        return
+    try:
+        for line in sys.stdin:
+            text = line.strip()
+            if "code=" in text or "error=" in text:
+                found.put(text)
+                return
+            if text:
+                sys.stderr.write(
+                    "that is not the callback URL (it has no code=...); paste the full"
+                    " address from the browser\n"
+                )
+    except (OSError, ValueError):  # not UTF-8 (UnicodeDecodeError), or closed
+        sys.stderr.write("cannot read the pasted address: standard input is not text\n")
 
 
 def open_listener(

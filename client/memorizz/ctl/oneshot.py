@@ -39,7 +39,7 @@ import os
 import sys
 
 from memorizz.api.paths import default_socket_path
-from memorizz.ctl.exits import ERROR_PREFIX, EXIT_ERROR, EXIT_OK
+from memorizz.ctl.exits import ERROR_PREFIX, EXIT_ERROR, EXIT_OK, emit
 
 TYPE_CHECKING = False  # typing itself costs more than this whole module
 if TYPE_CHECKING:
@@ -123,6 +123,8 @@ def _parse(argv: list[str]) -> Call:
         # Each value is converted where argparse converts it: an invalid one
         # is a usage error even when a later one would be valid.
         if name == "--socket":
+            if not value:
+                raise Decline  # an empty path: argparse says so
             socket_path = value
         elif name == "--arguments":
             if value == "-" or value.startswith("@"):
@@ -149,13 +151,18 @@ def _parse(argv: list[str]) -> Call:
     return Call(socket_path or default_socket_path(), line, as_json)
 
 
+MAX_DEADLINE_S = 3600.0
+"""``memorizz.ctl.args.MAX_DEADLINE_S``: the daemon's longest deadline."""
+
+
 def _timeout(text: str) -> float:
-    """``memorizz.ctl.args.positive_float``'s rule: a positive, finite float."""
+    """``memorizz.ctl.args.deadline``'s rule: a positive float, at most
+    ``MAX_DEADLINE_S``."""
     try:
         value = float(text)
     except ValueError:
         raise Decline from None
-    if not value > 0 or value == float("inf"):
+    if not 0 < value <= MAX_DEADLINE_S:
         raise Decline
     return value
 
@@ -347,7 +354,7 @@ def show(call: Call, raw: bytes) -> int | None:
     if reply["result"].get("isError") is True:
         sys.stderr.write(ERROR_PREFIX + text)
         return EXIT_ERROR
-    sys.stdout.write(text)
+    emit(text)
     return EXIT_OK
 
 

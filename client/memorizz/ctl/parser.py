@@ -25,10 +25,15 @@ from memorizz.api import methods as m
 from memorizz.api.paths import default_socket_path
 from memorizz.ctl.add import add_options
 from memorizz.ctl.args import (
+    deadline,
     json_object_source,
     key_value,
+    page_limit,
     positive_float,
     positive_int,
+    row_id,
+    socket_path,
+    wait_seconds,
 )
 from memorizz.ctl.commands import (
     Command,
@@ -65,7 +70,7 @@ from memorizz.ctl.commands import (
     cmd_ping,
     cmd_vault_rotate,
 )
-from memorizz.ctl.exits import EPILOG, EXIT_USAGE, PROG, USAGE, report
+from memorizz.ctl.exits import EPILOG, EXIT_USAGE, PROG, USAGE, emit, report
 
 
 class Parser(argparse.ArgumentParser):
@@ -74,8 +79,25 @@ class Parser(argparse.ArgumentParser):
     Subcommands' parsers are of the same class (argparse makes them so)."""
 
     as_json = False
+    _unknown: list[str] | None = None
+    """Options this parser did not know, in the order seen (``error``)."""
+
+    def _parse_optional(self, arg_string: str) -> Any:
+        # Note the options argparse will call unrecognized: a missing command
+        # is reported before them ("the following arguments are required:
+        # COMMAND" for `memorizzctl --verison`), and would hide the typo.
+        found: Any = super()._parse_optional(arg_string)
+        # (action, option, value), or from Python 3.12.7 a list of
+        # (action, option, separator, value)
+        for option in found if isinstance(found, list) else [found]:
+            if option is not None and option[0] is None:
+                self._unknown = [*(self._unknown or []), arg_string]
+                break
+        return found
 
     def error(self, message: str) -> NoReturn:
+        if self._unknown and message.startswith("the following arguments are required"):
+            message = f"unrecognized arguments: {' '.join(self._unknown)}"
         if not self.as_json:
             self.print_usage(sys.stderr)
         report(message, reason=USAGE, as_json=self.as_json)
@@ -96,6 +118,7 @@ def _global_options() -> argparse.ArgumentParser:
     common.add_argument(
         "--socket",
         metavar="PATH",
+        type=socket_path,
         default=argparse.SUPPRESS,
         help=(
             "memorizzd's socket (default: $MEMORIZZ_SOCKET, else "
@@ -246,7 +269,7 @@ SHELLS = ("bash", "zsh")
 
 def cmd_completion(client: object, args: argparse.Namespace) -> int:
     """The completion script for ``args.shell`` on stdout (no daemon needed)."""
-    sys.stdout.write(completion_script(args.shell))
+    emit(completion_script(args.shell))
     return 0
 
 
@@ -334,6 +357,7 @@ def _metrics(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--metrics-socket",
         metavar="PATH",
+        type=socket_path,
         help="the metrics socket (default: metrics.sock beside the daemon's socket)",
     )
 
@@ -476,7 +500,12 @@ def _proposal_id(p: argparse.ArgumentParser) -> None:
 
 
 def _timeout(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--timeout", metavar="SECONDS", type=positive_float)
+    p.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=deadline,
+        help="the request's deadline (at most 3600)",
+    )
 
 
 def _login(p: argparse.ArgumentParser) -> None:
@@ -568,8 +597,8 @@ def _task_result(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout",
         metavar="SECONDS",
-        type=positive_float,
-        help="wait at most this long (the task runs on; exit 75)",
+        type=deadline,
+        help="wait at most this long (the task runs on; exit 75; at most 3600)",
     )
 
 
@@ -603,7 +632,11 @@ def _approvals(p: argparse.ArgumentParser) -> None:
         help="also print the argument values (operators only)",
     )
     p.add_argument(
-        "--limit", metavar="N", type=positive_int, default=100, help="default 100"
+        "--limit",
+        metavar="N",
+        type=page_limit,
+        default=100,
+        help="at most N (default 100, at most 1000)",
     )
 
 
@@ -632,7 +665,7 @@ def _wait(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout",
         metavar="SECONDS",
-        type=positive_float,
+        type=wait_seconds,
         default=30.0,
         help="at most this long (default 30, at most 300)",
     )
@@ -648,6 +681,7 @@ def _serve(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--mcp-socket",
         metavar="PATH",
+        type=socket_path,
         help="the MCP socket itself (default: mcp.sock beside the API socket)",
     )
     p.add_argument(
@@ -685,14 +719,14 @@ def _audit(p: argparse.ArgumentParser) -> None:
         "--since", metavar="SECONDS", type=positive_float, help="only the last SECONDS"
     )
     p.add_argument(
-        "--before", metavar="ID", type=positive_int, help="page: records older than ID"
+        "--before", metavar="ID", type=row_id, help="page: records older than ID"
     )
     p.add_argument(
         "--limit",
         metavar="N",
-        type=positive_int,
+        type=page_limit,
         default=50,
-        help="at most N (default 50)",
+        help="at most N (default 50, at most 1000)",
     )
 
 

@@ -27,12 +27,15 @@ import sys
 
 from memorizz.ctl import oneshot
 from memorizz.ctl.exits import (
+    ERROR_PREFIX,
     EXIT_BROKEN_PIPE,
+    EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_UNAVAILABLE,
     EXIT_USAGE,
     PROG,
     USAGE,
+    OutputError,
     report,
 )
 
@@ -139,14 +142,43 @@ def _general(argv: list[str]) -> int:
         with Client(socket_path) as client:
             status: int = func(client, args)
             return status
-    except UsageError as exc:
+    except (UsageError, UnicodeEncodeError) as exc:
+        message = str(exc)
+        if isinstance(exc, UnicodeEncodeError):
+            # Bytes of the command line that are not UTF-8 (they reach Python
+            # as lone surrogates) cannot go into a UTF-8 JSON request.
+            word = next((w for w in argv if not _utf8(w)), None)
+            if word is None:
+                raise
+            message = f"{word!r} is not UTF-8 text: the daemon takes UTF-8 only"
         sub: argparse.ArgumentParser = args.parser
         if not args.json:
             sub.print_usage(sys.stderr)
-        report(str(exc), reason=USAGE, as_json=args.json)
+        report(message, reason=USAGE, as_json=args.json)
         return EXIT_USAGE
     except (MemorizzError, OSError) as exc:
         return _failed(exc, socket_path, as_json=args.json)
+
+
+def _utf8(word: str) -> bool:
+    try:
+        word.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _empty_socket(argv: list[str]) -> bool:
+    """Whether ``--socket`` or ``--mcp-socket`` is given an empty path: a
+    usage error that only the general path reports (``serve.parse`` would
+    take the default socket)."""
+    for i, word in enumerate(argv):
+        name, eq, value = word.partition("=")
+        if name in ("--socket", "--mcp-socket") and (
+            (eq and not value) or (not eq and argv[i + 1 : i + 2] == [""])
+        ):
+            return True
+    return False
 
 
 def _run(argv: list[str]) -> int:
@@ -155,7 +187,8 @@ def _run(argv: list[str]) -> int:
         status = _one_shot(call)
         if status is not None:
             return status
-    elif "serve" in argv:  # `mcp serve`: the bridge, from built-in modules only
+    elif "serve" in argv and not _empty_socket(argv):
+        # `mcp serve`: the bridge, from built-in modules only
         from memorizz.ctl import serve
 
         target = serve.parse(argv)
@@ -170,6 +203,16 @@ def main(argv: list[str] | None = None) -> int:
         return _run(sys.argv[1:] if argv is None else argv)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except OutputError as exc:
+        # A full disk, a closed stdout: said on stderr, even with --json
+        # (stdout is what failed).
+        if sys.stderr is not None:
+            try:
+                sys.stderr.write(f"{ERROR_PREFIX}{exc}\n")
+                sys.stderr.flush()
+            except (OSError, ValueError):
+                pass
+        return EXIT_ERROR
     except BrokenPipeError:
         # The reader went away (``memorizzctl mcp list | head``): stop quietly,
         # and keep the interpreter from complaining while flushing at exit.

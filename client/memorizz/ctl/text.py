@@ -155,7 +155,11 @@ class Prompter:
         self._out.write(prompt)
         self._out.flush()
         line = self._in.readline()
-        return None if not line else line.rstrip("\n")
+        if not line:  # Ctrl-D: the terminal echoed no newline; end the prompt's line
+            self._out.write("\n")
+            self._out.flush()
+            return None
+        return line.rstrip("\n")
 
     def answer(self, params: dict[str, object]) -> dict[str, object]:
         """MCP's ``ElicitResult`` for ``params`` (``elicitation/create``)."""
