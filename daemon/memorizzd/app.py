@@ -102,6 +102,7 @@ async def running_daemon(
         await anyio.to_thread.run_sync(store.close)
         raise
     log.info("vault key from %s", keys.name)
+    auditor: Auditor | None = None
     try:
         async with running_pool(config, store, vault) as pool:
             for admitted in config_servers:
@@ -259,6 +260,10 @@ async def running_daemon(
                 await close_all(listening)
     finally:
         await close_all(listening)  # idempotent; serve() closes them on the normal path
+        if auditor is not None:
+            # the records of calls answered during the drain, which ended
+            # after the auditor's own task: the database is whole at a stop
+            auditor.flush()
         await anyio.to_thread.run_sync(store.close)
 
 

@@ -23,6 +23,7 @@ import os
 import secrets
 import time
 from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Final
 
@@ -126,24 +127,45 @@ class RefusalBudget:
 def load_key(state_dir: str) -> bytes:
     """The audit key: 32 random bytes in ``<state_dir>/audit.key`` (0600), made once."""
     path = Path(state_dir) / KEY_FILE
+    if not path.exists():
+        _create_key(path)
+    key = path.read_bytes()
+    if len(key) != KEY_BYTES:
+        raise ValueError(f"{path} is damaged ({len(key)} bytes, expected {KEY_BYTES})")
+    return key
+
+
+def _create_key(path: Path) -> None:
+    """A new key file, whole or not at all: written to a temporary file beside
+    it, fsynced, then linked into place (never over a key another start made).
+    Created in place, a daemon killed between the create and the write left
+    an empty key file, and every later start stopped at it."""
+    tmp = path.with_name(path.name + ".tmp")
+    with suppress(FileNotFoundError):
+        tmp.unlink()  # a leftover: never written through (it may be a second name)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        view = memoryview(secrets.token_bytes(KEY_BYTES))
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, path)
     except FileExistsError:
-        key = path.read_bytes()
-        if len(key) != KEY_BYTES:
-            raise ValueError(
-                f"{path} is damaged ({len(key)} bytes, expected {KEY_BYTES})"
-            ) from None
-        return key
-    key = secrets.token_bytes(KEY_BYTES)
-    with os.fdopen(fd, "wb") as f:
-        f.write(key)
-        f.flush()
-        os.fsync(f.fileno())
+        return  # another start made it first
+    finally:
+        with suppress(OSError):
+            tmp.unlink()
+    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
     log.warning(
         "created a new audit key at %s; back it up with the state database", path
     )
-    return key
 
 
 class Auditor:

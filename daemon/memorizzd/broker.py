@@ -577,6 +577,10 @@ class Broker:
                     except RemoteError as exc:
                         log.info("%s: not revoked at removal: %s", p.name, exc.message)
             await anyio.to_thread.run_sync(self._store.remove_server, p.name)
+            # Its secrets go with its record, before it is stopped (a daemon
+            # killed while a server is slow to stop kept them for ever), and
+            # again after (a refresh may have stored a grant meanwhile).
+            await anyio.to_thread.run_sync(self._replace_secrets, p.name, {})
             await self._pool.stop(p.name)
             await anyio.to_thread.run_sync(self._replace_secrets, p.name, {})
         log.info("server %s removed by uid %d", p.name, caller.uid)

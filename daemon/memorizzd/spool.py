@@ -14,13 +14,16 @@ The auditor moves spooled records into the state database in batches (one
 transaction for many) and then empties the spool. Records carry their final
 id, so one that reached the database before a crash emptied the spool is
 recognised when the spool is replayed at the next start (``INSERT OR IGNORE``
-on the id) and never written twice. A line cut short by a crash is skipped.
+on the id) and never written twice. A line cut short by a crash is skipped;
+one cut short by a full disk is taken back at once, so that the next record
+starts a line of its own.
 
 Standard library and msgspec only; the store knows nothing of the spool.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -57,6 +60,11 @@ class Spool:
         line = _encode(record) + b"\n"
         written = os.write(self._fd, line)
         if written != len(line):  # a regular file: only on a full disk
+            # Take the piece back: left there, the next record (written once
+            # there is room again, and acknowledged) would be glued to it, one
+            # line that is not a record, and a replay would skip both.
+            with contextlib.suppress(OSError):  # shrinking needs no room
+                os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
             raise OSError(f"short write to {self.path} ({written} of {len(line)})")
 
     def read(self) -> list[AuditRow]:

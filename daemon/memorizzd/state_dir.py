@@ -41,6 +41,8 @@ PRIVATE_FILES: Final = (
     "vault.key",  # memorizzd.vault.keys.KEY_FILE
     "vault.key.tmp",  # a key rotation cut short
     "audit.key",  # memorizzd.audit.KEY_FILE
+    "audit.key.tmp",  # a first start cut short
+    "audit.spool",  # memorizzd.spool.FILE_NAME
 )
 """What the daemon keeps in the state directory (a test checks the key names)."""
 
@@ -110,7 +112,13 @@ def _tighten(fd: int, path: str, what: str, mode: int) -> None:
     current = stat.S_IMODE(info.st_mode)
     if current == mode:
         return
-    os.fchmod(fd, mode)
+    try:
+        os.fchmod(fd, mode)
+    except OSError as exc:  # a read-only file system
+        raise StateDirError(
+            f"{what} {path} is {current:04o} and cannot be tightened to {mode:04o}:"
+            f" {exc.strerror}; refusing to start"
+        ) from None
     if current & 0o077:
         log.warning(
             "%s %s was %04o, open to other users: tightened it to %04o",

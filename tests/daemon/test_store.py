@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from memorizzd import audit, state_dir
+from memorizzd import audit, spool, state_dir
 from memorizzd.caller import Caller
 from memorizzd.store import (
     _MIGRATIONS,
@@ -138,6 +138,8 @@ def test_the_state_files_the_daemon_keeps_are_all_known() -> None:
     assert keys.KEY_FILE in state_dir.PRIVATE_FILES
     assert audit.KEY_FILE in state_dir.PRIVATE_FILES
     assert f"{keys.KEY_FILE}.tmp" in state_dir.PRIVATE_FILES
+    assert f"{audit.KEY_FILE}.tmp" in state_dir.PRIVATE_FILES
+    assert spool.FILE_NAME in state_dir.PRIVATE_FILES
 
 
 @pytest.mark.usefixtures("umask_022")

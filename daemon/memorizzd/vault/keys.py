@@ -15,6 +15,7 @@ Messages name the source, never a key.
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import os
 from collections.abc import Mapping
@@ -120,20 +121,25 @@ def _read(path: str, name: str) -> tuple[bytes, ...]:
 
 
 def _create_key_file(state_dir: str, path: str) -> None:
+    """A new key file, whole or not at all: the key is written to a temporary
+    file beside it, fsynced, then linked into place. Created in place, a
+    daemon killed between the create and the write left an empty key file,
+    and every later start stopped at it ("no key in it", exit 78)."""
+    tmp = f"{path}.tmp"
     try:
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return  # another start made it first
+        _write_new(tmp, new_fernet_key() + b"\n")
+        try:
+            os.link(tmp, path)  # never replaces: another start made it first
+        except FileExistsError:
+            return
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
     except OSError as exc:
         raise VaultKeyError(
             f"key file {path}: cannot create it: {exc.strerror}"
         ) from None
-    try:
-        os.write(fd, new_fernet_key() + b"\n")
-        os.fsync(fd)
-    finally:
-        os.close(fd)
     _fsync_dir(state_dir)
     log.warning(
         "generated a new vault key in %s: BACK IT UP. Without it the stored"
@@ -145,16 +151,28 @@ def _create_key_file(state_dir: str, path: str) -> None:
 def write_key_file(path: str, keys: tuple[bytes, ...]) -> None:
     """Replace the key file atomically (0600, fsynced), primary first."""
     tmp = f"{path}.tmp"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-    with open(os.open(tmp, flags, 0o600), "wb") as f:
-        # A leftover tmp file keeps its mode through O_CREAT: 0600 before the
-        # keys go in, whatever it was.
-        os.fchmod(f.fileno(), 0o600)
-        f.write(b",".join(keys) + b"\n")
-        f.flush()
-        os.fsync(f.fileno())
+    _write_new(tmp, b",".join(keys) + b"\n")
     os.replace(tmp, path)
     _fsync_dir(os.path.dirname(path))
+
+
+def _write_new(path: str, data: bytes) -> None:
+    """``data`` in a new file at ``path``, 0600 and fsynced. Whatever is there
+    is unlinked first, never written through: a leftover temporary file (its
+    mode would survive ``O_CREAT``), or another name of the key file itself (a
+    start killed between linking the new key file and unlinking its
+    temporary), whose truncation would empty the key file."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, 0o600)
+    try:
+        view = memoryview(data)
+        while view:  # a short write (a full disk): the next one says why
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def new_primary(source: KeySource) -> KeySource:
