@@ -31,7 +31,7 @@ from memorizzd.policy import ToolsView, ToolVerdict
 from memorizzd.store import Store
 from memorizzd.upstream.connection import Connection, ProgressHandler, ToolResult
 from memorizzd.upstream.diagnostics import diagnose
-from memorizzd.upstream.errors import ConnectionLost, SessionExpired
+from memorizzd.upstream.errors import ConnectionLost, Unsent
 from memorizzd.upstream.jsonrpc import JsonRpcSession
 from memorizzd.upstream.replicas import ReplicaSet
 from memorizzd.upstream.retry import LOST_SENDS, RetryBudget, busy_wait, lost_wait
@@ -86,12 +86,12 @@ class Upstream(Supervisor):
         if self._client is not None:
             return self._client
         now = anyio.current_time()
-        waiting = self.state == "connecting" or (
-            patient
-            and (
-                self.state == "ready"  # the session was just lost: reconnecting
-                or (self.state == "backoff" and self._next_attempt < deadline)
-            )
+        waiting = (
+            self.state == "connecting"
+            # The session was just lost and is being stopped; a new one is
+            # started at once after (a lost ready session backs off least).
+            or (self.state == "ready" and not self._stopping)
+            or (patient and self.state == "backoff" and self._next_attempt < deadline)
         )
         if waiting:
             with anyio.move_on_after(min(self._config.connect_wait_s, deadline - now)):
@@ -174,7 +174,7 @@ class Upstream(Supervisor):
                     attempt += 1
                     # Sent again on the new session: a safe request, or any
                     # request the server did not run, once (retry.py).
-                    unrun = isinstance(exc, SessionExpired) and not resent
+                    unrun = isinstance(exc, Unsent) and not resent
                     resent = resent or unrun
                     lost = self.lost(client, str(exc), safe=safe)
                     if not (safe or unrun) or attempt == LOST_SENDS:

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import msgspec
 
 from memorizz.api import methods as m
+from memorizz.api.errors import UpstreamError
 
 CAPABILITIES = ("tools", "resources", "prompts")
 
@@ -43,6 +44,39 @@ class CallShape(msgspec.Struct, rename="camel"):
 
     content: list[msgspec.Raw]
     is_error: bool = False
+
+
+class Cursors:
+    """A listing's pages, followed by cursor the same way by every client:
+    to the end (no ``nextCursor``, or an empty one), at most ``limit``
+    pages, and never round a loop (a cursor the server gave before would
+    bring the same pages again, up to the limit)."""
+
+    def __init__(self, server: str, limit: int) -> None:
+        self._server = server
+        self._limit = limit
+        self._seen: set[str] = set()
+
+    def follow(self, cursor: str | None) -> str | None:
+        """The cursor a page ended with, to ask for the next page with (None:
+        the listing is whole); ``UpstreamError`` when it must not be followed."""
+        if not cursor:
+            return None
+        server = self._server
+        if cursor in self._seen:
+            raise UpstreamError(
+                f"{server}: the listing's pages loop (cursor {cursor[:40]!r} "
+                "came twice); refusing to follow",
+                data={"server": server},
+            )
+        self._seen.add(cursor)
+        if len(self._seen) >= self._limit:
+            raise UpstreamError(
+                f"{server}: the listing has more than {self._limit} pages; "
+                "refusing to follow",
+                data={"server": server},
+            )
+        return cursor
 
 
 class Connection(Protocol):

@@ -30,7 +30,12 @@ class ConnectionLost(Exception):
     """The transport to the upstream broke; the session must be rebuilt."""
 
 
-class SessionExpired(ConnectionLost):
+class Unsent(ConnectionLost):
+    """The session must be rebuilt, and the request was not run: it may be
+    sent again on the next session (``actor.Upstream.request``, once)."""
+
+
+class SessionExpired(Unsent):
     """The server no longer knows the session (HTTP 404 for its id): the
     session must be rebuilt, and the request was not run (``expired.py``)."""
 

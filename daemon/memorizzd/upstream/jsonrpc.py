@@ -33,9 +33,10 @@ anything else a ``-32601``.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeVar
@@ -60,10 +61,16 @@ from memorizzd.upstream.asks import (
     input_required,
     unanswered,
 )
-from memorizzd.upstream.connection import CallShape, ProgressHandler, ToolResult
+from memorizzd.upstream.connection import (
+    CallShape,
+    Cursors,
+    ProgressHandler,
+    ToolResult,
+)
 from memorizzd.upstream.errors import (
     METHOD_NOT_FOUND,
     ConnectionLost,
+    Unsent,
     not_honored,
     rpc_error,
 )
@@ -78,10 +85,12 @@ LISTEN_AGAIN_S: Final = 1.0
 HANDSHAKE_VERSION: Final = "2025-11-25"
 HANDSHAKE_VERSIONS: Final = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 DISCOVER_TIMEOUT_S: Final = 10.0
-CANCEL_WRITE_S: Final = 1.0
-"""How long a ``notifications/cancelled`` may take to write before it is skipped."""
 PROGRESS_SEND_S: Final = 1.0
 """How long one progress notification may take to pass on before it is dropped."""
+REPLIES_UNREAD_MAX: Final = 4 << 20
+"""Bytes the server has not read from its stdin past which its requests go unanswered."""
+PROGRESS_KEPT_BYTES: Final = 256 * 1024
+"""One call's progress notifications waiting for a slow caller, at most (the oldest go)."""
 
 _LOG_LEVEL: Final = mcp_meta.LOG_LEVEL.encode()
 """2026-07-28: a request's ``_meta`` member that asks for the server's logs."""
@@ -223,6 +232,68 @@ class _Waiter:
         self.done.set()
 
 
+class _ProgressLane:
+    """One call's progress on its way to its caller, apart from the
+    session's reader: reports are passed on in order, one at a time (each
+    for at most ``PROGRESS_SEND_S``, then skipped); those that come
+    meanwhile wait, up to ``PROGRESS_KEPT_BYTES``, past which the oldest
+    waiting are dropped. So a caller that reads its progress slower than
+    the server sends it gets the latest reports, and holds up neither the
+    other callers' answers nor the daemon's memory."""
+
+    __slots__ = ("_handler", "_idle", "_kept", "_sending", "_spawn", "_waiting")
+
+    def __init__(
+        self,
+        handler: ProgressHandler,
+        spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], bool],
+    ) -> None:
+        self._handler = handler
+        self._spawn = spawn
+        self._waiting: collections.deque[msgspec.Raw] = collections.deque()
+        self._kept = 0
+        self._sending = False
+        self._idle: Signal | None = None
+
+    def tell(self, params: msgspec.Raw) -> None:
+        waiting = self._waiting
+        waiting.append(params)
+        self._kept += len(params)
+        while self._kept > PROGRESS_KEPT_BYTES and len(waiting) > 1:
+            self._kept -= len(waiting.popleft())
+        if not self._sending:
+            self._sending = self._spawn(self._send)
+
+    async def _send(self) -> None:
+        waiting = self._waiting
+        try:
+            while waiting:
+                params = waiting.popleft()
+                self._kept -= len(params)
+                with anyio.move_on_after(PROGRESS_SEND_S):
+                    await self._handler(params)
+        except Exception:  # a bug: logged; the session goes on
+            log.exception("passing a progress report on failed")
+        finally:
+            self._sending = False
+            if self._idle is not None:
+                self._idle.set()
+
+    async def settle(self) -> None:
+        """The call ends: the reports told are passed on before its result,
+        within ``PROGRESS_SEND_S``; those still waiting then are dropped."""
+        if self._sending:
+            self._idle = Signal()
+            with anyio.move_on_after(PROGRESS_SEND_S):
+                await self._idle.wait()
+        self.drop()
+
+    def drop(self) -> None:
+        """Pass nothing more on (the one being passed on ends by itself)."""
+        self._waiting.clear()
+        self._kept = 0
+
+
 class AsksFirst(Exception):
     """A 2026-07-28 server answered a call by asking its caller first."""
 
@@ -269,7 +340,7 @@ class JsonRpcSession:
         self.server_name: str | None = None
         self.server_version: str | None = None
         self._capabilities: dict[str, Any] = {}
-        self._progress: dict[str, ProgressHandler] = {}
+        self._progress: dict[str, _ProgressLane] = {}
         """Calls that asked for progress, by the token we sent."""
         self._progress_ids = itertools.count(1)
         self._listens = itertools.count(1)
@@ -287,6 +358,8 @@ class JsonRpcSession:
         """Where the server's requests of a caller wait (``open_session``)."""
         self.ended = anyio.Event()
         """Set when the server closed its stdout (the session is over)."""
+        self._unread = False
+        """Its requests go unanswered: it does not read its stdin (``_reply``)."""
         pipes.take_answers(self._answers_now)
 
     # --- the Connection ----------------------------------------------------
@@ -342,6 +415,13 @@ class JsonRpcSession:
         notification is put in the pipe). False: it was answered already."""
         if self._waiting.pop(rid, None) is None:
             return False
+        self._tell_cancelled(rid)
+        return True
+
+    def _tell_cancelled(self, rid: int | str) -> None:
+        """Tell the server we stopped waiting for ``rid``: put in the pipe,
+        never waited for (a server that does not read its stdin must not
+        hold the caller past its deadline)."""
         note = {
             "jsonrpc": "2.0",
             "method": "notifications/cancelled",
@@ -349,7 +429,6 @@ class JsonRpcSession:
         }
         with suppress(ConnectionLost):
             self._pipes.write_now(_encode(note) + b"\n")
-        return True
 
     def result_of(self, message: _Message | None) -> ToolResult:
         """A ``tools/call`` answer as ``call_tool`` returns it, or its error raised
@@ -360,10 +439,8 @@ class JsonRpcSession:
             error = message.error
             raise rpc_error(error.code, error.message, error.data, server=self._server)
         raw = message.result
-        if raw is None:
-            raise UpstreamError(
-                f"{self._server}: an answer with neither result nor error"
-            )
+        if not raw:  # absent: msgspec.Raw(b"")
+            raise _neither(self._server)
         try:
             shape = _decode_shape(raw)
         except msgspec.ValidationError as exc:
@@ -409,7 +486,7 @@ class JsonRpcSession:
             )
         else:  # a token of ours in _meta: its notifications come to progress
             token = call.token = f"mz-{next(self._progress_ids)}"
-            self._progress[token] = progress
+            lane = self._progress[token] = _ProgressLane(progress, self._spawn)
             stamp = b'"progressToken":' + _encode(token)
             base = self._call_meta(call)
             meta = (
@@ -419,8 +496,16 @@ class JsonRpcSession:
             )
             try:
                 raw = await self._request("tools/call", params + meta + b"}")
-            finally:
+            except Exception:
                 del self._progress[token]
+                await lane.settle()  # the reports passed on come before the error
+                raise
+            except BaseException:
+                del self._progress[token]
+                lane.drop()  # cancelled: no report after its end
+                raise
+            del self._progress[token]
+            await lane.settle()  # ... and before the result
         try:
             shape = _decode_shape(raw)
         except msgspec.ValidationError as exc:
@@ -520,7 +605,7 @@ class JsonRpcSession:
 
     async def read_resource(self, uri: str) -> m.ResourcesReadResult:
         raw = await self._request("resources/read", self._params({"uri": uri}))
-        return self._decode(raw, m.ResourcesReadResult)
+        return self._decode(raw, m.ResourcesReadResult, "resources/read")
 
     async def list_prompts(self, *, page_limit: int) -> list[m.Prompt]:
         return await self._listing("prompts/list", _PromptsPage, page_limit)
@@ -530,7 +615,7 @@ class JsonRpcSession:
     ) -> m.PromptsGetResult:
         params = self._params({"name": name, "arguments": arguments})
         raw = await self._request("prompts/get", params)
-        return self._decode(raw, m.PromptsGetResult)
+        return self._decode(raw, m.PromptsGetResult, "prompts/get")
 
     def can_subscribe(self) -> bool:
         resources = self._capabilities.get("resources")
@@ -609,7 +694,7 @@ class JsonRpcSession:
 
     async def complete(self, params: dict[str, Any]) -> dict[str, Any]:
         raw = await self._request("completion/complete", self._params(params))
-        return self._decode(raw, dict[str, Any])
+        return self._decode(raw, dict[str, Any], "completion/complete")
 
     async def probe(self) -> None:
         if self.protocol_version == MODERN:
@@ -673,7 +758,7 @@ class JsonRpcSession:
             mcp_meta.CLIENT_CAPABILITIES: _ASKS,  # asked the 2026-07-28 way (asks.py)
         }
         raw = await self._request("server/discover", _encode({"_meta": meta}))
-        result = self._decode(raw, _DiscoverResult)
+        result = self._decode(raw, _DiscoverResult, "server/discover")
         if MODERN not in result.supported_versions:
             raise UpstreamError(
                 f"{self._server}: server/discover offers no version we speak "
@@ -698,7 +783,7 @@ class JsonRpcSession:
             "clientInfo": _CLIENT_INFO,
         }
         raw = await self._request("initialize", _encode(params))
-        result = self._decode(raw, _InitializeResult)
+        result = self._decode(raw, _InitializeResult, "initialize")
         if result.protocol_version not in HANDSHAKE_VERSIONS:
             raise UpstreamError(
                 f"{self._server}: the server answered initialize with protocol "
@@ -730,24 +815,24 @@ class JsonRpcSession:
     ) -> list[Any]:
         """Every item of a listing, pages followed by cursor (at most ``page_limit``)."""
         items: list[Any] = []
+        cursors = Cursors(self._server, page_limit)
         cursor: str | None = None
-        for _ in range(page_limit):
+        while True:
             params = self._params({"cursor": cursor} if cursor else {})
-            page = self._decode(await self._request(method, params), page_type)
+            page = self._decode(await self._request(method, params), page_type, method)
             items += page.items
-            cursor = page.next_cursor
+            cursor = cursors.follow(page.next_cursor)
             if cursor is None:
                 return items
-        raise UpstreamError(
-            f"the listing has more than {page_limit} pages; refusing to follow"
-        )
 
-    def _decode(self, raw: bytes, into: type[T]) -> T:
+    def _decode(self, raw: bytes, into: type[T], method: str) -> T:
         try:
             return msgspec.json.decode(raw, type=into)
-        except msgspec.ValidationError:
+        except msgspec.ValidationError as exc:
             raise UpstreamError(
-                f"{self._server}: the server sent a malformed result"
+                f"{self._server}: the server sent a malformed result to {method} "
+                f"({str(exc)[:200]})",
+                data={"server": self._server},
             ) from None
 
     async def _request(
@@ -755,8 +840,8 @@ class JsonRpcSession:
     ) -> msgspec.Raw:
         """Send one request and wait for its answer: the result's raw JSON, or
         the error raised as ours. The caller's cancel scope bounds the wait."""
-        if self._closed is not None:
-            raise ConnectionLost(self._why())
+        if self._closed is not None:  # not sent: it may go on the next session
+            raise Unsent(self._why())
         rid = next(self._ids) if request_id is None else request_id
         waiter = self._waiting[rid] = _Waiter()
         head = b'{"jsonrpc":"2.0","id":' + _encode(rid) + b',"method":"'
@@ -768,7 +853,7 @@ class JsonRpcSession:
                 self._waiting.pop(rid, None) is not None
                 and method not in _NOT_CANCELLED
             ):
-                await self._cancel(rid)
+                self._tell_cancelled(rid)
             raise
         message = waiter.message
         if message is None:  # the session ended first
@@ -776,24 +861,9 @@ class JsonRpcSession:
         if message.error is not None:
             error = message.error
             raise rpc_error(error.code, error.message, error.data, server=self._server)
-        if message.result is None:
-            raise UpstreamError(
-                f"{self._server}: an answer with neither result nor error"
-            )
+        if not message.result:  # absent: msgspec.Raw(b"")
+            raise _neither(self._server)
         return message.result
-
-    async def _cancel(self, rid: int | str) -> None:
-        """Tell the server we stopped waiting for ``rid`` (best effort, bounded)."""
-        note = {
-            "jsonrpc": "2.0",
-            "method": "notifications/cancelled",
-            "params": {"requestId": rid, "reason": "the caller stopped waiting"},
-        }
-        with anyio.move_on_after(CANCEL_WRITE_S, shield=True):
-            try:
-                await self._send(_encode(note) + b"\n")
-            except ConnectionLost:
-                pass
 
     async def _send(self, data: bytes) -> None:
         await self._pipes.send(data)
@@ -817,11 +887,11 @@ class JsonRpcSession:
                     self._answered(message)
                 elif message.id is None:
                     if message.method == "notifications/progress":
-                        await self._progressed(message.params)
+                        self._progressed(message.params)
                     else:
                         self._notified(message.method, message)
                 else:
-                    await self._answer_request(message)
+                    self._answer_request(message)
         finally:
             self._close("the server closed its stdout")
 
@@ -846,23 +916,32 @@ class JsonRpcSession:
 
     def _answered(self, message: _Message) -> None:
         if message.id is None:
-            log.info("%s: an error without an id: %s", self._server, message.error)
+            error = message.error
+            said = "no error" if error is None else f"{error.code} {error.message}"
+            log.info("%s: an error without an id: %s", self._server, said[:300])
             return
         waiter = self._waiting.pop(message.id, None)
         if waiter is None:
             return  # abandoned, or not ours
         waiter.deliver(message)
 
-    async def _progressed(self, params: msgspec.Raw) -> None:
-        """A call's progress, to whoever asked for it (a slow one is skipped)."""
+    def _progressed(self, params: msgspec.Raw) -> None:
+        """A call's progress, to whoever asked for it (``_ProgressLane``: the
+        reader never waits for a caller, so a slow one holds up no other)."""
         try:
             token = _decode_progress(params).progress_token
         except (msgspec.ValidationError, msgspec.DecodeError):
             return
-        handler = self._progress.get(token) if isinstance(token, str) else None
-        if handler is not None:
-            with anyio.move_on_after(PROGRESS_SEND_S):
-                await handler(params)
+        lane = self._progress.get(token) if isinstance(token, str) else None
+        if lane is not None:
+            lane.tell(params)
+
+    def _spawn(self, run: Callable[[], Coroutine[Any, Any, None]]) -> bool:
+        """Run ``run`` in a task of the session's (False: it is not running)."""
+        if self._tasks is None:
+            return False
+        self._tasks.start_soon(run)
+        return True
 
     def _notified(self, method: str, message: _Message) -> None:
         if method == ACKNOWLEDGED:  # one of our listen streams is open
@@ -875,7 +954,7 @@ class JsonRpcSession:
         if self._on_notification is not None:
             self._on_notification(method, message.params)
 
-    async def _answer_request(self, message: _Message) -> None:
+    def _answer_request(self, message: _Message) -> None:
         if message.method in ASKED and self._tasks is not None:
             self._tasks.start_soon(self._ask_caller, message)  # never in the reader
             return
@@ -896,10 +975,7 @@ class JsonRpcSession:
             reply = (
                 b'{"jsonrpc":"2.0","id":' + rid + b',"error":' + _encode(error) + b"}\n"
             )
-        try:
-            await self._send(reply)
-        except ConnectionLost:
-            pass
+        self._reply(reply)
 
     async def _ask_caller(self, message: _Message) -> None:
         """The server's request of a caller, relayed (``InFlight.answer``):
@@ -915,10 +991,26 @@ class JsonRpcSession:
             reply = b'{"jsonrpc":"2.0","id":' + rid + b',"error":' + _encode(error)
         else:
             reply = b'{"jsonrpc":"2.0","id":' + rid + b',"result":' + result
-        try:
-            await self._send(reply + b"}\n")
-        except ConnectionLost:
-            pass
+        self._reply(reply + b"}\n")
+
+    def _reply(self, line: bytes) -> None:
+        """An answer to the server's request, put in its stdin's pipe and not
+        waited for: the reader must not stop until the server reads (one that
+        writes requests and reads nothing until they are written would
+        never read, and neither would we). Past ``REPLIES_UNREAD_MAX`` bytes
+        the server has not read, its requests go unanswered (logged once)."""
+        if self._pipes.kept() > REPLIES_UNREAD_MAX:
+            if not self._unread:
+                log.warning(
+                    "%s: the server does not read its stdin; its requests "
+                    "go unanswered until it does",
+                    self._server,
+                )
+            self._unread = True
+            return
+        self._unread = False
+        with suppress(ConnectionLost):
+            self._pipes.write_now(line)
 
     def _why(self) -> str:
         return self._closed or "connection closed"
@@ -969,12 +1061,25 @@ async def open_session(
             roots=launch.roots,
         )
         session._tasks = tg
-        tg.start_soon(session.read)
+
+        async def read() -> None:
+            await session.read()
+            process.stdout_closed.set()  # the supervisor ends the session
+
+        tg.start_soon(read)
         try:
             await session.negotiate(launch.mode)
             yield session
         finally:
             tg.cancel_scope.cancel()
+
+
+def _neither(server: str) -> UpstreamError:
+    """An answer with neither ``result`` nor ``error`` (JSON-RPC requires one)."""
+    return UpstreamError(
+        f"{server}: the server answered with neither a result nor an error",
+        data={"server": server},
+    )
 
 
 def _answerable(capabilities: Mapping[str, Any]) -> dict[str, Any]:

@@ -47,7 +47,7 @@ from memorizzd.upstream.asks import (
     input_required,
     unanswered,
 )
-from memorizzd.upstream.connection import ProgressHandler, ToolResult
+from memorizzd.upstream.connection import Cursors, ProgressHandler, ToolResult
 from memorizzd.upstream.errors import (
     METHOD_NOT_FOUND,
     ConnectionLost,
@@ -369,7 +369,9 @@ async def guarded(call: Callable[[], Awaitable[T]], *, server: str) -> T:
     except MCPError as exc:
         raise translate_mcp_error(exc, server=server) from None
     except (pydantic.ValidationError, msgspec.ValidationError):
-        raise UpstreamError(f"{server}: the server sent a malformed result") from None
+        raise UpstreamError(
+            f"{server}: the server sent a malformed result", data={"server": server}
+        ) from None
     except TimeoutError:
         raise DeadlineExceededError(f"{server}: the request timed out") from None
     except (
@@ -385,7 +387,10 @@ async def guarded(call: Callable[[], Awaitable[T]], *, server: str) -> T:
 def translate_mcp_error(exc: MCPError, *, server: str) -> RemoteError | ConnectionLost:
     error = exc.error
     if (refusal := refusal_in(error.data)) is not None:
-        return refusal  # the hardened client refused this request (egress)
+        # The hardened client refused this request (egress), which knows the
+        # host, not the server's name: the caller is told which server.
+        refusal.data.setdefault("server", server)
+        return refusal
     if error.data == SESSION_EXPIRED:
         return SessionExpired("the server no longer knows the session (HTTP 404)")
     if (
@@ -571,17 +576,15 @@ class SdkConnection:
 
         async def pages() -> list[T]:
             items: list[Any] = []
+            cursors = Cursors(self._server, limit)
             cursor: str | None = None
-            for _ in range(limit):
+            while True:
                 params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
                 page = await fetch(params=params)
                 items += getattr(page, attr)
-                cursor = page.next_cursor
+                cursor = cursors.follow(page.next_cursor)
                 if cursor is None:
                     return [msgspec.convert(_dump(item), into) for item in items]
-            raise UpstreamError(
-                f"the listing has more than {limit} pages; refusing to follow"
-            )
 
         try:
             return await self._guarded(pages)

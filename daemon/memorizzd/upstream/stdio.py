@@ -78,6 +78,8 @@ class StdioProcess:
         self.pid: int | None = None
         self.exited = anyio.Event()
         self.returncode: int | None = None
+        self.stdout_closed = anyio.Event()
+        """Set when its session read the end of its stdout (``jsonrpc.open_session``)."""
 
 
 def _line(raw: bytes | bytearray) -> str:
@@ -128,6 +130,10 @@ class StdioPipes:
             self._stdin.put(data)
         except OSError:
             raise ConnectionLost("the server's stdin is closed") from None
+
+    def kept(self) -> int:
+        """Bytes written for the child that its stdin has not taken yet."""
+        return self._stdin.kept
 
     def has_room(self) -> bool:
         """Whether the child is keeping up (little is waiting for its stdin)."""

@@ -14,8 +14,9 @@ within ``health_timeout_s`` drops the session (open); while it is open,
 calls fail at once with ``server_unavailable`` and ``retry_after_s``; after
 the jittered backoff, doubling up to ``backoff_max_s`` with every failed
 connect in a row (state ``backoff``, then ``failed`` after ``FAILED_AFTER``),
-one connect is tried (half-open: ``connecting``, bounded by ``timeout_s`` over
-HTTP), and a ready session closes it. A session that still answers its probe
+one connect is tried (half-open: ``connecting``, bounded by ``timeout_s``; a
+stdio server's start and handshake by at least ``STDIO_HANDSHAKE_MIN_S``), and
+a ready session closes it. A session that still answers its probe
 stays, even if one tool hangs: the failure is that tool's, and each call's
 deadline bounds what it costs.
 """
@@ -77,6 +78,12 @@ doubling up to this while they keep failing at once."""
 NoticeListener = Callable[[str, str, msgspec.Raw], Awaitable[None]]
 """Told (server name, notification method, its raw params)."""
 
+STDIO_HANDSHAKE_MIN_S: Final = 5.0
+"""A stdio server's start and handshake take at most ``max(timeout_s, this)``."""
+OUTPUT_EXIT_GRACE_S: Final = 0.5
+"""How long a closed stdout waits for the process's exit before it ends the session."""
+RELIST_EVERY_S: Final = 1.0
+"""A server that says its tools changed is listed again at most this often."""
 FAILED_AFTER: Final = 5
 """Consecutive failed connects after which the state reads ``failed`` (it still retries)."""
 LEAVE_GRACE_S: Final = 2.0
@@ -314,15 +321,17 @@ class Supervisor:
             mode = "legacy" if known.protocol_version != MODERN else "auto"
         elif mode == "auto" and self._handshake_next:
             mode = "legacy"  # the probe found no answer last time
-        # Over HTTP the connect and the handshake are answers like any other,
-        # bounded by timeout_s (not by the SDK's 30 s connect timeout and 10 s
-        # server/discover probe; a legacy SSE stream first has timeout_s to
-        # open, sse.py). A stdio server's start-up counts against its
-        # handshake, so there the SDK's own per-request bounds apply.
-        handshake = anyio.CancelScope()
+        # The connect and the handshake are answers like any other, bounded
+        # by timeout_s (over HTTP not by the SDK's 30 s connect timeout and
+        # 10 s server/discover probe; a legacy SSE stream first has timeout_s
+        # to open, sse.py). A stdio server's start-up counts against its
+        # handshake: it has at least STDIO_HANDSHAKE_MIN_S, so that a short
+        # timeout_s does not fail a process that is still starting; one that
+        # never answers is stopped and started again, not waited for forever.
         budget = self.spec.timeout_s * (2 if self.spec.transport == "sse" else 1)
-        if self.spec.transport != "stdio":
-            handshake.deadline = anyio.current_time() + budget
+        if self.spec.transport == "stdio":
+            budget = max(budget, STDIO_HANDSHAKE_MIN_S)
+        handshake = anyio.CancelScope(deadline=anyio.current_time() + budget)
         with handshake:
             await self._open_and_serve(mode, known, handshake)
         if handshake.cancelled_caught:
@@ -380,6 +389,7 @@ class Supervisor:
                 async with anyio.create_task_group() as tg:
                     for process in self._processes:
                         tg.start_soon(self._watch_process, process)
+                        tg.start_soon(self._watch_output, process)
                     tg.start_soon(self._health_loop, client)
                     tg.start_soon(self._watch_tool_changes, client)
                     tg.start_soon(self._relist_on_change, client)
@@ -435,6 +445,16 @@ class Supervisor:
     async def _watch_process(self, process: StdioProcess) -> None:
         await process.exited.wait()
         self._mark_dead(f"process exited with code {process.returncode}")
+
+    async def _watch_output(self, process: StdioProcess) -> None:
+        """A server that closed its stdout and goes on running answers
+        nothing more: its session ends now, not at the next request or probe
+        (an exit that comes with it says more: its code, ``_watch_process``)."""
+        await process.stdout_closed.wait()
+        with anyio.move_on_after(OUTPUT_EXIT_GRACE_S):
+            await process.exited.wait()
+        if not process.exited.is_set():
+            self._mark_dead("the server closed its stdout (its process goes on)")
 
     async def _health_loop(self, client: Connection) -> None:
         """Probe an idle session every ``health_interval_s``, and at once after
@@ -532,15 +552,20 @@ class Supervisor:
     async def _relist_on_change(self, client: Connection) -> None:
         """Fetch the listing again as soon as the server says it changed, so
         that its listeners (approvals re-check, the MCP face tells its
-        sessions) hear of the change without waiting for a caller to list."""
+        sessions) hear of the change without waiting for a caller to list;
+        at most once every ``RELIST_EVERY_S``: the changes said meanwhile
+        are one listing (a server that says its tools changed whenever it is
+        listed would otherwise be listed in a loop as fast as it answers)."""
         while True:
             await self._relist.wait()
             self._relist = anyio.Event()
+            log.info("%s: tools/list_changed; listing again", self.name)
             try:
                 with anyio.fail_after(self.spec.timeout_s):
                     await self._tools.refresh(client, server_name=self.server_name)
             except (RemoteError, errors.ConnectionLost, TimeoutError) as exc:
                 log.info("%s: no listing after a change: %s", self.name, exc)
+            await anyio.sleep(RELIST_EVERY_S)
 
     async def _watch_tool_changes(self, client: Connection) -> None:
         """Hold the server's list-change stream (2026-07-28) while the session

@@ -99,8 +99,7 @@ class ToolCache:
 
     def invalidate(self) -> None:
         """The server's tools changed: the next listing is fetched afresh."""
-        log.info("%s: tools/list_changed", self._spec.name)
-        self.view = None
+        self.view = None  # logged by the relist (once, however many come)
 
     def tool(self, name: str) -> m.Tool | None:
         """A visible tool (None: not listed, or no cache)."""

@@ -1,0 +1,162 @@
+"""A hand-written stdio MCP server (no SDK, handshake era) that breaks the
+protocol on purpose, for tests/daemon/test_upstream_probes.py.
+
+Its tools misbehave when called, each its own way:
+
+* ``hello``: a plain answer;
+* ``neither``: an answer with neither ``result`` nor ``error``;
+* ``close_stdout``: answers, then closes its stdout and goes on reading
+  stdin (writing nothing); with ``linger: true`` it also ignores SIGTERM
+  and stays up after stdin closes (only SIGKILL ends it);
+* ``stop_reading``: answers, then never reads its stdin again;
+* ``progress_flood``: ``n`` progress notifications of about 1 KB for the
+  call's token, then the answer;
+* ``ping_flood``: ``n`` ``ping`` requests of its own, written without
+  reading a reply, then the answer;
+
+and ``$PROBE`` (comma-separated) turns on faults of the session itself:
+
+* ``silent_init``: ``initialize`` is never answered;
+* ``relist_storm``: every ``tools/list`` answer comes after a
+  ``notifications/tools/list_changed`` (a server that announces a change
+  whenever it is listed);
+* ``neither_list``: ``tools/list`` is answered with neither result nor error;
+* ``bad_tool``: ``tools/list`` lists a tool whose ``inputSchema`` is a string;
+* ``cursor_loop``: every ``tools/list`` page says ``nextCursor: "again"``;
+* ``cursor_empty``: every ``tools/list`` page says ``nextCursor: ""``.
+
+Every method received is appended to ``$METHOD_LOG`` (if set).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+
+import msgspec
+
+LOG = os.environ.get("METHOD_LOG")
+PROBES = frozenset(filter(None, os.environ.get("PROBE", "").split(",")))
+TOOLS = (
+    "hello",
+    "neither",
+    "close_stdout",
+    "stop_reading",
+    "progress_flood",
+    "ping_flood",
+)
+
+out = sys.stdout.buffer
+
+
+def write(body: object) -> None:
+    out.write(msgspec.json.encode(body) + b"\n")
+    out.flush()
+
+
+def reply(message_id: object, result: object = None, error: object = None) -> None:
+    body: dict[str, object] = {"jsonrpc": "2.0", "id": message_id}
+    if error is not None:
+        body["error"] = error
+    else:
+        body["result"] = result
+    write(body)
+
+
+def text(words: str) -> dict[str, object]:
+    return {"content": [{"type": "text", "text": words}]}
+
+
+def listing(rid: object) -> None:
+    if "neither_list" in PROBES:
+        write({"jsonrpc": "2.0", "id": rid})
+        return
+    if "relist_storm" in PROBES:
+        write({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+    tools = [{"name": name, "inputSchema": {"type": "object"}} for name in TOOLS]
+    if "bad_tool" in PROBES:
+        tools.append({"name": "broken", "inputSchema": "not a schema"})
+    result: dict[str, object] = {"tools": tools}
+    if "cursor_loop" in PROBES:
+        result["nextCursor"] = "again"
+    if "cursor_empty" in PROBES:
+        result["nextCursor"] = ""
+    reply(rid, result)
+
+
+def call(rid: object, params: dict[str, object]) -> bool:
+    """Answer one tools/call; False: stdout is closed from now on."""
+    name = params.get("name")
+    arguments = params.get("arguments")
+    arguments = arguments if isinstance(arguments, dict) else {}
+    if name == "neither":
+        write({"jsonrpc": "2.0", "id": rid})
+    elif name == "close_stdout":
+        reply(rid, text("closing stdout"))
+        if arguments.get("linger"):
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        out.close()
+        os.close(1)
+        return False
+    elif name == "stop_reading":
+        reply(rid, text("no longer reading"))
+        threading.Event().wait()
+    elif name == "progress_flood":
+        meta = params.get("_meta")
+        token = meta.get("progressToken") if isinstance(meta, dict) else None
+        for i in range(int(arguments.get("n", 1000))):
+            note = {"progressToken": token, "progress": i, "message": "m" * 1000}
+            write(
+                {"jsonrpc": "2.0", "method": "notifications/progress", "params": note}
+            )
+        reply(rid, text("progressed"))
+    elif name == "ping_flood":
+        for i in range(int(arguments.get("n", 1000))):
+            write({"jsonrpc": "2.0", "id": f"ping-{i}", "method": "ping"})
+        reply(rid, text("flooded"))
+    else:
+        reply(rid, text(f"hello from {name}"))
+    return True
+
+
+def main() -> None:
+    speaking = True
+    for line in sys.stdin.buffer:
+        if not line.strip():
+            continue
+        message = msgspec.json.decode(line)
+        method = message.get("method")
+        if LOG and method:
+            with open(LOG, "a", encoding="utf-8") as f:
+                f.write(method + "\n")
+        if "id" not in message or not speaking:
+            continue
+        rid = message["id"]
+        if method == "initialize":
+            if "silent_init" in PROBES:
+                continue
+            reply(
+                rid,
+                {
+                    "protocolVersion": "2025-11-25",
+                    "capabilities": {"tools": {"listChanged": True}},
+                    "serverInfo": {"name": "probe-server", "version": "1"},
+                },
+            )
+        elif method == "tools/list":
+            listing(rid)
+        elif method == "tools/call":
+            speaking = call(rid, message.get("params") or {})
+        elif method == "ping":
+            reply(rid, {})
+        elif method is not None:
+            reply(rid, error={"code": -32601, "message": "Method not found"})
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+        while True:  # stdin is closed: stay up until SIGKILL
+            signal.pause()
+
+
+if __name__ == "__main__":
+    main()
