@@ -144,21 +144,27 @@ class _PostFault:
             self.seen += 1
         return True
 
+    def _on_posts(self, app: App, hit: Callable[[bytes], bool], fault: App) -> App:
+        """ASGI: ``app``, except that a POST whose body ``hit`` accepts (e.g.
+        ``_arrived``) goes to ``fault``; either can receive the body again."""
+
+        async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] != "http" or scope["method"] != "POST":
+                await app(scope, receive, send)
+                return
+            body = await _read_body(receive)
+            to = fault if hit(body) else app
+            await to(scope, _replaying(body, receive), send)
+
+        return wrapped
+
 
 @dataclass
 class Seen(_PostFault):
     """ASGI: no fault, a count: ``seen`` of the POSTs whose request matches."""
 
     def wrap(self, app: App) -> App:
-        async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] != "http" or scope["method"] != "POST":
-                await app(scope, receive, send)
-                return
-            body = await _read_body(receive)
-            self._arrived(body)
-            await app(scope, _replaying(body, receive), send)
-
-        return wrapped
+        return self._on_posts(app, self._arrived, app)  # counted, then served
 
 
 @dataclass
@@ -174,27 +180,20 @@ class Busy(_PostFault):
     busy_answers: int = 0
 
     def wrap(self, app: App) -> App:
-        async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] != "http" or scope["method"] != "POST":
-                await app(scope, receive, send)
-                return
-            body = await _read_body(receive)
-            if self._busy_now(body):
-                headers = [(b"content-type", b"text/plain")]
-                if self.retry_after is not None:
-                    headers.append((b"retry-after", self.retry_after.encode()))
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": self.status,
-                        "headers": headers,
-                    }
-                )
-                await send({"type": "http.response.body", "body": b"busy"})
-                return
-            await app(scope, _replaying(body, receive), send)
+        async def busy(scope: Scope, receive: Receive, send: Send) -> None:
+            headers = [(b"content-type", b"text/plain")]
+            if self.retry_after is not None:
+                headers.append((b"retry-after", self.retry_after.encode()))
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status,
+                    "headers": headers,
+                }
+            )
+            await send({"type": "http.response.body", "body": b"busy"})
 
-        return wrapped
+        return self._on_posts(app, self._busy_now, busy)
 
     def _busy_now(self, body: bytes) -> bool:
         if not self._arrived(body):
@@ -258,14 +257,7 @@ class Cut(_PostFault):
     cuts: int = 0
 
     def wrap(self, app: App) -> App:
-        async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] != "http" or scope["method"] != "POST":
-                await app(scope, receive, send)
-                return
-            body = await _read_body(receive)
-            if not self._cut_now(body):
-                await app(scope, _replaying(body, receive), send)
-                return
+        async def cut_short(scope: Scope, receive: Receive, send: Send) -> None:
             cut = False
 
             async def cutting(message: Message) -> None:
@@ -282,9 +274,9 @@ class Cut(_PostFault):
 
             # The rest of the answer is thrown away; returning with the
             # response incomplete makes the server close the connection.
-            await app(scope, _replaying(body, receive), cutting)
+            await app(scope, receive, cutting)
 
-        return wrapped
+        return self._on_posts(app, self._cut_now, cut_short)
 
     def _cut_now(self, body: bytes) -> bool:
         if not self._arrived(body):

@@ -17,6 +17,7 @@ import contextlib
 import os
 import secrets
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -326,6 +327,29 @@ def daemon_process(
             process.stop()
 
 
+def sigterm_during_a_call(d: DaemonProcess, seconds: float) -> list[str]:
+    """Add the stdio test server ``t`` to ``d``, call its ``slow`` tool for
+    ``seconds`` and, with the call in flight, stop ``d`` with SIGTERM (exit 0
+    asserted); the call's answer, once it came back (empty if not in 10 s)."""
+    with d.client() as c:
+        c.add_server(stdio_spec("t"))
+    d.wait_ready("t")
+    answered: list[str] = []
+
+    def slow_call() -> None:
+        with d.client() as c:
+            result = c.call_tool("t", "slow", {"seconds": seconds})
+            answered.append(result.content[0]["text"])
+
+    caller = threading.Thread(target=slow_call)
+    caller.start()
+    with d.client() as c:
+        wait_until(lambda: c.server_status("t")[0].in_flight == 1)
+    assert d.stop(signal.SIGTERM) == 0
+    caller.join(10)
+    return answered
+
+
 @contextlib.contextmanager
 def serve_asgi(
     make_app: Callable[[str], Any],
@@ -386,3 +410,21 @@ def serve_http(
 
 def rmtree(path: str) -> None:
     shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def light_daemon(*names: str, **overrides: Any) -> Iterator[DaemonHarness]:
+    """A daemon in a short temporary directory (removed at the end) serving
+    the light servers ``names`` (``light_spec``), each ready; ``overrides``
+    go to ``daemon_config``."""
+    base = short_tempdir()
+    try:
+        config = daemon_config(
+            base, servers=[light_spec(name) for name in names], **overrides
+        )
+        with DaemonHarness.running(config) as running:
+            for name in names:
+                running.wait_ready(name)
+            yield running
+    finally:
+        rmtree(base)

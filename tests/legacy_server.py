@@ -21,6 +21,8 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import msgspec
 
@@ -38,16 +40,38 @@ def tool(name: str) -> dict[str, object]:
     return {"name": name, "inputSchema": {"type": "object", "properties": {}}}
 
 
-def reply(message_id: object, result: object = None, error: object = None) -> None:
+def answer(
+    message_id: object, result: object = None, error: object = None
+) -> dict[str, object]:
+    """The JSON-RPC response to ``message_id``: ``error`` if given, else ``result``."""
     body: dict[str, object] = {"jsonrpc": "2.0", "id": message_id}
     if error is not None:
         body["error"] = error
     else:
         body["result"] = result
+    return body
+
+
+def reply(message_id: object, result: object = None, error: object = None) -> None:
+    body = answer(message_id, result, error)
     if NOISE:
         sys.stdout.write('noise: this line is not JSON\n{"not": "json-rpc"}\n')
     sys.stdout.write(msgspec.json.encode(body).decode() + "\n")
     sys.stdout.flush()
+
+
+def messages(lines: Iterable[str | bytes]) -> Iterator[Any]:
+    """The messages read from ``lines`` (blank ones skipped), each one's
+    method appended to ``$METHOD_LOG`` (if set) before it is handed over."""
+    for line in lines:
+        if not line.strip():
+            continue
+        message = msgspec.json.decode(line)
+        method = message.get("method")
+        if LOG and method:
+            with open(LOG, "a", encoding="utf-8") as f:
+                f.write(method + "\n")
+        yield message
 
 
 def flood(lines: int, size: int) -> None:
@@ -69,14 +93,8 @@ def main() -> None:
 
 
 def serve() -> None:
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        message = msgspec.json.decode(line)
+    for message in messages(sys.stdin):
         method = message.get("method")
-        if LOG and method:
-            with open(LOG, "a", encoding="utf-8") as f:
-                f.write(method + "\n")
         if "id" not in message:
             continue
         if method == "initialize":

@@ -13,6 +13,7 @@ Its tools misbehave when called, each its own way:
   call's token, then the answer;
 * ``ping_flood``: ``n`` ``ping`` requests of its own, written without
   reading a reply, then the answer;
+* ``junk``: ``n`` lines on stdout that are not JSON, then the answer;
 
 and ``$PROBE`` (comma-separated) turns on faults of the session itself:
 
@@ -23,7 +24,10 @@ and ``$PROBE`` (comma-separated) turns on faults of the session itself:
 * ``neither_list``: ``tools/list`` is answered with neither result nor error;
 * ``bad_tool``: ``tools/list`` lists a tool whose ``inputSchema`` is a string;
 * ``cursor_loop``: every ``tools/list`` page says ``nextCursor: "again"``;
-* ``cursor_empty``: every ``tools/list`` page says ``nextCursor: ""``.
+* ``cursor_empty``: every ``tools/list`` page says ``nextCursor: ""``;
+* ``bom``: its first line on stdout starts with a UTF-8 byte order mark;
+* ``bom_split``: the same, the mark written in two parts a moment apart
+  (the reader gets it in two reads).
 
 Every method received is appended to ``$METHOD_LOG`` (if set).
 """
@@ -37,7 +41,8 @@ import threading
 
 import msgspec
 
-LOG = os.environ.get("METHOD_LOG")
+from legacy_server import answer, messages
+
 PROBES = frozenset(filter(None, os.environ.get("PROBE", "").split(",")))
 TOOLS = (
     "hello",
@@ -46,23 +51,30 @@ TOOLS = (
     "stop_reading",
     "progress_flood",
     "ping_flood",
+    "junk",
 )
+BOM = b"\xef\xbb\xbf"
 
 out = sys.stdout.buffer
+first = True
 
 
 def write(body: object) -> None:
+    global first  # the first line is the one that may carry the mark
+    if first and "bom_split" in PROBES:
+        out.write(BOM[:1])
+        out.flush()
+        threading.Event().wait(0.2)
+        out.write(BOM[1:])
+    elif first and "bom" in PROBES:
+        out.write(BOM)
+    first = False
     out.write(msgspec.json.encode(body) + b"\n")
     out.flush()
 
 
 def reply(message_id: object, result: object = None, error: object = None) -> None:
-    body: dict[str, object] = {"jsonrpc": "2.0", "id": message_id}
-    if error is not None:
-        body["error"] = error
-    else:
-        body["result"] = result
-    write(body)
+    write(answer(message_id, result, error))
 
 
 def text(words: str) -> dict[str, object]:
@@ -116,6 +128,10 @@ def call(rid: object, params: dict[str, object]) -> bool:
         for i in range(int(arguments.get("n", 1000))):
             write({"jsonrpc": "2.0", "id": f"ping-{i}", "method": "ping"})
         reply(rid, text("flooded"))
+    elif name == "junk":
+        for i in range(int(arguments.get("n", 1000))):
+            out.write(b"not JSON, line %d\n" % i)
+        reply(rid, text("junked"))
     else:
         reply(rid, text(f"hello from {name}"))
     return True
@@ -123,14 +139,8 @@ def call(rid: object, params: dict[str, object]) -> bool:
 
 def main() -> None:
     speaking = True
-    for line in sys.stdin.buffer:
-        if not line.strip():
-            continue
-        message = msgspec.json.decode(line)
+    for message in messages(sys.stdin.buffer):
         method = message.get("method")
-        if LOG and method:
-            with open(LOG, "a", encoding="utf-8") as f:
-                f.write(method + "\n")
         if "id" not in message or not speaking:
             continue
         rid = message["id"]

@@ -34,10 +34,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--config",
+        type=_path,
         help="TOML config (default /etc/memorizzd/memorizzd.toml if present)",
     )
-    parser.add_argument("--socket", help="operator socket path (config key: socket)")
-    parser.add_argument("--state-dir", help="state directory (config key: state_dir)")
+    parser.add_argument(
+        "--socket", type=_path, help="operator socket path (config key: socket)"
+    )
+    parser.add_argument(
+        "--state-dir", type=_path, help="state directory (config key: state_dir)"
+    )
     parser.add_argument(
         "--check-config",
         action="store_true",
@@ -135,6 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 0
     return 0
+
+
+def _path(text: str) -> str:
+    """A path option's value: an empty one is a mistake (an unset variable,
+    most likely), not a request for the default; a usage error, as
+    ``memorizzctl --socket ""`` is."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path")
+    return text
 
 
 def raise_open_files_limit() -> None:

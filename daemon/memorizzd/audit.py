@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import hmac
 import logging
-import os
 import secrets
 import time
 from collections.abc import Callable
-from contextlib import suppress
 from pathlib import Path
 from typing import Any, Final
 
@@ -36,6 +34,7 @@ from memorizz.api.errors import InvalidParamsError
 from memorizzd.caller import Caller
 from memorizzd.loop import call_later
 from memorizzd.spool import Spool
+from memorizzd.state_dir import create_private_file, fsync_dir
 from memorizzd.store import AuditRow, Store, StoreError
 
 log = logging.getLogger("memorizzd.audit")
@@ -136,33 +135,12 @@ def load_key(state_dir: str) -> bytes:
 
 
 def _create_key(path: Path) -> None:
-    """A new key file, whole or not at all: written to a temporary file beside
-    it, fsynced, then linked into place (never over a key another start made).
-    Created in place, a daemon killed between the create and the write left
-    an empty key file, and every later start stopped at it."""
-    tmp = path.with_name(path.name + ".tmp")
-    with suppress(FileNotFoundError):
-        tmp.unlink()  # a leftover: never written through (it may be a second name)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    try:
-        view = memoryview(secrets.token_bytes(KEY_BYTES))
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
+    """A new key file, whole or not at all (``create_private_file``): a
+    daemon killed while it wrote one in place left it empty, and every later
+    start stopped at it."""
+    if not create_private_file(str(path), secrets.token_bytes(KEY_BYTES)):
         return  # another start made it first
-    finally:
-        with suppress(OSError):
-            tmp.unlink()
-    dir_fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    fsync_dir(str(path.parent))
     log.warning(
         "created a new audit key at %s; back it up with the state database", path
     )

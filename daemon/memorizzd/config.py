@@ -13,6 +13,7 @@ import ipaddress
 import math
 import os
 import re
+import stat
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
@@ -271,11 +272,11 @@ def load(
     config_path: Path | None
     if path is not None:
         config_path = Path(path)
-        if not config_path.exists():
+        if not _exists(config_path):
             raise ConfigError(f"{config_path}: no such file")
     else:
         default = default_config_path()
-        config_path = default if default.exists() else None
+        config_path = default if _exists(default) else None
     config = Config()
     if config_path is not None:
         raw = _read_toml(config_path)
@@ -398,12 +399,32 @@ def _check_socket_paths(config: Config, where: Path | None) -> None:
             )
 
 
-def _read_toml(path: Path) -> dict[str, object]:
-    """The file's TOML; a ConfigError that says where it cannot be read."""
+def _exists(path: Path) -> bool:
+    """Whether ``path`` names something; a ConfigError where that cannot be
+    told (a name too long, a directory that cannot be searched)."""
     try:
-        data = path.read_bytes()
+        return path.exists()
     except OSError as exc:
         raise ConfigError(f"{path}: {exc.strerror}") from None
+
+
+def _read_toml(path: Path) -> dict[str, object]:
+    """The file's TOML; a ConfigError that says where it cannot be read.
+    Only a regular file is read: a FIFO or a device at the path would block
+    the read (a reload's for ever) or never end."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ConfigError(f"{path}: not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as f:
+            data = f.read()
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

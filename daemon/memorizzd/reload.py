@@ -25,8 +25,11 @@ the difference, without dropping what did not change.
 
 An invalid file (TOML, validation, a command the execution policy refuses, a
 socket that cannot be opened) changes nothing: the error is logged, returned
-(``invalid_config``) and kept in ``daemon/status`` until a reload succeeds.
-Every reload leaves an audit record (``daemon/reload``).
+(``invalid_config``) and kept in ``daemon/status`` until a reload succeeds. A
+daemon started without a config file has none to re-read (``no_config_file``).
+A reload that fails any other way (a bug) is an internal error, and is kept in
+``daemon/status`` too, without the exception's text. Every reload leaves an
+audit record (``daemon/reload``).
 """
 
 from __future__ import annotations
@@ -180,6 +183,10 @@ class Sockets:
                 _restyle(item.path, profile)
 
 
+class NoConfigFileError(ConfigError):
+    """The daemon was started without a config file: there is none to re-read."""
+
+
 class Reloader:
     """Reloads, one at a time; ``config`` is the configuration in force."""
 
@@ -213,15 +220,25 @@ class Reloader:
         self, caller: Caller, *, trigger: Literal["api", "signal"] = "api"
     ) -> m.DaemonReloadResult:
         """Re-read the file and apply the difference; ``invalid_config`` (and
-        nothing changed) when it cannot be."""
+        nothing changed) when it cannot be, ``no_config_file`` when there is
+        none."""
         async with self._lock:
             started = time.time()
+            before = self.config
             notify(
                 "RELOADING=1\n"
                 f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}"
             )
             try:
                 result = await self._reload()
+            except NoConfigFileError as exc:
+                message = str(exc)
+                log.error("reload refused: %s", message)
+                self._broker.last_reload = m.ReloadStatus(
+                    time=started, ok=False, message=message, trigger=trigger
+                )
+                await self._audit(caller, started, "failed", "no_config_file")
+                raise InvalidParamsError(message, reason="no_config_file") from None
             except ConfigError as exc:
                 message = str(exc)
                 log.error("reload refused, nothing changed: %s", message)
@@ -234,7 +251,17 @@ class Reloader:
                     reason="invalid_config",
                     data={"config_path": self.config.config_path},
                 ) from None
-            except Exception:
+            except Exception as exc:
+                # A bug: the traceback goes to the log where the exception is
+                # caught (the dispatcher, the SIGHUP handler); daemon/status
+                # keeps that it failed, never the exception's text (a path, a
+                # value of the file: it may hold a secret).
+                self._broker.last_reload = m.ReloadStatus(
+                    time=started,
+                    ok=False,
+                    message=_internal_failure(exc, applied=self.config is not before),
+                    trigger=trigger,
+                )
                 await self._audit(caller, started, "failed", "internal")
                 raise
             finally:
@@ -267,9 +294,9 @@ class Reloader:
     async def _reload(self) -> m.DaemonReloadResult:
         old = self.config
         if old.config_path is None:
-            raise ConfigError(
-                "the daemon was started without a config file: there is nothing"
-                " to re-read (start it with --config)"
+            raise NoConfigFileError(
+                "no config file to reload: the daemon was started without one"
+                " (restart it with --config FILE to use one)"
             )
         new = await anyio.to_thread.run_sync(self._load)
         admissions = await anyio.to_thread.run_sync(check_config_servers, new)
@@ -408,6 +435,20 @@ class Reloader:
                     refused=admission.problem,
                     refused_kind=_refused_kind(admission),
                 )
+
+
+def _internal_failure(exc: Exception, *, applied: bool) -> str:
+    """``daemon/status``'s word on a reload that failed with a bug: the
+    exception's type only, and whether the new config was already in force."""
+    state = (
+        "the new configuration is in force, but applying it did not finish"
+        if applied
+        else "nothing changed"
+    )
+    return (
+        f"internal error ({type(exc).__name__}): {state}; the daemon's log has"
+        " the details"
+    )
 
 
 def describe(result: m.DaemonReloadResult) -> str:

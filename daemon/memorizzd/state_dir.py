@@ -19,11 +19,13 @@ before anything in it is opened, ``secure_state_dir`` makes sure that it is priv
   0644 too.
 
 Files created later are made 0600 where they are created (``os.open`` with
-0600 and ``O_EXCL``, or ``fchmod``), so the umask only ever narrows them.
+0600 and ``O_EXCL``, or ``fchmod``), so the umask only ever narrows them. The
+key files are written whole or not at all (``create_private_file``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -69,6 +71,53 @@ def secure_state_dir(path: str) -> None:
         _tighten(fd, path, "state directory", DIRECTORY_MODE)
         for name in PRIVATE_FILES:
             _secure_file(fd, path, name)
+    finally:
+        os.close(fd)
+
+
+def create_private_file(path: str, data: bytes) -> bool:
+    """``data`` in a new file at ``path`` (0600), whole or not at all: written
+    to ``path.tmp`` beside it (``write_private_file``), then linked into
+    place, never over a file another start made first (then False, and that
+    one stands). Created in place, a daemon killed between the create and the
+    write left an empty file. The caller fsyncs the directory (``fsync_dir``)
+    when it is True; an ``OSError`` is the caller's to say."""
+    tmp = f"{path}.tmp"
+    write_private_file(tmp, data)
+    try:
+        os.link(tmp, path)  # never replaces: another start made it first
+    except FileExistsError:
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    return True
+
+
+def write_private_file(path: str, data: bytes) -> None:
+    """``data`` in a new file at ``path``, 0600 and fsynced. Whatever is there
+    is unlinked first, never written through: a leftover temporary file (its
+    mode would survive ``O_CREAT``), or another name of a key file itself (a
+    start killed between linking the new key file and unlinking its
+    temporary), whose truncation would empty the key file."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(path, flags, FILE_MODE)
+    try:
+        view = memoryview(data)
+        while view:  # a short write (a full disk): the next one says why
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: str) -> None:
+    """fsync the directory ``path``: the names linked into it last are durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
     finally:
         os.close(fd)
 

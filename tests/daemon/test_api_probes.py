@@ -25,30 +25,14 @@ from memorizz import cli
 from memorizz.api.errors import RemoteError
 from memorizz.api.methods import ServerSpec
 from memorizzd.config import Profile
-from tests.harness import (
-    DaemonHarness,
-    daemon_config,
-    light_spec,
-    rmtree,
-    short_tempdir,
-)
+from tests.harness import DaemonHarness, light_daemon, rmtree, short_tempdir
 
 
 @pytest.fixture(scope="module")
 def harness() -> Iterator[DaemonHarness]:
     """One daemon for the module: server ``one``, profile ``bot`` reaching it."""
-    base = short_tempdir()
-    config = daemon_config(
-        base,
-        servers=[light_spec("one")],
-        profiles=[Profile(name="bot", servers=["one"])],
-    )
-    try:
-        with DaemonHarness.running(config) as h:
-            h.wait_ready("one")
-            yield h
-    finally:
-        rmtree(base)
+    with light_daemon("one", profiles=[Profile(name="bot", servers=["one"])]) as h:
+        yield h
 
 
 def _agent(h: DaemonHarness) -> str:
@@ -56,14 +40,17 @@ def _agent(h: DaemonHarness) -> str:
         return c.daemon_status().agent_sockets["bot"]
 
 
-def _exchange(path: str, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Pipeline ``requests`` on one connection; the replies, in any order."""
+def _exchange(
+    path: str, requests: list[dict[str, Any]], replies: int | None = None
+) -> list[dict[str, Any]]:
+    """Pipeline ``requests`` on one connection; the replies (one each, unless
+    told how many), in any order."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(10)
         s.connect(path)
         s.sendall(b"".join(msgspec.json.encode(r) + b"\n" for r in requests))
         buffer = b""
-        while buffer.count(b"\n") < len(requests):
+        while buffer.count(b"\n") < (len(requests) if replies is None else replies):
             chunk = s.recv(65536)
             assert chunk, f"closed after {buffer!r}"
             buffer += chunk
@@ -155,6 +142,36 @@ def test_an_id_of_another_type_is_refused_under_a_null_id(
     request = {"jsonrpc": "2.0", "id": request_id, "method": "servers/add"}
     (reply,) = _exchange(_agent(harness), [{**request, "params": {"server": _SPEC}}])
     assert (reply["id"], _reason(reply)) == (None, "invalid_request")
+
+
+@pytest.mark.parametrize("on", ["operator", "agent"])
+def test_a_null_id_is_an_invalid_request_and_a_missing_one_a_notification(
+    harness: DaemonHarness, on: str
+) -> None:
+    """``"id": null`` was a notification here as on the MCP face: not run and
+    never answered. JSON-RPC 2.0's notification has no ``id`` member, so it
+    is now ``invalid_request`` under a null id (not run either), as the face
+    answers it; a request with no ``id`` is still dropped unanswered."""
+    path = harness.socket if on == "operator" else _agent(harness)
+    spec = {**_SPEC, "name": "nullid"}
+    requests: list[dict[str, Any]] = [
+        {
+            "jsonrpc": "2.0",
+            "id": None,
+            "method": "servers/add",
+            "params": {"server": spec},
+        },
+        {"jsonrpc": "2.0", "method": "servers/add", "params": {"server": spec}},
+        {"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {}},
+    ]
+    replies = {r["id"]: r for r in _exchange(path, requests, replies=2)}
+    refused, pong = replies[None], replies[1]
+    assert (refused["id"], refused["error"]["code"]) == (None, -32600), refused
+    assert _reason(refused) == "invalid_request"
+    assert "null" in refused["error"]["message"]
+    assert (pong["id"], "result" in pong) == (1, True)
+    with harness.client() as c:
+        assert [s.name for s in c.list_servers()] == ["one"]  # neither ran
 
 
 @pytest.fixture

@@ -26,13 +26,7 @@ from memorizz.api.errors import (
 from memorizzd.config import ConfigError, Decisions, Metrics, load
 from memorizzd.egress.client import hardened_client
 from memorizzd.telemetry.metrics import EGRESS_REFUSALS
-from tests.harness import (
-    DaemonHarness,
-    daemon_config,
-    light_spec,
-    rmtree,
-    short_tempdir,
-)
+from tests.harness import DaemonHarness, light_daemon
 
 
 def free_port() -> int:
@@ -80,18 +74,9 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 def harness() -> Iterator[DaemonHarness]:
-    base = short_tempdir()
-    try:
-        config = daemon_config(
-            base,
-            servers=[light_spec("lite")],
-            metrics=Metrics(listen=f"127.0.0.1:{free_port()}"),
-        )
-        with DaemonHarness.running(config) as running:
-            running.wait_ready("lite")
-            yield running
-    finally:
-        rmtree(base)
+    metrics = Metrics(listen=f"127.0.0.1:{free_port()}")
+    with light_daemon("lite", metrics=metrics) as running:
+        yield running
 
 
 def metrics_sock(harness: DaemonHarness) -> str:
@@ -233,23 +218,15 @@ def test_a_port_of_other_digits_is_a_config_error(tmp_path: Path, port: str) -> 
 
 
 def test_approvals_are_counted_proposed_pending_and_decided() -> None:
-    base = short_tempdir()
-    try:
-        config = daemon_config(
-            base, servers=[light_spec("held")], decisions=Decisions(write="ask")
-        )
-        with DaemonHarness.running(config) as harness:
-            harness.wait_ready("held")
-            before = scrape(harness)
-            with harness.client() as c:
-                with pytest.raises(ApprovalRequiredError) as asked:
-                    c.call_tool("held", "hello", {})
-                pending = scrape(harness)
-                c.approve(asked.value.data["proposal_id"])
-                c.resume(asked.value.data["proposal_id"])
-            after = scrape(harness)
-    finally:
-        rmtree(base)
+    with light_daemon("held", decisions=Decisions(write="ask")) as harness:
+        before = scrape(harness)
+        with harness.client() as c:
+            with pytest.raises(ApprovalRequiredError) as asked:
+                c.call_tool("held", "hello", {})
+            pending = scrape(harness)
+            c.approve(asked.value.data["proposal_id"])
+            c.resume(asked.value.data["proposal_id"])
+        after = scrape(harness)
 
     def delta(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)

@@ -6,8 +6,6 @@ the hot path only tests one boolean (``bench/metrics.py``)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 pytest.importorskip("opentelemetry.sdk")
@@ -20,13 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 
 from memorizzd.config import Tracing
 from memorizzd.telemetry import tracing
-from tests.harness import (
-    DaemonHarness,
-    daemon_config,
-    light_spec,
-    rmtree,
-    short_tempdir,
-)
+from tests.harness import light_daemon
 
 
 @pytest.fixture(scope="module")
@@ -40,28 +32,15 @@ def exporter() -> InMemorySpanExporter:
     return memory
 
 
-def daemon(base: str, *, traced: bool) -> Iterator[DaemonHarness]:
-    config = daemon_config(
-        base, servers=[light_spec("lite")], tracing=Tracing(enabled=traced)
-    )
-    with DaemonHarness.running(config) as running:
-        running.wait_ready("lite")
-        yield running
-
-
 def test_a_traced_daemon_records_one_span_per_call(
     exporter: InMemorySpanExporter,
 ) -> None:
-    base = short_tempdir()
-    try:
-        exporter.clear()
-        for harness in daemon(base, traced=True):
-            with harness.client() as c:
-                c.call_tool("lite", "hello", {"secret": "never an attribute"})
-            assert tracing.enabled
-        assert not tracing.enabled  # off again when the daemon stops
-    finally:
-        rmtree(base)
+    exporter.clear()
+    with light_daemon("lite", tracing=Tracing(enabled=True)) as harness:
+        with harness.client() as c:
+            c.call_tool("lite", "hello", {"secret": "never an attribute"})
+        assert tracing.enabled
+    assert not tracing.enabled  # off again when the daemon stops
     spans = exporter.get_finished_spans()
     assert sorted(s.name for s in spans) == [
         "policy",  # its children: tests/daemon/test_trace_context.py
@@ -83,13 +62,9 @@ def test_a_traced_daemon_records_one_span_per_call(
 
 
 def test_an_untraced_daemon_records_nothing(exporter: InMemorySpanExporter) -> None:
-    base = short_tempdir()
-    try:
-        exporter.clear()
-        for harness in daemon(base, traced=False):
-            assert not tracing.enabled
-            with harness.client() as c:
-                c.call_tool("lite", "hello", {})
-    finally:
-        rmtree(base)
+    exporter.clear()
+    with light_daemon("lite", tracing=Tracing(enabled=False)) as harness:
+        assert not tracing.enabled
+        with harness.client() as c:
+            c.call_tool("lite", "hello", {})
     assert exporter.get_finished_spans() == ()

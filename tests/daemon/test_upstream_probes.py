@@ -27,7 +27,8 @@ from memorizz.api.errors import (
     UpstreamError,
 )
 from memorizz.api.methods import ServerSpec
-from tests.faults import App, Receive, Scope, Send, _PostFault, _read_body, _replaying
+from memorizzd.upstream.jsonrpc import JUNK_LINES_LOGGED
+from tests.faults import App, Receive, Scope, Send, _PostFault
 from tests.harness import (
     TESTS,
     DaemonHarness,
@@ -111,7 +112,7 @@ def test_a_malformed_listing_says_which_server_what_and_where(
         c.list_tools("p", refresh=True)
     assert err.value.data == {"server": "p"}
     assert "tools/list" in err.value.message
-    assert "$.tools[6].inputSchema" in err.value.message
+    assert "$.tools[7].inputSchema" in err.value.message
 
 
 # --- loops ---------------------------------------------------------------------------
@@ -260,6 +261,103 @@ def test_a_call_to_a_server_that_stopped_reading_ends_at_its_deadline(
             assert took < 1.5, f"answered {took:.2f} s after a 1 s deadline"
 
 
+# --- what a server writes that is not the protocol ------------------------------------
+
+
+@pytest.mark.parametrize("fault", ["bom", "bom_split"])
+def test_a_byte_order_mark_before_the_first_line_is_skipped(
+    daemon: DaemonHarness, caplog: pytest.LogCaptureFixture, fault: str
+) -> None:
+    """A UTF-8 byte order mark before a server's first line on stdout (some
+    runtimes write one) made that line unreadable: the handshake's answer
+    was ignored as junk, the handshake timed out and the server was
+    started again, for ever. Even a mark read in two parts is skipped."""
+    with daemon.client() as c:
+        c.add_server(probe("p", timeout_s=2.0, PROBE=fault))
+        wait_until(
+            lambda: c.server_status("p")[0].state == "ready",
+            timeout=5,
+            what="the handshake's answer read",
+        )
+        assert c.call_tool("p", "hello").content[0]["text"] == "hello from hello"
+        status = c.server_status("p")[0]
+    assert status.server_name == "probe-server"
+    assert status.restarts == 0
+    assert not _junk_logged(caplog, "p")
+
+
+def test_junk_on_stdout_is_logged_within_a_bound_and_counted(
+    daemon: DaemonHarness, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every line on stdout that was not JSON-RPC was logged, one warning
+    each with no limit: a server printing junk in a loop flooded the
+    journal. Now the first few of a window are logged and the rest counted,
+    the count said once when the window ends (or the session does)."""
+    lines = 3000
+    daemon.add(probe("p"))
+    with daemon.client() as c:
+        result = c.call_tool("p", "junk", {"n": lines}, timeout_s=10)
+        assert result.content[0]["text"] == "junked"
+        assert c.call_tool("p", "hello").content[0]["text"] == "hello from hello"
+        assert c.server_status("p")[0].restarts == 0
+        logged = len(_junk_logged(caplog, "p"))
+        assert 1 <= logged <= JUNK_LINES_LOGGED
+        c.remove_server("p")  # the session ends: the count of the rest is said
+
+    wait_until(
+        lambda: logged + sum(_junk_dropped(caplog, "p")) >= lines,
+        timeout=5,
+        what="the count of the junk not logged",
+    )
+    assert len(_junk_logged(caplog, "p")) == logged
+    assert logged + sum(_junk_dropped(caplog, "p")) == lines
+    assert len(_junk_dropped(caplog, "p")) == 1
+
+
+def _junk_logged(caplog: pytest.LogCaptureFixture, name: str) -> list[str]:
+    prefix = f"{name}: ignored a non-JSON-RPC line on stdout"
+    return [m for m in caplog.messages if m.startswith(prefix)]
+
+
+def _junk_dropped(caplog: pytest.LogCaptureFixture, name: str) -> list[int]:
+    return [
+        int(m.split()[1])
+        for m in caplog.messages
+        if m.startswith(f"{name}: ") and "non-JSON-RPC lines on stdout not logged" in m
+    ]
+
+
+# --- a server that cannot start -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("cwd", "problem"), [("missing", "not found"), ("file", "is not a directory")]
+)
+def test_a_working_directory_that_cannot_be_entered_is_named_as_such(
+    daemon: DaemonHarness, base_dir: str, cwd: str, problem: str
+) -> None:
+    """A stdio server whose ``cwd`` did not exist was reported as
+    "executable not found: <the cwd's path>", in ``servers/status`` and
+    ``servers/test``: the path was right, the thing it named was not."""
+    path = os.path.join(base_dir, "no-such-dir")
+    if cwd == "file":
+        with open(path, "w", encoding="utf-8"):
+            pass
+    with daemon.client() as c:
+        c.add_server(msgspec.structs.replace(probe("p"), cwd=path))
+        wait_until(
+            lambda: c.server_status("p")[0].last_error is not None,
+            timeout=5,
+            what="the failed start",
+        )
+        status = c.server_status("p")[0]
+        tested = c.test_server("p", timeout_s=2)
+    assert status.last_error == f"working directory (cwd) {problem}: {path}"
+    assert status.state in ("backoff", "failed")
+    assert tested.outcome == "unreachable"
+    assert tested.message == status.last_error
+
+
 # --- one caller's slowness, or a flood, is nobody else's ------------------------------
 
 
@@ -319,19 +417,12 @@ class Refuse(_PostFault):
     headers: tuple[tuple[bytes, bytes], ...] = ()
 
     def wrap(self, app: App) -> App:
-        async def wrapped(scope: Scope, receive: Receive, send: Send) -> None:
-            if scope["type"] != "http" or scope["method"] != "POST":
-                await app(scope, receive, send)
-                return
-            body = await _read_body(receive)
-            if not self._arrived(body):
-                await app(scope, _replaying(body, receive), send)
-                return
+        async def refuse(scope: Scope, receive: Receive, send: Send) -> None:
             start = {"type": "http.response.start", "status": self.status}
             await send(start | {"headers": list(self.headers)})
             await send({"type": "http.response.body", "body": b""})
 
-        return wrapped
+        return self._on_posts(app, self._arrived, refuse)
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from memorizz import Client
@@ -34,6 +35,7 @@ from tests.harness import (
     MCP_SERVER,
     ZYGOTE_LAUNCH,
     DaemonHarness,
+    daemon_config,
     daemon_process,
     wait_until,
     zygote_socket,
@@ -321,6 +323,127 @@ def test_a_sighup_storm_with_calls_in_flight_loses_nothing(base_dir: str) -> Non
                 "hello from legacy"
             )
         assert daemon.running
+
+
+def test_a_reload_without_a_config_file_says_there_is_none(
+    base_dir: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A daemon started without a config file has nothing to re-read. The
+    reload was refused as ``invalid_config`` ("invalid configuration"), as if
+    a file were at fault; now its reason is ``no_config_file``, and
+    ``memorizzctl daemon reload`` says so, on stderr and with ``--json``."""
+    with DaemonHarness.running(daemon_config(base_dir)) as h:
+        assert h.ctl("daemon", "reload") == 1
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert err.startswith("memorizzctl: error: "), err
+        assert "no config file" in err, err
+        assert err.endswith(" (no_config_file)\n"), err
+        assert "invalid" not in err, err
+        assert h.ctl("--json", "daemon", "reload") == 1
+        out, err = capsys.readouterr()
+        assert err == ""
+        assert msgspec.json.decode(out)["error"]["reason"] == "no_config_file"
+        with h.client() as c:
+            with pytest.raises(InvalidParamsError) as refused:
+                c.daemon_reload()
+            assert refused.value.reason == "no_config_file"
+            last = c.daemon_status().last_reload
+            assert last is not None
+            assert not last.ok
+            assert "no config file" in last.message
+            records = [
+                r for r in c.audit(limit=10).records if r.action == "daemon/reload"
+            ]
+            assert {(r.outcome, r.reason) for r in records} == {
+                ("failed", "no_config_file")
+            }
+
+
+@pytest.mark.parametrize("kind", ["fifo", "name_too_long", "directory"])
+def test_a_config_path_that_is_not_a_readable_file_is_refused_where_it_is(
+    base_dir: str, kind: str
+) -> None:
+    """The config file replaced by a FIFO: a reload blocked for ever on it,
+    holding the reload lock (every later reload waited behind it). By a link
+    whose target's name is too long for the kernel: ``load`` let the
+    ``OSError`` out, and the reload ended as an internal error. Now each is
+    ``invalid_config`` saying what the path is, kept for ``daemon/status``,
+    and the config in force is unchanged; the file put back reloads."""
+    path = Path(base_dir, "memorizzd.toml")
+    good = _head(base_dir) + _ONE
+    path.write_text(good, encoding="utf-8")
+    with DaemonHarness.running(load(str(path))) as h:
+        h.wait_ready("one")
+        with h.client() as c:
+            path.unlink()
+            if kind == "fifo":
+                os.mkfifo(path)
+                said = "not a regular file"
+            elif kind == "directory":
+                path.mkdir()
+                said = "not a regular file"
+            else:
+                path.symlink_to(os.path.join(base_dir, "s" * 300))
+                said = "File name too long"
+            with pytest.raises(InvalidParamsError) as refused:
+                c.daemon_reload()
+            assert refused.value.reason == "invalid_config"
+            assert said in refused.value.message, refused.value.message
+            last = c.daemon_status().last_reload
+            assert last is not None
+            assert not last.ok
+            assert said in last.message, last.message
+            assert c.call_tool("one", "hello", {}).content[0]["text"] == (
+                "hello from legacy"
+            )
+            if kind == "directory":
+                path.rmdir()
+            else:
+                path.unlink()
+            path.write_text(good, encoding="utf-8")
+            c.daemon_reload()
+            again = c.daemon_status().last_reload
+            assert again is not None
+            assert again.ok
+
+
+@pytest.mark.parametrize("option", ["--socket", "--state-dir", "--config"])
+@pytest.mark.parametrize("spelling", ["apart", "joined"])
+def test_memorizzd_refuses_an_empty_path_as_a_usage_error(
+    base_dir: str, option: str, spelling: str
+) -> None:
+    """``memorizzd --socket ""`` (an unset variable, most likely) served on
+    the default socket, as if no option were given; an empty ``--state-dir``
+    used the default state directory, an empty ``--config`` read ".". Now
+    each is a usage error (exit 2), as ``memorizzctl --socket ""`` is."""
+    path = Path(base_dir, "memorizzd.toml")
+    path.write_text(_head(base_dir), encoding="utf-8")
+    given = {
+        "--config": str(path),
+        "--socket": os.path.join(base_dir, "d.sock"),
+        "--state-dir": os.path.join(base_dir, "state"),
+    }
+    argv: list[str] = []
+    for name, value in given.items():
+        if name != option:
+            argv += [name, value]
+        elif spelling == "apart":
+            argv += [name, ""]
+        else:
+            argv.append(f"{name}=")
+    check = subprocess.run(  # noqa: PLW1510 - the exit status is the assertion
+        [DAEMON_EXE, *argv, "--check-config"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert check.returncode == 2, (check.stdout, check.stderr)
+    assert check.stdout == ""
+    assert check.stderr.startswith("usage: memorizzd"), check.stderr
+    assert check.stderr.endswith(
+        f"memorizzd: error: argument {option}: an empty path\n"
+    ), check.stderr
 
 
 def _last_reload_ok(c: Client) -> bool:

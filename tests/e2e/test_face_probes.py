@@ -325,3 +325,32 @@ def test_a_uri_built_from_a_template_goes_to_the_server_whose_template_it_matche
                 assert session.reply()["error"]["data"]["reason"] == "not_found"
     finally:
         rmtree(base)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"jsonrpc":"2.0","id":null,"method":"ping"}',
+        (
+            b'{"jsonrpc":"2.0","method":"tools/call","id":null,'
+            b'"params":{"name":"alpha__echo","arguments":{"text":"x"}}}'
+        ),
+    ],
+    ids=["ping", "tools-call"],
+)
+def test_a_request_with_a_null_id_is_an_invalid_request_under_a_null_id(
+    harness: DaemonHarness, line: bytes
+) -> None:
+    """MCP forbids a null request id, and JSON-RPC 2.0's notification has
+    no ``id`` member at all. ``"id": null`` was taken for a notification: not
+    run and never answered, so the client waited for its reply forever; now
+    it is ``invalid_request`` (-32600) under a null id, and the session goes
+    on. A true notification (no ``id``) is still not answered."""
+    with face(harness) as session:
+        session.send(line, b'{"jsonrpc":"2.0","method":"ping"}')
+        reply = session.reply()
+        assert reply["id"] is None, reply
+        assert reply["error"]["code"] == -32600, reply
+        assert reply["error"]["data"]["reason"] == "invalid_request"
+        assert "null" in reply["error"]["message"]
+        assert session.serves()  # the next reply is the ping's: nothing between

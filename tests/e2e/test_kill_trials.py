@@ -47,7 +47,7 @@ from tests.harness import (
     DaemonProcess,
     daemon_process,
     light_spec,
-    stdio_spec,
+    sigterm_during_a_call,
     wait_until,
 )
 from tests.process import ROOT, daemon_argv, empty_config
@@ -285,23 +285,7 @@ def test_a_call_answered_during_the_drain_is_in_the_database_after_a_clean_stop(
     stopped, before the drain, and never again."""
     state = os.path.join(base_dir, "state")
     with daemon_process(base_dir) as d:
-        with d.client() as c:
-            c.add_server(stdio_spec("t"))
-        d.wait_ready("t")
-        answered: list[str] = []
-
-        def slow_call() -> None:
-            with d.client() as c:
-                result = c.call_tool("t", "slow", {"seconds": 0.5})
-                answered.append(result.content[0]["text"])
-
-        caller = threading.Thread(target=slow_call)
-        caller.start()
-        with d.client() as c:
-            wait_until(lambda: c.server_status("t")[0].in_flight == 1)
-        assert d.stop(signal.SIGTERM) == 0
-        caller.join(10)
-        assert answered == ["slept 0.5"]
+        assert sigterm_during_a_call(d, 0.5) == ["slept 0.5"]
     assert _rows(state, "SELECT action FROM audit ORDER BY id") == [
         ("servers/add",),
         ("tools/call",),

@@ -22,6 +22,7 @@ from tests.harness import (
     DaemonHarness,
     daemon_config,
     daemon_process,
+    sigterm_during_a_call,
     spawned_spec,
     stdio_spec,
     wait_until,
@@ -58,24 +59,7 @@ def test_run_time_servers_survive_a_restart(base_dir: str) -> None:
 
 def test_sigterm_drains_in_flight_calls_and_exits_zero(base_dir: str) -> None:
     with daemon_process(base_dir) as d:
-        with d.client() as c:
-            c.add_server(stdio_spec("t"))
-        d.wait_ready("t")
-        outcome: list[str] = []
-
-        def slow_call() -> None:
-            with d.client() as c:
-                outcome.append(
-                    c.call_tool("t", "slow", {"seconds": 1.0}).content[0]["text"]
-                )
-
-        caller = threading.Thread(target=slow_call)
-        caller.start()
-        with d.client() as c:
-            wait_until(lambda: c.server_status("t")[0].in_flight == 1)
-        assert d.stop(signal.SIGTERM) == 0
-        caller.join(10)
-        assert outcome == ["slept 1.0"]
+        assert sigterm_during_a_call(d, 1.0) == ["slept 1.0"]
         assert not Path(d.socket).exists()
 
 

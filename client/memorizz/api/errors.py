@@ -7,7 +7,8 @@ The tree (one class per code; ``reason`` refines it and is what clients branch o
     |   +-- ParseError                 -32700 parse_error
     |   +-- InvalidRequestError        -32600 invalid_request, frame_too_large
     |   +-- MethodNotFoundError        -32601 method_not_found
-    |   +-- InvalidParamsError         -32602 invalid_params
+    |   +-- InvalidParamsError         -32602 invalid_params, invalid_config,
+    |                                         no_config_file
     |   +-- InternalError              -32603 internal
     |   +-- UnsupportedProtocolError   -32000 unsupported_protocol
     |   +-- PermissionDeniedError      -32001 permission_denied, read_only_server,
@@ -117,6 +118,7 @@ REASONS: Final = frozenset(
         "not_approved",
         "upstream_busy",
         "invalid_config",
+        "no_config_file",
     }
 )
 

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
-from typing import Any, Final, get_args
+from collections.abc import Callable, Sequence
+from typing import Any, Final, TypeVar, get_args
 
 import msgspec
 
 from memorizz.api import methods as m
+
+_N = TypeVar("_N", int, float)
 
 
 def _most(kind: object) -> Any:
@@ -153,32 +155,25 @@ def _at_most(value: float, limit: float, text: str) -> None:
         raise argparse.ArgumentTypeError(f"must be at most {most}, got {text!r}")
 
 
-def deadline(text: str) -> float:
-    """Seconds a request may take: positive, at most ``MAX_DEADLINE_S``."""
-    value = positive_float(text)
-    _at_most(value, MAX_DEADLINE_S, text)
-    return value
+def bounded(parse: Callable[[str], _N], limit: float) -> Callable[[str], _N]:
+    """``parse``, then held to at most ``limit`` (a usage error beyond it)."""
+
+    def convert(text: str) -> _N:
+        value = parse(text)
+        _at_most(value, limit, text)
+        return value
+
+    return convert
 
 
-def wait_seconds(text: str) -> float:
-    """Seconds a long-poll may wait: positive, at most ``MAX_WAIT_S``."""
-    value = positive_float(text)
-    _at_most(value, MAX_WAIT_S, text)
-    return value
-
-
-def page_limit(text: str) -> int:
-    """Items per page: 1 to ``MAX_PAGE``."""
-    value = positive_int(text)
-    _at_most(value, MAX_PAGE, text)
-    return value
-
-
-def row_id(text: str) -> int:
-    """A record id: positive, at most ``MAX_ROW_ID``."""
-    value = positive_int(text)
-    _at_most(value, MAX_ROW_ID, text)
-    return value
+deadline: Final = bounded(positive_float, MAX_DEADLINE_S)
+"""Seconds a request may take: positive, at most ``MAX_DEADLINE_S``."""
+wait_seconds: Final = bounded(positive_float, MAX_WAIT_S)
+"""Seconds a long-poll may wait: positive, at most ``MAX_WAIT_S``."""
+page_limit: Final = bounded(positive_int, MAX_PAGE)
+"""Items per page: 1 to ``MAX_PAGE``."""
+row_id: Final = bounded(positive_int, MAX_ROW_ID)
+"""A record id: positive, at most ``MAX_ROW_ID``."""
 
 
 def socket_path(text: str) -> str:

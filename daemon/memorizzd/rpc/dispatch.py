@@ -64,7 +64,8 @@ _request_decoder: Final = msgspec.json.Decoder(Request)
 
 
 class _IdProbe(msgspec.Struct):
-    id: Any = None
+    id: Any = msgspec.UNSET
+    """``UNSET``: the message has no ``id`` member; ``None``: ``"id": null``."""
 
 
 _id_decoder: Final = msgspec.json.Decoder(_IdProbe)
@@ -233,7 +234,7 @@ def parse_request(line: bytes) -> Request | bytes:
 
 def _decode_request(line: bytes) -> Request:
     try:
-        return _request_decoder.decode(line)
+        request = _request_decoder.decode(line)
     except msgspec.ValidationError as exc:
         request_id = _probe_id(line)
         error = InvalidRequestError(f"not a JSON-RPC 2.0 request: {exc}")
@@ -253,6 +254,27 @@ def _decode_request(line: bytes) -> Request:
         # a nesting too deep somewhere in its params) is answered under it.
         request_id = scanner.id if scanner.done and scanner.has_method else None
         raise _WithId(refused, request_id) from None
+    if request.id is None and _has_null_id(line):
+        # JSON-RPC 2.0's notification has no ``id`` member; MCP forbids a null
+        # request id. Dropped as a notification, it left its client waiting.
+        raise _WithId(
+            InvalidRequestError(
+                "not a JSON-RPC 2.0 request: `id` is null (a request's id is an"
+                " integer or a string; a notification has no `id` member)"
+            ),
+            None,
+        )
+    return request
+
+
+def _has_null_id(line: bytes) -> bool:
+    """Whether a line that decoded with no id has an ``id`` member (null).
+
+    Read again only for such lines (notifications), never for a request."""
+    try:
+        return _id_decoder.decode(line).id is None
+    except (msgspec.DecodeError, RecursionError, ValueError):
+        return False
 
 
 def _probe_id(line: bytes) -> RequestId | None:

@@ -74,7 +74,7 @@ from memorizzd.upstream.errors import (
     not_honored,
     rpc_error,
 )
-from memorizzd.upstream.stdio import StdioPipes, StdioProcess, stdio_pipes
+from memorizzd.upstream.stdio import LogBudget, StdioPipes, StdioProcess, stdio_pipes
 
 log = logging.getLogger("memorizzd.upstream.jsonrpc")
 
@@ -91,6 +91,12 @@ REPLIES_UNREAD_MAX: Final = 4 << 20
 """Bytes the server has not read from its stdin past which its requests go unanswered."""
 PROGRESS_KEPT_BYTES: Final = 256 * 1024
 """One call's progress notifications waiting for a slow caller, at most (the oldest go)."""
+JUNK_LINES_LOGGED: Final = 5
+JUNK_WINDOW_S: Final = 60.0
+"""Lines on stdout that are not JSON-RPC: at most ``JUNK_LINES_LOGGED`` of them
+are logged in each ``JUNK_WINDOW_S`` (a window opens with the first such line
+after the last window ended); the rest are counted, and the count logged once
+when the window ends or the session does (``stdio.LogBudget``)."""
 
 _LOG_LEVEL: Final = mcp_meta.LOG_LEVEL.encode()
 """2026-07-28: a request's ``_meta`` member that asks for the server's logs."""
@@ -360,6 +366,8 @@ class JsonRpcSession:
         """Set when the server closed its stdout (the session is over)."""
         self._unread = False
         """Its requests go unanswered: it does not read its stdin (``_reply``)."""
+        self._junk = LogBudget(JUNK_LINES_LOGGED, JUNK_WINDOW_S, self._junk_not_logged)
+        """The log of lines on stdout that are not JSON-RPC, bounded (``read``)."""
         pipes.take_answers(self._answers_now)
 
     # --- the Connection ----------------------------------------------------
@@ -877,11 +885,12 @@ class JsonRpcSession:
                 try:
                     message = _decode_message(line)
                 except (msgspec.DecodeError, msgspec.ValidationError):
-                    log.warning(
-                        "%s: ignored a non-JSON-RPC line on stdout (%d bytes)",
-                        self._server,
-                        len(line),
-                    )
+                    if self._junk.take():
+                        log.warning(
+                            "%s: ignored a non-JSON-RPC line on stdout (%d bytes)",
+                            self._server,
+                            len(line),
+                        )
                     continue
                 if message.method is None:
                     self._answered(message)
@@ -893,7 +902,18 @@ class JsonRpcSession:
                 else:
                     self._answer_request(message)
         finally:
+            self._junk.close()
             self._close("the server closed its stdout")
+
+    def _junk_not_logged(self, dropped: int) -> None:
+        log.warning(
+            "%s: %d more non-JSON-RPC lines on stdout not logged"
+            " (at most %d are logged every %.0f s)",
+            self._server,
+            dropped,
+            JUNK_LINES_LOGGED,
+            JUNK_WINDOW_S,
+        )
 
     def _answers_now(self, data: bytes) -> bool:
         """Whole lines the pipes read while the reader waited: taken here, in

@@ -11,9 +11,14 @@ exits by itself leak. This one
   ``max_message_bytes`` is discarded as it streams (never buffered) and, as
   soon as it is known to answer one of our requests (its id may come last),
   that request fails with ``result_too_large`` (``limits.OversizeMessage``);
+  a UTF-8 byte order mark at the very start of stdout is skipped, as lenient
+  clients do (one anywhere else is the line's, and makes it junk);
 * logs stderr line by line under the server's name (lines truncated at 4 KiB,
   at most 50 lines a second; the rest are counted, not logged, and the count
-  is logged when its second ends, even if the server then falls silent);
+  is logged when its second ends, even if the server then falls silent:
+  ``LogBudget``, which bounds the session's log of junk on stdout too);
+* reports a ``cwd`` it cannot enter as such (``WorkingDirectoryError``), not
+  as a missing executable;
 * on exit closes stdin, waits, then SIGTERMs and SIGKILLs the whole process
   group, and always kills the group at the end, so no descendant survives.
 """
@@ -34,7 +39,7 @@ from typing import Final
 import anyio
 
 from memorizzd.egress.oversize import OversizeMessage
-from memorizzd.loop import Inbox, Outbox
+from memorizzd.loop import Inbox, Outbox, call_later, now
 from memorizzd.upstream.errors import ConnectionLost
 
 log = logging.getLogger("memorizzd.upstream.stdio")
@@ -47,6 +52,70 @@ TERM_GRACE_S: Final = 2.0
 EXIT_POLL_S: Final = 0.2
 """How often a child's exit is polled for where there is no pidfd."""
 _CHUNK: Final = 1 << 16
+_BOM: Final = b"\xef\xbb\xbf"
+"""UTF-8's byte order mark: skipped at the start of a server's stdout."""
+
+
+class WorkingDirectoryError(OSError):
+    """The server's ``cwd`` could not be entered (``filename``: its path;
+    ``errno``: ENOENT, ENOTDIR, EACCES...): the process never started."""
+
+
+class LogBudget:
+    """A flood's log lines, bounded: at most ``lines`` in each ``window_s``
+    (a window opens with the first line after the last one ended); the rest
+    are counted, not logged, and ``said_dropped(count)`` is called once for
+    them, when their window ends (a loop timer: even if the source then
+    falls silent) or at ``close``, whichever comes first."""
+
+    __slots__ = (
+        "_cancel",
+        "_dropped",
+        "_lines",
+        "_opened",
+        "_said",
+        "_used",
+        "_window_s",
+    )
+
+    def __init__(
+        self, lines: int, window_s: float, said_dropped: Callable[[int], None]
+    ) -> None:
+        self._lines = lines
+        self._window_s = window_s
+        self._said = said_dropped
+        self._opened = -math.inf
+        self._used = 0
+        self._dropped = 0
+        self._cancel: Callable[[], None] | None = None
+        """Cancels the timer that ends the window (set while lines are counted)."""
+
+    def take(self) -> bool:
+        """Whether one more line may be logged (False: it was counted instead)."""
+        at = now()
+        if at - self._opened >= self._window_s:
+            self._end()
+            self._opened = at
+        if self._used < self._lines:
+            self._used += 1
+            return True
+        self._dropped += 1
+        if self._cancel is None:
+            self._cancel = call_later(self._opened + self._window_s - at, self._end)
+        return False
+
+    def close(self) -> None:
+        """The source is done: say how many were not logged (if any)."""
+        self._end()
+
+    def _end(self) -> None:
+        cancel, self._cancel = self._cancel, None
+        if cancel is not None:
+            cancel()
+        dropped, self._dropped = self._dropped, 0
+        self._opened, self._used = -math.inf, 0
+        if dropped:
+            self._said(dropped)
 
 
 _BASE_ENV_KEYS: Final = (
@@ -110,6 +179,9 @@ class StdioPipes:
         """The line being read (``lines``)."""
         self._oversize: OversizeMessage | None = None
         """The oversize line being dropped (``lines``)."""
+        self._head: bytes | None = b""
+        """Stdout's first bytes, while it is not known yet whether they start
+        with a byte order mark (None: known, and skipped if they did)."""
 
     def take_answers(self, taken: Callable[[bytes], bool]) -> None:
         """``taken`` may take whole lines in the loop's reader callback (the
@@ -117,7 +189,7 @@ class StdioPipes:
         waits with nothing half read, so the order of lines is kept."""
 
         def take(data: bytes) -> bytes:
-            if self._buffer or self._oversize is not None:
+            if self._buffer or self._oversize is not None or self._head is not None:
                 return data
             if not data.endswith(b"\n") or len(data) > self._max:
                 return data
@@ -161,6 +233,10 @@ class StdioPipes:
         buffer = self._buffer
         limit = self._max
         while chunk := await self._receive():
+            if self._head is not None:
+                chunk = self._skip_bom(chunk)
+                if not chunk:
+                    continue
             start = 0
             while True:
                 end = chunk.find(b"\n", start)
@@ -189,6 +265,19 @@ class StdioPipes:
                 buffer.clear()
                 start = end + 1
         log.debug("%s: stdout closed", self._name)
+
+    def _skip_bom(self, chunk: bytes) -> bytes:
+        """``chunk`` (stdout's first bytes, after those held back before it)
+        without a leading byte order mark; b"" while too few are read to tell."""
+        head = self._head + chunk if self._head else chunk
+        if len(head) < len(_BOM) and _BOM.startswith(head):
+            self._head = head  # the mark's first part: wait for the rest
+            return b""
+        self._head = None
+        if not head.startswith(_BOM):
+            return head
+        log.info("%s: skipped a byte order mark at the start of stdout", self._name)
+        return head[len(_BOM) :]
 
     async def _receive(self) -> bytes:
         try:
@@ -254,7 +343,13 @@ async def stdio_pipes(
     executable = shutil.which(argv[0], path=env.get("PATH"))
     if executable is None:
         raise FileNotFoundError(errno.ENOENT, "executable not found", argv[0])
-    process, stdin, stdout, stderr = _spawn([executable, *argv[1:]], env, cwd)
+    try:
+        process, stdin, stdout, stderr = _spawn([executable, *argv[1:]], env, cwd)
+    except OSError as exc:
+        # Popen names the directory it could not enter as the error's filename.
+        if cwd is not None and exc.filename == cwd:
+            raise WorkingDirectoryError(exc.errno, exc.strerror, cwd) from exc
+        raise
     process_info.pid = process.pid
     name = process_info.name
     log.info("%s: started pid %d: %s", name, process.pid, argv[0])
@@ -262,53 +357,35 @@ async def stdio_pipes(
     async def read_stderr() -> None:
         buffer = bytearray()
         skipping = False  # inside an overlong line: drop it up to its newline
-        window_start, lines_in_window, dropped = anyio.current_time(), 0, 0
 
-        def new_window(now: float) -> None:
-            nonlocal window_start, lines_in_window, dropped
-            if dropped:
-                stderr_log.warning("%s: %d stderr lines not logged", name, dropped)
-            window_start, lines_in_window, dropped = now, 0, 0
+        def not_logged(dropped: int) -> None:
+            stderr_log.warning("%s: %d stderr lines not logged", name, dropped)
+
+        budget = LogBudget(STDERR_LINES_PER_S, 1.0, not_logged)
 
         def emit(text: str) -> None:
-            nonlocal lines_in_window, dropped
-            now = anyio.current_time()
-            if now - window_start >= 1.0:
-                new_window(now)
-            lines_in_window += 1
-            if lines_in_window <= STDERR_LINES_PER_S:
+            if budget.take():
                 stderr_log.info("%s: %s", name, text, extra={"MEMORIZZ_SERVER": name})
-            else:
-                dropped += 1
 
-        while True:
-            # Lines were dropped in this second: say so when it ends, even
-            # if the server falls silent (not only at its next line or exit).
-            deadline = window_start + 1.0 if dropped else math.inf
-            with anyio.move_on_at(deadline) as waited:
-                chunk = await _read_some(stderr)
-            if waited.cancelled_caught:
-                new_window(anyio.current_time())
-                continue
-            if not chunk:
-                break
-            buffer += chunk
-            while True:
-                end = buffer.find(b"\n")
-                if end < 0:
-                    if len(buffer) > STDERR_LINE_MAX:
-                        if not skipping:
-                            emit(_line(buffer[:STDERR_LINE_MAX]) + " [truncated]")
-                        skipping = True
-                        buffer.clear()
-                    break
-                if not skipping:
-                    text = _line(buffer[: min(end, STDERR_LINE_MAX)])
-                    emit(text + (" [truncated]" if end > STDERR_LINE_MAX else ""))
-                skipping = False
-                del buffer[: end + 1]
-        if dropped:
-            stderr_log.warning("%s: %d stderr lines not logged", name, dropped)
+        try:
+            while chunk := await _read_some(stderr):
+                buffer += chunk
+                while True:
+                    end = buffer.find(b"\n")
+                    if end < 0:
+                        if len(buffer) > STDERR_LINE_MAX:
+                            if not skipping:
+                                emit(_line(buffer[:STDERR_LINE_MAX]) + " [truncated]")
+                            skipping = True
+                            buffer.clear()
+                        break
+                    if not skipping:
+                        text = _line(buffer[: min(end, STDERR_LINE_MAX)])
+                        emit(text + (" [truncated]" if end > STDERR_LINE_MAX else ""))
+                    skipping = False
+                    del buffer[: end + 1]
+        finally:
+            budget.close()  # the count of what was not logged, now
 
     async def watch_exit() -> None:
         # Not by the pipes: a descendant holding them must not delay noticing.

@@ -24,6 +24,7 @@ deadline bounds what it costs.
 from __future__ import annotations
 
 import collections
+import errno
 import logging
 import math
 import random
@@ -48,7 +49,11 @@ from memorizzd.upstream.connection import Connection
 from memorizzd.upstream.jsonrpc import MODERN, Launch, open_session
 from memorizzd.upstream.logs import LogSink, tell
 from memorizzd.upstream.replicas import open_replicas
-from memorizzd.upstream.stdio import StdioProcess, child_environment
+from memorizzd.upstream.stdio import (
+    StdioProcess,
+    WorkingDirectoryError,
+    child_environment,
+)
 from memorizzd.upstream.subscriptions import Subscriptions
 from memorizzd.upstream.tools import ToolCache, ToolsListener
 from memorizzd.vault import CredentialStore, VaultError, resolve_secrets
@@ -644,6 +649,14 @@ class Supervisor:
             self._settled.set()
 
 
+_CWD_PROBLEMS: Final = {
+    errno.ENOENT: "not found",
+    errno.ENOTDIR: "is not a directory",
+    errno.EACCES: "not accessible (permission denied)",
+}
+"""How ``_describe_failure`` says why a server's ``cwd`` could not be entered."""
+
+
 def _describe_failure(exc: BaseException) -> str:
     """A short, secret-free description: the innermost exception's type and
     message (our own error first, where a group holds one)."""
@@ -653,6 +666,9 @@ def _describe_failure(exc: BaseException) -> str:
         return exc.message
     if isinstance(exc, VaultError):
         return f"credentials: {exc}"
+    if isinstance(exc, WorkingDirectoryError):
+        problem = _CWD_PROBLEMS.get(exc.errno or 0) or f"unusable ({exc.strerror})"
+        return f"working directory (cwd) {problem}: {exc.filename}"
     if isinstance(exc, FileNotFoundError):
         return f"executable not found: {exc.filename}"
     if isinstance(exc, PermissionError):

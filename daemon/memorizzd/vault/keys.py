@@ -15,13 +15,14 @@ Messages name the source, never a key.
 from __future__ import annotations
 
 import base64
-import contextlib
 import logging
 import os
 from collections.abc import Mapping
 from typing import Final
 
 import msgspec
+
+from memorizzd.state_dir import create_private_file, fsync_dir, write_private_file
 
 log = logging.getLogger("memorizzd.vault")
 
@@ -121,26 +122,18 @@ def _read(path: str, name: str) -> tuple[bytes, ...]:
 
 
 def _create_key_file(state_dir: str, path: str) -> None:
-    """A new key file, whole or not at all: the key is written to a temporary
-    file beside it, fsynced, then linked into place. Created in place, a
-    daemon killed between the create and the write left an empty key file,
-    and every later start stopped at it ("no key in it", exit 78)."""
-    tmp = f"{path}.tmp"
+    """A new key file, whole or not at all (``create_private_file``): a
+    daemon killed while it wrote one in place left it empty, and every later
+    start stopped at it ("no key in it", exit 78)."""
     try:
         os.makedirs(state_dir, mode=0o700, exist_ok=True)
-        _write_new(tmp, new_fernet_key() + b"\n")
-        try:
-            os.link(tmp, path)  # never replaces: another start made it first
-        except FileExistsError:
-            return
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+        if not create_private_file(path, new_fernet_key() + b"\n"):
+            return  # another start made it first
     except OSError as exc:
         raise VaultKeyError(
             f"key file {path}: cannot create it: {exc.strerror}"
         ) from None
-    _fsync_dir(state_dir)
+    fsync_dir(state_dir)
     log.warning(
         "generated a new vault key in %s: BACK IT UP. Without it the stored"
         " credentials cannot be decrypted (see docs/auth.md)",
@@ -151,28 +144,9 @@ def _create_key_file(state_dir: str, path: str) -> None:
 def write_key_file(path: str, keys: tuple[bytes, ...]) -> None:
     """Replace the key file atomically (0600, fsynced), primary first."""
     tmp = f"{path}.tmp"
-    _write_new(tmp, b",".join(keys) + b"\n")
+    write_private_file(tmp, b",".join(keys) + b"\n")
     os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path))
-
-
-def _write_new(path: str, data: bytes) -> None:
-    """``data`` in a new file at ``path``, 0600 and fsynced. Whatever is there
-    is unlinked first, never written through: a leftover temporary file (its
-    mode would survive ``O_CREAT``), or another name of the key file itself (a
-    start killed between linking the new key file and unlinking its
-    temporary), whose truncation would empty the key file."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(path, flags, 0o600)
-    try:
-        view = memoryview(data)
-        while view:  # a short write (a full disk): the next one says why
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(os.path.dirname(path))
 
 
 def new_primary(source: KeySource) -> KeySource:
@@ -190,11 +164,3 @@ def new_primary(source: KeySource) -> KeySource:
         source.path,
     )
     return msgspec.structs.replace(source, keys=keys)
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
