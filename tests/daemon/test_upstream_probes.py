@@ -23,6 +23,7 @@ import pytest
 from memorizz.api.errors import (
     AuthRequiredError,
     DeadlineExceededError,
+    InvalidParamsError,
     PermissionDeniedError,
     UpstreamError,
 )
@@ -356,6 +357,43 @@ def test_a_working_directory_that_cannot_be_entered_is_named_as_such(
     assert status.state in ("backoff", "failed")
     assert tested.outcome == "unreachable"
     assert tested.message == status.last_error
+
+
+def test_a_script_whose_interpreter_is_missing_says_so(
+    daemon: DaemonHarness, base_dir: str
+) -> None:
+    """A script whose ``#!`` line names an interpreter that is not installed:
+    the kernel says ENOENT, and it was reported as "executable not found:
+    <the script>", which is there."""
+    script = os.path.join(base_dir, "needs-python9.sh")
+    with open(script, "w", encoding="utf-8") as f:
+        f.write("#!/no/such/python9 -u\nprint('hi')\n")
+    os.chmod(script, 0o700)
+    with daemon.client() as c:
+        c.add_server(ServerSpec(name="i", transport="stdio", command=script))
+        wait_until(
+            lambda: c.server_status("i")[0].last_error is not None,
+            timeout=5,
+            what="the failed start",
+        )
+        status = c.server_status("i")[0]
+    assert status.last_error == (
+        f"interpreter not found: /no/such/python9 (the #! line of {script})"
+    )
+
+
+def test_a_relative_command_under_a_missing_cwd_names_the_cwd(
+    daemon: DaemonHarness, base_dir: str
+) -> None:
+    """``command = "./run"`` with a ``cwd`` that does not exist was refused
+    as "not found on PATH": a path is not looked up on PATH."""
+    cwd = os.path.join(base_dir, "gone")
+    with daemon.client() as c, pytest.raises(InvalidParamsError) as refused:
+        c.add_server(ServerSpec(name="r", transport="stdio", command="./run", cwd=cwd))
+    assert refused.value.message == (
+        f"server 'r': executable './run' not found (its working directory,"
+        f" cwd {cwd!r}, does not exist)"
+    )
 
 
 # --- one caller's slowness, or a flood, is nobody else's ------------------------------

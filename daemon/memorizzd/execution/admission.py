@@ -43,6 +43,9 @@ def admit(spec: ServerSpec, config: Config) -> Admission:
     except CommandNotAllowedError as exc:
         return Admission(spec, f"command not allowed: {exc.detail}", forbidden=True)
     except CommandNotFoundError:
+        cwd = spec.cwd
+        if cwd and os.sep in (spec.command or "") and not os.path.isdir(cwd):
+            return Admission(spec, f"working directory (cwd) not found: {cwd}")
         return Admission(spec, f"executable not found: {spec.command}")
     return Admission(resolved)
 

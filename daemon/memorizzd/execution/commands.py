@@ -80,8 +80,11 @@ def resolve_command(
     child_path = spec.env.get("PATH", daemon_path)
     resolved = resolve(spec.command, path=child_path, cwd=spec.cwd)
     if resolved is None:
+        where = "on PATH"
+        if spec.cwd and os.sep in spec.command and not os.path.isdir(spec.cwd):
+            where = f"(its working directory, cwd {spec.cwd!r}, does not exist)"
         raise CommandNotFoundError(
-            f"server {spec.name!r}: executable {spec.command!r} not found on PATH",
+            f"server {spec.name!r}: executable {spec.command!r} not found {where}",
             data={"server": spec.name, "command": spec.command},
         )
     if allowlist:

@@ -17,8 +17,9 @@ exits by itself leak. This one
   at most 50 lines a second; the rest are counted, not logged, and the count
   is logged when its second ends, even if the server then falls silent:
   ``LogBudget``, which bounds the session's log of junk on stdout too);
-* reports a ``cwd`` it cannot enter as such (``WorkingDirectoryError``), not
-  as a missing executable;
+* reports a ``cwd`` it cannot enter as such (``WorkingDirectoryError``), and
+  a script whose ``#!`` interpreter is missing (``InterpreterNotFoundError``),
+  not as a missing executable;
 * on exit closes stdin, waits, then SIGTERMs and SIGKILLs the whole process
   group, and always kills the group at the end, so no descendant survives.
 """
@@ -59,6 +60,28 @@ _BOM: Final = b"\xef\xbb\xbf"
 class WorkingDirectoryError(OSError):
     """The server's ``cwd`` could not be entered (``filename``: its path;
     ``errno``: ENOENT, ENOTDIR, EACCES...): the process never started."""
+
+
+class InterpreterNotFoundError(FileNotFoundError):
+    """The executable is there, but the interpreter its ``#!`` line names is
+    not (``filename``: the interpreter; ``script``: the executable)."""
+
+    def __init__(self, interpreter: str, script: str) -> None:
+        super().__init__(errno.ENOENT, "interpreter not found", interpreter)
+        self.script = script
+
+
+def _interpreter(script: str) -> str | None:
+    """The interpreter a ``#!`` line names (None: no such line, or unreadable)."""
+    try:
+        with open(script, "rb") as f:
+            head = f.read(256)
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    words = head[2:].split(b"\n", 1)[0].split()
+    return words[0].decode("utf-8", "replace") if words else None
 
 
 class LogBudget:
@@ -349,6 +372,11 @@ async def stdio_pipes(
         # Popen names the directory it could not enter as the error's filename.
         if cwd is not None and exc.filename == cwd:
             raise WorkingDirectoryError(exc.errno, exc.strerror, cwd) from exc
+        # The kernel says ENOENT for the interpreter of a script it runs.
+        if isinstance(exc, FileNotFoundError):
+            interpreter = _interpreter(executable)
+            if interpreter is not None:
+                raise InterpreterNotFoundError(interpreter, executable) from exc
         raise
     process_info.pid = process.pid
     name = process_info.name

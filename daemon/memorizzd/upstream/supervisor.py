@@ -50,6 +50,7 @@ from memorizzd.upstream.jsonrpc import MODERN, Launch, open_session
 from memorizzd.upstream.logs import LogSink, tell
 from memorizzd.upstream.replicas import open_replicas
 from memorizzd.upstream.stdio import (
+    InterpreterNotFoundError,
     StdioProcess,
     WorkingDirectoryError,
     child_environment,
@@ -669,6 +670,8 @@ def _describe_failure(exc: BaseException) -> str:
     if isinstance(exc, WorkingDirectoryError):
         problem = _CWD_PROBLEMS.get(exc.errno or 0) or f"unusable ({exc.strerror})"
         return f"working directory (cwd) {problem}: {exc.filename}"
+    if isinstance(exc, InterpreterNotFoundError):
+        return f"interpreter not found: {exc.filename} (the #! line of {exc.script})"
     if isinstance(exc, FileNotFoundError):
         return f"executable not found: {exc.filename}"
     if isinstance(exc, PermissionError):
