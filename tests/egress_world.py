@@ -409,3 +409,102 @@ def serve(app: ASGIApp, tls: TLS | None, *, lifespan: str = "on") -> Iterator[in
     certs = {"ssl_certfile": tls.certfile, "ssl_keyfile": tls.keyfile} if tls else {}
     with serve_asgi(lambda _base: app, lifespan=lifespan, **certs) as base:
         yield int(base.rsplit(":", 1)[1])
+
+
+# --- a real resolver's world: a DNS server for a test's own network namespace ------
+
+Record = tuple[str, str]
+"""``("A", "8.8.8.8")``, ``("AAAA", "2001:db8::1")`` or ``("CNAME", "other.name")``."""
+
+_QTYPES = {1: "A", 5: "CNAME", 28: "AAAA"}
+_RTYPES = {name: number for number, name in _QTYPES.items()}
+
+
+@dataclass
+class TinyDNS:
+    """A UDP DNS server answering from ``zone`` with TTL 0 (nothing is cached).
+
+    ``zone`` maps a name to its answers, served in turn per query type (the
+    last repeats: rebinding), each a list of records; a CNAME is followed
+    inside the zone as a recursive resolver would. A name not in the zone is
+    NXDOMAIN. ``queries`` gets ``"<name> <type>"`` of every question. It binds
+    wherever it is told (port 53 needs a network namespace of the test's own:
+    ``unshare -rn``), so the system resolver (``getaddrinfo``) can be pointed
+    at it with a ``resolv.conf``.
+    """
+
+    zone: dict[str, list[list[Record]]]
+    queries: list[str] = field(default_factory=list)
+    _turns: dict[tuple[str, str], int] = field(default_factory=dict)
+
+    def answer(self, packet: bytes) -> bytes | None:
+        if len(packet) < 17:
+            return None
+        offset, labels = 12, []
+        while (length := packet[offset]) != 0:
+            labels.append(packet[offset + 1 : offset + 1 + length].decode("ascii"))
+            offset += 1 + length
+        end = offset + 5
+        qtype = int.from_bytes(packet[offset + 1 : offset + 3], "big")
+        name = ".".join(labels).lower()
+        kind = _QTYPES.get(qtype, str(qtype))
+        self.queries.append(f"{name} {kind}")
+        records = self._records(name, kind, depth=0)
+        flags = 0x8180 | (3 if records is None else 0)  # NXDOMAIN when unknown
+        answers = b"".join(
+            _rr(owner, rtype, value) for owner, rtype, value in records or []
+        )
+        header = packet[:2] + flags.to_bytes(2, "big") + b"\x00\x01"
+        counts = len(records or []).to_bytes(2, "big") + b"\x00\x00\x00\x00"
+        return header + counts + packet[12:end] + answers
+
+    def _records(
+        self, name: str, kind: str, depth: int
+    ) -> list[tuple[str, str, str]] | None:
+        turns = self.zone.get(name)
+        if turns is None or depth > 8:
+            return None
+        key = (name, kind)
+        turn = self._turns.get(key, 0)
+        self._turns[key] = turn + 1
+        found: list[tuple[str, str, str]] = []
+        for rtype, value in turns[min(turn, len(turns) - 1)]:
+            if rtype == "CNAME":
+                found.append((name, rtype, value))
+                found.extend(self._records(value, kind, depth + 1) or [])
+            elif rtype == kind:
+                found.append((name, rtype, value))
+        return found
+
+    def serve(self, sock: socket.socket) -> None:
+        """Answer on the bound UDP ``sock`` until it is closed."""
+        while True:
+            try:
+                packet, peer = sock.recvfrom(4096)
+            except OSError:
+                return
+            reply = self.answer(packet)
+            if reply is not None:
+                sock.sendto(reply, peer)
+
+
+def _wire_name(name: str) -> bytes:
+    return (
+        b"".join(
+            len(label).to_bytes(1, "big") + label.encode("ascii")
+            for label in name.split(".")
+        )
+        + b"\x00"
+    )
+
+
+def _rr(owner: str, rtype: str, value: str) -> bytes:
+    name = rtype == "CNAME"
+    data = _wire_name(value) if name else ipaddress.ip_address(value).packed
+    return (
+        _wire_name(owner)
+        + _RTYPES[rtype].to_bytes(2, "big")
+        + b"\x00\x01\x00\x00\x00\x00"  # class IN, TTL 0
+        + len(data).to_bytes(2, "big")
+        + data
+    )

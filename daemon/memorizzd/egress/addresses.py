@@ -21,7 +21,17 @@ globally routable unicast space and outside every special-purpose block.
 What survives must also be ``is_global``: Python's flags alone are no policy
 (their tables differ by interpreter patch level), but a second opinion that
 can only refuse costs nothing. ``allow_private_network`` (a server's explicit
-choice) skips this module altogether; see ``urls.py`` and ``backend.py``.
+choice) skips the deny table; see ``urls.py`` and ``backend.py``.
+
+It does not skip the cloud metadata endpoints (``metadata_endpoint``): the
+instance metadata services (IPv4 link-local ``169.254/16``, where every
+cloud's lives, AWS's ``fd00:ec2::/48``, Alibaba's ``100.100.100.200``,
+Oracle's ``192.0.0.192``) and Azure's WireServer ``168.63.129.16``, a public
+address that only answers inside Azure. No intentional local service lives
+there, and a private-network server names the URLs of its own OAuth discovery,
+so lifting the table must not hand out the host's cloud credentials. They are
+matched inside every IPv6 wrapping too (``::ffff:169.254.169.254``, NAT64,
+6to4, Teredo).
 """
 
 from __future__ import annotations
@@ -82,6 +92,23 @@ DENIED_V6: Final = tuple(
         "ff00::/8",  # multicast
     )
 )
+METADATA_V4: Final = tuple(
+    IPv4Network(n)
+    for n in (
+        # Link-local: the instance metadata of AWS, GCP, Azure, Oracle,
+        # DigitalOcean, OpenStack, Hetzner (169.254.169.254), AWS ECS and EKS
+        # credentials (169.254.170.2, 169.254.170.23), Tencent (169.254.0.23),
+        # Scaleway (169.254.42.42).
+        "169.254.0.0/16",
+        "100.100.100.200/32",  # Alibaba Cloud
+        "192.0.0.192/32",  # Oracle Cloud
+        "168.63.129.16/32",  # Azure WireServer and host agent (a public address)
+    )
+)
+"""Refused even with ``allow_private_network`` (and by the deny table)."""
+METADATA_V6: Final = (
+    IPv6Network("fd00:ec2::/48"),  # AWS: IMDS ::254, EKS Pod Identity ::23, DNS, NTP
+)
 _COMPATIBLE: Final = IPv6Network("::/96")
 _TRANSLATED: Final = IPv6Network("::ffff:0:0:0/96")
 _NAT64: Final = IPv6Network("64:ff9b::/96")
@@ -89,6 +116,8 @@ _NAT64: Final = IPv6Network("64:ff9b::/96")
 
 def address_allowed(ip: IPAddress) -> bool:
     """True if the daemon may connect to ``ip`` (a public unicast address)."""
+    if metadata_endpoint(ip):
+        return False
     if isinstance(ip, IPv6Address):
         if ip.scope_id:
             return False  # a zone names a local interface
@@ -100,6 +129,19 @@ def address_allowed(ip: IPAddress) -> bool:
     elif any(ip in net for net in DENIED_V4):
         return False
     return ip.is_global
+
+
+def metadata_endpoint(ip: IPAddress) -> bool:
+    """True if ``ip`` is, or wraps, a cloud metadata endpoint: refused whatever
+    the server's ``allow_private_network``."""
+    if isinstance(ip, IPv6Address):
+        if any(ip in net for net in METADATA_V6):
+            return True
+        wrapped = embedded_ipv4(ip)
+        if wrapped is None:
+            return False
+        ip = wrapped[1]
+    return any(ip in net for net in METADATA_V4)
 
 
 def embedded_ipv4(ip: IPv6Address) -> tuple[str, IPv4Address] | None:

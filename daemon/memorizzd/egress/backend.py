@@ -9,7 +9,8 @@ applies the host rules again (``urls.check_host``), resolves the name itself
 it checked, never to the name. Each new connection resolves and checks afresh,
 so a second DNS answer (rebinding to 127.0.0.1) is judged like the first, and
 a pooled connection stays on the address it was checked at. Unix sockets are
-refused. ``allow_private_network`` lifts the address checks, not the pinning.
+refused. ``allow_private_network`` lifts the address checks, not the pinning,
+and not the refusal of cloud metadata endpoints (``addresses.metadata_endpoint``).
 
 ``Network`` is the outside world as the hardened client sees it: the
 resolver, the final dial and the TLS trust anchors. Production uses the
@@ -29,8 +30,13 @@ import anyio
 import httpcore2
 
 from memorizz.api.errors import PermissionDeniedError
-from memorizzd.egress.addresses import IPAddress, address_allowed, describe
-from memorizzd.egress.urls import check_host
+from memorizzd.egress.addresses import (
+    IPAddress,
+    address_allowed,
+    describe,
+    metadata_endpoint,
+)
+from memorizzd.egress.urls import check_host, metadata_refused
 
 Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
 """``(name, port) -> addresses``: every A and AAAA answer for a normalised DNS name."""
@@ -127,6 +133,10 @@ class PinnedBackend(httpcore2.AsyncNetworkBackend):
             ) from None
         if not addresses:
             raise httpcore2.ConnectError(f"{name}: the name has no addresses")
+        metadata = [a for a in addresses if metadata_endpoint(a)]
+        if metadata:
+            shown = ", ".join(describe(a) for a in metadata)
+            raise metadata_refused(f"{name} resolves to {shown}, which", host=name)
         if not self._private:
             denied = [a for a in addresses if not address_allowed(a)]
             if denied:

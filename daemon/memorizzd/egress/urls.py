@@ -16,7 +16,8 @@ The rules:
   path separator to a browser and part of the userinfo to httpx).
 * The host is normalised before anything looks at it: UTS 46 / IDNA 2008 (as
   httpx encodes it: ``ⓛocalhost`` is ``localhost``, ``BÜCHER.de`` is
-  ``xn--bcher-kva.de``), lower case, one trailing dot removed. It must then be
+  ``xn--bcher-kva.de``), lower case, one trailing dot removed (``.``, or a
+  full-width or ideographic one that UTS 46 maps to ``.``). It must then be
   letters, digits and hyphens (LDH); ``%``-escapes and ``_`` are refused.
   The request itself goes out without the trailing dot too
   (``without_trailing_dot``: SNI, certificate check and ``Host``), so
@@ -27,7 +28,9 @@ The rules:
   only the canonical dotted quad is accepted, as an address. IPv6 goes in
   brackets; a zone (``%eth0``) is refused. An address literal is judged by
   the deny table (``addresses.py``) and so is ``localhost`` (RFC 6761), unless
-  the server sets ``allow_private_network``.
+  the server sets ``allow_private_network``; a cloud metadata endpoint
+  (``169.254.169.254``, ``[fd00:ec2::254]``, ``168.63.129.16`` ...) is refused
+  even then.
 * The host allowlist, when not empty, must match: ``api.example.com`` exactly,
   ``*.example.com`` any name below ``example.com`` at any depth (not
   ``example.com`` itself), an address literal exactly (``127.0.0.1``,
@@ -48,7 +51,12 @@ from typing import Final
 
 from memorizz.api.errors import InvalidParamsError, PermissionDeniedError
 from memorizz.api.methods import ServerSpec
-from memorizzd.egress.addresses import IPAddress, address_allowed, describe
+from memorizzd.egress.addresses import (
+    IPAddress,
+    address_allowed,
+    describe,
+    metadata_endpoint,
+)
 
 URL_MAX: Final = 4096
 DEFAULT_PORTS: Final = {"https": 443, "http": 80}
@@ -181,6 +189,8 @@ def check_host(
         name = normalise_host(host)
         if _NUMERIC.fullmatch(name.rpartition(".")[2]):
             address = _ipv4_literal(name)
+    if address is not None and metadata_endpoint(address):
+        raise metadata_refused(describe(address))
     if not allow_private_network:
         if address is not None and not address_allowed(address):
             raise _address_refused(f"{describe(address)} is not a public address")
@@ -210,6 +220,10 @@ def normalise_host(host: str) -> str:
             raise InvalidParamsError(
                 f"host {_shown(host)} is not a valid internationalised name"
             ) from None
+        if not host.endswith("."):
+            # The one trailing dot may be a full-width or ideographic one
+            # (U+FF0E, U+3002): a dot only after UTS 46 mapping.
+            name = name.removesuffix(".")
     if len(name) > 253 or not all(_LABEL.fullmatch(x) for x in name.split(".")):
         raise InvalidParamsError(
             f"host {_shown(host)} is not a valid host name "
@@ -302,6 +316,17 @@ def _ipv4_literal(name: str) -> IPv4Address:
             hint=False,
         )
     return address
+
+
+def metadata_refused(what: str, *, host: str | None = None) -> PermissionDeniedError:
+    """``what`` (an address, or a name and what it resolves to) is a cloud
+    metadata endpoint: no server setting lifts that."""
+    return PermissionDeniedError(
+        f"address_not_allowed: {what} is a cloud metadata endpoint, refused "
+        "even with allow_private_network",
+        reason="address_not_allowed",
+        data=None if host is None else {"host": host},
+    )
 
 
 def _address_refused(detail: str, *, hint: bool = True) -> PermissionDeniedError:
