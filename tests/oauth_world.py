@@ -55,6 +55,14 @@ PRE_CLIENT_SECRET = "pre-secret-marker-71c2e9"  # noqa: S105 - a test marker
 VALID_SCOPES = ("mcp", "admin")
 ADMIN_SCOPE = "mcp admin"
 """What the ``admin`` tool's 403 asks for."""
+PRM_PATH = "/.well-known/oauth-protected-resource/mcp"
+"""Where the SDK serves the protected resource metadata (RFC 9728, path-based)."""
+PRM_ROOT = "/.well-known/oauth-protected-resource"
+AS_PATH = "/.well-known/oauth-authorization-server"
+"""Where the SDK serves the authorization server metadata (RFC 8414)."""
+OIDC_PATH = "/.well-known/openid-configuration"
+TokenReply = Callable[[dict[str, str]], "tuple[int, bytes] | None"]
+"""A ``POST`` form -> the answer to give instead (status, body), or None."""
 
 
 class TestAuthorizationServer:
@@ -104,6 +112,36 @@ class TestAuthorizationServer:
         self.on_bearer: Callable[[str], None] | None = None
         """Called with the access token of every MCP request (the server's thread)."""
         self._families = 0
+        # --- misbehaviour (``_misbehaviour``): all off by default -----------------
+        self.seen: list[str] = []
+        """``"<METHOD> <path>"`` of every request, as it arrived."""
+        self.authorize_queries: list[dict[str, str]] = []
+        """The query of every ``GET /authorize`` (what the browser carried)."""
+        self.register_bodies: list[dict[str, Any]] = []
+        """The JSON of every ``POST /register`` (RFC 7591), as sent."""
+        self.mcp_requests: list[tuple[str, str, str, str]] = []
+        """``(method, query string, Authorization, MCP-Protocol-Version)`` of
+        every MCP request (headers as sent, "" when absent)."""
+        self.challenge: str | None = None
+        """The ``WWW-Authenticate`` of a 401 to an MCP request without a token
+        (None: the SDK's own, naming ``PRM_PATH``)."""
+        self.documents: dict[str, Any] = {}
+        """``GET path -> JSON`` served as is, before anything else."""
+        self.hidden: set[str] = set()
+        """GET paths answered 404 (a document that is not there)."""
+        self.aliases: dict[str, str] = {}
+        """``GET path -> path``: the document of the second served at the first."""
+        self.prm_edit: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        """Rewrites the protected resource metadata (wherever it is served)."""
+        self.metadata_edit: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        """Rewrites the authorization server metadata (wherever it is served)."""
+        self.token_reply: TokenReply | None = None
+        """Answers a ``POST /token`` instead of the server (None: as usual)."""
+        self.token_edit: Callable[[str, dict[str, Any]], bytes] | None = None
+        """``(grant_type, answer) -> body``: a 200 token answer rewritten after
+        the server did its work (a refresh has rotated by then)."""
+        self.revoke_reply: TokenReply | None = None
+        """Answers a ``POST /revoke`` instead of the server (None: as usual)."""
 
     def count(self, grant: str) -> int:
         return self.grants.count(grant)
@@ -287,7 +325,10 @@ def protected_app(base: str, provider: TestAuthorizationServer) -> Any:
         return "admin done"
 
     provider.issuer = str(AnyHttpUrl(base))  # as its metadata writes it (RFC 9207)
-    return _faults(_scope_gate(server.streamable_http_app(), provider, base), provider)
+    return _misbehaviour(
+        _faults(_scope_gate(server.streamable_http_app(), provider, base), provider),
+        provider,
+    )
 
 
 def _scope_gate(app: Any, provider: TestAuthorizationServer, base: str) -> Any:
@@ -418,6 +459,133 @@ def _faults(app: Any, provider: TestAuthorizationServer) -> Any:
         await app(scope, receive, send)
 
     return faulty
+
+
+async def _captured(app: Any, scope: dict[str, Any], receive: Any) -> tuple[int, bytes]:
+    """What ``app`` answers (status, body), not yet sent."""
+    captured: list[dict[str, Any]] = []
+
+    async def capture(message: dict[str, Any]) -> None:
+        captured.append(message)
+
+    await app(scope, receive, capture)
+    body = b"".join(m.get("body", b"") for m in captured[1:])
+    return captured[0]["status"], body
+
+
+def _content_type(body: bytes) -> bytes:
+    return b"application/json" if body[:1] in (b"{", b"[") else b"text/html"
+
+
+def _misbehaviour(app: Any, provider: TestAuthorizationServer) -> Any:
+    """The misbehaviour switches of ``TestAuthorizationServer``, outside every
+    other layer; all off, it only records what arrived."""
+
+    async def layer(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        path, method = scope["path"], scope["method"]
+        provider.seen.append(f"{method} {path}")
+        if path.startswith("/mcp"):
+            await _mcp(app, provider, scope, receive, send)
+        elif method == "GET":
+            await _get(app, provider, scope, receive, send)
+        elif method == "POST" and path in ("/token", "/revoke", "/register"):
+            await _post(app, provider, scope, receive, send)
+        else:
+            await app(scope, receive, send)
+
+    return layer
+
+
+async def _mcp(
+    app: Any,
+    provider: TestAuthorizationServer,
+    scope: dict[str, Any],
+    receive: Any,
+    send: Any,
+) -> None:
+    headers = dict(scope["headers"])
+    authorization = headers.get(b"authorization", b"").decode()
+    version = headers.get(b"mcp-protocol-version", b"").decode()
+    query = scope.get("query_string", b"").decode()
+    provider.mcp_requests.append((scope["method"], query, authorization, version))
+    if provider.challenge is not None and not authorization:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [(b"www-authenticate", provider.challenge.encode())],
+            }
+        )
+        await send({"type": "http.response.body", "body": b""})
+        return
+    await app(scope, receive, send)
+
+
+async def _get(
+    app: Any,
+    provider: TestAuthorizationServer,
+    scope: dict[str, Any],
+    receive: Any,
+    send: Any,
+) -> None:
+    path = scope["path"]
+    if path == "/authorize":
+        query = parse_qs(scope.get("query_string", b"").decode())
+        provider.authorize_queries.append({k: v[0] for k, v in query.items()})
+    if path in provider.documents:
+        body = msgspec.json.encode(provider.documents[path])
+        await _respond(send, 200, body, b"application/json")
+        return
+    if path in provider.hidden:
+        await _respond(send, 404, b"not here", b"text/plain")
+        return
+    target = provider.aliases.get(path, path)
+    edit = {PRM_PATH: provider.prm_edit, AS_PATH: provider.metadata_edit}.get(target)
+    if target == path and edit is None:
+        await app(scope, receive, send)
+        return
+    moved = dict(scope, path=target, raw_path=target.encode())
+    status, body = await _captured(app, moved, receive)
+    if status == 200 and edit is not None:
+        body = msgspec.json.encode(edit(msgspec.json.decode(body)))
+    await _respond(send, status, body, _content_type(body))
+
+
+async def _post(
+    app: Any,
+    provider: TestAuthorizationServer,
+    scope: dict[str, Any],
+    receive: Any,
+    send: Any,
+) -> None:
+    path = scope["path"]
+    body = await _body(receive)
+    replay = _replaying(body, receive)
+    if path == "/register":
+        provider.register_bodies.append(msgspec.json.decode(body))
+        await app(scope, replay, send)
+        return
+    form = {k: v[0] for k, v in parse_qs(body.decode()).items()}
+    reply = provider.token_reply if path == "/token" else provider.revoke_reply
+    answer = reply(form) if reply is not None else None
+    if answer is not None:
+        if path == "/token":  # recorded as ``_faults`` records what reaches it
+            provider.token_forms.append(form)
+            provider.token_posts.append(form.get("grant_type", ""))
+        status, content = answer
+        await _respond(send, status, content, _content_type(content))
+        return
+    edit = provider.token_edit if path == "/token" else None
+    if edit is None:
+        await app(scope, replay, send)
+        return
+    status, content = await _captured(app, scope, replay)
+    if status == 200:
+        content = edit(form.get("grant_type", ""), msgspec.json.decode(content))
+    await _respond(send, status, content, _content_type(content))
 
 
 class _Call(msgspec.Struct):

@@ -38,6 +38,7 @@ from memorizzd.oauth.mcp_sdk import (
     build_oauth_authorization_server_metadata_discovery_urls,
     build_protected_resource_metadata_discovery_urls,
     check_resource_allowed,
+    get_client_metadata_scopes,
     issuers_match,
     resource_url_from_server_url,
 )
@@ -179,6 +180,27 @@ async def discover(
         resource_metadata=prm,
         dpop_algorithms=dpop_algorithms,
     )
+
+
+def scope_to_ask(
+    challenge: Challenge | None,
+    authz: AuthorizationServer,
+    grant_types: list[str],
+) -> str | None:
+    """MCP scope selection (2025-11-25): the challenge's ``scope``, else every
+    ``scopes_supported`` of the protected resource metadata, else none (the
+    parameter is omitted). Never the authorization server's own
+    ``scopes_supported``, which the SDK falls back to: that is every scope
+    the server knows, the omnibus request scope minimisation rules out.
+    ``offline_access`` is added where the server lists it and refresh tokens
+    are wanted (SEP-2207)."""
+    chosen = challenge.scope if challenge is not None else None
+    prm = authz.resource_metadata
+    if not chosen and prm is not None and prm.scopes_supported:
+        chosen = " ".join(prm.scopes_supported)
+    if not chosen or not chosen.strip():
+        return None
+    return get_client_metadata_scopes(chosen, None, authz.metadata, grant_types)
 
 
 def check_authorization_endpoint(url: str) -> None:

@@ -4,10 +4,16 @@ Client authentication (RFC 6749 §2.3, OAuth 2.1 §2.4): ``client_secret_basic``
 (the id and secret form-encoded, then HTTP Basic), ``client_secret_post``
 (both in the body), ``private_key_jwt`` (RFC 7523: a signed assertion in the
 body) or ``none`` (the id in the body). Every request sends the
-RFC 8707 ``resource``. Answers are parsed strictly; an error answer becomes
-``EndpointError`` carrying the OAuth ``error`` code (``invalid_grant`` is how
-callers tell a dead grant from a passing failure). Nothing here logs or
-formats a token, a code, a verifier or a secret.
+RFC 8707 ``resource``. An error answer becomes ``EndpointError`` carrying the
+OAuth ``error`` code (``invalid_grant`` is how callers tell a dead grant from
+a passing failure), a 200 whose body is an error too (some servers answer so).
+A token answer is parsed strictly but for ``expires_in``: a lifetime that is
+not a usable number (``"an hour"``, ``-5``) is unknown, never a reason to
+throw away a token response, least of all one that rotated the refresh token.
+Nothing here logs or formats a token, a code, a verifier or a secret, and the
+server's own text (``error``, ``error_description``) is shown with the
+request's secrets cut out: a server that quotes them back does not put them
+in an error, a log line or ``servers/status``.
 """
 
 from __future__ import annotations
@@ -31,6 +37,21 @@ if TYPE_CHECKING:
     from memorizzd.oauth.dpop import Dpop
 
 MAX_DESCRIPTION: Final = 200
+REDACTED: Final = "[redacted]"
+_SECRET_FIELDS: Final = frozenset(
+    {
+        "code",
+        "code_verifier",
+        "refresh_token",
+        "client_secret",
+        "client_assertion",
+        "assertion",
+        "subject_token",
+        "token",
+    }
+)
+"""Form fields whose values are never shown, even quoted back by the server."""
+_MAX_LIFETIME_DIGITS: Final = 18
 AUTH_METHODS: Final = (
     "none",
     "client_secret_basic",
@@ -233,7 +254,7 @@ async def exchange_token(
         auth.apply(form, headers)
     response = await _send(http, "POST", token_endpoint, data=form, headers=headers)
     if response.status_code != 200:
-        raise _error_of(response, "token exchange")
+        raise _error_of(response, "token exchange", _secrets_of(form, headers, auth))
     try:
         answer = msgspec.json.decode(response.content, type=_Exchanged)
     except (msgspec.DecodeError, msgspec.ValidationError):
@@ -269,18 +290,29 @@ async def _token_request(
         response = await _send(http, "POST", url, data=body, headers=headers)
         nonce = response.headers.get("dpop-nonce")
         fresh = dpop is not None and nonce is not None and dpop.nonce(url, nonce)
+        hidden = _secrets_of(body, headers, auth)
         if response.status_code == 200:
             break
-        error = _error_of(response, "token")
+        error = _error_of(response, "token", hidden)
         if not (attempt == 0 and fresh and error.error == "use_dpop_nonce"):
             raise error
-    return _token_of(response.content, dpop_sent=dpop is not None)
+    return _token_of(response.content, dpop_sent=dpop is not None, secrets=hidden)
 
 
-def _token_of(content: bytes, *, dpop_sent: bool) -> Token:
+def _token_of(
+    content: bytes, *, dpop_sent: bool, secrets: tuple[str, ...] = ()
+) -> Token:
     """A Bearer token, or a DPoP-bound one when a proof was sent."""
     try:
         raw = msgspec.json.decode(content)
+        if (
+            isinstance(raw, dict)
+            and "access_token" not in raw
+            and isinstance(raw.get("error"), str)
+        ):  # an error answer, with status 200
+            raise _oauth_error(raw["error"], raw.get("error_description"), secrets)
+        if isinstance(raw, dict) and "expires_in" in raw:
+            raw["expires_in"] = _lifetime(raw["expires_in"])
         bound = (
             isinstance(raw, dict)
             and isinstance(raw.get("token_type"), str)
@@ -294,11 +326,41 @@ def _token_of(content: bytes, *, dpop_sent: bool) -> Token:
             raw = {**raw, "token_type": "Bearer", "dpop": True}
         elif isinstance(raw, dict):
             raw.pop("dpop", None)
-        return Token.model_validate(raw)
+        token = Token.model_validate(raw)
     except (msgspec.DecodeError, ValidationError):
         raise EndpointError(
             "bad_response", "the token endpoint's answer is not a token response"
         ) from None
+    if not _visible(token.access_token):
+        raise EndpointError(
+            "bad_response",
+            "the token endpoint issued an empty or malformed access token",
+        )
+    return token
+
+
+def _visible(token: str) -> bool:
+    """Printable ASCII without spaces: what an ``Authorization`` header can
+    carry as a token (RFC 6750 §2.1 is stricter still)."""
+    return bool(token) and token.isascii() and token.isprintable() and " " not in token
+
+
+def _lifetime(value: object) -> int | None:
+    """``expires_in`` as a number of seconds, or None (unknown): an integer,
+    a float (cut to whole seconds) or a string of digits; anything else (a
+    boolean, text, a negative string) is unknown. How large it may be is the
+    keeper's business (``expiry_of``)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value)  # JSON has no NaN or infinity; msgspec refuses them
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        if len(value) > _MAX_LIFETIME_DIGITS:
+            return 10**_MAX_LIFETIME_DIGITS
+        return int(value)
+    return None
 
 
 async def register(
@@ -339,7 +401,7 @@ async def revoke(
         form["client_secret"] = auth.client_secret
     response = await _send(http, "POST", url, data=form, headers=headers)
     if response.status_code != 200:
-        raise _error_of(response, "revocation")
+        raise _error_of(response, "revocation", _secrets_of(form, headers, auth))
 
 
 async def get_json(http: httpx2.AsyncClient, url: str) -> httpx2.Response:
@@ -367,7 +429,9 @@ async def _send(
         ) from None
 
 
-def _error_of(response: httpx2.Response, endpoint: str) -> EndpointError:
+def _error_of(
+    response: httpx2.Response, endpoint: str, secrets: tuple[str, ...] = ()
+) -> EndpointError:
     try:
         body = msgspec.json.decode(response.content, type=_ErrorBody)
     except (msgspec.DecodeError, msgspec.ValidationError):
@@ -375,8 +439,41 @@ def _error_of(response: httpx2.Response, endpoint: str) -> EndpointError:
         return EndpointError(
             kind, f"the {endpoint} endpoint answered {response.status_code}"
         )
-    description = printable(body.error_description or "")
-    return EndpointError(printable(body.error, 64) or "bad_response", description)
+    return _oauth_error(body.error, body.error_description, secrets)
+
+
+def _oauth_error(
+    error: str, description: object, secrets: tuple[str, ...]
+) -> EndpointError:
+    """An OAuth error answer (RFC 6749 §5.2), its text cleaned: the request's
+    secrets cut out first (before cutting to length: no half secret stays),
+    then printable characters only."""
+    said = description if isinstance(description, str) else ""
+    return EndpointError(
+        printable(_redact(error, secrets), 64) or "bad_response",
+        printable(_redact(said, secrets)),
+    )
+
+
+def _secrets_of(
+    form: dict[str, str], headers: dict[str, str], auth: ClientAuth | None
+) -> tuple[str, ...]:
+    """What a request carried that must never be shown: the secret form
+    fields, the client secret and the HTTP Basic credentials, longest first."""
+    found = {value for key, value in form.items() if key in _SECRET_FIELDS and value}
+    if auth is not None and auth.client_secret:
+        found.add(auth.client_secret)
+        found.add(quote(auth.client_secret, safe=""))
+    basic = headers.get("Authorization", "")
+    if basic.startswith("Basic "):
+        found.add(basic.removeprefix("Basic "))
+    return tuple(sorted(found, key=len, reverse=True))
+
+
+def _redact(text: str, secrets: tuple[str, ...]) -> str:
+    for secret in secrets:
+        text = text.replace(secret, REDACTED)
+    return text
 
 
 def printable(text: str, limit: int = MAX_DESCRIPTION) -> str:

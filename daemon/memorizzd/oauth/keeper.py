@@ -19,6 +19,11 @@
   ``login_required`` (in the vault too, so a restart does not try again) and
   callers get ``authorization_required`` / ``login_required`` at once.
   Transient failures are retried with backoff while the token still lives.
+* A token goes only to the origin of the resource it was issued for (MCP:
+  never to another server; RFC 8707 audience). A request elsewhere, which
+  means the server's URL changed under its grant (a config file edited, the
+  name kept), gets no token: the grant is marked ``login_required`` (a
+  machine grant is asked for again, for the new URL).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable
 from typing import Final, Literal, Protocol
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
@@ -36,9 +42,15 @@ import httpx2
 import msgspec
 
 from memorizz.api import methods as m
-from memorizz.api.errors import AuthRequiredError, RemoteError, UnavailableError
+from memorizz.api.errors import (
+    AuthRequiredError,
+    InvalidParamsError,
+    RemoteError,
+    UnavailableError,
+)
 from memorizzd.egress.client import hardened_client
 from memorizzd.egress.transport import ChallengeError
+from memorizzd.egress.urls import normalise_host
 from memorizzd.oauth import endpoints
 from memorizzd.oauth.discovery import Challenge
 from memorizzd.oauth.dpop import Dpop
@@ -63,12 +75,48 @@ FORCED_HOLD_S: Final = 60.0
 KeeperState = Literal["logged_out", "ok", "login_required"]
 
 
+MAX_LIFETIME_S: Final = 365 * 86400
+"""A longer ``expires_in`` is taken as a year: such a token is still renewed
+now and then, and a lifetime too large for a float (``1e400`` written out)
+is no crash."""
+
+
 def expiry_of(expires_in: int | None, now: float) -> float | None:
     """The Unix time a token expires; None when the server did not say (or said
-    something that is not a lifetime: zero or negative)."""
+    something that is not a lifetime: zero or negative); at most
+    ``MAX_LIFETIME_S`` from ``now``."""
     if expires_in is None or expires_in <= 0:
         return None
-    return now + expires_in
+    return now + min(expires_in, MAX_LIFETIME_S)
+
+
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
+
+
+def _origin(url: str) -> tuple[str, str, int | None]:
+    """Scheme, host (lower case, no trailing dot) and port, the default one
+    spelled out: what two URLs must share for a token to go from one to the
+    other."""
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1  # no port at all: matches nothing real
+    host = parts.hostname or ""
+    if ":" not in host:  # a name (an IDN as punycode, as httpx sends it) or IPv4
+        try:
+            host = normalise_host(host)
+        except InvalidParamsError:
+            host = host.rstrip(".")  # compared as written (the guard refuses it)
+    return scheme, host, port if port is not None else _DEFAULT_PORTS.get(scheme)
+
+
+def _shown(url: str) -> str:
+    """``scheme://host:port`` of ``url`` (never its path, query or userinfo)."""
+    scheme, host, port = _origin(url)
+    host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{host}" + (f":{port}" if port is not None else "")
 
 
 def refresh_margin(lifetime: float) -> float:
@@ -239,11 +287,44 @@ class TokenKeeper:
         return grant.access_token, generation
 
     async def proof(self, method: str, url: str, token: str) -> str | None:
-        """A DPoP proof for one request when the grant is DPoP-bound."""
+        """A DPoP proof for one request when the grant is DPoP-bound; asked
+        for every request before it is sent, so the audience is checked here:
+        a request to another origin than the grant's resource is refused."""
         grant = self.grant
-        if grant is None or not grant.dpop:
+        if grant is None:
+            return None
+        if _origin(url) != _origin(grant.resource):
+            raise await self._misdirected(grant, url)
+        if not grant.dpop:
             return None
         return await self.dpop.proof(method, url, access_token=token)
+
+    async def _misdirected(self, grant: Grant, url: str) -> AuthRequiredError:
+        """The grant is for another server than the one now asked: it is not
+        sent, and no longer used (a new login, for this server, replaces it)."""
+        why = (
+            f"its grant was issued for {_shown(grant.resource)}, not for {_shown(url)}"
+        )
+        if self.grant is grant and not grant.login_required:
+            self.last_refresh_error = why
+            dead = msgspec.structs.replace(grant, login_required=True)
+            await self._store(dead)
+            self._publish(dead)
+            log.warning(
+                "%s: the access token was not sent: %s; login required "
+                "(memorizzctl mcp login %s)",
+                self.server,
+                why,
+                self.server,
+            )
+        if self._machine is not None:
+            return self.login_required_error()
+        return AuthRequiredError(
+            f"server {self.server!r} needs an OAuth login ({why}): run "
+            f"`memorizzctl mcp login {self.server}`",
+            reason="login_required",
+            data={"server": self.server},
+        )
 
     def nonce(self, url: str, value: str) -> bool:
         return self.dpop.nonce(url, value)

@@ -34,7 +34,7 @@ from memorizz.api import methods as m
 from memorizz.api.errors import InvalidParamsError, LoginError
 from memorizz.api.spec import redirect_uri_ok
 from memorizzd.oauth import endpoints
-from memorizzd.oauth.discovery import AuthorizationServer, Challenge
+from memorizzd.oauth.discovery import AuthorizationServer, Challenge, scope_to_ask
 from memorizzd.oauth.dpop import Dpop
 from memorizzd.oauth.dpop import wanted as dpop_wanted
 from memorizzd.oauth.endpoints import ClientAuth, EndpointError, printable
@@ -47,7 +47,6 @@ from memorizzd.oauth.grant import (
 from memorizzd.oauth.keeper import expiry_of
 from memorizzd.oauth.mcp_sdk import (
     OAuthClientMetadata,
-    get_client_metadata_scopes,
     issuers_match,
     union_scopes,
 )
@@ -152,17 +151,13 @@ def select_scope(
     wanted: str | None,
 ) -> str | None:
     """The operator's ``oauth_scopes``, else the challenge's, else the
-    protected resource's ``scopes_supported`` (MCP scope selection); plus what
-    was granted before and what a step-up challenge asked for."""
+    protected resource's ``scopes_supported``, else none (MCP scope
+    selection, ``scope_to_ask``); plus what was granted before and what a
+    step-up challenge asked for."""
     if spec.oauth_scopes:
         scope: str | None = " ".join(spec.oauth_scopes)
     else:
-        scope = get_client_metadata_scopes(
-            challenge.scope if challenge else None,
-            authz.resource_metadata,
-            authz.metadata,
-            ["authorization_code", "refresh_token"],
-        )
+        scope = scope_to_ask(challenge, authz, ["authorization_code", "refresh_token"])
     return union_scopes(union_scopes(previous, scope), wanted)
 
 
@@ -292,19 +287,12 @@ async def finish(
 
     ``dpop``: the server's DPoP key, used when the authorization server takes
     DPoP proofs (a DPoP-bound token, RFC 9449)."""
-    if "error" in params:
-        error = printable(params["error"], 64)
-        description = printable(params.get("error_description", ""))
-        raise LoginError(
-            f"the authorization server refused the login: {error}"
-            + (f" ({description})" if description else ""),
-            data={"server": login.server, "error": error},
-        )
     iss = params.get("iss")
     if iss is not None:
         # RFC 9207 §2.4: simple string comparison with the issuer of the
         # metadata, as written there: no case folding, default port or
         # trailing slash is forgiven (a lookalike issuer is a mix-up attack).
+        # Error responses too: one from another issuer is not this server's word.
         if iss != login.authz.issuer:
             raise LoginError(
                 "the callback's iss does not name the authorization server this "
@@ -318,6 +306,14 @@ async def finish(
             "promises one (RFC 9207); refused",
             reason="invalid_state",
             data={"server": login.server},
+        )
+    if "error" in params:
+        error = printable(params["error"], 64)
+        description = printable(params.get("error_description", ""))
+        raise LoginError(
+            f"the authorization server refused the login: {error}"
+            + (f" ({description})" if description else ""),
+            data={"server": login.server, "error": error},
         )
     code = params.get("code")
     if not code:

@@ -21,14 +21,14 @@ import msgspec
 
 from memorizz.api import methods as m
 from memorizzd.oauth import endpoints
-from memorizzd.oauth.discovery import challenge_of, discover
+from memorizzd.oauth.discovery import challenge_of, discover, scope_to_ask
 from memorizzd.oauth.dpop import Dpop
 from memorizzd.oauth.dpop import wanted as dpop_wanted
 from memorizzd.oauth.endpoints import ClientAuth, EndpointError
 from memorizzd.oauth.grant import Grant
+from memorizzd.oauth.keeper import expiry_of
 from memorizzd.oauth.mcp_sdk import (
     build_oauth_authorization_server_metadata_discovery_urls,
-    get_client_metadata_scopes,
     issuers_match,
 )
 from memorizzd.vault import CredentialStore, VaultError
@@ -80,12 +80,7 @@ class ClientCredentials:
             scope = (
                 " ".join(spec.oauth_scopes)
                 if spec.oauth_scopes
-                else get_client_metadata_scopes(
-                    challenge.scope if challenge else None,
-                    authz.resource_metadata,
-                    meta,
-                    ["client_credentials"],
-                )
+                else scope_to_ask(challenge, authz, ["client_credentials"])
             )
             method = _method(spec, meta.token_endpoint_auth_methods_supported, key)
             bind = dpop_wanted(authz.dpop_algorithms)
@@ -102,11 +97,10 @@ class ClientCredentials:
             dpop=dpop if bind else None,
         )
         now = time.time()
-        expires_in = token.expires_in
         return Grant(
             access_token=token.access_token,
             refresh_token=None,
-            expires_at=now + expires_in if expires_in and expires_in > 0 else None,
+            expires_at=expiry_of(token.expires_in, now),
             obtained_at=now,
             scope=token.scope or scope,
             issuer=issuer,
