@@ -53,6 +53,7 @@ from memorizzd.upstream.errors import (
     ConnectionLost,
     FailureKind,
     SessionExpired,
+    Unsent,
     chain,
     classify,
     leaves,
@@ -73,7 +74,12 @@ from memorizzd.upstream.mcp_sdk import (
     types,
     validate_server_result,
 )
-from memorizzd.upstream.sse import EndpointWatch, opened_within
+from memorizzd.upstream.sse import (
+    EndpointWatch,
+    StreamEnd,
+    opened_within,
+    watched_to_the_end,
+)
 from memorizzd.upstream.tasks import STATUS as TASK_STATUS
 from memorizzd.vault.server_secrets import ServerSecrets
 
@@ -96,6 +102,8 @@ CLOSE_WAIT_S: Final = 2.0
 """How long a closing connection waits for its listen streams to end."""
 SSE_EVENT_MAX: Final = 1 << 20
 """The SDK's legacy SSE reader dies on a larger event; cap below it."""
+FORGOTTEN_BODY_MAX: Final = 4096
+"""The largest HTTP 400 body read for what it says of the session."""
 
 
 def failure_kind(exc: BaseException) -> FailureKind:
@@ -220,7 +228,7 @@ async def open_connection(
             allow_private_network=spec.allow_private_network,
             headers=dict(secrets.headers) or None,
             bearer=bearer,
-            wrap=expired_answers,
+            wrap=lambda inner: expired_answers(_ForgottenSessions(inner)),
         )
         async with http:
             transport = streamable_http_client(
@@ -256,25 +264,138 @@ async def open_connection(
                 )
             ),
         )
-        bounded = opened_within(transport, spec.timeout_s, watch)
+        end = StreamEnd()
+        bounded = watched_to_the_end(
+            opened_within(transport, spec.timeout_s, watch), end
+        )
         async with (
             _refusals_raised(Client(bounded, **client_kwargs)) as client,
-            _connection(client, spec.name, in_flight) as connection,
+            _connection(client, spec.name, in_flight, end) as connection,
+            _lost_with(end, spec.name),
         ):
             yield connection
 
 
 @asynccontextmanager
 async def _connection(
-    client: Client, server: str, in_flight: InFlight
+    client: Client, server: str, in_flight: InFlight, end: StreamEnd | None = None
 ) -> AsyncIterator[SdkConnection]:
     """The connection on ``client``; the listen streams it holds end with it."""
-    connection = SdkConnection(client, server=server, in_flight=in_flight)
+    connection = SdkConnection(client, server=server, in_flight=in_flight, end=end)
     try:
         yield connection
     finally:
         with anyio.CancelScope(shield=True):
             await connection.close()
+
+
+@asynccontextmanager
+async def _lost_with(end: StreamEnd, server: str) -> AsyncIterator[None]:
+    """A legacy SSE session ends with its event stream (every answer comes on
+    it): once the stream ended, ``ConnectionLost`` is raised into the body
+    (the supervisor's serving, which then connects again), not left for the
+    next call to find (``sse.py``)."""
+
+    async def watch() -> None:
+        await end.ended.wait()
+        log.info("%s: the SSE stream ended: %s", server, end.why)
+        raise ConnectionLost(f"the SSE stream ended: {end.why}")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(watch)
+        yield
+        tg.cancel_scope.cancel()
+
+
+class _ForgottenSessions(httpx2.AsyncBaseTransport):
+    """A Streamable HTTP server that lost its sessions (it restarted) must
+    answer their requests HTTP 404, which ``expired.py`` turns into a new
+    session; many answer 400 instead, with a JSON-RPC error that says so:
+    the reference server-everything and the TypeScript SDK's examples ("Bad
+    Request: No valid session ID provided"). Such a 400 (to a POST in a
+    session, a small JSON body whose error's message names the session) is
+    passed on as that 404: the request was refused unread, not run. Any
+    other answer goes through as it came."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
+        self._inner = inner
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        response = await self._inner.handle_async_request(request)
+        if (
+            response.status_code != 400
+            or request.method != "POST"
+            or "mcp-session-id" not in request.headers
+            or not response.headers.get("content-type", "").startswith(
+                "application/json"
+            )
+            or not isinstance(response.stream, httpx2.AsyncByteStream)
+        ):
+            return response
+        stream = response.stream
+        chunks = aiter(stream)
+        head = bytearray()
+        async for chunk in chunks:
+            head += chunk
+            if len(head) > FORGOTTEN_BODY_MAX:
+                break
+        else:  # all of it: small enough to be read for what it says
+            await stream.aclose()
+            forgotten = _names_the_session(bytes(head))
+            return httpx2.Response(
+                status_code=404 if forgotten else 400,
+                headers=response.headers,
+                content=bytes(head),
+                request=request,
+                extensions=response.extensions,
+            )
+        return httpx2.Response(  # larger: passed on as it came
+            status_code=400,
+            headers=response.headers,
+            stream=_Replayed(bytes(head), chunks, stream),
+            request=request,
+            extensions=response.extensions,
+        )
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _RpcErrorBody(msgspec.Struct):
+    message: str
+
+
+class _RpcError(msgspec.Struct):
+    error: _RpcErrorBody
+
+
+_decode_rpc_error: Final = msgspec.json.Decoder(_RpcError).decode
+
+
+class _Replayed(httpx2.AsyncByteStream):
+    """A body whose first bytes were read already: they, then the rest."""
+
+    def __init__(
+        self, head: bytes, rest: AsyncIterator[bytes], inner: httpx2.AsyncByteStream
+    ) -> None:
+        self._head, self._rest, self._inner = head, rest, inner
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self._head
+        async for chunk in self._rest:
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _names_the_session(body: bytes) -> bool:
+    """Is ``body`` a JSON-RPC error whose message is about the session?"""
+    try:
+        error = _decode_rpc_error(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return False
+    return "session" in error.error.message.lower()
 
 
 _CALL_RESULT: Final = pydantic.TypeAdapter(
@@ -465,10 +586,13 @@ class SdkConnection:
         *,
         server: str,
         in_flight: InFlight | None = None,
+        end: StreamEnd | None = None,
     ) -> None:
         self._client = client
         self._server = server
         self._in_flight = in_flight or InFlight(server)
+        self._end = end
+        """Legacy SSE: the end of the session's event stream."""
         self._resources: frozenset[str] = frozenset()
         """2026-07-28: the URIs the held listen stream subscribes to."""
         self._held: _ResourceStream | None = None
@@ -483,7 +607,16 @@ class SdkConnection:
         return getattr(self._client.server_capabilities, capability, None) is not None
 
     async def _guarded(self, call: Callable[[], Awaitable[T]]) -> T:
-        return await guarded(call, server=self._server)
+        end = self._end
+        ended = end is not None and end.ended.is_set()
+        try:
+            return await guarded(call, server=self._server)
+        except ConnectionLost as exc:
+            if end is None or not ended or isinstance(exc, Unsent):
+                raise
+            # The stream had ended first: the SDK's session, closed with it,
+            # refused the request unsent (it may go on the next session).
+            raise Unsent(f"the SSE stream ended: {end.why}") from None
 
     async def call_tool(
         self, name: str, arguments: bytes, progress: ProgressHandler | None = None

@@ -19,6 +19,13 @@ stays open; an idle stream hangs for its 24-hour read timeout. Two guards:
 * ``opened_within`` bounds the whole open (connect, TLS, the GET's headers,
   the endpoint event) by the server's ``timeout_s``: whatever else goes wrong
   before the session exists, connecting ends with ``timeout``.
+
+Once open, the stream is the session: every answer comes on it. The SDK's
+reader logs a stream that broke (a server that stopped or restarted) and
+ends, and its session then fails each later request at once, unsent, but
+says so to nobody. ``StreamEnd`` (``watched_to_the_end``) notes when the
+stream the SDK reads ended, so that the session is given up at once
+(``session.py``) instead of at the next call or health probe.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ import codecs
 import math
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import Final, TypeVar
+from typing import Any, Final, Self, TypeVar
 from urllib.parse import urljoin, urlparse
 
 import anyio
@@ -187,3 +194,68 @@ async def opened_within(
         raise DeadlineExceededError(
             f"the SSE stream did not open (no endpoint event) within {seconds:g} s"
         )
+
+
+class StreamEnd:
+    """Whether the event stream of an open legacy SSE session ended, and why."""
+
+    def __init__(self) -> None:
+        self.ended = anyio.Event()
+        self.why = "the server closed it"
+
+    def saw(self, failure: Exception) -> None:
+        """The SDK's reader handed on why the stream broke (it ends next)."""
+        self.why = f"it broke ({type(failure).__name__})"
+
+
+class _ToTheEnd:
+    """The SDK's read stream (its ``ContextReceiveStream``), as the session
+    reads it, telling ``end`` when it ended."""
+
+    def __init__(self, inner: Any, end: StreamEnd) -> None:
+        self._inner, self._end = inner, end
+
+    @property
+    def last_context(self) -> Any:
+        return getattr(self._inner, "last_context", None)
+
+    async def receive(self) -> Any:
+        try:
+            item = await self._inner.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError):
+            self._end.ended.set()
+            raise
+        if isinstance(item, Exception):
+            self._end.saw(item)
+        return item
+
+    def close(self) -> None:
+        self._inner.close()
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+
+@asynccontextmanager
+async def watched_to_the_end(
+    transport: AbstractAsyncContextManager[tuple[Any, Any]], end: StreamEnd
+) -> AsyncIterator[tuple[Any, Any]]:
+    """``transport`` (the SDK's ``sse_client``: its read and write streams),
+    with ``end.ended`` set once the read stream the session reads ended."""
+    async with transport as (read_stream, write_stream):
+        yield _ToTheEnd(read_stream, end), write_stream
