@@ -78,6 +78,8 @@ SKEW_BUDGET_S: Final = 60.0
 whose time can no longer be told, are expired."""
 CLOCK_REF: Final = "approvals/last_seen"
 """The vault entry holding the book's last-seen time (while proposals are open)."""
+SAID_MAX: Final = 200
+"""The most of an id the caller made up that ``not_found`` says back."""
 
 
 def arguments_ref(proposal_id: str) -> str:
@@ -99,10 +101,11 @@ def user_name(uid: int) -> str | None:
 
 
 def not_found(proposal_id: str) -> NotFoundError:
+    """The one answer for a proposal that does not exist, or not for this
+    caller; it says back at most ``SAID_MAX`` characters of the id given."""
+    said = proposal_id[:SAID_MAX]
     return NotFoundError(
-        f"unknown proposal {proposal_id!r}",
-        reason="not_found",
-        data={"id": proposal_id},
+        f"unknown proposal {said!r}", reason="not_found", data={"id": said}
     )
 
 

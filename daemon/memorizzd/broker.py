@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, TypeVar, cast
 
 import anyio
 import msgspec
@@ -72,6 +72,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("memorizzd.broker")
 R = TypeVar("R")
+SAID_MAX: Final = 200
+"""The most of a server name the caller made up that an error says back (a
+name is any string up to the request's size; a real one has at most 64)."""
 _encoder = msgspec.json.Encoder()
 
 
@@ -230,7 +233,14 @@ class Broker:
             caller.profile is None
             or name not in self._scopes.get(caller.profile, frozenset())
         ):
-            raise unknown_server(name)
+            raise unknown_server(name[:SAID_MAX])
+        return self._server(name)
+
+    def _server(self, name: str) -> Upstream:
+        """Any server by name; the answer for one that does not exist says
+        back at most ``SAID_MAX`` characters of the name the caller made up."""
+        if name not in self._pool:
+            raise unknown_server(name[:SAID_MAX])
         return self._pool.get(name)
 
     # --- the audit trail ----------------------------------------------------
@@ -319,7 +329,7 @@ class Broker:
     async def _audited_auth_login(
         self, caller: Caller, p: m.AuthLoginParams
     ) -> m.AuthLoginResult:
-        upstream = self._pool.get(p.server)
+        upstream = self._server(p.server)
         return await self._audited(
             caller,
             "auth/login",
@@ -330,7 +340,7 @@ class Broker:
     async def _audited_auth_complete(
         self, caller: Caller, p: m.AuthCompleteParams
     ) -> m.AuthCompleteResult:
-        upstream = self._pool.get(p.server)
+        upstream = self._server(p.server)
         return await self._audited(
             caller,
             "auth/complete",
@@ -343,7 +353,7 @@ class Broker:
     async def _audited_auth_logout(
         self, caller: Caller, p: m.AuthLogoutParams
     ) -> m.AuthLogoutResult:
-        upstream = self._pool.get(p.server)
+        upstream = self._server(p.server)
         return await self._audited(
             caller,
             "auth/logout",
@@ -561,7 +571,7 @@ class Broker:
         self, caller: Caller, p: m.ServersRemoveParams
     ) -> m.ServersRemoveResult:
         async with self._changing:
-            upstream = self._pool.get(p.name)
+            upstream = self._server(p.name)
             if upstream.source == "config":
                 raise PermissionDeniedError(
                     f"server {p.name!r} is declared in the config file; remove it there",
@@ -614,7 +624,7 @@ class Broker:
     async def servers_status(
         self, caller: Caller, p: m.ServersStatusParams
     ) -> m.ServersStatusResult:
-        upstreams = [self._pool.get(p.name)] if p.name is not None else self._pool.all()
+        upstreams = [self._server(p.name)] if p.name is not None else self._pool.all()
         shown = {u.name for u in upstreams}
         return m.ServersStatusResult(
             servers=[
@@ -673,7 +683,7 @@ class Broker:
     async def servers_test(
         self, caller: Caller, p: m.ServersTestParams
     ) -> m.ServersTestResult:
-        return await self._pool.get(p.name).test(p.timeout_s)
+        return await self._server(p.name).test(p.timeout_s)
 
     # --- MCP pass-through ---------------------------------------------------
 

@@ -57,6 +57,8 @@ from memorizzd.upstream.pool import Pool
 from memorizzd.upstream.tasks import TaskBook
 
 _encode = msgspec.json.encode
+SERVER_GONE: Final = "the server was removed or is out of the caller's scope"
+"""Why a proposal whose server its caller cannot reach any more is invalidated."""
 
 
 class Calls:
@@ -236,11 +238,13 @@ class Calls:
         if proposal.status != "approved":
             raise not_approved(proposal)
         try:
-            upstream = self._pool.get(proposal.server)
+            upstream = self._scope(caller, proposal.server)
         except RemoteError as exc:
             if exc.reason != "unknown_server":
                 raise
-            await self._book.invalidate(proposal, "the server was removed")
+            # Removed, or out of the caller's scope now (a reload narrowed its
+            # profile): the same to the caller, which cannot tell them apart.
+            await self._book.invalidate(proposal, SERVER_GONE)
             raise not_approved(await self._book.get_any(proposal.id)) from None
         deadline = upstream.deadline_for(timeout_s)
         decided, listed = await upstream.tool_verdict(proposal.tool, deadline=deadline)

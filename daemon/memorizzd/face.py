@@ -421,6 +421,9 @@ class FaceDispatcher:
         chosen = self._narrowed.get(session)
         return found if chosen is None else [u for u in found if u.name == chosen]
 
+    def _sees(self, session: Session, server: str) -> bool:
+        return any(u.name == server for u in self._scope_of(session))
+
     def _in_scope(self, caller: Caller) -> list[Upstream]:
         """The running request's session's servers (``_scope_of``)."""
         session = client_session()
@@ -562,10 +565,12 @@ class FaceDispatcher:
             + b"}\n"
         )
         for session, held in list(self._subscribed.items()):
-            if (server, uri) in held:
+            if (server, uri) in held and self._sees(session, server):
                 with anyio.move_on_after(LIST_CHANGED_SEND_S):
                     await session.send(line)
         for session, listens in list(self._listens.items()):
+            if not self._sees(session, server):  # a reload narrowed its scope
+                continue
             for listen in list(listens.values()):
                 if (server, uri) in listen.resources:
                     with anyio.move_on_after(LIST_CHANGED_SEND_S):

@@ -19,6 +19,7 @@ the difference, without dropping what did not change.
   removed one's stop accepting, are unlinked, and their connections end once
   their in-flight requests are answered; a changed one's rule and limits apply
   to the connections accepted from then on (its socket's mode and group too),
+  and an open connection the new rule refuses is cut at once,
   and its server list to every call from then on, on the connections already
   open too: a server dropped from the list is gone for them at once.
 * ``RESTART_KEYS`` are not applied: the result and the log name them.
@@ -162,7 +163,8 @@ class Sockets:
 
     def reconfigure(self, config: Config, changed: set[str]) -> None:
         """Every socket's rule and limits from ``config`` (the operator's and
-        each profile's), for connections accepted from now on; the socket
+        each profile's), for connections accepted from now on (an open one
+        the new rule refuses is cut: ``SocketServer.reconfigure``); the socket
         files of ``changed`` profiles get their mode and group again."""
         rules: dict[str, tuple[SocketRule, Profile | None]] = {
             OPERATOR_NAME: (operator_rule(config.operators), None)

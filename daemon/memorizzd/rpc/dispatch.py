@@ -196,7 +196,7 @@ class Dispatcher:
         params: Params | None = None
         try:
             if method is None:
-                raise MethodNotFoundError(f"unknown method {request.method!r}")
+                raise MethodNotFoundError(f"unknown method {request.method[:200]!r}")
             if not method_allowed(caller, method.name):
                 raise refuse_method(method.name)
             try:

@@ -218,11 +218,15 @@ class SocketServer:
     def reconfigure(
         self, rule: SocketRule, limits: Limits | None, *, max_in_flight: int
     ) -> None:
-        """A reload's rule and limits, for the connections accepted from now on."""
+        """A reload's rule and limits, for the connections accepted from now on;
+        an open connection whose peer the new rule refuses is cut at once."""
         self.rule, self.limits, self._max_in_flight = rule, limits, max_in_flight
         if limits is not None:
             self.max_connections = limits.max_connections
             self.max_connections_per_uid = limits.max_connections_per_uid
+        for connection in list(self._open):
+            if not rule.admits(connection.caller):
+                connection.revoke(rule.refusal(connection.caller))
 
     async def serve(
         self,
@@ -320,6 +324,8 @@ class SocketServer:
     ) -> None:
         connection = _Connection(self, stream, raw, caller)
         self._open.add(connection)
+        if not self.rule.admits(caller):  # a reload refused it since its accept
+            connection.revoke(self.rule.refusal(caller))
         try:
             await connection.serve()
         except Exception:  # a connection must never take the server down
@@ -835,6 +841,16 @@ class _Connection:
         )
         with suppress(OSError):
             self.outbox.put(encode_error(None, error.to_wire()))  # nothing is kept
+        self._shut()
+
+    def revoke(self, error: RemoteError) -> None:
+        """Its peer may use the socket no more (a reload's rule refuses it):
+        said without waiting, then closed; nothing more of it is read."""
+        log.warning(
+            "pid %d: %s; closing its connection", self.caller.pid, error.message
+        )
+        with suppress(OSError):
+            self.outbox.put(encode_error(None, error.to_wire()))
         self._shut()
 
     def _shut(self) -> None:
