@@ -35,7 +35,7 @@ from memorizz.api.errors import (
     RemoteError,
 )
 from memorizz.client import Client
-from memorizzd.oauth.keeper import TokenKeeper
+from memorizzd.oauth.keeper import CALLER_RETRY_GAP_S, TokenKeeper
 from memorizzd.oauth.login import DEFAULT_REDIRECT_URI
 from tests.daemon.test_oauth import login, oauth_spec, wait_state
 from tests.daemon.test_oauth_lifecycle import echo, expire, logged_in
@@ -595,6 +595,8 @@ def test_a_refresh_answered_with_a_page_fails_softly_then_recovers(
         assert "marker" not in failed.value.message
         assert keeper.state == "ok"
         world.token_reply = None
+        # Calls within CALLER_RETRY_GAP_S of the failure do not drive a refresh.
+        threading.Event().wait(CALLER_RETRY_GAP_S)
         echo(c)
     assert world.token_posts.count("refresh_token") == 2
     assert world.reuse_detected == 0

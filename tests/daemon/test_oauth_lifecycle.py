@@ -210,14 +210,43 @@ def test_a_lost_refresh_response_ends_in_login_required_without_a_loop(
         assert "invalid_grant" in (status.auth.last_refresh_error or "")
         threading.Event().wait(2.5)  # the refresher's backoff would have fired by now
     assert world.token_posts.count("refresh_token") == 2
-    # The call that met the lost response is told the refresh failed (retry
-    # later); the next one, whose retry met reuse detection, to log in.
-    assert [e.reason for e in errors] == ["server_unavailable", "login_required"]
+    # The calls until the retry are told the refresh failed (retry later: the
+    # first met the lost response, the others came within a second of it and
+    # were not let drive another attempt); the one whose retry met reuse
+    # detection, to log in.
+    reasons = [e.reason for e in errors]
+    assert reasons[-1] == "login_required", reasons
+    assert set(reasons[:-1]) == {"server_unavailable"}, reasons
     assert "the token endpoint answered 502" in errors[0].message
     logged = caplog.text
     assert "login required" in logged
     for secret in secrets_of(world):
         assert secret not in logged
+
+
+def test_calls_on_a_failing_refresh_do_not_drive_a_refresh_storm(
+    base_dir: str,
+) -> None:
+    """The token expired and the authorization server answers every refresh
+    503: each call cut the refresher's backoff short, so refresh requests
+    followed the calls' rate (hundreds a second). Calls still fail at once,
+    but the server sees at most about one refresh a second."""
+    world = TestAuthorizationServer()
+    with logged_in(world, base_dir) as (_d, c, keeper):
+        world.token_reply = lambda form: (
+            (503, b"try later") if form.get("grant_type") == "refresh_token" else None
+        )
+        expire(world, keeper)
+        started = time.monotonic()
+        calls = 0
+        while time.monotonic() - started < 3.0:
+            with pytest.raises(RemoteError) as failed:
+                c.call_tool("cal", "echo", {"text": "x"})
+            assert failed.value.reason == "server_unavailable", failed.value
+            calls += 1
+        refreshes = world.token_posts.count("refresh_token")
+    assert calls > 10, calls
+    assert 1 <= refreshes <= 5, (refreshes, calls)
 
 
 # --- #25 clock skew and jumps ------------------------------------------------------

@@ -67,6 +67,10 @@ EXPIRED_SLACK_S: Final = 1.0
 """A token this close to its expiry is treated as expired (in-flight time)."""
 REFRESH_TIMEOUT_S: Final = 30.0
 RETRY_MAX_S: Final = 60.0
+CALLER_RETRY_GAP_S: Final = 1.0
+"""A caller waiting for a token may cut a failed refresh's backoff short, but
+not below this: refresh attempts stay at most one a second whatever the rate
+of calls (an authorization server having trouble is not hammered by them)."""
 MAX_STEP_UPS: Final = 2
 """Step-up logins that may ask one server for the same widened scope (bounded)."""
 FORCED_HOLD_S: Final = 60.0
@@ -178,6 +182,8 @@ class TokenKeeper:
         """Step-up logins so far, by the scope set they asked for."""
         self._wanted_for: int | None = None
         """A refresh is asked for, to replace the grant of this generation."""
+        self._failed_at = -math.inf
+        """When (monotonic) the last refresh attempt failed."""
         self._forced: tuple[int, float] | None = None
         """The generation a 401 made us refresh to, and when (monotonic)."""
         self._kick = anyio.Event()
@@ -365,6 +371,9 @@ class TokenKeeper:
         (a refresh is asked for if none is under way); raise if it failed."""
         if self.generation != seen_generation:
             return
+        wait = self._failed_at + CALLER_RETRY_GAP_S - time.monotonic()
+        if wait > 0 and self.logged_in:  # failed just now: not asked again yet
+            raise self._refresh_failed(wait)
         done = self._done
         self._wanted_for = seen_generation
         self._kick.set()
@@ -372,11 +381,14 @@ class TokenKeeper:
         if self.generation == seen_generation or not self.logged_in:
             if not self.logged_in:
                 raise self.login_required_error()
-            raise UnavailableError(
-                f"server {self.server!r}: the token refresh failed: "
-                f"{self.last_refresh_error}",
-                data={"server": self.server, "retry_after_s": 1.0},
-            )
+            raise self._refresh_failed(CALLER_RETRY_GAP_S)
+
+    def _refresh_failed(self, retry_after_s: float) -> UnavailableError:
+        return UnavailableError(
+            f"server {self.server!r}: the token refresh failed: "
+            f"{self.last_refresh_error}",
+            data={"server": self.server, "retry_after_s": round(retry_after_s, 3)},
+        )
 
     # --- the refresher ----------------------------------------------------------
 
@@ -422,11 +434,13 @@ class TokenKeeper:
             done, self._done = self._done, anyio.Event()
             done.set()
             if ok or (not self.logged_in and self._machine is None):
-                failures = 0
+                failures, self._failed_at = 0, -math.inf
                 continue
             failures += 1
+            self._failed_at = time.monotonic()
             delay = min(RETRY_MAX_S, 2.0**failures) * random.uniform(0.5, 1.0)  # noqa: S311
             with anyio.move_on_after(delay):
+                await anyio.sleep(min(delay, CALLER_RETRY_GAP_S))
                 await self._wait_for_request()
 
     @property
