@@ -15,16 +15,25 @@ the callback, in order, on the calling thread. A call that answers an
 upstream's requests (``on_elicit``, ``on_sample``) declares so on its
 connection (``daemon/hello`` capabilities) and gets them as request lines
 before its reply; each callback's return value is sent back as the answer.
-Any other line the daemon sends unasked is skipped.
+
+A resource this connection subscribed to (``subscribe_resource``) may change
+at any time: its ``notifications/resources/updated`` lines come between
+replies, or while the client waits for one. The client keeps each one it
+reads, in order, and ``resource_updates`` hands them out, reading the socket
+for more while it waits. Any other line the daemon sends unasked is skipped.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
+import math
 import os
+import select
 import socket
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
 from typing import Any, Final, Self, TypeVar
 
@@ -34,6 +43,7 @@ from memorizz.api import methods as m
 from memorizz.api.errors import (
     DaemonUnreachableError,
     DeadlineExceededError,
+    ProtocolError,
     RemoteError,
     SocketPermissionError,
     UpstreamError,
@@ -45,6 +55,7 @@ from memorizz.api.replies import (
     decode_log,
     decode_progress,
     decode_reply,
+    decode_update,
     notification,
 )
 
@@ -91,6 +102,8 @@ AskCallback = Callable[[dict[str, Any]], dict[str, Any]]
 ELICIT: Final = "elicitation/create"
 SAMPLE: Final = "sampling/createMessage"
 TASK_STATUS: Final = "notifications/tasks/status"
+MAX_KEPT_UPDATES: Final = 10_000
+"""Updates read and not yet taken (``resource_updates``); past it the oldest go."""
 
 
 class _CallbackError(Exception):
@@ -119,6 +132,10 @@ class Client:
         self._lock = threading.Lock()
         self._declared: dict[str, Any] | None = None
         """The capabilities this connection declared (``daemon/hello``)."""
+        self._updates: collections.deque[m.ResourceUpdatedParams] = collections.deque(
+            maxlen=MAX_KEPT_UPDATES
+        )
+        """Resource updates read off the connection, not yet taken."""
 
     # --- plumbing -----------------------------------------------------------
 
@@ -234,25 +251,42 @@ class Client:
         return decode_reply(raw, request_id, result_type)
 
     def _read_reply(self, sock: socket.socket, on_note: NoteCallback | None) -> bytes:
-        """The reply line, past any notification lines before it."""
+        """The reply line, past any notification lines before it (a resource
+        update among them is kept for ``resource_updates``)."""
         while True:
             raw = self._read_line(sock)
             note = notification(raw)
             if note is None:
                 return raw
+            if self._kept(note):
+                continue
             if on_note is not None:
                 try:
                     on_note(note)
                 except Exception as exc:
                     raise _CallbackError(exc) from exc
 
-    def _read_line(self, sock: socket.socket) -> bytes:
+    def _kept(self, note: Notification) -> bool:
+        """Whether ``note`` is a resource update (kept, in order)."""
+        update = decode_update(note)
+        if update is None:
+            return False
+        self._updates.append(update)
+        return True
+
+    def _read_line(self, sock: socket.socket, deadline: float | None = None) -> bytes:
+        """The next line; ``deadline`` (``time.monotonic()``): ``TimeoutError``
+        if no whole line came by then (what came of one is kept)."""
         while True:
             end = self._buffer.find(b"\n")
             if end >= 0:
                 line = bytes(self._buffer[:end])
                 del self._buffer[: end + 1]
                 return line
+            if deadline is not None and not _readable(
+                sock, max(0.0, deadline - time.monotonic())
+            ):
+                raise TimeoutError
             chunk = sock.recv(_READ_CHUNK)
             if not chunk:
                 raise EOFError("daemon closed the connection")
@@ -523,6 +557,70 @@ class Client:
             m.ResourcesReadParams(server=server, uri=uri, timeout_s=timeout_s),
         )
 
+    def subscribe_resource(self, server: str, uri: str) -> None:
+        """Hear of ``uri``'s updates on this connection (``resource_updates``)
+        until ``unsubscribe_resource`` or ``close``; the daemon lets go of
+        the subscription when the connection ends."""
+        self.call(
+            m.RESOURCES_SUBSCRIBE, m.ResourcesSubscribeParams(server=server, uri=uri)
+        )
+
+    def unsubscribe_resource(self, server: str, uri: str) -> None:
+        self.call(
+            m.RESOURCES_UNSUBSCRIBE,
+            m.ResourcesUnsubscribeParams(server=server, uri=uri),
+        )
+
+    def resource_updates(
+        self, timeout_s: float | None = None
+    ) -> Iterator[m.ResourceUpdatedParams]:
+        """The updates of the resources this connection subscribed to, in the
+        order they came: those already read (while waiting for replies)
+        first, then each as it arrives, for ``timeout_s`` seconds in all
+        (``None``: until the connection ends; 0: only those already here).
+        Between two updates the client is free: the loop's body may call any
+        method (the updates that come meanwhile are kept). Without a
+        connection there is nothing to wait for: it ends at once. The daemon
+        closing the connection raises ``DaemonUnreachableError``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            update = self._next_update(deadline)
+            if update is None:
+                return
+            yield update
+
+    def _next_update(self, deadline: float | None) -> m.ResourceUpdatedParams | None:
+        """The next update (None: the deadline passed, or no connection). The
+        lock is held only to read: another thread's request meanwhile keeps
+        the updates it reads for this one."""
+        while True:
+            with self._lock:
+                if self._updates:
+                    return self._updates.popleft()
+                sock = self._sock
+                if sock is None:
+                    return None
+                if b"\n" in self._buffer or _readable(sock, 0.0):
+                    try:
+                        raw = self._read_line(sock, deadline)
+                    except TimeoutError:  # a line begun; the rest comes later
+                        return None
+                    except (OSError, EOFError) as exc:
+                        self.close()
+                        msg = f"connection to memorizzd at {self.socket_path} broke: {exc}"
+                        raise DaemonUnreachableError(msg) from None
+                    note = notification(raw)
+                    if note is None:  # a reply to no request: the daemon's last word
+                        self.close()
+                        decode_reply(raw, 0, m.EmptyResult)  # its error, raised
+                        raise ProtocolError("memorizzd sent a reply to no request")
+                    self._kept(note)  # anything else unasked is skipped
+                    continue
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            _readable(sock, left)  # then look again, under the lock
+
     def list_prompts(self, server: str) -> list[m.Prompt]:
         return self.call(m.PROMPTS_LIST, m.PromptsListParams(server=server)).prompts
 
@@ -540,6 +638,30 @@ class Client:
                 server=server, name=name, arguments=arguments or {}, timeout_s=timeout_s
             ),
         )
+
+    def complete(
+        self,
+        server: str,
+        ref: m.CompletionReference | Mapping[str, Any],
+        argument: m.CompletionArgument | Mapping[str, str],
+        context: m.CompletionContext | Mapping[str, Any] | None = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> m.CompletionCompleteResult:
+        """The server's completions of ``argument`` (``{"name": ..., "value":
+        what was typed}``) of a prompt (``m.PromptReference(name=...)``, or
+        ``{"type": "ref/prompt", "name": ...}``) or a resource template
+        (``m.ResourceTemplateReference(uri=TEMPLATE)``, ``{"type":
+        "ref/resource", "uri": ...}``); ``context``: ``{"arguments": {...}}``,
+        the other arguments' values. ``.completion.values`` holds them."""
+        params = m.CompletionCompleteParams(
+            server=server,
+            ref=_as(ref, m.CompletionReference),
+            argument=_as(argument, m.CompletionArgument),
+            context=None if context is None else _as(context, m.CompletionContext),
+            timeout_s=timeout_s,
+        )
+        return self.call(m.COMPLETION_COMPLETE, params)
 
     # --- tasks (MCP 2025-11-25) ---------------------------------------------
 
@@ -598,6 +720,28 @@ class Client:
 
     def list_tasks(self) -> list[m.Task]:
         return self.call(m.TASKS_LIST, m.TasksListParams()).tasks
+
+
+def _readable(sock: socket.socket, timeout_s: float | None) -> bool:
+    """Whether ``sock`` has something to read (or was closed) within
+    ``timeout_s`` (None: however long it takes)."""
+    poller = select.poll()
+    try:
+        poller.register(sock, select.POLLIN)
+    except (OSError, ValueError):  # closed meanwhile (by another thread)
+        return True
+    return bool(poller.poll(None if timeout_s is None else math.ceil(timeout_s * 1000)))
+
+
+def _as(value: Any, into: Any) -> Any:
+    """``value`` as the struct ``into`` (a mapping spelled as on the wire is
+    converted; a bad one is ``ValueError``, before anything is sent)."""
+    if not isinstance(value, Mapping):
+        return value
+    try:
+        return msgspec.convert(value, into)
+    except msgspec.ValidationError as exc:
+        raise ValueError(str(exc)) from None
 
 
 __all__ = ["Client", "RemoteError"]

@@ -32,6 +32,7 @@ from memorizzd.rpc.server import SocketServer
 from memorizzd.sdnotify import notify, run_watchdog
 from memorizzd.spool import Spool
 from memorizzd.store import Store
+from memorizzd.subscribers import UPDATED
 from memorizzd.telemetry.logs import fields_kept
 from memorizzd.upstream.errors import FailureKind
 from memorizzd.upstream.pool import Pool, running_pool
@@ -161,7 +162,10 @@ async def running_daemon(
             )
             warm = WarmRelay(broker.tool_calls)
             dispatcher = AnsweringDispatcher(
-                broker.handlers(), on_error=broker.on_error, relay=warm
+                broker.handlers(),
+                on_error=broker.on_error,
+                relay=warm,
+                held=broker.subscribers,
             )
             face = FaceDispatcher(broker, warm)
             face_listeners.append(face)
@@ -170,8 +174,10 @@ async def running_daemon(
             async def notice(server: str, method: str, params: msgspec.Raw) -> None:
                 if method == TASK_STATUS:  # to the task's creator only
                     await tasks.noticed(server, params)
-                else:
-                    await face.notice(server, method, params)
+                    return
+                await face.notice(server, method, params)
+                if method == UPDATED:  # and to the socket API's holders
+                    await broker.subscribers.updated(server, params)
 
             pool.on_notice = notice
 

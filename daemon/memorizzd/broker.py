@@ -29,6 +29,7 @@ from memorizz.api.errors import (
     RemoteError,
     UnavailableError,
     UnsupportedProtocolError,
+    UpstreamError,
 )
 from memorizz.api.presets import PRESETS, expand_preset, instructions_of
 from memorizz.api.protocol import PROTOCOL_VERSION
@@ -40,6 +41,7 @@ from memorizzd.audit import REFUSALS, Auditor
 from memorizzd.caller import Caller, Handler
 from memorizzd.calllife import (
     client_send,
+    client_session,
     declare,
     declared,
     offer_asks,
@@ -52,6 +54,7 @@ from memorizzd.execution import resolve_command
 from memorizzd.names import exposed_names, renamed
 from memorizzd.presets import preset_tools
 from memorizzd.store import Store
+from memorizzd.subscribers import Holder, Subscribers
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
 from memorizzd.upstream.logs import LEVELS, LogSink
@@ -125,6 +128,13 @@ class Broker:
         self.last_reload: m.ReloadStatus | None = None
         """The last reload's outcome, for ``daemon/status``."""
         self._oauth_service: OAuthService | None = None
+        self.subscribers: Subscribers[Holder] = Subscribers(
+            sees=lambda holder, server: self.sees(holder.caller, server),
+            line=_updated_line,
+        )
+        """The socket API's resource subscriptions: each connection holds its
+        own, and hears of their updates for as long as it may see the server
+        (``rpc.dispatch.Dispatcher`` releases them when it closes)."""
 
     def handlers(self) -> Mapping[str, Handler]:
         """One handler per method of the table (``memorizz.api.methods``); the
@@ -135,8 +145,11 @@ class Broker:
             m.RESOURCES_LIST: self.resources_list,
             m.RESOURCES_TEMPLATES_LIST: self.resources_templates_list,
             m.RESOURCES_READ: self.resources_read,
+            m.RESOURCES_SUBSCRIBE: self.resources_subscribe,
+            m.RESOURCES_UNSUBSCRIBE: self.resources_unsubscribe,
             m.PROMPTS_LIST: self.prompts_list,
             m.PROMPTS_GET: self.prompts_get,
+            m.COMPLETION_COMPLETE: self.completion_complete,
             m.PING: self.ping,
         }
         own: dict[m.Method[Any, Any], Handler] = {
@@ -178,6 +191,19 @@ class Broker:
             scope = self._scopes.get(caller.profile, frozenset())
             found = [u for u in self._pool.all() if u.name in scope]
         return sorted(found, key=lambda u: u.name)
+
+    def sees(self, caller: Caller, server: str) -> bool:
+        """Whether ``server`` is in the caller's scope now (an operator's:
+        every server; an agent's: its profile's), as ``in_scope`` has it: what
+        may reach a caller unasked (a resource's updates) is asked per message,
+        so a reload that narrows a profile stops it at once."""
+        if server not in self._pool:
+            return False
+        if caller.role == "operator":
+            return True
+        return caller.profile is not None and server in self._scopes.get(
+            caller.profile, frozenset()
+        )
 
     def scoped(self, caller: Caller, name: str) -> Upstream:
         """The caller's server ``name`` (``unknown_server`` outside its scope)."""
@@ -729,9 +755,65 @@ class Broker:
         upstream = self._get(caller, p.server)
         return await upstream.get_prompt(p.name, p.arguments, timeout_s=p.timeout_s)
 
+    async def completion_complete(
+        self, caller: Caller, p: m.CompletionCompleteParams
+    ) -> m.CompletionCompleteResult:
+        """The server's ``completion/complete``, its ref under the server's
+        own names (``Upstream.complete`` refuses a server that offers none)."""
+        upstream = self._get(caller, p.server)
+        params: dict[str, Any] = {
+            "ref": msgspec.to_builtins(p.ref),
+            "argument": msgspec.to_builtins(p.argument),
+        }
+        if p.context is not None:
+            params["context"] = msgspec.to_builtins(p.context)
+        result = await upstream.complete(params, timeout_s=p.timeout_s)
+        try:
+            return msgspec.convert(result, m.CompletionCompleteResult)
+        except msgspec.ValidationError as exc:
+            raise UpstreamError(
+                f"{upstream.name}: the server sent a malformed result to "
+                f"completion/complete ({str(exc)[:200]})",
+                data={"server": upstream.name},
+            ) from None
+
+    async def resources_subscribe(
+        self, caller: Caller, p: m.ResourcesSubscribeParams
+    ) -> m.EmptyResult:
+        """This connection holds a subscription to ``uri`` of the server (held
+        upstream once for every holder, of either front): the updates come on
+        it as ``notifications/resources/updated`` lines until it unsubscribes
+        or closes. Subscribing is the opt-in: nothing else sends them."""
+        upstream = self._get(caller, p.server)
+        await self.subscribers.hold(_holder(), upstream, p.uri)
+        return m.EmptyResult()
+
+    async def resources_unsubscribe(
+        self, caller: Caller, p: m.ResourcesUnsubscribeParams
+    ) -> m.EmptyResult:
+        """This connection lets go of ``uri`` (not held: nothing); the server
+        hears it when no holder is left."""
+        self._get(caller, p.server)  # a server out of scope is unknown, as always
+        await self.subscribers.let_go(_holder(), p.server, p.uri)
+        return m.EmptyResult()
+
 
 def _raw(value: Any) -> msgspec.Raw:
     return msgspec.Raw(_encoder.encode(value))
+
+
+def _holder() -> Holder:
+    """The running request's connection, which holds its subscriptions."""
+    session = client_session()
+    if session is None:  # every socket request has one
+        raise InternalError("a subscription needs a connection")
+    return cast(Holder, session)
+
+
+def _updated_line(server: str, uri: str, params: msgspec.Raw) -> bytes:
+    """An update as the socket API sends it: with its server's name."""
+    params_of = m.ResourceUpdatedParams(server=server, uri=uri)
+    return _encoder.encode(m.ResourceUpdatedNotification(params=params_of)) + b"\n"
 
 
 def _rss_bytes() -> int:

@@ -42,6 +42,7 @@ ABORTABLE_METHODS: Final = frozenset(
         "resources/read",
         "prompts/list",
         "prompts/get",
+        "completion/complete",
         "audit/list",
         "approvals/list",
         "approvals/wait",

@@ -60,9 +60,10 @@ What it serves (this first version; issue 11 has the rest):
   server in scope takes them: a handshake-era session that declares
   ``resources.subscribe``): a URI is routed as ``resources/read`` routes it,
   subscribed upstream once for all the sessions that hold it
-  (``upstream/subscriptions.py``), and an upstream's
+  (``upstream/subscriptions.py``; the socket API's connections are holders
+  too, ``memorizzd.subscribers`` keeps both fronts'), and an upstream's
   ``notifications/resources/updated`` reaches the sessions subscribed to
-  that URI of that server, and no other;
+  that URI of that server that still see it, and no other;
 * ``notifications/tools/list_changed``: when an upstream says its tools
   changed, the daemon lists them again (``supervisor.py``) and every session
   that can see that server is told (``tools_listed``).
@@ -117,6 +118,7 @@ from memorizzd.policy import ToolsView
 from memorizzd.relay import WarmRelay
 from memorizzd.rpc.answers import parse_line, take
 from memorizzd.rpc.dispatch import Relayed, Session, encode_error
+from memorizzd.subscribers import UPDATED, Subscribers
 from memorizzd.telemetry import tracing
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
@@ -173,7 +175,6 @@ _TASKS: Final[dict[str, Any]] = {
     "requests": {"tools": {"call": {}}},
 }
 """Offered in ``initialize`` when a server in scope takes tasks."""
-_UPDATED: Final = "notifications/resources/updated"
 Handler = Callable[[Caller, msgspec.Raw], Awaitable[Any]]
 
 
@@ -299,10 +300,6 @@ class _Read(msgspec.Struct):
     uri: str
 
 
-class _Updated(msgspec.Struct):
-    uri: str
-
-
 class _Ref(msgspec.Struct):
     type: str
     name: str | None = None
@@ -380,8 +377,11 @@ class FaceDispatcher:
         self._clients: dict[Session, dict[str, Any]] = {}
         """What each session's client declared in ``initialize`` (it is asked
         an upstream's elicitation and sampling requests only if it can)."""
-        self._subscribed: dict[Session, set[tuple[str, str]]] = {}
-        """Each session's resource subscriptions: (server, URI)."""
+        self._subscribers: Subscribers[Session] = Subscribers(
+            sees=self._sees, line=_updated_line
+        )
+        """Each session's resource subscriptions (``resources/subscribe``), as
+        the socket API keeps its connections' (``memorizzd.subscribers``)."""
         self._listens: dict[Session, dict[int | str, _Listen]] = {}
         """Each 2026-07-28 session's listen streams, by request id."""
         self._stopping: weakref.WeakSet[Session] = weakref.WeakSet()
@@ -422,7 +422,13 @@ class FaceDispatcher:
         return found if chosen is None else [u for u in found if u.name == chosen]
 
     def _sees(self, session: Session, server: str) -> bool:
-        return any(u.name == server for u in self._scope_of(session))
+        """Whether the session may hear of ``server`` now: in its caller's
+        scope (``Broker.sees``, which the socket API asks too) and in the one
+        server it chose, if it chose one (``memorizz/scope``)."""
+        chosen = self._narrowed.get(session)
+        return (chosen is None or chosen == server) and self._broker.sees(
+            session.caller, server
+        )
 
     def _in_scope(self, caller: Caller) -> list[Upstream]:
         """The running request's session's servers (``_scope_of``)."""
@@ -492,6 +498,9 @@ class FaceDispatcher:
         for listen in self._listens.get(session, {}).values():
             listen.ended.set()
 
+    def holds(self, session: Session) -> bool:
+        return self._subscribers.holds(session)
+
     def closed(self, session: Session) -> None:
         for listen in self._listens.pop(session, {}).values():
             self._let_go(listen, session.caller)
@@ -499,11 +508,7 @@ class FaceDispatcher:
         self._levels.pop(session, None)
         self._narrowed.pop(session, None)
         self._clients.pop(session, None)
-        held = self._subscribed.pop(session, set())
-        servers = {server for server, _ in held}
-        for upstream in self._broker.in_scope(session.caller):
-            if upstream.name in servers:  # the last holder's unsubscribe follows
-                upstream.subscriptions.release(session)
+        self._subscribers.closed(session)  # the last holder's unsubscribe follows
 
     async def tools_listed(self, server: str, tools: list[m.Tool]) -> None:
         """A server's tools were listed afresh (``Pool.on_tools``): every
@@ -516,7 +521,7 @@ class FaceDispatcher:
         resources or prompts list changes go to every session that can see
         it; its log messages to those that set a level (``logging/setLevel``)
         at or below the message's, with the server's name as the logger."""
-        if method == _UPDATED:
+        if method == UPDATED:
             await self._updated(server, params)
             return
         if method != "notifications/message":
@@ -552,29 +557,18 @@ class FaceDispatcher:
 
     async def _updated(self, server: str, params: msgspec.Raw) -> None:
         """``notifications/resources/updated``: to the sessions subscribed to
-        that URI of that server, and no other."""
-        try:
-            uri = msgspec.json.decode(params, type=_Updated).uri
-        except (msgspec.ValidationError, msgspec.DecodeError):
+        that URI of that server, and the listen streams that hold it, that
+        still see the server; no other."""
+        uri = await self._subscribers.updated(server, params)
+        if uri is None:
             return
-        line = (
-            b'{"jsonrpc":"2.0","method":"'
-            + _UPDATED.encode()
-            + b'","params":'
-            + bytes(params)
-            + b"}\n"
-        )
-        for session, held in list(self._subscribed.items()):
-            if (server, uri) in held and self._sees(session, server):
-                with anyio.move_on_after(LIST_CHANGED_SEND_S):
-                    await session.send(line)
         for session, listens in list(self._listens.items()):
             if not self._sees(session, server):  # a reload narrowed its scope
                 continue
             for listen in list(listens.values()):
                 if (server, uri) in listen.resources:
                     with anyio.move_on_after(LIST_CHANGED_SEND_S):
-                        await session.send(listen.line(_UPDATED, {"uri": uri}))
+                        await session.send(listen.line(UPDATED, {"uri": uri}))
 
     async def _tell(self, server: str, method: str) -> None:
         """A list change of ``server``, to every session that sees it: on
@@ -982,38 +976,28 @@ class FaceDispatcher:
     async def _subscribe(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
         """This session subscribes to ``uri`` of the server that lists it
         (routed as ``resources/read``); the server is asked once for all the
-        sessions that hold it (``Upstream.subscribe_resource``)."""
+        holders, of either front (``memorizzd.subscribers``); one that takes
+        no subscriptions is ``method_not_found`` (``Upstream.subscribe_resource``)."""
         uri = _decode(params, _Read).uri
         session = cast(Session | None, client_session())
         owner = await self._owner_of(caller, uri)
-        if session is None or not owner.can_subscribe:
+        if session is None:
             raise MethodNotFoundError(
                 f"server {owner.name!r} takes no resource subscriptions",
                 data={"server": owner.name},
             )
-        held = self._subscribed.setdefault(session, set())
-        if (owner.name, uri) not in held:
-            await owner.subscribe_resource(session, uri)
-            held.add((owner.name, uri))
-            if self._subscribed.get(session) is not held:  # closed meanwhile
-                owner.subscriptions.release(session)
+        await self._subscribers.hold(session, owner, uri)
         return {}
 
     async def _unsubscribe(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
-        """This session lets go of ``uri``: the server hears it when no other
-        session holds it. Unsubscribing what is not held is no error."""
+        """This session lets go of ``uri`` (of the server it subscribed it
+        on): the server hears it when no other holder is left. Unsubscribing
+        what is not held is no error."""
         uri = _decode(params, _Read).uri
         session = cast(Session | None, client_session())
-        held = self._subscribed.get(session) if session is not None else None
-        found = next((pair for pair in held or () if pair[1] == uri), None)
-        if session is None or held is None or found is None:
-            return {}
-        held.discard(found)
-        upstream = next(
-            (u for u in self._scope_of(session) if u.name == found[0]), None
-        )
-        if upstream is not None:
-            await upstream.unsubscribe_resource(session, uri)
+        server = None if session is None else self._subscribers.server_of(session, uri)
+        if session is not None and server is not None:
+            await self._subscribers.let_go(session, server, uri)
         return {}
 
     async def _listen(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
@@ -1164,12 +1148,19 @@ class FaceDispatcher:
             raise InvalidParamsError(
                 f"unknown completion reference {ref.type[:_SAID_MAX]!r}"
             )
-        if not owner.declares("completions"):
-            raise MethodNotFoundError(
-                f"server {owner.name!r} offers no completions",
-                data={"server": owner.name},
-            )
+        # a server that offers none is refused there, as on the socket API
         return await owner.complete(forwarded, timeout_s=None)
+
+
+def _updated_line(server: str, uri: str, params: msgspec.Raw) -> bytes:
+    """An update as MCP has it: the server's params, as it sent them."""
+    return (
+        b'{"jsonrpc":"2.0","method":"'
+        + UPDATED.encode()
+        + b'","params":'
+        + bytes(params)
+        + b"}\n"
+    )
 
 
 def _progress_to(call: _Call) -> ProgressHandler | None:

@@ -98,8 +98,15 @@ API_PARAMS: dict[str, dict[str, Any]] = {
     "resources/list": {"server": MISSING_SERVER},
     "resources/templates/list": {"server": MISSING_SERVER},
     "resources/read": {"server": MISSING_SERVER, "uri": "test://static"},
+    "resources/subscribe": {"server": MISSING_SERVER, "uri": "test://static"},
+    "resources/unsubscribe": {"server": MISSING_SERVER, "uri": "test://static"},
     "prompts/list": {"server": MISSING_SERVER},
     "prompts/get": {"server": MISSING_SERVER, "name": "greet"},
+    "completion/complete": {
+        "server": MISSING_SERVER,
+        "ref": {"type": "ref/prompt", "name": "greet"},
+        "argument": {"name": "name", "value": ""},
+    },
     "ping": {},
     "audit/list": {"limit": 1},
     "vault/rotate": {"new_key": "not a boolean"},
@@ -134,8 +141,11 @@ EXPECTED: dict[str, str | None] = {
     "resources/list": "unknown_server",
     "resources/templates/list": "unknown_server",
     "resources/read": "unknown_server",
+    "resources/subscribe": "unknown_server",
+    "resources/unsubscribe": "unknown_server",
     "prompts/list": "unknown_server",
     "prompts/get": "unknown_server",
+    "completion/complete": "unknown_server",
     "ping": None,
     "audit/list": None,
     "vault/rotate": "invalid_params",
@@ -527,6 +537,13 @@ SERVER_PROBES: dict[str, Callable[[str], dict[str, Any]]] = {
     "resources/read": lambda s: {"server": s, "uri": "feat://watched"},
     "prompts/list": lambda s: {"server": s},
     "prompts/get": lambda s: {"server": s, "name": "pick", "arguments": {"color": "r"}},
+    "completion/complete": lambda s: {
+        "server": s,
+        "ref": {"type": "ref/prompt", "name": "pick"},
+        "argument": {"name": "color", "value": "r"},
+    },
+    "resources/subscribe": lambda s: {"server": s, "uri": "feat://watched"},
+    "resources/unsubscribe": lambda s: {"server": s, "uri": "feat://watched"},
     "ping": lambda s: {"server": s},
 }
 
@@ -563,9 +580,8 @@ def test_another_profiles_server_is_a_missing_one_on_every_path(
             same_answer(answers[f"{probe} {name!r}"], missing, name, MISSING_SERVER)
     # the operator reaches them (the probes were about scope, not the servers)
     with wire(probed.socket) as w:
-        assert "result" in w.ask(
-            "resources/read", SERVER_PROBES["resources/read"]("feat")
-        )
+        for probe in ("resources/read", "completion/complete", "resources/subscribe"):
+            assert "result" in w.ask(probe, SERVER_PROBES[probe]("feat")), probe
         assert reason(w.ask("tools/list", {"server": "t "})) == "unknown_server"
 
 

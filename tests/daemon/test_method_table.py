@@ -28,8 +28,11 @@ PASSTHROUGH = {
     "resources/list",
     "resources/templates/list",
     "resources/read",
+    "resources/subscribe",
+    "resources/unsubscribe",
     "prompts/list",
     "prompts/get",
+    "completion/complete",
     "ping",
 }
 
@@ -74,7 +77,7 @@ def test_the_dispatcher_wants_a_handler_for_exactly_the_declared_methods() -> No
     with pytest.raises(ValueError, match="no handler for"):
         Dispatcher(some)
     with pytest.raises(ValueError, match="undeclared"):
-        Dispatcher({**dict.fromkeys(m.METHODS, _ok), "resources/subscribe": _ok})
+        Dispatcher({**dict.fromkeys(m.METHODS, _ok), "subscriptions/listen": _ok})
 
 
 @pytest.fixture
@@ -101,7 +104,13 @@ async def test_the_dispatcher_decodes_params_with_the_declared_type() -> None:
                 "jsonrpc": "2.0",
                 "id": 1,
                 "method": name,
-                "params": {"server": "s", "name": "n", "uri": "u"},
+                "params": {  # what each needs (unknown members are ignored)
+                    "server": "s",
+                    "name": "n",
+                    "uri": "u",
+                    "ref": {"type": "ref/prompt", "name": "n"},
+                    "argument": {"name": "a", "value": ""},
+                },
             }
         )
         request = dispatcher.parse(line)

@@ -374,6 +374,103 @@ class PromptsGetResult(Result, kw_only=True, omit_defaults=True):
     description: str | None = None
 
 
+class ResourcesSubscribeParams(ServerParams, kw_only=True, frozen=True):
+    uri: str
+    """The resource's URI, as the server lists it (or builds it from a template)."""
+
+
+class ResourcesUnsubscribeParams(ServerParams, kw_only=True, frozen=True):
+    uri: str
+
+
+class EmptyResult(Result, kw_only=True):
+    """``{}``: done (``resources/subscribe``, ``resources/unsubscribe``)."""
+
+
+class ResourceUpdatedParams(msgspec.Struct, kw_only=True):
+    """A resource this connection subscribed to changed (MCP
+    ``notifications/resources/updated``), with its server's name: read it
+    again (``resources/read``) for what it holds now."""
+
+    server: str
+    uri: str
+
+
+class ResourceUpdatedNotification(msgspec.Struct, kw_only=True):
+    """The line the daemon sends unasked for an update (no ``id``), on the
+    connection that holds the subscription, for as long as it holds it
+    (``resources/subscribe`` is the opt-in: a connection that never
+    subscribes never gets one)."""
+
+    jsonrpc: Literal["2.0"] = "2.0"
+    method: Literal["notifications/resources/updated"] = (
+        "notifications/resources/updated"
+    )
+    params: ResourceUpdatedParams
+
+
+class PromptReference(
+    msgspec.Struct,
+    kw_only=True,
+    frozen=True,
+    omit_defaults=True,
+    tag_field="type",
+    tag="ref/prompt",
+):
+    """A prompt, by its name on the server (MCP ``PromptReference``)."""
+
+    name: str
+    title: str | None = None
+
+
+class ResourceTemplateReference(
+    msgspec.Struct, kw_only=True, frozen=True, tag_field="type", tag="ref/resource"
+):
+    """A resource template, by its URI template (MCP ``ResourceTemplateReference``)."""
+
+    uri: str
+
+
+CompletionReference = PromptReference | ResourceTemplateReference
+"""What ``completion/complete`` completes an argument of (``type``:
+``ref/prompt`` or ``ref/resource``)."""
+
+
+class CompletionArgument(msgspec.Struct, kw_only=True, frozen=True):
+    name: str
+    """The argument's name (a prompt argument, a URI template variable)."""
+    value: str
+    """What has been typed so far."""
+
+
+class CompletionContext(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    arguments: dict[str, str] = {}
+    """The values of the reference's other arguments, already chosen."""
+
+
+class CompletionCompleteParams(ServerParams, kw_only=True, frozen=True):
+    ref: CompletionReference
+    argument: CompletionArgument
+    context: CompletionContext | None = None
+    timeout_s: Deadline | None = None
+
+
+class Completion(msgspec.Struct, kw_only=True, rename="camel", omit_defaults=True):
+    values: list[str]
+    """The server's suggestions (MCP allows at most 100)."""
+    total: int | None = None
+    """How many there are in all, when the server says."""
+    has_more: bool | None = None
+    """More than ``values`` hold, when the server says."""
+
+
+class CompletionCompleteResult(Result, kw_only=True, omit_defaults=True):
+    """MCP's ``CompleteResult``, as the server sent it."""
+
+    completion: Completion
+    meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
+
+
 class PingParams(Params, kw_only=True, frozen=True):
     server: str | None = None
     """Ping this upstream; without it, ping the daemon itself."""
@@ -1042,11 +1139,29 @@ RESOURCES_TEMPLATES_LIST: Final = _mcp(
 RESOURCES_READ: Final = _mcp(
     "resources/read", ResourcesReadParams, ResourcesReadResult, "Read one resource."
 )
+RESOURCES_SUBSCRIBE: Final = _mcp(
+    "resources/subscribe",
+    ResourcesSubscribeParams,
+    EmptyResult,
+    "Hear of one resource's updates on this connection.",
+)
+RESOURCES_UNSUBSCRIBE: Final = _mcp(
+    "resources/unsubscribe",
+    ResourcesUnsubscribeParams,
+    EmptyResult,
+    "Stop hearing of one resource's updates.",
+)
 PROMPTS_LIST: Final = _mcp(
     "prompts/list", PromptsListParams, PromptsListResult, "A server's prompts."
 )
 PROMPTS_GET: Final = _mcp(
     "prompts/get", PromptsGetParams, PromptsGetResult, "Get one prompt."
+)
+COMPLETION_COMPLETE: Final = _mcp(
+    "completion/complete",
+    CompletionCompleteParams,
+    CompletionCompleteResult,
+    "Complete an argument of a prompt or a resource template.",
 )
 PING: Final = _mcp("ping", PingParams, PingResult, "Ping the daemon or one upstream.")
 
@@ -1216,8 +1331,11 @@ METHODS: Final[dict[str, Method[Any, Any]]] = {
         RESOURCES_LIST,
         RESOURCES_TEMPLATES_LIST,
         RESOURCES_READ,
+        RESOURCES_SUBSCRIBE,
+        RESOURCES_UNSUBSCRIBE,
         PROMPTS_LIST,
         PROMPTS_GET,
+        COMPLETION_COMPLETE,
         PING,
         AUDIT_LIST,
         VAULT_ROTATE,

@@ -44,6 +44,7 @@ class _Message(msgspec.Struct):
 _decode_message = msgspec.json.Decoder(_Message).decode
 _decode_progress = msgspec.json.Decoder(m.ProgressParams).decode
 _decode_log = msgspec.json.Decoder(m.LogParams).decode
+_decode_update = msgspec.json.Decoder(m.ResourceUpdatedParams).decode
 
 
 def notification(raw: bytes) -> Notification | None:
@@ -79,6 +80,17 @@ def decode_log(note: Notification) -> m.LogParams | None:
         return None
     try:
         return _decode_log(note.params)
+    except msgspec.DecodeError:
+        return None
+
+
+def decode_update(note: Notification) -> m.ResourceUpdatedParams | None:
+    """A ``notifications/resources/updated`` (a subscribed resource changed)'s
+    params; ``None`` for any other notification or a malformed one."""
+    if note.method != "notifications/resources/updated":
+        return None
+    try:
+        return _decode_update(note.params)
     except msgspec.DecodeError:
         return None
 

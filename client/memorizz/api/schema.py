@@ -7,7 +7,12 @@ from typing import Final
 
 import msgspec
 
-from memorizz.api.methods import METHODS, LogNotification, ProgressNotification
+from memorizz.api.methods import (
+    METHODS,
+    LogNotification,
+    ProgressNotification,
+    ResourceUpdatedNotification,
+)
 from memorizz.api.protocol import PROTOCOL_VERSION, ErrorObject
 
 SCHEMA_PATH: Final = Path(__file__).parent / "schema" / f"v{PROTOCOL_VERSION}.json"
@@ -17,7 +22,13 @@ def generate() -> bytes:
     """The schema document: every method's params, result, the roles that may
     call it and whether it relays MCP, plus the error object and the
     notifications the daemon sends unasked."""
-    types: list[type] = [ErrorObject, ProgressNotification, LogNotification]
+    notes = {
+        "notifications/progress": ProgressNotification,
+        "notifications/message": LogNotification,
+        "notifications/resources/updated": ResourceUpdatedNotification,
+    }
+    types: list[type] = [ErrorObject, *notes.values()]
+    first = len(types)
     for spec in METHODS.values():
         types += [spec.params, spec.result]
     refs, components = msgspec.json.schema_components(
@@ -26,8 +37,8 @@ def generate() -> bytes:
     methods = {
         name: {
             "description": spec.doc,
-            "params": refs[3 + 2 * i],
-            "result": refs[4 + 2 * i],
+            "params": refs[first + 2 * i],
+            "result": refs[first + 1 + 2 * i],
             "roles": sorted(spec.roles),
             "mcp_passthrough": spec.passthrough,
         }
@@ -39,10 +50,7 @@ def generate() -> bytes:
         "protocol_version": PROTOCOL_VERSION,
         "methods": methods,
         "error": refs[0],
-        "notifications": {
-            "notifications/progress": refs[1],
-            "notifications/message": refs[2],
-        },
+        "notifications": {name: refs[1 + i] for i, name in enumerate(notes)},
         "$defs": components,
     }
     return msgspec.json.format(msgspec.json.encode(document), indent=2) + b"\n"

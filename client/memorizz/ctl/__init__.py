@@ -19,7 +19,7 @@ Commands::
 
     memorizzctl mcp list | add | remove | status | test | login | logout
     memorizzctl mcp tools | resources | templates | prompts
-    memorizzctl mcp call [--task] | read | prompt
+    memorizzctl mcp call [--task] | read | prompt | complete | watch
     memorizzctl mcp task get | result | cancel | list
     memorizzctl mcp approvals | approve | reject | cancel | resume | wait
     memorizzctl mcp serve (stdio bridge for MCP clients)

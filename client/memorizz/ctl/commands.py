@@ -42,6 +42,7 @@ from memorizz.ctl.render import (
     render_added,
     render_audit,
     render_call,
+    render_completion,
     render_contents,
     render_daemon_status,
     render_login_done,
@@ -59,6 +60,7 @@ from memorizz.ctl.render import (
     render_templates,
     render_test,
     render_tools,
+    render_update,
 )
 from memorizz.ctl.serve import bridge, bridge_for, scope_line
 from memorizz.ctl.text import (
@@ -66,7 +68,9 @@ from memorizz.ctl.text import (
     Prompter,
     format_log,
     format_ms,
+    printable,
     to_json,
+    to_json_line,
 )
 
 Command = Callable[[Client, argparse.Namespace], int]
@@ -312,6 +316,48 @@ def cmd_mcp_prompt(client: Client, args: argparse.Namespace) -> int:
         args.server, args.prompt, dict(args.arg), timeout_s=args.timeout
     )
     _show(args, result, render_messages(result))
+    return EXIT_OK
+
+
+def cmd_mcp_complete(client: Client, args: argparse.Namespace) -> int:
+    """The server's completions of an argument of a prompt (``--prompt``) or
+    a resource template (``--resource-template``), one a line."""
+    ref: m.CompletionReference = (
+        m.PromptReference(name=args.prompt)
+        if args.prompt is not None
+        else m.ResourceTemplateReference(uri=args.resource_template)
+    )
+    context = (
+        m.CompletionContext(arguments=dict(args.context)) if args.context else None
+    )
+    result = client.complete(
+        args.server,
+        ref,
+        m.CompletionArgument(name=args.argument, value=args.value),
+        context,
+        timeout_s=args.timeout,
+    )
+    _show(args, result, render_completion(result))
+    return EXIT_OK
+
+
+def cmd_mcp_watch(client: Client, args: argparse.Namespace) -> int:
+    """Subscribe to each URI, then print one line per update (``SERVER URI``;
+    ``--json``: the notification's params, one JSON object a line) as they
+    come, until Ctrl-C, which is how a watch ends (exit 0). The daemon
+    ending the connection is an error (exit 69), as a refused subscribe is."""
+    for uri in dict.fromkeys(args.uris):
+        client.subscribe_resource(args.server, uri)
+    sys.stderr.write(
+        f"watching {printable(args.server)}: {' '.join(map(printable, args.uris))}"
+        " (Ctrl-C to stop)\n"
+    )
+    sys.stderr.flush()
+    try:
+        for update in client.resource_updates():
+            emit(to_json_line(update) if args.json else render_update(update))
+    except KeyboardInterrupt:
+        pass
     return EXIT_OK
 
 

@@ -46,6 +46,7 @@ from memorizz.ctl.commands import (
     cmd_mcp_approve,
     cmd_mcp_call,
     cmd_mcp_cancel,
+    cmd_mcp_complete,
     cmd_mcp_list,
     cmd_mcp_login,
     cmd_mcp_logout,
@@ -67,6 +68,7 @@ from memorizz.ctl.commands import (
     cmd_mcp_test,
     cmd_mcp_tools,
     cmd_mcp_wait,
+    cmd_mcp_watch,
     cmd_ping,
     cmd_vault_rotate,
 )
@@ -425,7 +427,36 @@ def _mcp(mcp: _Lazy) -> None:
     _leaf(mcp, "call", cmd_mcp_call, "call a tool", _call)
     _group(mcp, "task", "tools called as tasks (mcp call --task)", _task)
     _leaf(mcp, "read", cmd_mcp_read, "read one resource", _read)
+    _leaf(
+        mcp,
+        "watch",
+        cmd_mcp_watch,
+        "subscribe to resources and print a line per update, until Ctrl-C",
+        _watch,
+        epilog=(
+            "Each update is one line, SERVER URI (--json: the notification's\n"
+            "params, one JSON object a line), printed as it comes; read the\n"
+            "resource again (mcp read) for what it holds now. Ctrl-C ends the\n"
+            "watch (exit 0); the subscriptions end with it.\n\n"
+            f"example:\n  {PROG} mcp watch docs file:///srv/notes.md"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _leaf(mcp, "prompt", cmd_mcp_prompt, "get one prompt", _prompt)
+    _leaf(
+        mcp,
+        "complete",
+        cmd_mcp_complete,
+        "the server's completions of an argument of a prompt or a resource template",
+        _complete,
+        epilog=(
+            "Prints the values, one a line, as the server ordered them.\n\n"
+            "examples:\n"
+            f"  {PROG} mcp complete docs --prompt greet name A\n"
+            f"  {PROG} mcp complete docs --resource-template 'file:///{{path}}' path src/"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _leaf(
         mcp,
         "approvals",
@@ -605,6 +636,37 @@ def _task_result(p: argparse.ArgumentParser) -> None:
 def _read(p: argparse.ArgumentParser) -> None:
     _server(p)
     p.add_argument("uri", metavar="URI")
+    _timeout(p)
+
+
+def _watch(p: argparse.ArgumentParser) -> None:
+    _server(p)
+    p.add_argument(
+        "uris", metavar="URI", nargs="+", help="a resource to watch (repeatable)"
+    )
+
+
+def _complete(p: argparse.ArgumentParser) -> None:
+    _server(p)
+    ref = p.add_mutually_exclusive_group(required=True)
+    ref.add_argument("--prompt", metavar="NAME", help="an argument of this prompt")
+    ref.add_argument(
+        "--resource-template",
+        metavar="URI",
+        help="a variable of this resource template (its URI template, as listed)",
+    )
+    p.add_argument("argument", metavar="ARGUMENT", help="the argument's name")
+    p.add_argument(
+        "value", metavar="VALUE", help="what is typed so far ('' for every value)"
+    )
+    p.add_argument(
+        "--context",
+        metavar="K=V",
+        action="append",
+        type=key_value,
+        default=[],
+        help="another argument's value, already chosen (repeatable)",
+    )
     _timeout(p)
 
 

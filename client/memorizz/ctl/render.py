@@ -25,6 +25,7 @@ from memorizz.ctl.text import (
     format_ms,
     format_table,
     one_line,
+    printable,
     to_json,
 )
 
@@ -313,6 +314,19 @@ def render_messages(result: m.PromptsGetResult) -> str:
         )
         parts.append(f"{role}: {text}")
     return blocks(parts)
+
+
+def render_completion(result: m.CompletionCompleteResult) -> str:
+    """The server's values, one a line, as it ordered them."""
+    values = result.completion.values
+    if not values:
+        return "no completions\n"
+    return "".join(printable(value) + "\n" for value in values)
+
+
+def render_update(update: m.ResourceUpdatedParams) -> str:
+    """One resource update as ``mcp watch`` prints it: ``SERVER URI``."""
+    return f"{printable(update.server)} {printable(update.uri)}\n"
 
 
 def render_daemon_status(status: m.DaemonStatusResult) -> str:

@@ -2,8 +2,9 @@
 and the progress line a call shows on stderr (``ProgressLine``).
 
 Tables are left-aligned columns two spaces apart. Text that comes from upstream
-servers goes through ``one_line``, so control characters never reach the
-terminal. ``to_json`` is what ``--json`` prints: a struct under its wire names.
+servers goes through ``one_line`` (or ``printable``, uncut), so control
+characters never reach the terminal. ``to_json`` is what ``--json`` prints: a
+struct under its wire names (``to_json_line``: one a line, for a stream).
 
 Pure functions, standard library and msgspec only, like the rest of the client.
 """
@@ -87,6 +88,17 @@ def blocks(parts: Sequence[str]) -> str:
 
 def to_json(value: object) -> str:
     return msgspec.json.format(msgspec.json.encode(value), indent=2).decode() + "\n"
+
+
+def to_json_line(value: object) -> str:
+    """``value`` as one JSON line: what a stream of ``--json`` records prints
+    (``mcp watch``), one record a line."""
+    return msgspec.json.encode(value).decode() + "\n"
+
+
+def printable(text: str) -> str:
+    """``text`` whole, on one line: control characters (newlines too) as ``?``."""
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def format_progress(

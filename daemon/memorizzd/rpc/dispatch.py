@@ -59,6 +59,17 @@ class Relayed(Protocol):
 Relay = Callable[["Session", Request], Relayed | None]
 """Starts a request without a task when it can (None: it takes the task's way)."""
 
+
+class Held(Protocol):
+    """What a connection holds between its requests (its resource
+    subscriptions, ``memorizzd.subscribers``): kept while it lasts, released
+    when it closes."""
+
+    def holds(self, holder: Session) -> bool: ...
+
+    def closed(self, holder: Session) -> None: ...
+
+
 _encoder: Final = msgspec.json.Encoder()
 _request_decoder: Final = msgspec.json.Decoder(Request)
 
@@ -113,6 +124,12 @@ class LineDispatcher(Protocol):
         streams) end now."""
         ...
 
+    def holds(self, session: Session) -> bool:
+        """Whether ``session`` waits for what the protocol sends it unasked
+        (a resource subscription's updates): with nothing in flight it is
+        not idle (``limits.idle_timeout_s``)."""
+        ...
+
     def closed(self, session: Session) -> None: ...
 
 
@@ -141,6 +158,7 @@ class Dispatcher:
         *,
         on_error: ErrorHook | None = None,
         relay: Relay | None = None,
+        held: Held | None = None,
     ) -> None:
         missing = METHODS.keys() - handlers.keys()
         if missing:
@@ -154,6 +172,8 @@ class Dispatcher:
         }
         self._on_error = on_error
         self._relay = relay
+        self._held = held
+        """The connections' resource subscriptions (``resources/subscribe``)."""
 
     def parse(self, line: bytes) -> Request | bytes:
         """The request on one line, or the error reply to send for it at once.
@@ -181,10 +201,17 @@ class Dispatcher:
         """Every method of this API ends by itself."""
 
     def opened(self, session: Session) -> None:
-        """This API sends nothing unasked."""
+        """What this API sends unasked goes to a connection that asked (a
+        call's progress, its server's log messages, its tasks' status, its
+        subscriptions' updates): nothing to keep per connection here."""
+
+    def holds(self, session: Session) -> bool:
+        return self._held is not None and self._held.holds(session)
 
     def closed(self, session: Session) -> None:
-        pass
+        """Its subscriptions are let go (the last holder's unsubscribe follows)."""
+        if self._held is not None:
+            self._held.closed(session)
 
     async def run(
         self,

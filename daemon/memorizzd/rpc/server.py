@@ -805,7 +805,9 @@ class _Connection:
         On the MCP face (``handoff``), only one that holds part of a line: an
         MCP session is its client's for as long as it runs, idle between the
         agent's turns, and MCP clients do not connect again by themselves; a
-        line dripped and never finished still cannot hold a slot."""
+        line dripped and never finished still cannot hold a slot. Nor is a
+        connection idle that holds a resource subscription (it waits for the
+        updates; closed, it would lose them), unless it drips a line."""
         period = self.write_timeout_s / 4
         if self.idle_timeout_s is not None:
             period = min(period, self.idle_timeout_s / 4)
@@ -826,7 +828,10 @@ class _Connection:
                 and not self.in_flight
                 and started is None
                 and now - self.last_activity > self.idle_timeout_s
-                and (self.buffer or not self.server.handoff)
+                and (
+                    self.buffer
+                    or not (self.server.handoff or self.dispatcher.holds(self))
+                )
             ):
                 self._close_idle()
                 return

@@ -22,6 +22,7 @@ from memorizz.api import methods as m
 from memorizz.api.errors import (
     AuthRequiredError,
     DeadlineExceededError,
+    MethodNotFoundError,
     RemoteError,
     UnavailableError,
 )
@@ -425,9 +426,21 @@ class Upstream(Supervisor):
         client = self._client
         return client is not None and client.takes_tool_tasks()
 
+    def _refuse_unless(self, offered: bool, what: str) -> None:
+        """A connected server that does not offer ``what``: ``method_not_found``
+        naming it, on every front alike (a server not connected now is waited
+        for, or refused as such, by ``request``)."""
+        if self._client is not None and not offered:
+            raise MethodNotFoundError(
+                f"server {self.name!r} {what}", data={"server": self.name}
+            )
+
     async def subscribe_resource(self, holder: object, uri: str) -> None:
-        """``holder`` (a face session) subscribes to ``uri``: sent upstream
-        only if nobody held it (``subscriptions.py``)."""
+        """``holder`` (a face session, a socket connection, a listen stream)
+        subscribes to ``uri``: sent upstream only if nobody held it
+        (``subscriptions.py``). A server that takes no subscriptions is
+        ``method_not_found``."""
+        self._refuse_unless(self.can_subscribe, "takes no resource subscriptions")
 
         async def send(uri: str) -> None:
             await self.request(
@@ -457,6 +470,10 @@ class Upstream(Supervisor):
     async def complete(
         self, params: dict[str, Any], *, timeout_s: float | None
     ) -> dict[str, Any]:
+        """``completion/complete`` with ``params`` (MCP's, the ref under the
+        server's own names); a server that declares no ``completions`` is
+        ``method_not_found``."""
+        self._refuse_unless(self.declares("completions"), "offers no completions")
         return await self.request(
             lambda client: client.complete(params),
             deadline=self.deadline_for(timeout_s),
