@@ -13,6 +13,8 @@
 * ``serve_https``: a uvicorn server with that certificate on 127.0.0.1, for
   the test MCP server (Streamable HTTP or SSE) behind ``trap_app``, which
   answers some requests with a redirect, a gzip bomb or ``Connection: close``.
+* ``client``: the hardened client on a ``World``'s network (``refused``: how
+  it refuses a request); ``recording_listener``: a would-be proxy.
 """
 
 from __future__ import annotations
@@ -25,20 +27,25 @@ import ipaddress
 import socket
 import ssl
 import tempfile
+import threading
 from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpcore2
+import httpx2
 import msgspec
+import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from memorizz.api.errors import RemoteError
 from memorizzd.egress.addresses import IPAddress
 from memorizzd.egress.backend import Network
+from memorizzd.egress.client import hardened_client
 from tests.harness import rmtree, serve_asgi
 
 PUBLIC_NAME = "mcp.example.test"
@@ -219,6 +226,60 @@ class World:
 
     def route(self, address: str, port: int, loopback_port: int) -> None:
         self.dial.routes[(address, port)] = loopback_port
+
+
+def client(world: World, **overrides: Any) -> httpx2.AsyncClient:
+    """The hardened client on ``world``'s network: no allowlist, no private
+    network, 1 MiB bodies, 10 s; ``overrides`` replace any of its settings."""
+    options: dict[str, Any] = {
+        "limit": 1 << 20,
+        "timeout": httpx2.Timeout(10.0),
+        "allowlist": [],
+        "allow_private_network": False,
+        "network": world.network(),
+    }
+    options.update(overrides)
+    return hardened_client(**options)
+
+
+async def refused(world: World, url: str, **overrides: Any) -> RemoteError:
+    """The error ``client(world, **overrides)`` refuses ``GET url`` with."""
+    async with client(world, **overrides) as http:
+        with pytest.raises(RemoteError) as err:
+            await http.get(url)
+    return err.value
+
+
+@contextlib.contextmanager
+def recording_listener() -> Iterator[tuple[int, list[bytes]]]:
+    """A loopback listener that records what connects to it (a would-be
+    proxy): its port, and the first bytes each connection sent."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    seen: list[bytes] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2)
+                try:
+                    seen.append(conn.recv(4096))
+                except OSError:
+                    seen.append(b"")
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield listener.getsockname()[1], seen
+    finally:
+        listener.shutdown(socket.SHUT_RDWR)
+        listener.close()
+        thread.join(timeout=5)
 
 
 # --- servers ---------------------------------------------------------------------

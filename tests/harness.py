@@ -230,6 +230,20 @@ def short_tempdir(prefix: str = "mz-") -> str:
     return tempfile.mkdtemp(prefix=prefix, dir="/tmp")
 
 
+def tempdir_fixture() -> Any:
+    """A module-scoped pytest fixture of a ``short_tempdir``, removed after
+    the module's tests; a test module names it: ``base = tempdir_fixture()``."""
+    import pytest  # the harness is also the benchmarks'
+
+    @pytest.fixture(scope="module")
+    def tempdir() -> Iterator[str]:
+        path = short_tempdir()
+        yield path
+        rmtree(path)
+
+    return tempdir
+
+
 def daemon_config(base: str, **overrides: Any) -> Config:
     fields: dict[str, Any] = {
         "socket": os.path.join(base, "d.sock"),

@@ -439,16 +439,8 @@ def _faults(app: Any, provider: TestAuthorizationServer) -> Any:
             await app(scope, replay, send)
             return
         if path == "/.well-known/oauth-authorization-server" and provider.advertise_iss:
-            captured: list[dict[str, Any]] = []
-
-            async def capture(message: dict[str, Any]) -> None:
-                captured.append(message)
-
-            await app(scope, receive, capture)
-            status = captured[0]["status"]
-            doc = msgspec.json.decode(
-                b"".join(m.get("body", b"") for m in captured[1:])
-            )
+            status, body = await _captured(app, scope, receive)
+            doc = msgspec.json.decode(body)
             doc["authorization_response_iss_parameter_supported"] = True
             await _respond(send, status, msgspec.json.encode(doc), b"application/json")
             return

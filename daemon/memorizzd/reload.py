@@ -236,18 +236,12 @@ class Reloader:
             except NoConfigFileError as exc:
                 message = str(exc)
                 log.error("reload refused: %s", message)
-                self._broker.last_reload = m.ReloadStatus(
-                    time=started, ok=False, message=message, trigger=trigger
-                )
-                await self._audit(caller, started, "failed", "no_config_file")
+                await self._ended(caller, started, trigger, message, "no_config_file")
                 raise InvalidParamsError(message, reason="no_config_file") from None
             except ConfigError as exc:
                 message = str(exc)
                 log.error("reload refused, nothing changed: %s", message)
-                self._broker.last_reload = m.ReloadStatus(
-                    time=started, ok=False, message=message, trigger=trigger
-                )
-                await self._audit(caller, started, "failed", "invalid_config")
+                await self._ended(caller, started, trigger, message, "invalid_config")
                 raise InvalidParamsError(
                     f"invalid configuration, nothing changed: {message}",
                     reason="invalid_config",
@@ -258,13 +252,8 @@ class Reloader:
                 # caught (the dispatcher, the SIGHUP handler); daemon/status
                 # keeps that it failed, never the exception's text (a path, a
                 # value of the file: it may hold a secret).
-                self._broker.last_reload = m.ReloadStatus(
-                    time=started,
-                    ok=False,
-                    message=_internal_failure(exc, applied=self.config is not before),
-                    trigger=trigger,
-                )
-                await self._audit(caller, started, "failed", "internal")
+                failure = _internal_failure(exc, applied=self.config is not before)
+                await self._ended(caller, started, trigger, failure, "internal")
                 raise
             finally:
                 notify("READY=1")
@@ -275,21 +264,28 @@ class Reloader:
                     "reload: not applied, they take a restart: %s",
                     ", ".join(result.restart_required),
                 )
-            self._broker.last_reload = m.ReloadStatus(
-                time=started, ok=True, message=summary, trigger=trigger
-            )
-            await self._audit(caller, started, "ok", None)
+            await self._ended(caller, started, trigger, summary, None)
             return result
 
-    async def _audit(
-        self, caller: Caller, started: float, outcome: str, reason: str | None
+    async def _ended(
+        self,
+        caller: Caller,
+        started: float,
+        trigger: Literal["api", "signal"],
+        message: str,
+        failure: str | None,
     ) -> None:
+        """How the reload ended, kept for ``daemon/status`` and in the audit
+        trail: ``failure`` is the reason it failed for, None when it went well."""
+        self._broker.last_reload = m.ReloadStatus(
+            time=started, ok=failure is None, message=message, trigger=trigger
+        )
         self._auditor.record(
             caller,
             action="daemon/reload",
             started=started,
-            outcome=outcome,
-            reason=reason,
+            outcome="ok" if failure is None else "failed",
+            reason=failure,
             refusal=False,
         )
 

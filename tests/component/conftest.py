@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from tests.component.wiring import Components, components, wired_config
-from tests.harness import rmtree, short_tempdir
+from tests.harness import tempdir_fixture
 
 
 @pytest.fixture(scope="module")
@@ -16,11 +16,7 @@ def anyio_backend() -> tuple[str, dict[str, Any]]:
     return ("asyncio", {"use_uvloop": True})
 
 
-@pytest.fixture(scope="module")
-def base() -> Iterator[str]:
-    path = short_tempdir()
-    yield path
-    rmtree(path)
+base = tempdir_fixture()
 
 
 @pytest.fixture(scope="module")

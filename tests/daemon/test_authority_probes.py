@@ -50,9 +50,8 @@ from tests.harness import (
     DaemonHarness,
     features_spec,
     light_spec,
-    rmtree,
-    short_tempdir,
     stdio_spec,
+    tempdir_fixture,
     wait_until,
 )
 from tests.peers import (
@@ -350,11 +349,7 @@ def _task_server() -> ServerSpec | None:
     )
 
 
-@pytest.fixture(scope="module")
-def base() -> Iterator[str]:
-    path = short_tempdir()
-    yield path
-    rmtree(path)
+base = tempdir_fixture()
 
 
 @pytest.fixture(scope="module")
@@ -398,6 +393,12 @@ def needs_tasks(harness: DaemonHarness) -> None:
 
 def face_of(api_socket: str) -> str:
     return face_socket_path(api_socket)
+
+
+def every_socket(probed: DaemonHarness, base: str) -> tuple[str, ...]:
+    """An agent socket (alpha's), the operator socket, and the face of each."""
+    alpha = agent_socket(base, "alpha")
+    return (alpha, probed.socket, face_of(alpha), face_of(probed.socket))
 
 
 # --- 1. every method x every socket kind ----------------------------------------
@@ -917,12 +918,7 @@ def test_method_name_tricks_are_unknown_methods(
     on every socket (no name is normalised into a method, least of all an
     operator's on an agent socket). What JSON itself unescapes is that
     method, refused or run as such; a raw NUL byte is not JSON at all."""
-    for path in (
-        agent_socket(base, "alpha"),
-        probed.socket,
-        face_of(agent_socket(base, "alpha")),
-        face_of(probed.socket),
-    ):
+    for path in every_socket(probed, base):
         with wire(path) as w:
             for name in NAME_TRICKS:
                 answer = w.ask(name, {"server": "t"})
@@ -951,12 +947,7 @@ def test_batches_are_refused_whole_and_run_nothing(
         "transport": "stdio",
         "command": "/bin/true",
     }
-    for path in (
-        agent_socket(base, "alpha"),
-        probed.socket,
-        face_of(agent_socket(base, "alpha")),
-        face_of(probed.socket),
-    ):
+    for path in every_socket(probed, base):
         with wire(path) as w:
             for batch in (
                 [

@@ -75,7 +75,10 @@ from tests.egress_world import (
     LoopbackDial,
     TinyDNS,
     World,
+    client,
     make_tls,
+    recording_listener,
+    refused,
     serve,
     tls_material,
     trap_app,
@@ -119,26 +122,12 @@ def world(tls: TLS, https_port: int) -> World:
     return world
 
 
-def client(world: World, **overrides: Any) -> httpx2.AsyncClient:
-    options: dict[str, Any] = {
-        "limit": 1 << 20,
-        "timeout": httpx2.Timeout(10.0),
-        "allowlist": [],
-        "allow_private_network": False,
-        "network": world.network(),
-    }
-    options.update(overrides)
-    return hardened_client(**options)
-
-
 async def refusal(world: World, url: str, **overrides: Any) -> RemoteError:
     """The refusal of ``GET url``; nothing was looked up or dialled."""
-    async with client(world, **overrides) as http:
-        with pytest.raises(RemoteError) as err:
-            await http.get(url)
+    error = await refused(world, url, **overrides)
     assert world.dns.lookups == []
     assert world.dial.dialled == []
-    return err.value
+    return error
 
 
 # --- IPv4 in every spelling -----------------------------------------------------------
@@ -549,32 +538,8 @@ async def test_every_3xx_is_refused_not_only_those_httpx_follows(
 
 @pytest.fixture
 def proxy_listener() -> Iterator[tuple[int, list[bytes]]]:
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    seen: list[bytes] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(2)
-                try:
-                    seen.append(conn.recv(4096))
-                except OSError:
-                    seen.append(b"")
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield listener.getsockname()[1], seen
-    finally:
-        listener.shutdown(socket.SHUT_RDWR)
-        listener.close()
-        thread.join(timeout=5)
+    with recording_listener() as listener:
+        yield listener
 
 
 async def test_http_proxy_variables_do_not_route_plain_http(

@@ -20,9 +20,8 @@ import httpx2
 import msgspec
 import pytest
 
-from memorizz.api.errors import PermissionDeniedError, RemoteError, UpstreamError
+from memorizz.api.errors import PermissionDeniedError, UpstreamError
 from memorizzd.egress.backend import Network, PinnedBackend
-from memorizzd.egress.client import hardened_client
 from memorizzd.egress.replies import REFUSAL_KEY, refusal_in, refusal_reply
 from tests.egress_world import (
     PUBLIC_NAME,
@@ -35,6 +34,9 @@ from tests.egress_world import (
     FakeDNS,
     LoopbackDial,
     World,
+    client,
+    recording_listener,
+    refused,
     serve,
     tls_material,
     trap_app,
@@ -109,25 +111,6 @@ def world(tls: TLS, https_port: int) -> World:
     world.route(SECOND_V4, 443, https_port)
     SERVED.clear()
     return world
-
-
-def client(world: World, **overrides: Any) -> httpx2.AsyncClient:
-    options: dict[str, Any] = {
-        "limit": 1 << 20,
-        "timeout": httpx2.Timeout(10.0),
-        "allowlist": [],
-        "allow_private_network": False,
-        "network": world.network(),
-    }
-    options.update(overrides)
-    return hardened_client(**options)
-
-
-async def refused(world: World, url: str, **overrides: Any) -> RemoteError:
-    async with client(world, **overrides) as http:
-        with pytest.raises(RemoteError) as err:
-            await http.get(url)
-    return err.value
 
 
 # --- an allowed public name connects -----------------------------------------------
@@ -426,33 +409,8 @@ def test_a_refusal_an_upstream_forges_is_not_believed() -> None:
 
 @pytest.fixture
 def proxy_listener() -> Iterator[tuple[int, list[bytes]]]:
-    """A loopback listener that records what connects to it (a would-be proxy)."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen()
-    seen: list[bytes] = []
-
-    def accept() -> None:
-        while True:
-            try:
-                conn, _ = listener.accept()
-            except OSError:
-                return
-            with conn:
-                conn.settimeout(2)
-                try:
-                    seen.append(conn.recv(4096))
-                except OSError:
-                    seen.append(b"")
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield listener.getsockname()[1], seen
-    finally:
-        listener.shutdown(socket.SHUT_RDWR)
-        listener.close()
-        thread.join(timeout=5)
+    with recording_listener() as listener:
+        yield listener
 
 
 async def test_proxy_variables_are_ignored(

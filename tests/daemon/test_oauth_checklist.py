@@ -97,6 +97,18 @@ def query_of(url: str) -> dict[str, str]:
     return {k: v[0] for k, v in parse_qs(urlsplit(url).query).items()}
 
 
+def error_callback(c: Client, error: str, iss: str) -> LoginError:
+    """A login to ``cal`` started, then completed by an error response:
+    ``error`` (the query's error parameters), its state and ``iss``; how the
+    completion failed."""
+    started = c.auth_login("cal")
+    state = query_of(started.authorization_url)["state"]
+    callback = f"{started.redirect_uri}?{error}&state={state}&iss={quote(iss, safe='')}"
+    with pytest.raises(LoginError) as failed:
+        c.auth_complete("cal", callback)
+    return failed.value
+
+
 def discovery_gets(world: TestAuthorizationServer) -> list[str]:
     """The metadata documents asked for, in order."""
     return [
@@ -317,27 +329,15 @@ def test_an_error_response_naming_another_issuer_is_a_mix_up(base_dir: str) -> N
     the server's word, and says so."""
     world = TestAuthorizationServer()
     with with_cal(world, base_dir) as (_url, _d, c):
-        started = c.auth_login("cal")
-        state = query_of(started.authorization_url)["state"]
-        forged = (
-            f"{started.redirect_uri}?error=access_denied&error_description=go+away"
-            f"&state={state}&iss={quote('https://evil.example', safe='')}"
+        refused = error_callback(
+            c, "error=access_denied&error_description=go+away", "https://evil.example"
         )
-        with pytest.raises(LoginError) as refused:
-            c.auth_complete("cal", forged)
-        assert refused.value.reason == "invalid_state"
-        assert "iss" in refused.value.message
-        assert "access_denied" not in refused.value.message
-        started = c.auth_login("cal")
-        state = query_of(started.authorization_url)["state"]
-        genuine = (
-            f"{started.redirect_uri}?error=access_denied&state={state}"
-            f"&iss={quote(world.issuer, safe='')}"
-        )
-        with pytest.raises(LoginError) as denied:
-            c.auth_complete("cal", genuine)
-        assert denied.value.reason == "login_failed"
-        assert "refused the login: access_denied" in denied.value.message
+        assert refused.reason == "invalid_state"
+        assert "iss" in refused.message
+        assert "access_denied" not in refused.message
+        denied = error_callback(c, "error=access_denied", world.issuer)
+        assert denied.reason == "login_failed"
+        assert "refused the login: access_denied" in denied.message
     assert world.token_posts == []
 
 

@@ -40,9 +40,8 @@ from tests.harness import (
     INITIALIZE,
     DaemonHarness,
     features_spec,
-    rmtree,
-    short_tempdir,
     stdio_spec,
+    tempdir_fixture,
     wait_until,
 )
 from tests.peers import ME, NOBODY, agent_socket, as_user, needs_root, profiles_config
@@ -62,11 +61,7 @@ def _uri() -> str:
     return f"feat://colors/c{next(_uris)}-{os.getpid()}"
 
 
-@pytest.fixture(scope="module")
-def base() -> Iterator[str]:
-    path = short_tempdir()
-    yield path
-    rmtree(path)
+base = tempdir_fixture()
 
 
 @pytest.fixture(scope="module")

@@ -29,9 +29,8 @@ from tests.harness import (
     DaemonHarness,
     daemon_config,
     features_spec,
-    rmtree,
-    short_tempdir,
     stdio_spec,
+    tempdir_fixture,
     wait_until,
 )
 
@@ -41,11 +40,7 @@ WATCHED = "feat://watched"
 RED = "feat://colors/red"
 
 
-@pytest.fixture(scope="module")
-def base() -> Iterator[str]:
-    path = short_tempdir()
-    yield path
-    rmtree(path)
+base = tempdir_fixture()
 
 
 @pytest.fixture(scope="module")

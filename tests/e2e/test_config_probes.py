@@ -15,11 +15,13 @@ duplicate name did not say where; and a reload that changed ``[metrics]`` or
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -158,33 +160,19 @@ def test_check_config_refuses_an_unreadable_file_in_one_line(base_dir: str) -> N
 def test_a_reload_of_a_file_that_does_not_parse_keeps_the_config_and_says_where(
     base_dir: str,
 ) -> None:
-    path = Path(base_dir, "memorizzd.toml")
-    good = _head(base_dir) + _ONE
-    path.write_text(good, encoding="utf-8")
-    with DaemonHarness.running(load(str(path))) as h:
-        h.wait_ready("one")
-        with h.client() as c:
-            (before,) = [s.pid for s in c.server_status()]
-            for content, where in (
-                (good.encode() + b"# caf\xe9\n", "not UTF-8 text: byte 0xe9 (at line"),
-                (b"x = " + b"[" * 3000 + b"]" * 3000, "nested too deeply"),
-            ):
-                path.write_bytes(content)
-                with pytest.raises(InvalidParamsError) as refused:
-                    c.daemon_reload()
-                assert refused.value.reason == "invalid_config"
-                assert where in refused.value.message
-                last = c.daemon_status().last_reload
-                assert last is not None
-                assert not last.ok
-                assert where in last.message
-                assert [s.pid for s in c.server_status()] == [before]
-            records = [
-                r for r in c.audit(limit=10).records if r.action == "daemon/reload"
-            ]
-            assert [(r.outcome, r.reason) for r in records] == [
-                ("failed", "invalid_config")
-            ] * 2
+    with _running_one(base_dir) as (path, good, c):
+        (before,) = [s.pid for s in c.server_status()]
+        for content, where in (
+            (good.encode() + b"# caf\xe9\n", "not UTF-8 text: byte 0xe9 (at line"),
+            (b"x = " + b"[" * 3000 + b"]" * 3000, "nested too deeply"),
+        ):
+            path.write_bytes(content)
+            _reload_refused(c, "invalid_config", where)
+            assert [s.pid for s in c.server_status()] == [before]
+        records = [r for r in c.audit(limit=10).records if r.action == "daemon/reload"]
+        assert [(r.outcome, r.reason) for r in records] == [
+            ("failed", "invalid_config")
+        ] * 2
 
 
 def test_a_reload_that_fails_half_way_is_refused_whole(base_dir: str) -> None:
@@ -345,13 +333,7 @@ def test_a_reload_without_a_config_file_says_there_is_none(
         assert err == ""
         assert msgspec.json.decode(out)["error"]["reason"] == "no_config_file"
         with h.client() as c:
-            with pytest.raises(InvalidParamsError) as refused:
-                c.daemon_reload()
-            assert refused.value.reason == "no_config_file"
-            last = c.daemon_status().last_reload
-            assert last is not None
-            assert not last.ok
-            assert "no config file" in last.message
+            _reload_refused(c, "no_config_file", "no config file")
             records = [
                 r for r in c.audit(limit=10).records if r.action == "daemon/reload"
             ]
@@ -370,42 +352,30 @@ def test_a_config_path_that_is_not_a_readable_file_is_refused_where_it_is(
     ``OSError`` out, and the reload ended as an internal error. Now each is
     ``invalid_config`` saying what the path is, kept for ``daemon/status``,
     and the config in force is unchanged; the file put back reloads."""
-    path = Path(base_dir, "memorizzd.toml")
-    good = _head(base_dir) + _ONE
-    path.write_text(good, encoding="utf-8")
-    with DaemonHarness.running(load(str(path))) as h:
-        h.wait_ready("one")
-        with h.client() as c:
+    with _running_one(base_dir) as (path, good, c):
+        path.unlink()
+        if kind == "fifo":
+            os.mkfifo(path)
+            said = "not a regular file"
+        elif kind == "directory":
+            path.mkdir()
+            said = "not a regular file"
+        else:
+            path.symlink_to(os.path.join(base_dir, "s" * 300))
+            said = "File name too long"
+        _reload_refused(c, "invalid_config", said)
+        assert c.call_tool("one", "hello", {}).content[0]["text"] == (
+            "hello from legacy"
+        )
+        if kind == "directory":
+            path.rmdir()
+        else:
             path.unlink()
-            if kind == "fifo":
-                os.mkfifo(path)
-                said = "not a regular file"
-            elif kind == "directory":
-                path.mkdir()
-                said = "not a regular file"
-            else:
-                path.symlink_to(os.path.join(base_dir, "s" * 300))
-                said = "File name too long"
-            with pytest.raises(InvalidParamsError) as refused:
-                c.daemon_reload()
-            assert refused.value.reason == "invalid_config"
-            assert said in refused.value.message, refused.value.message
-            last = c.daemon_status().last_reload
-            assert last is not None
-            assert not last.ok
-            assert said in last.message, last.message
-            assert c.call_tool("one", "hello", {}).content[0]["text"] == (
-                "hello from legacy"
-            )
-            if kind == "directory":
-                path.rmdir()
-            else:
-                path.unlink()
-            path.write_text(good, encoding="utf-8")
-            c.daemon_reload()
-            again = c.daemon_status().last_reload
-            assert again is not None
-            assert again.ok
+        path.write_text(good, encoding="utf-8")
+        c.daemon_reload()
+        again = c.daemon_status().last_reload
+        assert again is not None
+        assert again.ok
 
 
 @pytest.mark.parametrize("option", ["--socket", "--state-dir", "--config"])
@@ -444,6 +414,32 @@ def test_memorizzd_refuses_an_empty_path_as_a_usage_error(
     assert check.stderr.endswith(
         f"memorizzd: error: argument {option}: an empty path\n"
     ), check.stderr
+
+
+@contextlib.contextmanager
+def _running_one(base_dir: str) -> Iterator[tuple[Path, str, Client]]:
+    """A daemon on a config file serving ``one`` (ready), and a client of it:
+    the file's path, its text and the client."""
+    path = Path(base_dir, "memorizzd.toml")
+    good = _head(base_dir) + _ONE
+    path.write_text(good, encoding="utf-8")
+    with DaemonHarness.running(load(str(path))) as h:
+        h.wait_ready("one")
+        with h.client() as c:
+            yield path, good, c
+
+
+def _reload_refused(c: Client, reason: str, said: str) -> None:
+    """``daemon/reload`` is refused for ``reason``, saying ``said``, and
+    ``daemon/status`` keeps the failure."""
+    with pytest.raises(InvalidParamsError) as refused:
+        c.daemon_reload()
+    assert refused.value.reason == reason
+    assert said in refused.value.message, refused.value.message
+    last = c.daemon_status().last_reload
+    assert last is not None
+    assert not last.ok
+    assert said in last.message, last.message
 
 
 def _last_reload_ok(c: Client) -> bool:

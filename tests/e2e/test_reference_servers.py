@@ -38,7 +38,7 @@ import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
@@ -99,16 +99,8 @@ TEMPLATES = {
     "demo://resource/dynamic/text/{resourceId}",
     "demo://resource/dynamic/blob/{resourceId}",
 }
-LEVELS = [
-    "debug",
-    "info",
-    "notice",
-    "warning",
-    "error",
-    "critical",
-    "alert",
-    "emergency",
-]
+LEVELS = get_args(m.LogLevel)
+"""MCP's log levels, lowest first (the wire contract's)."""
 
 
 def known_tools() -> set[str]:
@@ -336,6 +328,12 @@ def _text(result: m.ToolsCallResult) -> str:
     first = result.content[0]
     assert first["type"] == "text", first
     return str(first["text"])
+
+
+def _echoes(client: Client, server: str, message: str) -> None:
+    """``server`` answers an ``echo`` of ``message`` (it is up and serving)."""
+    echoed = _text(client.call_tool(server, "echo", {"message": message}))
+    assert echoed == f"Echo: {message}"
 
 
 # --- server-everything -------------------------------------------------------
@@ -653,10 +651,7 @@ def test_everything_errors_are_the_servers_not_the_daemons(
             {"duration": 3, "steps": 3},
             timeout_s=0.3,
         )
-    assert (
-        _text(client.call_tool(everything, "echo", {"message": "still"}))
-        == "Echo: still"
-    )
+    _echoes(client, everything, "still")
     assert client.server_status(everything)[0].restarts == 0
 
 
@@ -699,10 +694,7 @@ def test_everything_over_stdio_survives_its_restart(
     """Killed, it is started again, and answers."""
     refs.need("everything")
     status = client.server_status("re_stdio")[0]
-    assert (
-        _text(client.call_tool("re_stdio", "echo", {"message": "before"}))
-        == "Echo: before"
-    )
+    _echoes(client, "re_stdio", "before")
     assert status.pid is not None
     os.kill(status.pid, signal.SIGKILL)
     wait_until(
@@ -712,10 +704,7 @@ def test_everything_over_stdio_survives_its_restart(
         ),
         what="a new process",
     )
-    assert (
-        _text(client.call_tool("re_stdio", "echo", {"message": "after"}))
-        == "Echo: after"
-    )
+    _echoes(client, "re_stdio", "after")
     assert client.server_status("re_stdio")[0].restarts == status.restarts + 1
 
 
@@ -728,9 +717,7 @@ def test_everything_over_sse_survives_its_restart(
     refs.need("everything")
     name, server = "re_sse", refs.http["re_sse"]
     before = client.server_status(name)[0]
-    assert (
-        _text(client.call_tool(name, "echo", {"message": "before"})) == "Echo: before"
-    )
+    _echoes(client, name, "before")
     server.stop()
     wait_until(
         lambda: client.server_status(name)[0].restarts > before.restarts,
@@ -739,7 +726,7 @@ def test_everything_over_sse_survives_its_restart(
     )
     server.start()
     wait_until(lambda: client.server_status(name)[0].state == "ready", what="ready")
-    assert _text(client.call_tool(name, "echo", {"message": "after"})) == "Echo: after"
+    _echoes(client, name, "after")
 
 
 def test_everything_over_streamable_http_survives_its_restart(
@@ -752,12 +739,10 @@ def test_everything_over_streamable_http_survives_its_restart(
     refs.need("everything")
     name, server = "re_streamable_http", refs.http["re_streamable_http"]
     before = client.server_status(name)[0]
-    assert (
-        _text(client.call_tool(name, "echo", {"message": "before"})) == "Echo: before"
-    )
+    _echoes(client, name, "before")
     server.stop()
     server.start()
-    assert _text(client.call_tool(name, "echo", {"message": "after"})) == "Echo: after"
+    _echoes(client, name, "after")
     assert client.server_status(name)[0].restarts == before.restarts + 1
     summed = client.call_tool(name, "get-sum", {"a": 1, "b": 2})
     assert _text(summed) == "The sum of 1 and 2 is 3."

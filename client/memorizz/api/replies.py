@@ -9,6 +9,7 @@ reply it does not print itself. A line the daemon sends unasked before a reply
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 import msgspec
@@ -18,6 +19,7 @@ from memorizz.api.errors import ProtocolError, from_wire
 from memorizz.api.protocol import Reply
 
 R = TypeVar("R", bound=m.Result)
+P = TypeVar("P")
 
 _decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
 
@@ -65,32 +67,30 @@ def notification(raw: bytes) -> Notification | None:
 def decode_progress(note: Notification) -> m.ProgressParams | None:
     """A ``notifications/progress`` report's params; ``None`` for any other
     notification or a malformed one (a report is never worth failing a call)."""
-    if note.method != "notifications/progress":
-        return None
-    try:
-        return _decode_progress(note.params)
-    except msgspec.DecodeError:
-        return None
+    return _params_of(note, "notifications/progress", _decode_progress)
 
 
 def decode_log(note: Notification) -> m.LogParams | None:
     """A ``notifications/message`` (a server's log message)'s params;
     ``None`` for any other notification or a malformed one."""
-    if note.method != "notifications/message":
-        return None
-    try:
-        return _decode_log(note.params)
-    except msgspec.DecodeError:
-        return None
+    return _params_of(note, "notifications/message", _decode_log)
 
 
 def decode_update(note: Notification) -> m.ResourceUpdatedParams | None:
     """A ``notifications/resources/updated`` (a subscribed resource changed)'s
     params; ``None`` for any other notification or a malformed one."""
-    if note.method != "notifications/resources/updated":
+    return _params_of(note, "notifications/resources/updated", _decode_update)
+
+
+def _params_of(
+    note: Notification, method: str, decode: Callable[[msgspec.Raw], P]
+) -> P | None:
+    """``note``'s params, decoded, if it is a ``method``; else, or if they do
+    not decode, ``None``."""
+    if note.method != method:
         return None
     try:
-        return _decode_update(note.params)
+        return decode(note.params)
     except msgspec.DecodeError:
         return None
 

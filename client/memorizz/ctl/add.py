@@ -25,6 +25,7 @@ from memorizz.ctl.args import (
     positive_float,
     positive_int,
     read_stdin,
+    repeatable,
     secret_key_value,
 )
 from memorizz.ctl.exits import UsageError
@@ -72,19 +73,17 @@ def add_options(add: argparse.ArgumentParser) -> None:
     add.add_argument(
         "--command", metavar="CMD", help="stdio: the executable (no shell)"
     )
-    add.add_argument(
+    repeatable(
+        add,
         "--arg",
         metavar="A",
-        action="append",
-        default=[],
         help="stdio: one argument (repeatable; use --arg=-x for a leading '-')",
     )
-    add.add_argument(
+    repeatable(
+        add,
         "--env",
         metavar="K=V",
-        action="append",
         type=key_value,
-        default=[],
         help="stdio: an environment variable (repeatable)",
     )
     add.add_argument(
@@ -132,20 +131,18 @@ def add_options(add: argparse.ArgumentParser) -> None:
     add.add_argument(
         "--token-file", metavar="PATH", help="HTTP: read the bearer token from PATH"
     )
-    add.add_argument(
+    repeatable(
+        add,
         "--header",
         metavar="'NAME: VALUE'",
-        action="append",
         type=header,
-        default=[],
         help="HTTP: a custom header whose value is a secret (repeatable)",
     )
-    add.add_argument(
+    repeatable(
+        add,
         "--secret-env",
         metavar="K=V",
-        action="append",
         type=secret_key_value,
-        default=[],
         help="stdio: an environment variable whose value is a secret (repeatable)",
     )
     add.add_argument(
@@ -227,11 +224,10 @@ def add_options(add: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="OAuth: an https URL of this client's metadata document (CIMD)",
     )
-    add.add_argument(
+    repeatable(
+        add,
         "--scope",
         metavar="SCOPE",
-        action="append",
-        default=[],
         help="OAuth: a scope to ask for (repeatable; default: what the server advertises)",
     )
     add.add_argument(

@@ -3,8 +3,9 @@
 The argparse ``type=`` converters (an ``ArgumentTypeError`` becomes a usage
 error, exit 2; numbers are held to the bounds the wire contract puts on
 them, so the daemon never sees one it would refuse), ``read_stdin`` for the
-values given as ``-``, and ``split_trailing``, which takes the words after
-``mcp add ... --`` before argparse sees the line.
+values given as ``-``, ``repeatable`` for an option given any number of
+times, and ``split_trailing``, which takes the words after ``mcp add ...
+--`` before argparse sees the line.
 
 Standard library, msgspec and the wire contract only, like the rest of the
 client.
@@ -174,6 +175,22 @@ page_limit: Final = bounded(positive_int, MAX_PAGE)
 """Items per page: 1 to ``MAX_PAGE``."""
 row_id: Final = bounded(positive_int, MAX_ROW_ID)
 """A record id: positive, at most ``MAX_ROW_ID``."""
+
+
+def repeatable(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    *,
+    metavar: str,
+    help: str,
+    type: Callable[[str], Any] | None = None,
+) -> None:
+    """Declare ``flag`` as given any number of times: its values (through
+    ``type``) in a list, empty when it is not given."""
+    converts: dict[str, Any] = {} if type is None else {"type": type}
+    parser.add_argument(
+        flag, metavar=metavar, action="append", default=[], help=help, **converts
+    )
 
 
 def socket_path(text: str) -> str:

@@ -31,6 +31,7 @@ from memorizz.ctl.args import (
     page_limit,
     positive_float,
     positive_int,
+    repeatable,
     row_id,
     socket_path,
     wait_seconds,
@@ -659,12 +660,11 @@ def _complete(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "value", metavar="VALUE", help="what is typed so far ('' for every value)"
     )
-    p.add_argument(
+    repeatable(
+        p,
         "--context",
         metavar="K=V",
-        action="append",
         type=key_value,
-        default=[],
         help="another argument's value, already chosen (repeatable)",
     )
     _timeout(p)
@@ -673,13 +673,8 @@ def _complete(p: argparse.ArgumentParser) -> None:
 def _prompt(p: argparse.ArgumentParser) -> None:
     _server(p)
     p.add_argument("prompt", metavar="PROMPT")
-    p.add_argument(
-        "--arg",
-        metavar="K=V",
-        action="append",
-        type=key_value,
-        default=[],
-        help="a prompt argument (repeatable)",
+    repeatable(
+        p, "--arg", metavar="K=V", type=key_value, help="a prompt argument (repeatable)"
     )
     _timeout(p)
 
