@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -149,25 +150,44 @@ def test_a_stream_that_did_not_ask_hears_nothing_and_ends_with_its_client(
     harness: DaemonHarness,
 ) -> None:
     """Only what a stream asked for is sent on it; a second client's stream
-    closing takes its resource holds with it, not the first's."""
+    closing takes its resource holds with it, not the first's. (It waited for
+    an unsubscribe that only an earlier test of the module had caused: alone,
+    it timed out.)"""
+
+    def nobody_holds() -> bool:  # what earlier tests held is let go by now
+        log = _subscriptions(harness)
+        return log.count(f"subscribe {WATCHED}") == log.count(f"unsubscribe {WATCHED}")
+
+    wait_until(nobody_holds)
+    seen = len(_subscriptions(harness))
+
+    def since() -> list[str]:
+        return _subscriptions(harness)[seen:]
 
     async def work() -> list[object]:
         heard: list[object] = []
         async with (
-            _modern(harness) as client,
-            client.listen(prompts_list_changed=True) as stream,
+            _modern(harness) as holder,
+            holder.listen(resource_subscriptions=[WATCHED]) as held,
         ):
-            await client.call_tool("alpha__change_tools", {})
-            await client.call_tool("feat__touch", {"uri": WATCHED})
-            with anyio.move_on_after(
-                1.5
-            ):  # each as it comes: the wait ends by timing out
-                async for event in stream:
-                    heard.append(event)  # noqa: PERF401
+            assert held.honored.resource_subscriptions == [WATCHED]
+            async with (
+                _modern(harness) as client,
+                client.listen(prompts_list_changed=True) as stream,
+            ):
+                await client.call_tool("alpha__change_tools", {})
+                await client.call_tool("feat__touch", {"uri": WATCHED})
+                # each as it comes: the wait ends by timing out
+                with anyio.move_on_after(1.5):
+                    async for event in stream:
+                        heard.append(event)  # noqa: PERF401
+            threading.Event().wait(0.5)  # the second client's end is handled
+            assert "unsubscribe feat://watched" not in since()
         return heard
 
     assert anyio.run(work) == []
-    wait_until(lambda: "unsubscribe feat://watched" in _subscriptions(harness))
+    assert "subscribe feat://watched" in since()
+    wait_until(lambda: "unsubscribe feat://watched" in since())
 
 
 def test_the_daemon_stopping_ends_a_listen_stream_gracefully(base_dir: str) -> None:
