@@ -516,7 +516,7 @@ def progress_to_client(
     async def forward(params: msgspec.Raw) -> None:
         try:
             report = _decode_report(params)
-        except (msgspec.ValidationError, msgspec.DecodeError):
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
             return
         await send(note(report))
 

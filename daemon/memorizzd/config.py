@@ -282,7 +282,10 @@ def load(
         raw = _read_toml(config_path)
         if "config_path" in raw:
             raise ConfigError(f"{config_path}: unknown key config_path")
-        _refuse_nul(raw, "$", config_path)
+        try:
+            _refuse_nul(raw, "$", config_path)
+        except RecursionError:  # dotted keys nest tables with no recursion in tomllib
+            raise ConfigError(f"{config_path}: tables nested too deeply") from None
         try:
             servers = msgspec.convert(
                 _preset_transports(raw.pop("servers", []), config_path),

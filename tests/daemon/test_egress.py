@@ -311,6 +311,7 @@ def test_credentials_in_the_url_are_refused(url: str) -> None:
         "https:allowed.example.com/mcp",  # no //
         "https://" + "a" * 64 + ".example.com/",
         "https://allowed.example.com/" + "x" * 5000,
+        "https://allowed.example.com/\udc80",  # fuzzing: not UTF-8, httpx2 raised
     ],
 )
 def test_malformed_or_ambiguous_urls_are_invalid(url: str) -> None:

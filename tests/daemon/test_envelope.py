@@ -248,3 +248,26 @@ def test_too_many_top_level_members_make_the_scanner_give_up() -> None:
     scanner = scan([b'{"result":1' + members + b',"id":5}'])
     assert scanner.abandoned
     assert scanner.id is None
+
+
+NOT_JSON = [
+    b'{"":{\\"}"',  # found by fuzzing: a backslash outside any string
+    b'{"result":[\\"]"],"id":1}',
+    b'{"result":[1,\\\\"]"]],"id":2}',
+    b'{"a":[' + b"\\" * 100 + b'"]"' * 30 + b"]," + b'"id":3,"result":1}',
+]
+
+
+@pytest.mark.parametrize("document", NOT_JSON)
+def test_bytes_that_are_not_json_are_scanned_without_a_crash(document: bytes) -> None:
+    """A message over the cap may be anything (a server's junk line): a
+    backslash outside a string threw ``AssertionError("unreachable")`` out
+    of the scanner, and so out of the stdio reader. No JSON has one there:
+    the scanner stops reading, the same way whatever the chunking."""
+    whole = scan([document])
+    assert not whole.done
+    for size in (1, 2, 3, 7, 64):
+        chunks = [document[i : i + size] for i in range(0, len(document), size)]
+        split = scan(chunks)
+        assert envelope(split) == envelope(whole), size
+        assert split.done == whole.done, size

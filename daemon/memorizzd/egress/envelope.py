@@ -57,8 +57,10 @@ _STR: Final = rb'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
 _string: Final = re.compile(_STR, re.DOTALL)
 # A string's body up to its closing quote, a lone trailing backslash or the end.
 _body: Final = re.compile(rb'[^"\\]*+(?:\\.[^"\\]*+)*+', re.DOTALL)
-# Non-string bytes and complete strings: the bulk of a value.
-_run: Final = re.compile(rb'(?:[^"]++|' + _STR + rb")*+", re.DOTALL)
+# Non-string bytes and complete strings: the bulk of a value. A backslash
+# outside a string ends it: no JSON has one, and the bracket counts
+# (``_brackets``) take every backslash for an escape inside a string.
+_run: Final = re.compile(rb'(?:[^"\\]++|' + _STR + rb")*+", re.DOTALL)
 _token: Final = re.compile(_STR + rb"|[\[\]{}]", re.DOTALL)
 _plain_string: Final = re.compile(rb'"[^"]*+"')  # once escapes are gone
 _ws: Final = re.compile(rb"[ \t\r\n]*+")
@@ -260,7 +262,10 @@ class EnvelopeScanner:
             if chunk[pos] == 0x22:  # '"': a string (perhaps a long one) by find
                 self._mode, self._role = _STRING, _R_DEEP
                 return pos + 1
-            stop = _stop(_run, chunk, pos, window_end)  # > pos: not at a quote
+            if chunk[pos] == 0x5C:  # a backslash outside a string: not JSON
+                self._mode = _OFF
+                return end
+            stop = _stop(_run, chunk, pos, window_end)  # > pos: at neither
             found, self._depth = _search(chunk, pos, stop, self._depth)
             if found is None:  # a long value: take it in larger windows
                 pos = stop

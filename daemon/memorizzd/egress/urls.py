@@ -13,7 +13,8 @@ The rules:
   is refused as ``scheme_not_allowed``, not as a malformed URL.
 * No userinfo (``credentials_in_url``), no fragment, no control characters,
   spaces or backslashes anywhere (parsers disagree about them: a backslash is a
-  path separator to a browser and part of the userinfo to httpx).
+  path separator to a browser and part of the userinfo to httpx), and no lone
+  surrogate (not UTF-8: httpx raised UnicodeEncodeError sending it).
 * The host is normalised before anything looks at it: UTS 46 / IDNA 2008 (as
   httpx encodes it: ``ⓛocalhost`` is ``localhost``, ``BÜCHER.de`` is
   ``xn--bcher-kva.de``), lower case, one trailing dot removed (``.``, or a
@@ -62,7 +63,7 @@ URL_MAX: Final = 4096
 DEFAULT_PORTS: Final = {"https": 443, "http": 80}
 _LABEL: Final = re.compile(r"[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?")
 _NUMERIC: Final = re.compile(r"(?:0x[0-9a-f]*|[0-9]+)")
-_FORBIDDEN: Final = re.compile(r"[\x00-\x20\x7f\\]")
+_FORBIDDEN: Final = re.compile(r"[\x00-\x20\x7f\\\ud800-\udfff]")
 _SCHEME: Final = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 _HOST_PORT: Final = re.compile(r"[0-9]+(?:[/?#].*)?", re.DOTALL)
 _LOCAL_NAMES: Final = ("localhost",)
@@ -92,7 +93,8 @@ def check_url(
         raise InvalidParamsError(f"the url is longer than {URL_MAX} characters")
     if _FORBIDDEN.search(url):
         raise InvalidParamsError(
-            "the url contains a space, a control character or a backslash"
+            "the url contains a space, a control character, a backslash or a"
+            " lone surrogate"
         )
     scheme, rest = _scheme(url)
     if scheme == "http" and not allow_private_network:

@@ -43,7 +43,14 @@ from memorizzd.oauth.mcp_sdk import (
     resource_url_from_server_url,
 )
 
-_PARAM = r'{name}=(?:"([^"]*)"|([^\s,]+))'
+_AUTH_PARAM = re.compile(
+    r'([!#$%&\'*+.^_`|~0-9A-Za-z-]+)[ \t]*=[ \t]*(?:"((?:[^"\\]++|\\.)*+)"|([^\s,"]*))',
+    re.DOTALL,
+)
+"""One ``name=value`` auth-param (RFC 9110 §11.2): a token, or a quoted
+string (matched whole, so a parameter quoted inside another's value is
+never taken for one)."""
+_QUOTED_PAIR = re.compile(r"\\(.)", re.DOTALL)
 _SHELL_UNSAFE = re.compile(r"""[#$`;()|'"!*\\<>{}\s]|[^\x21-\x7e]""")
 
 
@@ -83,10 +90,13 @@ class AuthorizationServer:
 
 
 def _param(header: str, name: str) -> str | None:
-    match = re.search(_PARAM.format(name=re.escape(name)), header)
-    if match is None:
-        return None
-    return match.group(1) if match.group(1) is not None else match.group(2)
+    """The first ``name`` parameter of the header's challenges (names are
+    case-insensitive; a quoted value is unescaped)."""
+    for match in _AUTH_PARAM.finditer(header):
+        if match.group(1).lower() == name:
+            quoted = match.group(2)
+            return match.group(3) if quoted is None else _QUOTED_PAIR.sub(r"\1", quoted)
+    return None
 
 
 async def challenge_of(
@@ -141,9 +151,15 @@ async def discover(
     if prm is not None:
         issuer = str(prm.authorization_servers[0])
         resource = str(prm.resource)
-        urls = build_oauth_authorization_server_metadata_discovery_urls(
-            issuer, server_url
-        )
+        try:
+            urls = build_oauth_authorization_server_metadata_discovery_urls(
+                issuer, server_url
+            )
+        except ValueError:  # urljoin: "https://a//[" passes pydantic, not urllib
+            raise LoginError(
+                f"the protected resource metadata names authorization server "
+                f"{printable(issuer)!r}, which is not a usable URL; refused"
+            ) from None
     else:
         parsed = httpx2.URL(server_url)
         issuer = f"{parsed.scheme}://{parsed.netloc.decode()}"
@@ -209,7 +225,10 @@ def check_authorization_endpoint(url: str) -> None:
     fragment (RFC 6749 §3.1) and none of the characters a shell acts on, so
     that the URL printed for the operator is plain text wherever it is pasted
     (``https://login.example/a;$(id)``)."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # "https://[x": an unclosed IPv6 bracket
+        parts = urlsplit("")
     loopback = parts.scheme == "http" and (parts.hostname or "") in LOOPBACK_HOSTS
     if not (parts.scheme == "https" or loopback) or not parts.netloc:
         raise LoginError(
@@ -322,7 +341,11 @@ async def _server_metadata(
                     f"authorization server metadata at {url} names issuer "
                     f"{str(metadata.issuer)!r}, not {issuer!r} (RFC 8414 §3.3); refused"
                 )
-            written = msgspec.json.decode(raw, type=_Issuer)
+            try:
+                written = msgspec.json.decode(raw, type=_Issuer)
+            except msgspec.DecodeError:  # pydantic reads NaN, msgspec does not
+                unreadable.append(f"{url}: not valid JSON")
+                continue
             listed = written.dpop_signing_alg_values_supported
             algs = tuple(
                 alg

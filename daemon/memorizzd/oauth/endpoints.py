@@ -257,7 +257,7 @@ async def exchange_token(
         raise _error_of(response, "token exchange", _secrets_of(form, headers, auth))
     try:
         answer = msgspec.json.decode(response.content, type=_Exchanged)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         raise EndpointError(
             "bad_response", "the token exchange answer is not a token exchange response"
         ) from None
@@ -327,7 +327,7 @@ def _token_of(
         elif isinstance(raw, dict):
             raw.pop("dpop", None)
         token = Token.model_validate(raw)
-    except (msgspec.DecodeError, ValidationError):
+    except (msgspec.DecodeError, ValidationError, RecursionError):
         raise EndpointError(
             "bad_response", "the token endpoint's answer is not a token response"
         ) from None
@@ -378,7 +378,7 @@ async def register(
         if isinstance(raw, dict):
             raw.pop("issuer", None)  # our binding, never the server's word
         return OAuthClientInformationFull.model_validate(raw)
-    except (msgspec.DecodeError, ValidationError):
+    except (msgspec.DecodeError, ValidationError, RecursionError):
         raise EndpointError(
             "bad_response", "the registration endpoint's answer is not a client"
         ) from None
@@ -434,7 +434,7 @@ def _error_of(
 ) -> EndpointError:
     try:
         body = msgspec.json.decode(response.content, type=_ErrorBody)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         kind = "server_error" if response.status_code >= 500 else "bad_response"
         return EndpointError(
             kind, f"the {endpoint} endpoint answered {response.status_code}"

@@ -316,7 +316,13 @@ async def _idp_token_endpoint(
     in the MCP specification's order); its ``issuer`` must be ``issuer``."""
     if issuer is None:
         raise EndpointError("invalid_request", "no identity provider is configured")
-    for url in build_oauth_authorization_server_metadata_discovery_urls(issuer, issuer):
+    try:
+        urls = build_oauth_authorization_server_metadata_discovery_urls(issuer, issuer)
+    except ValueError:  # urljoin: "https://idp.example//[" passes urlsplit, not urljoin
+        raise EndpointError(
+            "invalid_request", "the identity provider's issuer is not a usable URL"
+        ) from None
+    for url in urls:
         response = await endpoints.get_json(http, url)
         if response.status_code >= 500:
             raise EndpointError(
@@ -327,9 +333,13 @@ async def _idp_token_endpoint(
             continue
         try:
             meta = msgspec.json.decode(response.content, type=_IdpMetadata)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
             continue
-        if not issuers_match(meta.issuer, issuer):
+        try:
+            same = issuers_match(meta.issuer, issuer)
+        except ValueError:  # urlparse: "https://idp.exampl].com" is no URL
+            same = False
+        if not same:
             raise EndpointError(
                 "bad_response",
                 "the identity provider's metadata names another issuer "

@@ -104,7 +104,7 @@ class InFlight:
         ``AskRefused`` (the error the server gets)."""
         try:
             named = _decode_named(params).meta
-        except (msgspec.ValidationError, msgspec.DecodeError):
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
             named = None
         call = self._tied(None if named is None else named.progress_token)
         try:
@@ -172,7 +172,7 @@ def input_required(raw: bytes) -> InputRequired | None:
     """``raw`` as an input-required result, if it is one (None: it is not)."""
     try:
         found = _decode_input_required(raw)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         return None
     return found if found.result_type == "input_required" else None
 

@@ -596,7 +596,7 @@ def _json(body: bytes) -> Any:
         return None
     try:
         return msgspec.json.decode(body)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):  # not JSON we can read: text
         return body.decode("utf-8", "replace")
 
 

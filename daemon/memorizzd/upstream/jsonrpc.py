@@ -49,7 +49,8 @@ from memorizz.api import mcp_meta
 from memorizz.api import methods as m
 from memorizz.api.errors import RemoteError, UpstreamError
 from memorizzd import __version__
-from memorizzd.calllife import ASKED, AskRefused
+from memorizzd.calllife import ASKED, INTERNAL_ERROR, AskRefused
+from memorizzd.egress.envelope import EnvelopeScanner
 from memorizzd.loop import Signal
 from memorizzd.telemetry import tracing
 from memorizzd.upstream.asks import (
@@ -159,7 +160,7 @@ def _honored_uris(params: msgspec.Raw) -> frozenset[str] | None:
     says nothing we can read, so what was asked is taken as honored)."""
     try:
         honored = msgspec.json.decode(params, type=_Acknowledged).notifications
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         return None
     if honored is None:
         return None
@@ -170,7 +171,7 @@ def _subscription_of(params: msgspec.Raw) -> str | None:
     """The listen stream a notification's ``_meta`` names (ours are strings)."""
     try:
         meta = msgspec.json.decode(params, type=_Stamped).meta
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         return None
     found = None if meta is None else meta.id
     return found if isinstance(found, str) else None
@@ -219,8 +220,20 @@ class _Progress(msgspec.Struct, rename="camel"):
 
 _decode_progress = msgspec.json.Decoder(_Progress).decode
 _decode_message = msgspec.json.Decoder(_Message).decode
-_decode_shape = msgspec.json.Decoder(CallShape).decode
+_decode_call_shape = msgspec.json.Decoder(CallShape).decode
 _encode = msgspec.json.Encoder().encode
+TOO_DEEP: Final = "nested too deeply to be read"
+"""Past msgspec's nesting limit (about 1000 levels, the recursion limit's)."""
+
+
+def _decode_shape(raw: bytes) -> CallShape:
+    """A tool result's shape; ``ValidationError`` for one nested too deeply
+    (a result the reader could read may be too deep where it is read again,
+    higher up the stack)."""
+    try:
+        return _decode_call_shape(raw)
+    except RecursionError:
+        raise msgspec.ValidationError(f"the result is {TOO_DEEP}") from None
 
 
 class _Waiter:
@@ -836,10 +849,13 @@ class JsonRpcSession:
     def _decode(self, raw: bytes, into: type[T], method: str) -> T:
         try:
             return msgspec.json.decode(raw, type=into)
-        except msgspec.ValidationError as exc:
+        except (msgspec.ValidationError, RecursionError) as exc:
+            said = (
+                str(exc)[:200] if isinstance(exc, msgspec.ValidationError) else TOO_DEEP
+            )
             raise UpstreamError(
                 f"{self._server}: the server sent a malformed result to {method} "
-                f"({str(exc)[:200]})",
+                f"({said})",
                 data={"server": self._server},
             ) from None
 
@@ -884,6 +900,9 @@ class JsonRpcSession:
             async for line in self._pipes.lines():
                 try:
                     message = _decode_message(line)
+                except RecursionError:
+                    self._too_deep(line)
+                    continue
                 except (msgspec.DecodeError, msgspec.ValidationError):
                     if self._junk.take():
                         log.warning(
@@ -925,7 +944,7 @@ class JsonRpcSession:
                 continue
             try:
                 message = _decode_message(line)
-            except (msgspec.DecodeError, msgspec.ValidationError):
+            except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
                 return False
             if message.method is not None:
                 return False
@@ -933,6 +952,25 @@ class JsonRpcSession:
         for message in answers:
             self._answered(message)
         return True
+
+    def _too_deep(self, line: bytes) -> None:
+        """A line nested too deeply to decode: when it plainly answers a
+        request of ours (its id found by the envelope scanner), that request
+        fails at once; anything else is dropped, as junk is."""
+        scanner = EnvelopeScanner()
+        scanner.feed(line)
+        answers = scanner.done and scanner.answerable
+        if answers or self._junk.take():  # junk's log budget (a flood of them)
+            log.warning(
+                "%s: ignored a line on stdout %s (%d bytes)%s",
+                self._server,
+                TOO_DEEP,
+                len(line),
+                f"; request {scanner.id!r} fails" if answers else "",
+            )
+        if answers:
+            error = _Error(INTERNAL_ERROR, f"the server's answer is {TOO_DEEP}")
+            self._answered(_Message(id=scanner.id, error=error))
 
     def _answered(self, message: _Message) -> None:
         if message.id is None:
@@ -950,7 +988,7 @@ class JsonRpcSession:
         reader never waits for a caller, so a slow one holds up no other)."""
         try:
             token = _decode_progress(params).progress_token
-        except (msgspec.ValidationError, msgspec.DecodeError):
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
             return
         lane = self._progress.get(token) if isinstance(token, str) else None
         if lane is not None:

@@ -74,7 +74,7 @@ class LogSink:
         waits): queued for the client if at or above its level."""
         try:
             logged = _decode_logged(params)
-        except (msgspec.ValidationError, msgspec.DecodeError):
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
             return
         if logged.level not in LEVELS or LEVELS.index(logged.level) < self._rank:
             return

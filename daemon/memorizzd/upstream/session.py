@@ -393,7 +393,7 @@ def _names_the_session(body: bytes) -> bool:
     """Is ``body`` a JSON-RPC error whose message is about the session?"""
     try:
         error = _decode_rpc_error(body)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         return False
     return "session" in error.error.message.lower()
 

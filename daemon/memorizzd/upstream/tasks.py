@@ -89,7 +89,7 @@ class TaskBook:
         try:
             result = msgspec.json.decode(raw)
             upstream_id = result["task"]["taskId"]
-        except (msgspec.DecodeError, KeyError, TypeError):
+        except (msgspec.DecodeError, RecursionError, KeyError, TypeError):
             upstream_id = None
         if not isinstance(upstream_id, str):
             raise UpstreamError(
@@ -164,7 +164,7 @@ class TaskBook:
         try:
             task = msgspec.json.decode(params)
             upstream_id = task.get("taskId") if isinstance(task, dict) else None
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             return
         found = self._by_upstream.get((server, upstream_id)) if upstream_id else None
         entry = None if found is None else self._tasks.get(found)
