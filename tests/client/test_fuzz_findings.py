@@ -1,10 +1,8 @@
 """What fuzzing found in the client's parsers of untrusted bytes: the HTTP
 bridge (``memorizzctl mcp serve --transport streamable-http``) reading a
 request. Each request here is answered (an HTTP status), not dropped by an
-exception out of the handler.
-
-xfail(strict=True) until ``memorizz/ctl/serve_http.py`` is fixed (its owner
-is another change in flight): the reason says what raises where.
+exception out of the handler (an Origin or a request target urllib cannot
+split raised ValueError; a body nested 5000 deep, RecursionError).
 """
 
 from __future__ import annotations
@@ -75,34 +73,16 @@ def test_the_harness_answers_a_plain_request() -> None:
     assert _served(_post(b"[1")).startswith(b"HTTP/1.1 400 ")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="serve_http._Handler._admitted: urlsplit(Origin) raises ValueError"
-    " ('Invalid IPv6 URL') for 'http://[::1'; the connection drops unanswered",
-)
 def test_an_origin_urllib_cannot_split_is_refused() -> None:
     answer = _served(b"GET /mcp HTTP/1.1\r\n" + HEAD + b"Origin: http://[::1\r\n\r\n")
     assert answer.startswith(b"HTTP/1.1 403 ")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="serve_http._Handler._admitted: urlsplit(self.path) raises ValueError"
-    " for an absolute-form target 'http://[x/mcp'",
-)
 def test_a_request_target_urllib_cannot_split_is_refused() -> None:
     answer = _served(b"GET http://[x/mcp HTTP/1.1\r\n" + HEAD + b"\r\n")
     assert answer.startswith(b"HTTP/1.1 404 ")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RecursionError,
-    reason="serve_http._Handler.do_POST catches msgspec's DecodeError and"
-    " ValidationError, not the RecursionError of a body nested 5000 deep",
-)
 @pytest.mark.parametrize(
     "body",
     [

@@ -423,19 +423,14 @@ def test_dotted_keys_nested_too_deeply_are_a_config_error(
         )
 
 
-# --- the socket API (rpc/dispatch.py): report only ----------------------------
+# --- the socket API (rpc/dispatch.py) ------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="rpc/dispatch.py Dispatcher.run decodes params catching msgspec's"
-    " ValidationError and DecodeError, not RecursionError: params the reader"
-    " could read (it parses a line near the bottom of the stack; 994 levels"
-    " here) may be too deep for the method's decoder higher up (5 frames more"
-    " fail), and the reply is `internal` with a traceback logged",
-)
 def test_params_too_deep_for_their_decoder_are_invalid_params() -> None:
+    """Params the line reader could read (it parses near the bottom of the
+    stack) may be too deep for the method's decoder higher up: that was
+    RecursionError, answered ``internal`` with a traceback logged."""
+
     async def never(caller: Caller, params: object) -> None:
         raise AssertionError("not run")
 

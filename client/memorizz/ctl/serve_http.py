@@ -84,7 +84,7 @@ import threading
 import time
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any, Final
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import msgspec
 
@@ -312,9 +312,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             return False
         origins = self.headers.get_all("Origin") or []
         if origins:
-            origin = urlsplit(origins[0])
+            origin = _split(origins[0])
             if (
                 len(origins) != 1
+                or origin is None
                 or origin.scheme != "http"
                 or not listen.names_us(origin.netloc)
             ):
@@ -330,7 +331,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 headers={"WWW-Authenticate": "Bearer"},
             )
             return False
-        if urlsplit(self.path).path != ENDPOINT:
+        target = _split(self.path)
+        if target is None or target.path != ENDPOINT:
             self._refuse_unread(404, f"the MCP endpoint is {ENDPOINT}")
             return False
         version = self.headers.get("MCP-Protocol-Version")
@@ -416,7 +418,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except msgspec.ValidationError:
             self._refuse(400, "not a single JSON-RPC message")
             return
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # too deep: unreadable
             self._refuse(400, "parse error", code=-32700)
             return
         # Valid JSON: a raw newline can only be whitespace, and the socket
@@ -723,3 +725,12 @@ def serve(
             _say(f"bearer token: {token.decode()}")
         server.serve_forever()
     return EXIT_OK
+
+
+def _split(url: str) -> SplitResult | None:
+    """``url`` split, or None where urllib cannot (``http://[::1``, an
+    unclosed IPv6 bracket): refused like any other that is not ours."""
+    try:
+        return urlsplit(url)
+    except ValueError:
+        return None

@@ -232,6 +232,8 @@ class Dispatcher:
                 raise InvalidParamsError(f"invalid params: {exc}") from None
             except msgspec.DecodeError:
                 raise InvalidParamsError("params must be a JSON object") from None
+            except RecursionError:  # readable where the line was parsed, not here
+                raise InvalidParamsError("invalid params: nested too deeply") from None
             result = await method.handler(caller, params)
         except RemoteError as exc:
             error = exc
