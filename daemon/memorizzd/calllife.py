@@ -248,7 +248,7 @@ def needed(method: str, params: bytes) -> str | None:
         return None
     try:
         shape = _decode_shape(params)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         return base
     if base == "elicitation":
         return "elicitation.url" if shape.mode == "url" else "elicitation.form"

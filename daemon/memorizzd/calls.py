@@ -31,7 +31,7 @@ from typing import Any, Final
 import msgspec
 
 from memorizz.api import methods as m
-from memorizz.api.errors import MethodNotFoundError, RemoteError
+from memorizz.api.errors import MethodNotFoundError, RemoteError, UpstreamError
 from memorizzd.approvals import (
     ApprovalBook,
     approval_required,
@@ -420,9 +420,15 @@ class Calls:
             self.audit(
                 caller, method, started, entry.server, entry.tool, None, outcome="ok"
             )
-        if method == "tasks/result":
-            return self.tasks.payload(entry, raw)
-        shown: dict[str, Any] = self.tasks.shown(entry, msgspec.json.decode(raw))
+        try:
+            if method == "tasks/result":
+                return self.tasks.payload(entry, raw)
+            shown: dict[str, Any] = self.tasks.shown(entry, msgspec.json.decode(raw))
+        except RecursionError:  # read where it arrived, too deep here
+            raise UpstreamError(
+                f"{entry.server}: the server's answer is nested too deeply",
+                data={"server": entry.server},
+            ) from None
         return shown
 
     async def task_list(self, caller: Caller) -> list[dict[str, Any]]:

@@ -452,7 +452,7 @@ class FaceDispatcher:
             return None
         try:
             call = _decode_call(request.params)
-        except (msgspec.ValidationError, msgspec.DecodeError):
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
             return None
         meta = call.meta
         if (
@@ -529,7 +529,7 @@ class FaceDispatcher:
             return
         try:
             message = msgspec.json.decode(params, type=_LogMessage)
-        except (msgspec.ValidationError, msgspec.DecodeError):
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
             return
         rank = _LEVELS.index(message.level)
         logger = server if message.logger is None else f"{server}/{message.logger}"
@@ -601,14 +601,14 @@ class FaceDispatcher:
         if request.method == SCOPE_METHOD:  # the bridge's --server NAME
             try:
                 chosen = msgspec.json.decode(request.params, type=_Scope)
-            except (msgspec.ValidationError, msgspec.DecodeError):
+            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
                 return True
             self._narrowed[session] = chosen.server
             return True
         if request.method == "notifications/cancelled":
             try:
                 cancelled = msgspec.json.decode(request.params, type=_Cancelled)
-            except (msgspec.ValidationError, msgspec.DecodeError):
+            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
                 return True
             session.cancel(cancelled.request_id)
         return True
@@ -1233,6 +1233,8 @@ def _decode(params: msgspec.Raw, into: type[Any]) -> Any:
         return msgspec.json.decode(params, type=into)
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise InvalidParamsError(f"invalid params: {exc}") from None
+    except RecursionError:  # readable where the line was parsed, not here
+        raise InvalidParamsError("invalid params: nested too deeply") from None
 
 
 def _builtins(value: Any) -> dict[str, Any]:
@@ -1306,7 +1308,7 @@ def _stamped(params: msgspec.Raw) -> bool:
     """Whether request params carry the 2026-07-28 stamp."""
     try:
         stamp = _decode_stamped(params).meta
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
         return False
     return stamp is not None and stamp.version == MODERN
 
@@ -1335,7 +1337,7 @@ def _completed(method: str, result: Any) -> Any:
         try:
             if _decode_result_type(raw).result_type is not None:
                 return result  # a 2026-07-28 upstream's, as it wrote it
-        except (msgspec.ValidationError, msgspec.DecodeError):
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
             return result
         rest = raw[1:].lstrip()
         joined = b"}" if rest.startswith(b"}") else b"," + rest

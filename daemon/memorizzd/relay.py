@@ -76,7 +76,7 @@ class WarmRelay:
             return None
         try:
             p = _decode_params(request.params)
-        except (msgspec.ValidationError, msgspec.DecodeError):
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
             return None  # the task's way says what is wrong
         if p.task is not None or p.progress_token is not None:
             return None

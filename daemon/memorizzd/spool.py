@@ -74,7 +74,7 @@ class Spool:
             for number, line in enumerate(f, 1):
                 try:
                     records.append(_decode(line))
-                except (msgspec.DecodeError, msgspec.ValidationError):
+                except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
                     log.warning(
                         "%s: line %d is not a whole record (cut short by a crash?);"
                         " skipped",

@@ -115,7 +115,7 @@ class Subscribers(Generic[H]):
         params name none)."""
         try:
             uri = _decode_updated(params).uri
-        except (msgspec.ValidationError, msgspec.DecodeError):
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
             return None
         key = (server, uri)
         holders = [h for h, held in self._held.items() if key in held]

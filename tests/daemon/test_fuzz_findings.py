@@ -17,10 +17,10 @@ import httpx2
 import msgspec
 import pytest
 
-from memorizz.api.errors import LoginError, UpstreamError
+from memorizz.api.errors import InvalidParamsError, LoginError, UpstreamError
 from memorizz.api.methods import METHODS
 from memorizz.api.protocol import Request
-from memorizzd import calllife, calls
+from memorizzd import calllife, calls, face
 from memorizzd.caller import Caller
 from memorizzd.config import ConfigError, load
 from memorizzd.oauth import discovery, endpoints, machine
@@ -446,3 +446,26 @@ def test_params_too_deep_for_their_decoder_are_invalid_params() -> None:
     caller = Caller(pid=1, uid=0, gid=0, socket="s", role="operator")
     line = anyio.run(dispatcher.run, caller, request)
     assert msgspec.json.decode(line)["error"]["code"] == -32602
+
+
+def test_face_params_too_deep_for_their_decoder_are_invalid_params() -> None:
+    """The face's params decoder, like the socket API's: a line the reader
+    could parse may be too deep where its params are decoded again, higher
+    up the stack; that was RecursionError, answered ``internal``."""
+    deep = msgspec.Raw(b'{"uri":' + nested() + b"}")
+    with pytest.raises(InvalidParamsError, match="nested too deeply"):
+        face._decode(deep, dict)
+
+
+def test_decode_sites_of_untrusted_json_take_a_too_deep_value_as_unreadable() -> None:
+    """The class, site by site: each place that decodes what a caller or a
+    server sent and catches msgspec's errors catches RecursionError too."""
+    roots = Path(face.__file__).parent
+    sites = []
+    for path in sorted(roots.rglob("*.py")):
+        lines = path.read_text().splitlines()
+        for number, line in enumerate(lines, 1):
+            around = "".join(lines[max(0, number - 5) : number + 6])  # its try
+            if "except (msgspec." in line and "RecursionError" not in around:
+                sites.append(f"{path.relative_to(roots)}:{number}")
+    assert sites == [], sites

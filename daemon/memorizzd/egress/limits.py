@@ -211,7 +211,7 @@ def _request_id(request: httpx2.Request) -> Any:
     answers it), or None (a notification, a batch, a legacy SSE post)."""
     try:
         body = msgspec.json.decode(request.content)
-    except (msgspec.DecodeError, httpx2.RequestNotRead):
+    except (msgspec.DecodeError, RecursionError, httpx2.RequestNotRead):
         return None
     if not isinstance(body, dict) or "method" not in body:
         return None

@@ -101,5 +101,10 @@ def _jsonrpc_request_id(request: httpx2.Request) -> int | str | None:
         return None
     try:
         return msgspec.json.decode(request.content, type=_Request).id
-    except (msgspec.DecodeError, msgspec.ValidationError, httpx2.RequestNotRead):
+    except (
+        msgspec.DecodeError,
+        msgspec.ValidationError,
+        RecursionError,
+        httpx2.RequestNotRead,
+    ):
         return None

@@ -103,7 +103,7 @@ class AnsweringDispatcher(Dispatcher):
         if request.method == CANCELLED:
             try:
                 cancelled = msgspec.json.decode(request.params, type=_Cancelled)
-            except (msgspec.ValidationError, msgspec.DecodeError):
+            except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
                 return False
             session.cancel(cancelled.request_id)
             return True
