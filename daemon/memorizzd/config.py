@@ -552,7 +552,13 @@ def _check_access(config: Config, where: Path | None) -> None:
                 "write_timeout_s",
                 "idle_timeout_s",
             ):
-                if not getattr(limits, key) > 0:
+                value = getattr(limits, key)
+                if not math.isfinite(value):  # inf: a timeout that never fires
+                    raise ValueError(
+                        f"profile {name!r}: limits.{key} must be a finite number,"
+                        f" not {value}"
+                    )
+                if not value > 0:
                     raise ValueError(f"profile {name!r}: limits.{key} must be > 0")
             if limits.max_request_bytes > MAX_FRAME:
                 raise ValueError(

@@ -95,6 +95,12 @@ def _stdio(name: str, command: str = "/bin/true", extra: str = "") -> str:
             id="inf",
         ),
         pytest.param(
+            b'[[profiles]]\nname = "a"\nuids = [1000]\n'
+            b"[profiles.limits]\nwrite_timeout_s = inf\n",
+            r": profile 'a': limits\.write_timeout_s must be a finite number, not inf$",
+            id="profile-inf",
+        ),
+        pytest.param(
             b"face_approval_wait_s = -1.0\n",
             r": face_approval_wait_s must not be negative$",
             id="negative-wait",
