@@ -112,12 +112,33 @@ def test_complete_refusals_and_usage_have_the_documented_exit_statuses(
 # --- mcp watch ---------------------------------------------------------------------
 
 
+_INTERRUPTIBLE = (
+    sys.executable,
+    "-c",
+    (
+        "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL);"
+        " os.execv(sys.argv[1], sys.argv[1:])"
+    ),
+)
+"""Runs a command with Ctrl-C as at a terminal: a test run started in the
+background (``... &`` from a script, nohup) hands its children SIGINT
+ignored, and Python keeps an ignored SIGINT ignored."""
+
+
 class _Watch:
     """``memorizzctl mcp watch`` running: its output lines as they come."""
 
     def __init__(self, api_socket: str, *argv: str) -> None:
         self.proc = subprocess.Popen(
-            [MEMORIZZCTL, "--socket", api_socket, "mcp", "watch", *argv],
+            [
+                *_INTERRUPTIBLE,
+                MEMORIZZCTL,
+                "--socket",
+                api_socket,
+                "mcp",
+                "watch",
+                *argv,
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
