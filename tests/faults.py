@@ -288,6 +288,56 @@ class Cut(_PostFault):
             return True
 
 
+@dataclass
+class WrongId(_PostFault):
+    """ASGI: the answer to the next POST whose request ``matches`` carries
+    another id than the request's (the server runs it; the answer, JSON or
+    an event stream, has ``"id":N`` turned into ``"id":N+1000``, a string
+    id into another); ``times``
+    such answers, then the server's own."""
+
+    times: int = 1
+    wrongs: int = 0
+
+    def wrap(self, app: App) -> App:
+        async def wrong(scope: Scope, receive: Receive, send: Send) -> None:
+            async def renumbered(message: Message) -> None:
+                if message["type"] == "http.response.body":
+                    body = re.sub(
+                        rb'"id":\s*(?:(\d+)|"([^"]*)")',
+                        lambda m: (
+                            b'"id":%d' % (int(m.group(1)) + 1000)
+                            if m.group(1) is not None
+                            else b'"id":"%s-other"' % m.group(2)
+                        ),
+                        message.get("body", b""),
+                        count=1,
+                    )
+                    message = message | {"body": body}
+                elif message["type"] == "http.response.start":
+                    message = message | {
+                        "headers": [
+                            (k, v)
+                            for k, v in message["headers"]
+                            if k.lower() != b"content-length"
+                        ]
+                    }
+                await send(message)
+
+            await app(scope, receive, renumbered)
+
+        return self._on_posts(app, self._wrong_now, wrong)
+
+    def _wrong_now(self, body: bytes) -> bool:
+        if not self._arrived(body):
+            return False
+        with self._lock:
+            if self.wrongs >= self.times:
+                return False
+            self.wrongs += 1
+            return True
+
+
 SESSION_NOT_FOUND = {
     # What a server answers for a session it no longer knows (HTTP 404).
     "python_sdk": (

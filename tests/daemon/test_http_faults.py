@@ -14,9 +14,17 @@ import pytest
 from mcp.server.streamable_http import EventCallback, EventMessage, EventStore
 from mcp_types import JSONRPCMessage
 
-from memorizz.api.errors import DeadlineExceededError, UnavailableError
+from memorizz.api.errors import DeadlineExceededError, RemoteError, UnavailableError
 from memorizz.api.methods import ServerSpec
-from tests.faults import Cut, DropStream, Hang, Seen, SessionLoss, silent_listener
+from tests.faults import (
+    Cut,
+    DropStream,
+    Hang,
+    Seen,
+    SessionLoss,
+    WrongId,
+    silent_listener,
+)
 from tests.harness import (
     DaemonHarness,
     daemon_config,
@@ -440,3 +448,33 @@ def test_a_dropped_sse_answer_without_sessions_fails_cleanly_and_is_not_sent_aga
     assert drop.dropped == 1
     assert drop.seen == 1
     assert drop.resumed == 0
+
+
+# --- an answer under another id ---------------------------------------------------
+
+
+@pytest.mark.parametrize("protocol", ["legacy", "2026-07-28"])
+def test_an_answer_under_another_id_never_leaves_the_call_waiting(
+    daemon: DaemonHarness, protocol: str
+) -> None:
+    """A Streamable HTTP server that answers a call under another id. A JSON
+    answer (the 2026-07-28 server here) was dropped by the SDK as nobody's,
+    and the call waited for its deadline: now it fails at once. An answer on
+    the request's own event stream (the handshake-era server here) is the
+    SDK's to take as that request's (it does, as for a resumed stream)."""
+    wrong = WrongId().tool("echo")
+    with (
+        faulty_server(daemon, wrong.wrap, protocol=protocol, timeout_s=20) as name,
+        daemon.client() as c,
+    ):
+        started = time.monotonic()
+        if protocol == "legacy":
+            assert c.call_tool(name, "echo", {"text": "x"}).content[0]["text"] == "x"
+        else:
+            with pytest.raises(RemoteError) as failed:
+                c.call_tool(name, "echo", {"text": "x"})
+            assert failed.value.reason == "upstream_error", failed.value
+            assert "under another id" in failed.value.message, failed.value.message
+        assert time.monotonic() - started < 5, "waited for the deadline"
+        assert wrong.wrongs == 1
+        assert c.call_tool(name, "echo", {"text": "y"}).content[0]["text"] == "y"

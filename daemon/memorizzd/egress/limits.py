@@ -30,7 +30,9 @@ from typing import Any, Final
 import httpx2
 import msgspec
 
+from memorizz.api.errors import UpstreamError
 from memorizzd.egress.oversize import TOO_LARGE_MARKER, OversizeMessage, too_large_error
+from memorizzd.egress.replies import refusal_reply
 
 __all__ = ["TOO_LARGE_MARKER", "CappedTransport", "too_large_error"]
 
@@ -39,9 +41,16 @@ log = logging.getLogger("memorizzd.egress.limits")
 
 class _CappedJSON(httpx2.AsyncByteStream):
     def __init__(
-        self, inner: httpx2.AsyncByteStream, limit: int, request_id: Any
+        self,
+        inner: httpx2.AsyncByteStream,
+        limit: int,
+        request_id: Any,
+        *,
+        answer: bool = True,
     ) -> None:
         self._inner, self._limit, self._id = inner, limit, request_id
+        self._answer = answer
+        """A success status: the body is the request's answer (``_under_its_id``)."""
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         body = bytearray()
@@ -50,7 +59,7 @@ class _CappedJSON(httpx2.AsyncByteStream):
             if len(body) > self._limit:
                 yield too_large_error(self._id, self._limit)
                 return
-        yield bytes(body)
+        yield _under_its_id(bytes(body), self._id) if self._answer else bytes(body)
 
     async def aclose(self) -> None:
         await self._inner.aclose()
@@ -189,7 +198,12 @@ class CappedTransport(httpx2.AsyncBaseTransport):
                 request_id=_request_id(request) if request.method == "POST" else None,
             )
         elif content_type.startswith("application/json"):
-            capped = _CappedJSON(stream, self._limit, _request_id(request))
+            capped = _CappedJSON(
+                stream,
+                self._limit,
+                _request_id(request),
+                answer=response.is_success,
+            )
         else:
             return response
         headers = httpx2.Headers(response.headers)
@@ -204,6 +218,33 @@ class CappedTransport(httpx2.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+class _Answer(msgspec.Struct):
+    id: int | str | None = None
+    method: str | None = None
+
+
+_decode_answer: Final = msgspec.json.Decoder(_Answer).decode
+
+
+def _under_its_id(body: bytes, request_id: Any) -> bytes:
+    """``body``, the JSON answer to the request ``request_id``; one that
+    answers under another id becomes an error for the request (the SDK drops
+    such an answer as nobody's, and the call waited for its deadline)."""
+    if request_id is None:
+        return body
+    try:
+        answer = _decode_answer(body)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+        return body  # not one JSON-RPC message: the SDK says what it is
+    if answer.method is not None or answer.id is None or answer.id == request_id:
+        return body
+    error = UpstreamError(
+        f"the server answered request {request_id!r} under another id"
+        f" ({str(answer.id)[:40]!r}); the answer was not taken"
+    )
+    return refusal_reply(request_id, error)
 
 
 def _request_id(request: httpx2.Request) -> Any:
