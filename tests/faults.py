@@ -135,6 +135,17 @@ class _PostFault:
         self.matches = lambda method, params: method == name
         return self
 
+    def _next_of(self, body: bytes, used: str) -> bool:
+        """Whether ``body`` matches and is one of the first ``self.times``
+        to (counted in ``seen``, and in the field named ``used``)."""
+        if not self._arrived(body):
+            return False
+        with self._lock:
+            if getattr(self, used) >= getattr(self, "times"):  # noqa: B009
+                return False
+            setattr(self, used, getattr(self, used) + 1)
+            return True
+
     def _arrived(self, body: bytes) -> bool:
         """Whether ``body`` matches (counted in ``seen``)."""
         call = _decoded(body)
@@ -196,13 +207,7 @@ class Busy(_PostFault):
         return self._on_posts(app, self._busy_now, busy)
 
     def _busy_now(self, body: bytes) -> bool:
-        if not self._arrived(body):
-            return False
-        with self._lock:
-            if self.busy_answers >= self.times:
-                return False
-            self.busy_answers += 1
-            return True
+        return self._next_of(body, "busy_answers")
 
 
 @dataclass
@@ -279,13 +284,7 @@ class Cut(_PostFault):
         return self._on_posts(app, self._cut_now, cut_short)
 
     def _cut_now(self, body: bytes) -> bool:
-        if not self._arrived(body):
-            return False
-        with self._lock:
-            if self.cuts >= self.times:
-                return False
-            self.cuts += 1
-            return True
+        return self._next_of(body, "cuts")
 
 
 @dataclass
@@ -329,13 +328,7 @@ class WrongId(_PostFault):
         return self._on_posts(app, self._wrong_now, wrong)
 
     def _wrong_now(self, body: bytes) -> bool:
-        if not self._arrived(body):
-            return False
-        with self._lock:
-            if self.wrongs >= self.times:
-                return False
-            self.wrongs += 1
-            return True
+        return self._next_of(body, "wrongs")
 
 
 SESSION_NOT_FOUND = {

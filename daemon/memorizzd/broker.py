@@ -29,7 +29,6 @@ from memorizz.api.errors import (
     RemoteError,
     UnavailableError,
     UnsupportedProtocolError,
-    UpstreamError,
 )
 from memorizz.api.presets import PRESETS, expand_preset, instructions_of
 from memorizz.api.protocol import PROTOCOL_VERSION
@@ -57,6 +56,7 @@ from memorizzd.store import Store
 from memorizzd.subscribers import Holder, Subscribers
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
+from memorizzd.upstream.errors import malformed_result
 from memorizzd.upstream.logs import LEVELS, LogSink
 from memorizzd.upstream.pool import Pool, unknown_server
 from memorizzd.vault import (
@@ -771,10 +771,8 @@ class Broker:
         try:
             return msgspec.convert(result, m.CompletionCompleteResult)
         except msgspec.ValidationError as exc:
-            raise UpstreamError(
-                f"{upstream.name}: the server sent a malformed result to "
-                f"completion/complete ({str(exc)[:200]})",
-                data={"server": upstream.name},
+            raise malformed_result(
+                upstream.name, "completion/complete", str(exc)
             ) from None
 
     async def resources_subscribe(

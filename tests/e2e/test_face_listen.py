@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -164,6 +163,10 @@ def test_a_stream_that_did_not_ask_hears_nothing_and_ends_with_its_client(
     def since() -> list[str]:
         return _subscriptions(harness)[seen:]
 
+    def connections() -> int:
+        with harness.client() as c:
+            return c.daemon_status().connections
+
     async def work() -> list[object]:
         heard: list[object] = []
         async with (
@@ -171,6 +174,7 @@ def test_a_stream_that_did_not_ask_hears_nothing_and_ends_with_its_client(
             holder.listen(resource_subscriptions=[WATCHED]) as held,
         ):
             assert held.honored.resource_subscriptions == [WATCHED]
+            alone = connections()
             async with (
                 _modern(harness) as client,
                 client.listen(prompts_list_changed=True) as stream,
@@ -181,7 +185,7 @@ def test_a_stream_that_did_not_ask_hears_nothing_and_ends_with_its_client(
                 with anyio.move_on_after(1.5):
                     async for event in stream:
                         heard.append(event)  # noqa: PERF401
-            threading.Event().wait(0.5)  # the second client's end is handled
+            wait_until(lambda: connections() == alone)  # its session closed
             assert "unsubscribe feat://watched" not in since()
         return heard
 

@@ -124,3 +124,11 @@ def not_honored(server: str, uri: str) -> UpstreamError:
         f"{server}: the server takes no subscription to {uri[:200]!r}",
         data={"server": server, "uri": uri[:200]},
     )
+
+
+def malformed_result(server: str, method: str, said: str) -> UpstreamError:
+    """A result to ``method`` that is not what MCP says it is (``said``: why)."""
+    return UpstreamError(
+        f"{server}: the server sent a malformed result to {method} ({said[:200]})",
+        data={"server": server},
+    )

@@ -72,6 +72,7 @@ from memorizzd.upstream.errors import (
     METHOD_NOT_FOUND,
     ConnectionLost,
     Unsent,
+    malformed_result,
     not_honored,
     rpc_error,
 )
@@ -850,14 +851,8 @@ class JsonRpcSession:
         try:
             return msgspec.json.decode(raw, type=into)
         except (msgspec.ValidationError, RecursionError) as exc:
-            said = (
-                str(exc)[:200] if isinstance(exc, msgspec.ValidationError) else TOO_DEEP
-            )
-            raise UpstreamError(
-                f"{self._server}: the server sent a malformed result to {method} "
-                f"({said})",
-                data={"server": self._server},
-            ) from None
+            said = str(exc) if isinstance(exc, msgspec.ValidationError) else TOO_DEEP
+            raise malformed_result(self._server, method, said) from None
 
     async def _request(
         self, method: str, params: bytes, *, request_id: int | str | None = None
