@@ -62,7 +62,7 @@ from memorizz.api.errors import (
     RemoteError,
 )
 from memorizzd.egress.addresses import address_allowed
-from memorizzd.egress.backend import Network, PinnedBackend
+from memorizzd.egress.backend import Network, PinnedBackend, hosts_file_addresses
 from memorizzd.egress.client import hardened_client
 from memorizzd.egress.urls import check_url
 from tests.egress_world import (
@@ -785,6 +785,28 @@ def test_the_addresses_just_outside_each_block_are_allowed(address: str) -> None
         assert ip_address(address) not in ip_network(block)
 
 
+def test_the_hosts_file_is_read_as_glibc_reads_it(tmp_path: Path) -> None:
+    """``/etc/hosts`` comes before DNS for a dotted name (DNS then gets the
+    absolute name): every line naming it counts, in any letter case; comments,
+    bad addresses and other names do not."""
+    hosts = tmp_path / "hosts"
+    hosts.write_text(
+        "# 10.0.0.9 mcp.example.test\n"
+        "127.0.0.1 localhost\n"
+        "8.8.8.8 other.example.test MCP.Example.Test # a comment 10.0.0.8\n"
+        "not-an-address mcp.example.test\n"
+        "2001:4860:4860::8888\tmcp.example.test.\n"
+        "8.8.8.8 mcp.example.test\n"
+        "9.9.9.9 mcp.example.testing\n"
+    )
+    assert hosts_file_addresses("mcp.example.test", str(hosts)) == [
+        ip_address("8.8.8.8"),
+        ip_address("2001:4860:4860::8888"),
+    ]
+    assert hosts_file_addresses("example.test", str(hosts)) == []
+    assert hosts_file_addresses("mcp.example.test", str(tmp_path / "none")) == []
+
+
 # --- the system resolver and real sockets, in a network namespace of our own --------------
 
 
@@ -817,6 +839,12 @@ NETNS_ZONE: dict[str, list[list[tuple[str, str]]]] = {
     "wireserver.example.test": [[("A", "168.63.129.16")]],
     "metadata.google.internal": [[("A", "169.254.169.254")]],
     "localhost.example.test": [[("A", "127.0.0.1"), ("AAAA", "::1")]],
+    # The resolver's search domain (resolv.conf: search evil.test, ndots:5):
+    # answers that would win for an allowlisted name if it were searched.
+    f"{PUBLIC_NAME}.evil.test": [[("A", SECOND_V4)]],
+    "hosts-first.example.test": [[("A", SECOND_V4)]],
+    "hosts-first.example.test.evil.test": [[("A", SECOND_V4)]],
+    "svc.evil.test": [[("A", SECOND_V4)]],
 }
 """What the namespace's DNS server answers (TTL 0)."""
 NETNS_ADDRESSES = [
@@ -836,6 +864,11 @@ NETNS_CASES: list[tuple[str, dict[str, Any], str]] = [
     # (url, hardened_client options, what must happen)
     (f"https://{PUBLIC_NAME}/ok", {}, f"ok {PUBLIC_V4} {PUBLIC_V6}"),
     (f"https://{PUBLIC_NAME.upper()}./ok", {"allowlist": [PUBLIC_NAME]}, "ok *"),
+    # /etc/hosts first (its entry, not the DNS one), then DNS as an absolute
+    # name: never the search list for a dotted name, however many dots
+    # ndots asks for. A single label keeps it (a relative name, written so).
+    ("https://hosts-first.example.test/ok", {}, f"ok {PUBLIC_V4}"),
+    ("https://svc/ok", {}, f"dialled {SECOND_V4}"),
     ("https://cname-public.example.test/ok", {}, "ok *"),
     ("https://mixed.example.test/ok", {}, "denied"),
     ("https://mixed6.example.test/ok", {}, "denied"),
@@ -900,7 +933,9 @@ def test_the_battery_through_the_system_resolver_in_a_network_namespace() -> Non
                 assert result["queried"] == [], result
     first = report["results"][1]["queried"]
     assert first
-    assert all(q.startswith(f"{PUBLIC_NAME} ") for q in first)
+    assert all(q.startswith(f"{PUBLIC_NAME} ") for q in first)  # never searched
+    assert report["results"][2]["queried"] == []  # /etc/hosts answered
+    assert all(q.startswith("svc.evil.test ") for q in report["results"][3]["queried"])
     assert report["proxied"] == 0  # the hardened client never used the proxy
     assert report["naive_proxied"] == 1  # the control did
 
@@ -961,9 +996,11 @@ def _netns_child() -> None:
         run("ip", "addr", "add", str(ip_network(address)), "dev", "lo")
     work = tempfile.mkdtemp(prefix="mz-netns-")
     Path(work, "resolv.conf").write_text(
-        "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
+        "nameserver 127.0.0.1\nsearch evil.test\noptions ndots:5 timeout:1 attempts:1\n"
     )
-    Path(work, "hosts").write_text("127.0.0.1 localhost\n::1 localhost\n")
+    Path(work, "hosts").write_text(
+        f"127.0.0.1 localhost\n::1 localhost\n{PUBLIC_V4} Hosts-First.example.test\n"
+    )
     run("mount", "--bind", f"{work}/resolv.conf", "/etc/resolv.conf")
     run("mount", "--bind", f"{work}/hosts", "/etc/hosts")
 

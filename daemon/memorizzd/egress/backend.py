@@ -42,17 +42,56 @@ Resolver = Callable[[str, int], Awaitable[Sequence[IPAddress]]]
 """``(name, port) -> addresses``: every A and AAAA answer for a normalised DNS name."""
 
 
-async def system_resolve(name: str, port: int) -> list[IPAddress]:
-    """getaddrinfo: DNS, /etc/hosts, search domains, as the system resolves.
+HOSTS_FILE = "/etc/hosts"
 
+
+async def system_resolve(name: str, port: int) -> list[IPAddress]:
+    """The system's answer for ``name`` (a normalised DNS name, no trailing dot).
+
+    A dotted name is looked up as written: in /etc/hosts, then in DNS as an
+    absolute name (``name.``). The resolver's search list never applies to
+    it: with ``ndots:5`` (Kubernetes' default) glibc tries
+    ``name.<search domain>`` first, and whichever of those exists would
+    answer for the allowlisted name. A single label (``mcp``, a Kubernetes
+    service) keeps the search list: the operator wrote a relative name.
     Whatever answers, every address is checked; the name alone proves nothing.
     """
+    if "." in name:
+        listed = await anyio.to_thread.run_sync(hosts_file_addresses, name)
+        if listed:
+            return listed
+        name += "."
     infos = await anyio.getaddrinfo(
         name, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
     )
     addresses: list[IPAddress] = []
     for info in infos:
         address = ip_address(info[4][0])
+        if address not in addresses:
+            addresses.append(address)
+    return addresses
+
+
+def hosts_file_addresses(name: str, path: str = HOSTS_FILE) -> list[IPAddress]:
+    """Every address /etc/hosts gives ``name`` (any letter case), in file order;
+    empty when it names none or cannot be read. A line is an address and its
+    names; ``#`` starts a comment; a line whose address does not parse is
+    skipped, as glibc skips it."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read(1 << 20).decode("utf-8", "replace")
+    except OSError:
+        return []
+    wanted = name.lower()
+    addresses: list[IPAddress] = []
+    for line in text.splitlines():
+        fields = line.partition("#")[0].split()
+        if len(fields) < 2 or wanted not in (n.lower().rstrip(".") for n in fields[1:]):
+            continue
+        try:
+            address = ip_address(fields[0])
+        except ValueError:
+            continue
         if address not in addresses:
             addresses.append(address)
     return addresses
