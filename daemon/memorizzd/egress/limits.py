@@ -28,11 +28,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
 import httpx2
-import msgspec
 
 from memorizz.api.errors import UpstreamError
 from memorizzd.egress.oversize import TOO_LARGE_MARKER, OversizeMessage, too_large_error
-from memorizzd.egress.replies import refusal_reply
+from memorizzd.egress.replies import head_of, refusal_reply, request_id_of
 
 __all__ = ["TOO_LARGE_MARKER", "CappedTransport", "too_large_error"]
 
@@ -195,13 +194,13 @@ class CappedTransport(httpx2.AsyncBaseTransport):
                 stream,
                 self._limit,
                 host=request.url.host,
-                request_id=_request_id(request) if request.method == "POST" else None,
+                request_id=request_id_of(request),
             )
         elif content_type.startswith("application/json"):
             capped = _CappedJSON(
                 stream,
                 self._limit,
-                _request_id(request),
+                request_id_of(request),
                 answer=response.is_success,
             )
         else:
@@ -220,23 +219,14 @@ class CappedTransport(httpx2.AsyncBaseTransport):
         await self._inner.aclose()
 
 
-class _Answer(msgspec.Struct):
-    id: int | str | None = None
-    method: str | None = None
-
-
-_decode_answer: Final = msgspec.json.Decoder(_Answer).decode
-
-
 def _under_its_id(body: bytes, request_id: Any) -> bytes:
     """``body``, the JSON answer to the request ``request_id``; one that
     answers under another id becomes an error for the request (the SDK drops
     such an answer as nobody's, and the call waited for its deadline)."""
     if request_id is None:
         return body
-    try:
-        answer = _decode_answer(body)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
+    answer = head_of(body)
+    if answer is None:
         return body  # not one JSON-RPC message: the SDK says what it is
     if answer.method is not None or answer.id is None or answer.id == request_id:
         return body
@@ -245,16 +235,3 @@ def _under_its_id(body: bytes, request_id: Any) -> bytes:
         f" ({str(answer.id)[:40]!r}); the answer was not taken"
     )
     return refusal_reply(request_id, error)
-
-
-def _request_id(request: httpx2.Request) -> Any:
-    """The id of the JSON-RPC request a POST carries (a Streamable HTTP reply
-    answers it), or None (a notification, a batch, a legacy SSE post)."""
-    try:
-        body = msgspec.json.decode(request.content)
-    except (msgspec.DecodeError, RecursionError, httpx2.RequestNotRead):
-        return None
-    if not isinstance(body, dict) or "method" not in body:
-        return None
-    request_id = body.get("id")
-    return request_id if isinstance(request_id, int | str) else None
