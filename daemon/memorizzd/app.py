@@ -202,6 +202,9 @@ async def running_daemon(
                     async with anyio.create_task_group() as acceptor:
                         await acceptor.start(auditor.run)
                         await acceptor.start(book.run)
+                        # before anyone connects: a profile the file no longer
+                        # gives (edited while stopped) takes its proposals along
+                        await book.profiles_in_force([p.name for p in config.profiles])
                         sockets = Sockets(
                             listening,
                             servers,

@@ -34,9 +34,13 @@ the vault under ``proposal/<id>/arguments``, the ciphertext bound to that ref;
 an HMAC under the audit key guards them again at resume), the tool's schema
 hash and the caller's kernel-verified identity and profile. An agent sees only
 its own profile's proposals; any other id is ``not_found``, exactly as one that
-does not exist. The approver is the operator connection's uid and user name
-(``--approver`` is only a label). Each step leaves an audit record naming the
-proposal; argument values never reach the audit.
+does not exist. A proposal never outlives its profile: a profile the config no
+longer gives (a reload removed it, or the file was edited while the daemon was
+stopped) has its open proposals invalidated (``profiles_in_force``), so one of
+the same name added later never inherits them. The approver is the operator
+connection's uid and user name (``--approver`` is only a label). Each step
+leaves an audit record naming the proposal; argument values never reach the
+audit.
 """
 
 from __future__ import annotations
@@ -48,7 +52,7 @@ import os
 import pwd
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from functools import partial
 from typing import Any, Final
 
@@ -80,6 +84,8 @@ CLOCK_REF: Final = "approvals/last_seen"
 """The vault entry holding the book's last-seen time (while proposals are open)."""
 SAID_MAX: Final = 200
 """The most of an id the caller made up that ``not_found`` says back."""
+PROFILE_GONE: Final = "the caller's profile was removed"
+"""Why a proposal whose caller's profile left the config is invalidated."""
 
 
 def arguments_ref(proposal_id: str) -> str:
@@ -162,6 +168,8 @@ class ApprovalBook:
         self._self = Caller(
             pid=os.getpid(), uid=os.getuid(), gid=os.getgid(), socket="memorizzd"
         )
+        self._profiles: frozenset[str] | None = None
+        """The profiles of the config in force (None: not told, none checked)."""
 
     # --- time -------------------------------------------------------------------
 
@@ -291,7 +299,9 @@ class ApprovalBook:
         risk: m.Risk,
         schema: dict[str, Any] | None,
     ) -> m.Proposal:
-        """Store the exact call (durably) and return the pending proposal."""
+        """Store the exact call (durably) and return the pending proposal;
+        ``not_approved`` (invalidated) when the caller's profile has left the
+        config since its call began."""
         now = self._now()
         proposal = m.Proposal(
             id="p_" + secrets.token_hex(12),
@@ -330,6 +340,9 @@ class ApprovalBook:
             caller.uid,
             caller.profile or "operator socket",
         )
+        if self._gone(caller.profile):  # a reload removed it while the call ran
+            await self.invalidate(proposal, PROFILE_GONE)
+            raise not_approved(await self._reread(proposal))
         return proposal
 
     async def approve(
@@ -459,7 +472,7 @@ class ApprovalBook:
             await changed.wait()
         return await self.get(caller, proposal_id)
 
-    # --- expiry, schema changes, leftovers -------------------------------------
+    # --- expiry, schema changes, profiles gone, leftovers -----------------------
 
     async def sweep(self) -> None:
         """Write down what has expired: each gets an audit record, then its
@@ -495,6 +508,27 @@ class ApprovalBook:
             self._new = anyio.Event()
             with anyio.move_on_after(min(max(pause, 0.01), _SWEEP_MAX_S)):
                 await self._new.wait()
+
+    async def profiles_in_force(self, names: Collection[str]) -> None:
+        """The config's profiles (at start, at each reload): every open proposal
+        of a profile not among them is invalidated (``PROFILE_GONE``), and so is
+        one its calls still on their way propose from now on. The operator
+        socket's (no profile) are never touched."""
+        self._profiles = frozenset(names)
+        rows = await anyio.to_thread.run_sync(
+            partial(self._store.open_proposals, now=self._now())
+        )
+        for row in rows:
+            if self._gone(row.caller_profile):
+                await self.invalidate(stored.proposal(row), PROFILE_GONE)
+
+    def _gone(self, profile: str | None) -> bool:
+        """A profile the config in force no longer gives."""
+        return (
+            profile is not None
+            and self._profiles is not None
+            and profile not in self._profiles
+        )
 
     async def tools_listed(self, server: str, tools: list[m.Tool]) -> None:
         """A fresh listing (connect, tools/list_changed): a proposal whose tool
@@ -565,6 +599,7 @@ class ApprovalBook:
 
 __all__ = [
     "MAX_WAIT_S",
+    "PROFILE_GONE",
     "ApprovalBook",
     "approval_required",
     "arguments_ref",

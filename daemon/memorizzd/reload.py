@@ -22,6 +22,9 @@ the difference, without dropping what did not change.
   and an open connection the new rule refuses is cut at once,
   and its server list to every call from then on, on the connections already
   open too: a server dropped from the list is gone for them at once.
+  A removed profile's open proposals (pending, approved) are invalidated
+  (``ApprovalBook.profiles_in_force``): one of the same name added later is
+  another profile, and never inherits them.
 * ``RESTART_KEYS`` are not applied: the result and the log name them.
 
 An invalid file (TOML, validation, a command the execution policy refuses, a
@@ -340,6 +343,9 @@ class Reloader:
             ) from None
         admitted = {a.spec.name: a for a in admissions}
         changed_views = self._apply(config, admitted, result)
+        # A proposal never outlives its profile: a removed one's open proposals
+        # end now, before a profile of the same name could be added again.
+        await self._book.profiles_in_force(new_profiles.keys())
         # Then what takes time; the config in force is already the new one.
         for name in result.servers_stopped:
             self._pool.retire(name)

@@ -640,6 +640,18 @@ class Store:
         return [self._proposal(row) for row in rows]
 
     @_sqlite_errors
+    def open_proposals(self, *, now: float) -> list[ProposalRow]:
+        """Every pending or approved proposal not past its deadline at ``now``,
+        oldest first, however many (read-only, as ``proposal``)."""
+        with self._read_lock:
+            rows = self._reader.execute(
+                f"SELECT {_PROPOSAL_COLUMNS} FROM proposals"  # noqa: S608 - constant
+                " WHERE status IN (?, ?) AND expires_at > ? ORDER BY created, id",
+                (*_ACTIVE, now),
+            ).fetchall()
+        return [self._proposal(row) for row in rows]
+
+    @_sqlite_errors
     def transition_proposal(
         self,
         proposal_id: str,
