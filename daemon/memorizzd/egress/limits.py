@@ -19,12 +19,17 @@ answered: its id is the server's, not ours.
   oversize event's ``data`` is scanned and replaced by an error event. Bodies
   are requested with ``Accept-Encoding: identity`` (and the hardened client
   refuses any other coding), so the bytes counted are the bytes decoded.
+
+What the answers to a block's requests take together is counted here too
+(``counted``: a listing's pages, capped together by ``upstream/session.py``).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Final
 
 import httpx2
@@ -177,6 +182,48 @@ class _CappedEvents(httpx2.AsyncByteStream):
         await self._inner.aclose()
 
 
+class ReadBytes:
+    """The bytes read of the answers to the requests a block sent (``counted``)."""
+
+    __slots__ = ("total",)
+
+    def __init__(self) -> None:
+        self.total = 0
+
+
+_reading: ContextVar[ReadBytes | None] = ContextVar("memorizz_read_bytes", default=None)
+
+
+@contextmanager
+def counted() -> Iterator[ReadBytes]:
+    """Count the bytes read of the answers to the requests sent in the block,
+    as they are read. The SDK's Streamable HTTP client sends each request,
+    and reads its answer, in a task of the context the request was sent from
+    (its context propagation), where ``CappedTransport`` finds the count. An
+    answer that comes on a stream of its own (legacy SSE's) is not counted."""
+    read = ReadBytes()
+    token = _reading.set(read)
+    try:
+        yield read
+    finally:
+        _reading.reset(token)
+
+
+class _Counted(httpx2.AsyncByteStream):
+    """A body whose bytes are counted to ``read`` as they are read."""
+
+    def __init__(self, inner: httpx2.AsyncByteStream, read: ReadBytes) -> None:
+        self._inner, self._read = inner, read
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._inner:
+            self._read.total += len(chunk)
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
 class CappedTransport(httpx2.AsyncBaseTransport):
     def __init__(self, inner: httpx2.AsyncBaseTransport, limit: int) -> None:
         self._inner, self._limit = inner, limit
@@ -188,6 +235,8 @@ class CappedTransport(httpx2.AsyncBaseTransport):
         stream = response.stream
         if not isinstance(stream, httpx2.AsyncByteStream):  # pragma: no cover
             return response
+        if (read := _reading.get()) is not None:
+            stream = _Counted(stream, read)
         capped: httpx2.AsyncByteStream
         if content_type.startswith("text/event-stream"):
             capped = _CappedEvents(

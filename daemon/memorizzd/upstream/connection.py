@@ -21,7 +21,7 @@ from typing import Any, Protocol
 import msgspec
 
 from memorizz.api import methods as m
-from memorizz.api.errors import UpstreamError
+from memorizz.api.errors import TooLargeError, UpstreamError
 
 CAPABILITIES = ("tools", "resources", "prompts")
 
@@ -49,13 +49,32 @@ class CallShape(msgspec.Struct, rename="camel"):
 class Cursors:
     """A listing's pages, followed by cursor the same way by every client:
     to the end (no ``nextCursor``, or an empty one), at most ``limit``
-    pages, and never round a loop (a cursor the server gave before would
-    bring the same pages again, up to the limit)."""
+    pages, never round a loop (a cursor the server gave before would
+    bring the same pages again, up to the limit), and within ``max_bytes``
+    for all the pages together (the server's ``max_result_bytes``: the
+    transport caps each page alone, so a server that answered every page
+    near the cap, with a fresh cursor, would have ``limit`` times as much
+    decoded for one listing)."""
 
-    def __init__(self, server: str, limit: int) -> None:
+    def __init__(self, server: str, limit: int, *, method: str, max_bytes: int) -> None:
         self._server = server
         self._limit = limit
+        self._method = method
+        self._max_bytes = max_bytes
+        self._read = 0
         self._seen: set[str] = set()
+
+    def page(self, bytes_read: int) -> None:
+        """Count a page's ``bytes_read`` (as the transport read them);
+        ``TooLargeError`` once the listing's pages together exceed the cap."""
+        self._read += bytes_read
+        if self._read > self._max_bytes:
+            server = self._server
+            raise TooLargeError(
+                f"{server}: {self._method}: the listing's pages together exceed "
+                f"max_result_bytes ({self._max_bytes})",
+                data={"server": server},
+            )
 
     def follow(self, cursor: str | None) -> str | None:
         """The cursor a page ended with, to ask for the next page with (None:

@@ -87,6 +87,9 @@ LISTEN_AGAIN_S: Final = 1.0
 HANDSHAKE_VERSION: Final = "2025-11-25"
 HANDSHAKE_VERSIONS: Final = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
 DISCOVER_TIMEOUT_S: Final = 10.0
+ENVELOPE_MAX: Final = 64 * 1024
+"""A stdio message's bytes besides its result, at most: the pipes take a line
+of the server's ``max_result_bytes`` and this more (``Launch``)."""
 PROGRESS_SEND_S: Final = 1.0
 """How long one progress notification may take to pass on before it is dropped."""
 REPLIES_UNREAD_MAX: Final = 4 << 20
@@ -339,9 +342,12 @@ class JsonRpcSession:
         server: str,
         on_notification: NotificationHandler | None = None,
         roots: tuple[str, ...] = (),
+        max_result_bytes: int = m.DEFAULT_MAX_RESULT_BYTES,
     ) -> None:
         self._pipes = pipes
         self._server = server
+        self._max_result_bytes = max_result_bytes
+        """The server's cap on one result, and on a listing's pages together."""
         self._on_notification = on_notification
         self._roots = roots
         """The server's configured roots (declared in the handshake era)."""
@@ -835,13 +841,18 @@ class JsonRpcSession:
     async def _listing(
         self, method: str, page_type: type[Any], page_limit: int
     ) -> list[Any]:
-        """Every item of a listing, pages followed by cursor (at most ``page_limit``)."""
+        """Every item of a listing, pages followed by cursor (at most
+        ``page_limit``, their results' bytes counted before each is decoded)."""
         items: list[Any] = []
-        cursors = Cursors(self._server, page_limit)
+        cursors = Cursors(
+            self._server, page_limit, method=method, max_bytes=self._max_result_bytes
+        )
         cursor: str | None = None
         while True:
             params = self._params({"cursor": cursor} if cursor else {})
-            page = self._decode(await self._request(method, params), page_type, method)
+            raw = await self._request(method, params)
+            cursors.page(len(raw))
+            page = self._decode(raw, page_type, method)
             items += page.items
             cursor = cursors.follow(page.next_cursor)
             if cursor is None:
@@ -1085,10 +1096,16 @@ class Launch:
     server: str
     env: dict[str, str]
     cwd: str | None
-    max_message_bytes: int
+    max_result_bytes: int
+    """The server's cap on one result, and on a listing's pages together."""
     mode: str
     on_notification: NotificationHandler | None = None
     roots: tuple[str, ...] = ()
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The longest line the pipes take: a result and its envelope."""
+        return self.max_result_bytes + ENVELOPE_MAX
 
 
 @asynccontextmanager
@@ -1112,6 +1129,7 @@ async def open_session(
             server=launch.server,
             on_notification=launch.on_notification,
             roots=launch.roots,
+            max_result_bytes=launch.max_result_bytes,
         )
         session._tasks = tg
 

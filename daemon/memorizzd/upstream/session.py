@@ -35,6 +35,7 @@ from memorizz.api.errors import (
 from memorizzd import __version__
 from memorizzd.calllife import ELICIT, SAMPLE, AskRefused
 from memorizzd.egress.client import hardened_client
+from memorizzd.egress.limits import counted
 from memorizzd.egress.oversize import TOO_LARGE_MARKER
 from memorizzd.egress.replies import refusal_in
 from memorizzd.egress.transport import BearerSource
@@ -238,7 +239,7 @@ async def open_connection(
             )
             async with (
                 _refusals_raised(Client(transport, **client_kwargs)) as client,
-                _connection(client, spec.name, in_flight) as connection,
+                _connection(client, spec, in_flight) as connection,
             ):
                 yield connection
     else:
@@ -270,7 +271,7 @@ async def open_connection(
         )
         async with (
             _refusals_raised(Client(bounded, **client_kwargs)) as client,
-            _connection(client, spec.name, in_flight, end) as connection,
+            _connection(client, spec, in_flight, end) as connection,
             _lost_with(end, spec.name),
         ):
             yield connection
@@ -278,10 +279,19 @@ async def open_connection(
 
 @asynccontextmanager
 async def _connection(
-    client: Client, server: str, in_flight: InFlight, end: StreamEnd | None = None
+    client: Client,
+    spec: m.ServerSpec,
+    in_flight: InFlight,
+    end: StreamEnd | None = None,
 ) -> AsyncIterator[SdkConnection]:
     """The connection on ``client``; the listen streams it holds end with it."""
-    connection = SdkConnection(client, server=server, in_flight=in_flight, end=end)
+    connection = SdkConnection(
+        client,
+        server=spec.name,
+        in_flight=in_flight,
+        end=end,
+        max_result_bytes=spec.max_result_bytes,
+    )
     try:
         yield connection
     finally:
@@ -587,9 +597,12 @@ class SdkConnection:
         server: str,
         in_flight: InFlight | None = None,
         end: StreamEnd | None = None,
+        max_result_bytes: int = m.DEFAULT_MAX_RESULT_BYTES,
     ) -> None:
         self._client = client
         self._server = server
+        self._max_result_bytes = max_result_bytes
+        """The server's cap on one result, and on a listing's pages together."""
         self._in_flight = in_flight or InFlight(server)
         self._end = end
         """Legacy SSE: the end of the session's event stream."""
@@ -703,21 +716,37 @@ class SdkConnection:
         return ToolResult(msgspec.Raw(raw), result.is_error)
 
     async def _listing(
-        self, fetch: Callable[..., Awaitable[Any]], attr: str, into: type[T], limit: int
+        self,
+        fetch: Callable[..., Awaitable[Any]],
+        method: str,
+        attr: str,
+        into: type[T],
+        limit: int,
     ) -> list[T]:
-        """Every page of an MCP listing, followed by cursor (at most ``limit``)."""
+        """Every page of an MCP listing, followed by cursor (at most
+        ``limit``), the bytes read for each counted as the transport read
+        them (``egress.limits.counted``; legacy SSE answers on its event
+        stream, where they are not: each page is capped alone there)."""
 
         async def pages() -> list[T]:
             items: list[Any] = []
-            cursors = Cursors(self._server, limit)
+            cursors = Cursors(
+                self._server, limit, method=method, max_bytes=self._max_result_bytes
+            )
             cursor: str | None = None
-            while True:
-                params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-                page = await fetch(params=params)
-                items += getattr(page, attr)
-                cursor = cursors.follow(page.next_cursor)
-                if cursor is None:
-                    return [msgspec.convert(_dump(item), into) for item in items]
+            with counted() as read:
+                while True:
+                    params = (
+                        types.PaginatedRequestParams(cursor=cursor) if cursor else None
+                    )
+                    before = read.total
+                    page = await fetch(params=params)
+                    cursors.page(read.total - before)
+                    items += getattr(page, attr)
+                    cursor = cursors.follow(page.next_cursor)
+                    if cursor is None:
+                        break
+            return [msgspec.convert(_dump(item), into) for item in items]
 
         try:
             return await self._guarded(pages)
@@ -728,23 +757,30 @@ class SdkConnection:
 
     async def list_tools(self, *, page_limit: int) -> list[m.Tool]:
         fetch = self._client.session.list_tools
-        return await self._listing(fetch, "tools", m.Tool, page_limit)
+        return await self._listing(fetch, "tools/list", "tools", m.Tool, page_limit)
 
     async def list_resources(self, *, page_limit: int) -> list[m.Resource]:
         fetch = self._client.session.list_resources
-        return await self._listing(fetch, "resources", m.Resource, page_limit)
+        method = "resources/list"
+        return await self._listing(fetch, method, "resources", m.Resource, page_limit)
 
     async def list_resource_templates(
         self, *, page_limit: int
     ) -> list[m.ResourceTemplate]:
         fetch = self._client.session.list_resource_templates
         return await self._listing(
-            fetch, "resource_templates", m.ResourceTemplate, page_limit
+            fetch,
+            "resources/templates/list",
+            "resource_templates",
+            m.ResourceTemplate,
+            page_limit,
         )
 
     async def list_prompts(self, *, page_limit: int) -> list[m.Prompt]:
         fetch = self._client.session.list_prompts
-        return await self._listing(fetch, "prompts", m.Prompt, page_limit)
+        return await self._listing(
+            fetch, "prompts/list", "prompts", m.Prompt, page_limit
+        )
 
     async def read_resource(self, uri: str) -> m.ResourcesReadResult:
         request = types.ReadResourceRequest(

@@ -423,7 +423,7 @@ class Supervisor:
                 server=self.name,
                 env=child_environment(spec.env, secrets.env),
                 cwd=spec.cwd,
-                max_message_bytes=spec.max_result_bytes + 64 * 1024,
+                max_result_bytes=spec.max_result_bytes,
                 mode=mode,
                 on_notification=self._on_notification,
                 roots=tuple(spec.roots),
