@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Final
@@ -24,6 +26,33 @@ log = logging.getLogger("memorizzd.pool")
 
 _DRAIN_POLL_S: Final = 0.05
 """How often a retired server's in-flight count is looked at (reloads only)."""
+
+
+def _modules_for(spec: m.ServerSpec) -> list[str]:
+    """The daemon's modules a server of ``spec`` loads that a stdio-only host
+    never does: the MCP SDK's client (HTTP transports) and its OAuth client."""
+    if spec.transport not in ("streamable_http", "sse"):
+        return []
+    names = ["memorizzd.upstream.session"]
+    if spec.auth == "oauth":
+        names += ["memorizzd.oauth.keeper", "memorizzd.oauth.machine"]
+    return names
+
+
+async def _loaded(spec: m.ServerSpec) -> None:
+    """``spec``'s modules imported, in a worker thread when some are not yet:
+    the SDK takes a second or more of CPU to import (pydantic builds its
+    models), and imported on the event loop it froze every caller's call
+    meanwhile. In a thread, the loop keeps its turns (the interpreter
+    switches threads every few milliseconds)."""
+    missing = [name for name in _modules_for(spec) if name not in sys.modules]
+    if missing:
+        await anyio.to_thread.run_sync(_import_all, missing)
+
+
+def _import_all(names: list[str]) -> None:
+    for name in names:
+        importlib.import_module(name)
 
 
 def unknown_server(name: str) -> NotFoundError:
@@ -84,6 +113,7 @@ class Pool:
     ) -> Upstream:
         """Start supervising ``spec``; with ``refused`` (why it must not run) it is
         only listed, ``failed``, until removed."""
+        await _loaded(spec)  # before the check: nothing awaits between it and the entry
         if spec.name in self._upstreams:
             raise ConflictError(f"a server named {spec.name!r} already exists")
         return await self._start(
@@ -132,6 +162,7 @@ class Pool:
         """Start ``spec`` in place of the server of that name (a reload changed
         it): new calls go to the new session at once; the old one's calls
         finish, then it stops (``retire``)."""
+        await _loaded(spec)  # before the swap: no moment without the server
         old = self._upstreams.pop(spec.name, None)
         if old is not None:
             self._retire(old)
