@@ -205,6 +205,8 @@ async def running_daemon(
                         # before anyone connects: a profile the file no longer
                         # gives (edited while stopped) takes its proposals along
                         await book.profiles_in_force([p.name for p in config.profiles])
+                        # ... and so does a server gone from the file and the database
+                        await book.servers_in_force([u.name for u in pool.all()])
                         sockets = Sockets(
                             listening,
                             servers,

@@ -100,11 +100,15 @@ class ApprovalMethods:
             if exc.reason != "unknown_server":
                 raise
             await self._book.invalidate(proposal, "the server was removed")
-            raise not_approved(await self._book.get_any(proposal.id)) from None
+            raise not_approved(
+                await self._book.get_any(proposal.id), "approvals/approve"
+            ) from None
         current = schema_hash(None if tool is None else tool.input_schema)
         if current != proposal.schema_hash:
             await self._book.invalidate(proposal, "the tool's schema changed")
-            raise not_approved(await self._book.get_any(proposal.id))
+            raise not_approved(
+                await self._book.get_any(proposal.id), "approvals/approve"
+            )
         return upstream
 
     async def approvals_resume(

@@ -37,10 +37,12 @@ its own profile's proposals; any other id is ``not_found``, exactly as one that
 does not exist. A proposal never outlives its profile: a profile the config no
 longer gives (a reload removed it, or the file was edited while the daemon was
 stopped) has its open proposals invalidated (``profiles_in_force``), so one of
-the same name added later never inherits them. The approver is the operator
-connection's uid and user name (``--approver`` is only a label). Each step
-leaves an audit record naming the proposal; argument values never reach the
-audit.
+the same name added later never inherits them; nor its server: a server removed
+(``servers/remove``, or a reload whose config and state database no longer give
+it) has its open proposals invalidated at once (``server_removed``). The
+approver is the operator connection's uid and user name (``--approver`` is only
+a label). Each step leaves an audit record naming the proposal; argument values
+never reach the audit.
 """
 
 from __future__ import annotations
@@ -86,6 +88,10 @@ SAID_MAX: Final = 200
 """The most of an id the caller made up that ``not_found`` says back."""
 PROFILE_GONE: Final = "the caller's profile was removed"
 """Why a proposal whose caller's profile left the config is invalidated."""
+SERVER_GONE: Final = "the server was removed or is out of the caller's scope"
+"""Why a proposal whose server its caller cannot reach any more is invalidated:
+removed (``server_removed``, at once), or found out of the caller's scope when
+resumed (a reload narrowed its profile; the caller cannot tell them apart)."""
 
 
 def arguments_ref(proposal_id: str) -> str:
@@ -115,9 +121,21 @@ def not_found(proposal_id: str) -> NotFoundError:
     )
 
 
-def not_approved(proposal: m.Proposal) -> ConflictError:
+_NEEDS: Final = {
+    "approvals/approve": "only a pending proposal can be approved",
+    "approvals/reject": "only a pending proposal can be rejected",
+    "approvals/cancel": "only a pending or approved proposal can be cancelled",
+}
+"""What each decision needs, as its refusal says it (anything else: resume's)."""
+
+
+def not_approved(proposal: m.Proposal, action: str | None = None) -> ConflictError:
+    """The refusal of a step its proposal's state does not allow: ``action``
+    (``approvals/approve``, ``.../reject``, ``.../cancel``) says what that
+    step needs; without it, resume's rule (a tools/call's too)."""
+    needs = _NEEDS.get(action or "", "only an approved proposal runs")
     return ConflictError(
-        f"proposal {proposal.id} is {proposal.status}; only an approved proposal runs",
+        f"proposal {proposal.id} is {proposal.status}; {needs}",
         reason="not_approved",
         data={"id": proposal.id, "status": proposal.status},
     )
@@ -450,7 +468,7 @@ class ApprovalBook:
             await self._audit(
                 caller, action, proposal, outcome="failed", reason="not_approved"
             )
-            raise not_approved(current)
+            raise not_approved(current, action)
         approval_decided(to_status)
         if to_status in ("rejected", "cancelled"):
             await self._finished(proposal_id)
@@ -472,7 +490,7 @@ class ApprovalBook:
             await changed.wait()
         return await self.get(caller, proposal_id)
 
-    # --- expiry, schema changes, profiles gone, leftovers -----------------------
+    # --- expiry, schema changes, profiles and servers gone, leftovers -----------
 
     async def sweep(self) -> None:
         """Write down what has expired: each gets an audit record, then its
@@ -521,6 +539,33 @@ class ApprovalBook:
         for row in rows:
             if self._gone(row.caller_profile):
                 await self.invalidate(stored.proposal(row), PROFILE_GONE)
+
+    async def server_removed(self, name: str) -> None:
+        """A server that is no more (``servers/remove``; a reload whose config,
+        and state database, no longer give it): its open proposals are
+        invalidated now (``SERVER_GONE``), whoever proposed them, so none is
+        left to approve, reject or count, and a server of the same name added
+        later never runs them. One out of a profile's scope only is not
+        removed: its proposals are checked when resumed."""
+        rows = await anyio.to_thread.run_sync(
+            partial(self._store.open_proposals, now=self._now())
+        )
+        for row in rows:
+            if row.server == name:
+                await self.invalidate(stored.proposal(row), SERVER_GONE)
+
+    async def servers_in_force(self, names: Collection[str]) -> None:
+        """The servers the daemon starts with (config file and state database):
+        every open proposal of a server not among them (removed while the
+        daemon was stopped) is invalidated (``SERVER_GONE``), as
+        ``server_removed`` would have done."""
+        present = frozenset(names)
+        rows = await anyio.to_thread.run_sync(
+            partial(self._store.open_proposals, now=self._now())
+        )
+        for row in rows:
+            if row.server not in present:
+                await self.invalidate(stored.proposal(row), SERVER_GONE)
 
     def _gone(self, profile: str | None) -> bool:
         """A profile the config in force no longer gives."""
@@ -600,6 +645,7 @@ class ApprovalBook:
 __all__ = [
     "MAX_WAIT_S",
     "PROFILE_GONE",
+    "SERVER_GONE",
     "ApprovalBook",
     "approval_required",
     "arguments_ref",

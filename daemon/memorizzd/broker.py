@@ -619,6 +619,9 @@ class Broker:
             await anyio.to_thread.run_sync(self._replace_secrets, p.name, {})
             await self._pool.stop(p.name)
             await anyio.to_thread.run_sync(self._replace_secrets, p.name, {})
+            # Its open proposals end now (out of the pool: a call on its way
+            # invalidates its own), before one of the same name can be added.
+            await self._book.server_removed(p.name)
         log.info("server %s removed by uid %d", p.name, caller.uid)
         return m.ServersRemoveResult(name=p.name)
 

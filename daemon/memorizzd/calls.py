@@ -33,6 +33,7 @@ import msgspec
 from memorizz.api import methods as m
 from memorizz.api.errors import MethodNotFoundError, RemoteError, UpstreamError
 from memorizzd.approvals import (
+    SERVER_GONE,
     ApprovalBook,
     approval_required,
     not_approved,
@@ -57,8 +58,6 @@ from memorizzd.upstream.pool import Pool
 from memorizzd.upstream.tasks import TaskBook
 
 _encode = msgspec.json.encode
-SERVER_GONE: Final = "the server was removed or is out of the caller's scope"
-"""Why a proposal whose server its caller cannot reach any more is invalidated."""
 
 
 class Calls:
@@ -187,6 +186,11 @@ class Calls:
                         schema=None if listed is None else listed.input_schema,
                     )
                     verdict["proposal_id"] = proposal.id
+                    if upstream.name not in self._pool:
+                        # removed while the call was on its way, after
+                        # server_removed swept its proposals: this one too
+                        await self._book.invalidate(proposal, SERVER_GONE)
+                        raise not_approved(await self._book.get_any(proposal.id))
                     raise approval_required(proposal)
                 if decided.decision != "allow":
                     raise refusal(decided, server=upstream.name, tool=tool)

@@ -9,7 +9,10 @@ the difference, without dropping what did not change.
   calls: ``unknown_server``), its in-flight calls finish, then it stops; a new
   one starts. Servers added through the API are not touched, but for a name
   the file now gives too: the file wins, as at start (and a server the file no
-  longer gives comes back from the state database if it is there).
+  longer gives comes back from the state database if it is there). A removed
+  server that does not come back has its open proposals invalidated
+  (``ApprovalBook.server_removed``); one a profile no longer reaches is not
+  removed: its proposals are checked when resumed.
 * Everything else the calls read (profiles' scopes, ``[decisions]``, the
   allowlists, limits, timeouts) is swapped in one synchronous step
   (``_apply``: no await), so a call sees either the old config or the new one,
@@ -364,6 +367,11 @@ class Reloader:
                 refused_kind=_refused_kind(admission),
             )
         await self._restore_api_servers(config, result.servers_stopped)
+        # A proposal never outlives its server: one the file gave up and the
+        # state database does not give back is gone, and its proposals with it.
+        for name in result.servers_stopped:
+            if name not in self._pool:
+                await self._book.server_removed(name)
         await self._sockets.add(opened)
         for name in result.profiles_removed:
             await self._sockets.remove(name)

@@ -313,10 +313,9 @@ def _closing_face(path: str) -> socket.socket:
 
 def test_a_session_whose_socket_closed_is_404_and_the_token_is_printed() -> None:
     base = short_tempdir()
-    listener = _closing_face(face_socket_path(os.path.join(base, "d.sock")))
-    served = _start(
-        "--socket", os.path.join(base, "d.sock"), "--listen", "127.0.0.1:0", token=None
-    )
+    face = face_socket_path(os.path.join(base, "d.sock"))
+    listener = _closing_face(face)  # named directly: no API socket beside it
+    served = _start("--mcp-socket", face, "--listen", "127.0.0.1:0", token=None)
     try:
         assert len(served.token) >= 32
         sid = {"Mcp-Session-Id": _initialized_id(served)}
@@ -348,7 +347,7 @@ def _initialized_id(served: Served) -> str:
             2,
             "--token-file",
         ),
-        (["--listen", "127.0.0.1:0"], 69, "cannot reach memorizzd's MCP socket"),
+        (["--listen", "127.0.0.1:0"], 69, "cannot reach memorizzd at "),
     ],
 )
 def test_bad_lines_and_a_missing_daemon_are_said_with_memorizzctls_statuses(

@@ -21,11 +21,14 @@ is missing or refuses the connection (which path, and how to start the
 daemon), 77 when this user may not open it.
 
 ``--socket PATH`` / ``$MEMORIZZ_SOCKET`` choose the API socket exactly as for
-every other command, and the bridge opens its sibling ``mcp.sock``;
-``--mcp-socket PATH`` names the MCP socket itself. ``parse`` reads the line by
-hand, as ``memorizz.ctl.oneshot`` does for a plain call, and returns ``None``
-for anything else (``--help``, a usage error): the general path's argparse then
-says what is wrong, or, for a line only it accepts, runs ``bridge`` too.
+every other command, and the bridge opens its sibling ``mcp.sock``, once it
+has seen (one stat) that the API socket is there and is a socket: a path that
+is not is refused as every command refuses it, even with a live face beside
+it. ``--mcp-socket PATH`` names the MCP socket itself, and nothing else is
+looked at. ``parse`` reads the line by hand, as ``memorizz.ctl.oneshot`` does
+for a plain call, and returns ``None`` for anything else (``--help``, a usage
+error): the general path's argparse then says what is wrong, or, for a line
+only it accepts, runs ``bridge`` too.
 
 The hand-over: when stdin and stdout are pipes or sockets (an MCP client's
 always are), the bridge does not pump at all. It sends them to the daemon on
@@ -197,28 +200,48 @@ def _answers(path: str) -> bool:
     return True
 
 
+def api_socket_missing(api: str) -> str | None:
+    """Why the API socket the line named cannot be a daemon's, or ``None``.
+
+    The bridge opens the face beside it and never connects to it, so a path
+    that is not there (mistyped, a stopped daemon's, another profile's) would
+    go unnoticed whenever a live ``mcp.sock`` sits in that directory (the
+    operator's, or a profile's as a container mounts it). One stat; what it
+    cannot tell (a directory this user may not search) is left to connect."""
+    try:
+        mode = os.stat(api).st_mode
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        return f"cannot reach memorizzd at {api}: {exc.strerror}; {start_hint()}"
+    except (OSError, ValueError):
+        return None
+    if mode & _S_IFMT == _S_IFSOCK:
+        return None
+    why = not_a_socket(api) or f"{api} is not a socket"
+    return f"cannot reach memorizzd: {why}; point --socket/MEMORIZZ_SOCKET at its API socket"
+
+
 def connect(bridge: Bridge) -> _socket.socket | int:
     """The connected socket, or the exit status after saying why not."""
     path = bridge.mcp_socket
+    api = bridge.api_socket
+    if api is not None and (missing := api_socket_missing(api)) is not None:
+        _error(missing)
+        return EXIT_UNAVAILABLE
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         sock.connect(path)
     except (FileNotFoundError, ConnectionRefusedError) as exc:
         sock.close()
         where = f"cannot reach memorizzd's MCP socket at {path}: {exc.strerror}"
-        api = bridge.api_socket
-        if api is not None and (why := not_a_socket(api)) is not None:
-            _error(
-                f"cannot reach memorizzd: {why}; point --socket/MEMORIZZ_SOCKET at its API socket"
-            )
-        elif (why := not_a_socket(path)) is not None:
+        if (why := not_a_socket(path)) is not None:
             _error(
                 f"cannot reach memorizzd's MCP socket: {why}; point --mcp-socket at its mcp.sock"
             )
         elif isinstance(exc, FileNotFoundError) and api is not None and _answers(api):
             _error(
-                f"{where}; its API socket {api} answers: this "
-                "memorizzd may predate the MCP face (upgrade and restart it)"
+                f"{where}; its API socket {api} answers: its MCP face may be turned off"
+                " (`mcp_face = false` in its config) or this memorizzd may predate it"
+                " (upgrade and restart it)"
             )
         else:
             _error(f"{where}; {start_hint()}")
