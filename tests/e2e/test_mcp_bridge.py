@@ -197,7 +197,10 @@ def test_the_server_closing_ends_the_bridge_with_status_0(
 def test_the_mcp_socket_is_the_sibling_of_the_api_socket(
     args: list[str], env: dict[str, str], base: str, server: LineServer
 ) -> None:
-    """No API socket exists here: only mcp.sock beside where it would be."""
+    """Stale API sockets here (nobody answers: the bridge only checks that one
+    is there), and mcp.sock beside them; --mcp-socket looks at nothing else."""
+    for name in ("api.sock", "memorizzd.sock"):
+        _refusing(os.path.join(base, name))
     done = _bridge(
         *(a.format(base=base) for a in args),
         stdin=LINES[0],
@@ -221,14 +224,20 @@ def _refusing(path: str) -> str:
 def test_a_daemon_not_running_is_said_on_stderr_with_status_69(
     refused: bool, base: str
 ) -> None:
+    """Missing: no socket at all, the API socket named is what is said.
+    Refused: both sockets left behind by a daemon that stopped."""
     path = os.path.join(base, "mcp.sock")
+    api = os.path.join(base, "api.sock")
     if refused:
         _refusing(path)
-    done = _bridge("--socket", os.path.join(base, "api.sock"), stdin=LINES[0])
+        _refusing(api)
+    done = _bridge("--socket", api, stdin=LINES[0])
     assert (done.returncode, done.stdout) == (69, b"")
     err = done.stderr.decode()
     assert err.startswith(
         f"memorizzctl: error: cannot reach memorizzd's MCP socket at {path}: "
+        if refused
+        else f"memorizzctl: error: cannot reach memorizzd at {api}: "
     )
     assert "is memorizzd running? start it with" in err
     assert err.count("\n") == 1
@@ -316,7 +325,10 @@ def test_help_lists_serve(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["mcp", "serve", "--help"]) == 0
     out = capsys.readouterr().out
     assert "--mcp-socket PATH" in out
-    assert '{"command": "memorizzctl", "args": ["mcp", "serve"]}' in out
+    assert (
+        '{"command": "memorizzctl", "args": ["mcp", "serve", "--socket", "PATH"]}'
+        in out
+    )
 
 
 ACCEPTED = [

@@ -38,6 +38,7 @@ AuditOutcome = Literal[
     "result_too_large",
     "approval_required",
     "client_aborted",
+    "task_created",
 ]
 ProposalStatus = Literal[
     "pending", "approved", "rejected", "cancelled", "expired", "consumed", "invalidated"
@@ -897,7 +898,8 @@ class AuditRecord(msgspec.Struct, kw_only=True):
     decision: Decision | None
     outcome: str
     """tools/call: ok, tool_error, denied, approval_required, timeout, failed,
-    result_too_large; operator actions: ok or failed."""
+    result_too_large, client_aborted (the caller cancelled or went away),
+    task_created (called as a task); operator actions: ok or failed."""
     reason: str | None
     """The error's ``data.reason`` when it failed or was refused."""
     duration_ms: float

@@ -498,8 +498,10 @@ def _mcp(mcp: _Lazy) -> None:
             "Speaks MCP's stdio transport on stdin/stdout and relays it, byte for\n"
             "byte, to the daemon's MCP socket: mcp.sock beside the API socket that\n"
             "--socket or MEMORIZZ_SOCKET names (or the default one). Errors go to\n"
-            "stderr. In an MCP client's configuration:\n\n"
-            '  {"command": "memorizzctl", "args": ["mcp", "serve"]}\n\n'
+            "stderr. In an MCP client's configuration, always with --socket and\n"
+            "the API socket's absolute path (clients pass on little of their\n"
+            "environment, MEMORIZZ_SOCKET and XDG_RUNTIME_DIR not included):\n\n"
+            '  {"command": "memorizzctl", "args": ["mcp", "serve", "--socket", "PATH"]}\n\n'
             "For clients that only speak HTTP, --transport streamable-http serves\n"
             "MCP's Streamable HTTP at http://HOST:PORT/mcp (--listen); every request\n"
             "needs Authorization: Bearer TOKEN (--token-file, or printed at start)."
@@ -770,7 +772,8 @@ def _audit(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--outcome",
         metavar="OUTCOME",
-        help="ok, tool_error, denied, approval_required, timeout, failed, result_too_large",
+        help="ok, tool_error, denied, approval_required, timeout, failed,"
+        " result_too_large, client_aborted, task_created",
     )
     p.add_argument(
         "--since", metavar="SECONDS", type=positive_float, help="only the last SECONDS"
