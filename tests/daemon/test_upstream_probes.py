@@ -396,6 +396,20 @@ def test_a_relative_command_under_a_missing_cwd_names_the_cwd(
     )
 
 
+def test_a_relative_command_missing_from_its_cwd_names_the_cwd(
+    daemon: DaemonHarness, base_dir: str
+) -> None:
+    """``command = "./run"`` that is not in an existing ``cwd`` was refused as
+    "not found on PATH", though a path is looked up relative to ``cwd`` only."""
+    with daemon.client() as c, pytest.raises(InvalidParamsError) as refused:
+        c.add_server(
+            ServerSpec(name="r", transport="stdio", command="./run", cwd=base_dir)
+        )
+    assert refused.value.message == (
+        f"server 'r': executable './run' not found (relative to {base_dir!r})"
+    )
+
+
 # --- one caller's slowness, or a flood, is nobody else's ------------------------------
 
 

@@ -81,8 +81,11 @@ def resolve_command(
     resolved = resolve(spec.command, path=child_path, cwd=spec.cwd)
     if resolved is None:
         where = "on PATH"
-        if spec.cwd and os.sep in spec.command and not os.path.isdir(spec.cwd):
-            where = f"(its working directory, cwd {spec.cwd!r}, does not exist)"
+        if os.sep in spec.command:  # a path: relative to cwd, never looked up
+            base = spec.cwd or os.getcwd()
+            where = f"(relative to {base!r})"
+            if spec.cwd and not os.path.isdir(spec.cwd):
+                where = f"(its working directory, cwd {spec.cwd!r}, does not exist)"
         raise CommandNotFoundError(
             f"server {spec.name!r}: executable {spec.command!r} not found {where}",
             data={"server": spec.name, "command": spec.command},
