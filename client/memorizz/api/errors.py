@@ -119,6 +119,7 @@ REASONS: Final = frozenset(
         "upstream_busy",
         "invalid_config",
         "no_config_file",
+        "unknown_preset",
     }
 )
 
