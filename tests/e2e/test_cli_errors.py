@@ -170,8 +170,6 @@ def test_mcp_serve_says_its_errors_on_stderr_even_with_json(
     assert cli.main(["--json", "--socket", missing, "mcp", "serve"]) == 69
     out, err = capfd.readouterr()
     assert out == ""  # stdout is MCP's
-    mcp_sock = os.path.join(os.path.dirname(missing), "mcp.sock")
-    assert err.startswith(
-        f"memorizzctl: error: cannot reach memorizzd's MCP socket at {mcp_sock}: "
-    )
+    # the API socket it was told about is not there: said before the face's
+    assert err.startswith(f"memorizzctl: error: cannot reach memorizzd at {missing}: ")
     assert err.count("\n") == 1
