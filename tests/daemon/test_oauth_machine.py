@@ -29,6 +29,7 @@ from mcp.server.auth.provider import AccessToken
 from memorizz.api import methods as m
 from memorizz.api.errors import AuthRequiredError, InvalidParamsError
 from memorizz.client import Client
+from memorizz.ctl.render import render_auth
 from tests.harness import (
     DaemonHarness,
     daemon_config,
@@ -40,6 +41,7 @@ from tests.oauth_world import TestAuthorizationServer, protected_app
 
 CLIENT_ID = "machine-7"
 SECRET = "cc-secret-marker-5d1f0a"  # noqa: S105 - a test marker
+WRONG = "not-the-secret"
 
 
 class Machines:
@@ -300,6 +302,47 @@ def test_refused_credentials_are_reported_without_the_secret(base_dir: str) -> N
     assert status.state == "login_required"
     assert "client credentials" in (status.last_error or "")
     assert SECRET not in repr(status)
+
+
+def test_mcp_status_never_tells_a_machine_grant_to_log_in(base_dir: str) -> None:
+    """``memorizzctl mcp status`` said "not logged in" for a machine grant
+    before its first token, and "login_required" when its credentials were
+    refused: no one logs in to a machine's grant."""
+    machines = Machines(TestAuthorizationServer())
+    with machine_world(base_dir, machines) as (url, d, c):
+        c.add_server(machine_spec(url, oauth_client_secret=SECRET))
+        d.wait_ready("robot")
+        c.add_server(machine_spec(url, name="wrong", oauth_client_secret=WRONG))
+        wait_until(
+            lambda: "invalid_client" in (refusal(c.server_status("wrong")[0]) or ""),
+            what="the refusal in servers/status",
+        )
+        shown = subprocess.run(
+            [sys.executable, "-m", "memorizz.cli", "--socket", d.socket,
+             "mcp", "status"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+    oauth = shown.split("\noauth:\n", 1)[1]
+    assert "robot: ok, client_credentials grant (no login), issuer " in oauth
+    assert (  # refused: no token (the reason is in LAST ERROR, above)
+        "wrong: no token yet (client_credentials grant: the daemon gets one, no login)"
+        in oauth
+    )
+    assert "log" not in oauth.replace("no login", "")
+
+
+def test_a_machine_grant_without_a_token_yet_is_not_told_to_log_in() -> None:
+    """Before its first token (the first connect is under way), as rendered."""
+    waiting = m.AuthStatus(
+        state="logged_out", issuer=None, client_id=None, scope=None,
+        expires_at=None, refreshable=False, last_refresh=None, refreshes=0,
+        last_refresh_error=None, grant="jwt_bearer",
+    )  # fmt: skip
+    assert render_auth(waiting, time.time()) == (
+        "no token yet (jwt_bearer grant: the daemon gets one, no login)"
+    )
+    person = msgspec.structs.replace(waiting, grant="authorization_code")
+    assert render_auth(person, time.time()) == "not logged in"
 
 
 def test_the_secret_and_the_key_are_only_in_the_vault(base_dir: str) -> None:

@@ -826,6 +826,9 @@ class AuthStatus(msgspec.Struct, kw_only=True):
     refreshes: int
     """Successful refreshes since the daemon started."""
     last_refresh_error: str | None
+    grant: OAuthGrantType = "authorization_code"
+    """How the grant is had: ``authorization_code`` by an operator's login;
+    the others are machine grants the daemon gets and renews itself (no login)."""
 
 
 class FaceRename(msgspec.Struct, kw_only=True):

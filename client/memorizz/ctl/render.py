@@ -119,10 +119,18 @@ def render_status(statuses: Sequence[m.ServerStatus], now: float) -> str:
 
 
 def render_auth(auth: m.AuthStatus, now: float) -> str:
-    """One line about an OAuth grant (never a token)."""
+    """One line about an OAuth grant (never a token). A machine grant has
+    no login: its line never says to log in, only how the token stands."""
+    machine = auth.grant != "authorization_code"
     if auth.state == "logged_out":
+        if machine:
+            return f"no token yet ({auth.grant} grant: the daemon gets one, no login)"
         return "not logged in"
     parts: list[str] = [auth.state]
+    if machine:
+        if auth.state == "login_required":  # refused: the credentials are at fault
+            parts = ["no usable token"]
+        parts.append(f"{auth.grant} grant (no login)")
     if auth.issuer:
         parts.append(f"issuer {auth.issuer}")
     if auth.scope:

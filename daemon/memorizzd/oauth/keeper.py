@@ -146,7 +146,7 @@ def http_client_for(
 class Acquirer(Protocol):
     """A machine grant (``oauth.machine``): a new grant without a person."""
 
-    grant_type: str
+    grant_type: m.OAuthGrantType
 
     def acquire(
         self, http: httpx2.AsyncClient, previous: Grant | None, dpop: Dpop
@@ -223,6 +223,11 @@ class TokenKeeper:
             last_refresh=self.last_refresh,
             refreshes=self.refreshes,
             last_refresh_error=self.last_refresh_error,
+            grant=(
+                "authorization_code"
+                if self._machine is None
+                else self._machine.grant_type
+            ),
         )
 
     async def install(self, grant: Grant) -> None:

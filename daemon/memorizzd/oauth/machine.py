@@ -114,7 +114,7 @@ class ClientCredentials:
             dpop=token.dpop,
         )
 
-    grant_type = "client_credentials"
+    grant_type: m.OAuthGrantType = "client_credentials"
 
     async def _token(
         self,
@@ -167,7 +167,7 @@ class JwtBearer(ClientCredentials):
     has no secret or key. Renewed like client credentials, with the
     assertion of the moment; a refusal is reported, not worked around."""
 
-    grant_type = "jwt_bearer"
+    grant_type: m.OAuthGrantType = "jwt_bearer"
 
     async def _token(
         self,
@@ -228,7 +228,7 @@ class TokenExchange(JwtBearer):
     identity provider's token endpoint is configured, or discovered from its
     issuer (OpenID Connect discovery, RFC 8414; the ``issuer`` must match)."""
 
-    grant_type = "token_exchange"
+    grant_type: m.OAuthGrantType = "token_exchange"
 
     def __init__(self, spec: m.ServerSpec, vault: CredentialStore) -> None:
         super().__init__(spec, vault)
