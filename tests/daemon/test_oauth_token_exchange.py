@@ -392,6 +392,15 @@ def test_memorizzctl_adds_a_token_exchange_server(base_dir: str) -> None:
             info = c.list_servers()[0]
     assert info.auth == "oauth"
     assert info.oauth_grant == "token_exchange"
+    # the grant's settings are shown (they were not); its secrets never are
+    assert (
+        info.oauth_subject_token_file,
+        info.oauth_idp_issuer,
+        info.oauth_idp_token_endpoint,
+        info.oauth_idp_client_id,
+    ) == (str(id_token), world.idp, None, IDP_CLIENT)
+    assert IDP_SECRET not in repr(info)
+    assert AS_SECRET not in repr(info)
     assert world.subjects == ["erin"]
 
 

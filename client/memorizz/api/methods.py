@@ -709,6 +709,17 @@ class ServerInfo(msgspec.Struct, kw_only=True):
     oauth_scopes: list[str] = []
     oauth_token_endpoint_auth_method: TokenEndpointAuthMethod | None = None
     oauth_redirect_uri: str | None = None
+    oauth_assertion_file: str | None = None
+    """jwt_bearer: the file the assertion is read from (an inline one is a
+    secret: it is never shown)."""
+    oauth_subject_token_file: str | None = None
+    """token_exchange: the file the ID token is read from (an inline one is
+    never shown)."""
+    oauth_idp_issuer: str | None = None
+    oauth_idp_token_endpoint: str | None = None
+    oauth_idp_client_id: str | None = None
+    """token_exchange: the identity provider and our client there (its
+    secret is never shown)."""
     preset: str | None = None
     workspace: str | None = None
     fixed_arguments: dict[str, str] = {}
