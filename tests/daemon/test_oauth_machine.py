@@ -184,6 +184,13 @@ def machine_spec(url: str, **fields: Any) -> m.ServerSpec:
     )
 
 
+PEM = (
+    "-----BEGIN PRIVATE KEY-----\nMIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQg\n"
+    "-----END PRIVATE KEY-----\n"
+)
+"""Shaped like a PEM private key (the spec check reads no further)."""
+
+
 def ec_key() -> tuple[str, Any]:
     key = ec.generate_private_key(ec.SECP256R1())
     pem = key.private_bytes(
@@ -415,6 +422,10 @@ def test_memorizzctl_adds_a_client_credentials_server(base_dir: str) -> None:
         (
             {"oauth_token_endpoint_auth_method": "private_key_jwt"},
             "private_key_jwt needs oauth_private_key",
+        ),
+        (  # a login never signed with it: the key was taken, then not used
+            {"oauth_grant": "authorization_code", "oauth_private_key": PEM},
+            r"oauth_private_key \(private_key_jwt\) is for the machine grants",
         ),
     ],
 )

@@ -392,6 +392,12 @@ def _check_machine_grant(spec: ServerSpec, where: str) -> None:
             _invalid(f"{where}: oauth_private_key must be a PEM private key")
         if method not in (None, "private_key_jwt"):
             _invalid(f"{where}: oauth_private_key goes with private_key_jwt")
+        if spec.oauth_grant == "authorization_code":
+            _invalid(
+                f"{where}: oauth_private_key (private_key_jwt) is for the machine "
+                "grants (client_credentials, jwt_bearer, token_exchange); a login's "
+                "client authenticates with oauth_client_secret, or none"
+            )
     if method == "private_key_jwt" and key is None:
         _invalid(f"{where}: private_key_jwt needs oauth_private_key")
     _check_jwt_bearer(spec, where)
