@@ -243,8 +243,10 @@ class _Relayed:
             self._end(error=self.upstream.lost(self._connection, str(exc)))
         except RemoteError as exc:
             self._end(error=exc)
-        except BaseException:  # cancelled (shutdown): said so, and audited
-            self._end(aborted="cancelled")
+        except BaseException:  # cancelled: only a shutdown cancels this task
+            # (a caller's cancel or departure ends the call first): audited
+            # as shut_down() audits it, failed, and the caller told why
+            self._end(aborted="cancelled", told=_SHUTTING_DOWN)
             raise
         else:
             self._end(result=result)
