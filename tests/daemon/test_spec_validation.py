@@ -211,3 +211,52 @@ def test_outcomes_without_a_hint_show_the_message_alone() -> None:
     line = render_test(_failed("timeout"))
     assert line == "a: timeout: authorization required: the server answered 401\n"
     assert "TLS handshake failed" in render_test(_failed("tls_error"))
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        (
+            {"oauth_grant": "client_credentials", "oauth_private_key": ""},
+            "oauth_private_key must be a PEM private key",
+        ),
+        (
+            {"oauth_grant": "jwt_bearer", "oauth_assertion": ""},
+            "oauth_assertion must be a JWT",
+        ),
+        (
+            {
+                "oauth_grant": "token_exchange",
+                "oauth_subject_token": "",
+                "oauth_idp_issuer": "https://idp.example.test",
+            },
+            "oauth_subject_token must be an ID token",
+        ),
+        (
+            {
+                "oauth_grant": "token_exchange",
+                "oauth_subject_token_file": "/run/id.jwt",
+                "oauth_idp_issuer": "https://idp.example.test",
+                "oauth_idp_client_id": "idp",
+                "oauth_idp_client_secret": "",
+            },
+            "oauth_idp_client_secret must be non-empty",
+        ),
+    ],
+)
+def test_an_empty_oauth_secret_is_refused_as_given(
+    fields: dict[str, Any], says: str
+) -> None:
+    """An empty secret passed (a config file, servers/add), was then read as
+    "in the vault", and failed at the first token request."""
+    spec = m.ServerSpec(
+        name="robot",
+        transport="streamable_http",
+        url=URL,
+        auth="oauth",
+        oauth_client_id="machine",
+        **fields,
+    )
+    with pytest.raises(RemoteError, match=says) as refused:
+        check_server_spec(spec)
+    assert refused.value.reason == "invalid_params"

@@ -381,14 +381,16 @@ def _check_oauth(spec: ServerSpec, where: str) -> None:
 
 def _check_machine_grant(spec: ServerSpec, where: str) -> None:
     """``private_key_jwt`` and the client credentials grant need a
-    pre-registered client and its credential (a secret or a PEM private key;
-    "" once moved into the vault)."""
+    pre-registered client and its credential (a secret or a PEM private key).
+    Specs are checked as given (a config file, ``servers/add``), before their
+    secrets move into the vault: an empty secret is refused, as it would be
+    read as "in the vault" and fail at the first token request."""
     key = spec.oauth_private_key
     method = spec.oauth_token_endpoint_auth_method
     if key is not None:
         if not spec.oauth_client_id:
             _invalid(f"{where}: oauth_private_key needs oauth_client_id")
-        if key and ("-----BEGIN" not in key or "PRIVATE KEY-----" not in key):
+        if "-----BEGIN" not in key or "PRIVATE KEY-----" not in key:
             _invalid(f"{where}: oauth_private_key must be a PEM private key")
         if method not in (None, "private_key_jwt"):
             _invalid(f"{where}: oauth_private_key goes with private_key_jwt")
@@ -436,7 +438,7 @@ def _check_jwt_bearer(spec: ServerSpec, where: str) -> None:
     path = spec.oauth_assertion_file
     if path is not None and (not path.startswith("/") or not _clean(path)):
         _invalid(f"{where}: oauth_assertion_file must be an absolute path")
-    if spec.oauth_assertion and (
+    if spec.oauth_assertion is not None and (
         not _clean(spec.oauth_assertion) or spec.oauth_assertion.count(".") != 2
     ):
         _invalid(f"{where}: oauth_assertion must be a JWT (header.payload.signature)")
@@ -484,7 +486,7 @@ def _check_token_exchange(spec: ServerSpec, where: str) -> None:
     if path is not None and (not path.startswith("/") or not _clean(path)):
         _invalid(f"{where}: oauth_subject_token_file must be an absolute path")
     token = spec.oauth_subject_token
-    if token and (not _clean(token) or token.count(".") != 2):
+    if token is not None and (not _clean(token) or token.count(".") != 2):
         _invalid(
             f"{where}: oauth_subject_token must be an ID token (a JWT: "
             "header.payload.signature)"
@@ -514,6 +516,10 @@ def _check_token_exchange(spec: ServerSpec, where: str) -> None:
             )
     if spec.oauth_idp_client_secret is not None and not spec.oauth_idp_client_id:
         _invalid(f"{where}: oauth_idp_client_secret needs oauth_idp_client_id")
+    if spec.oauth_idp_client_secret is not None and not _clean(
+        spec.oauth_idp_client_secret
+    ):
+        _invalid(f"{where}: oauth_idp_client_secret must be non-empty printable text")
     for key in ("oauth_idp_client_id", "oauth_idp_client_secret"):
         value = getattr(spec, key)
         if value is not None and value != "" and not _clean(value):
