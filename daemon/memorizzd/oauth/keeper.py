@@ -60,6 +60,7 @@ from memorizzd.oauth.mcp_sdk import union_scopes
 from memorizzd.store import StoreError
 from memorizzd.telemetry.metrics import oauth_refreshed
 from memorizzd.vault import CredentialStore, VaultError
+from memorizzd.vault.stores import resolve_value
 
 log = logging.getLogger("memorizzd.oauth")
 
@@ -141,6 +142,17 @@ def http_client_for(
         allow_private_network=spec.allow_private_network,
         challenges=False,
     )
+
+
+async def client_auth_of(grant: Grant, vault: CredentialStore) -> ClientAuth:
+    """How a login's client authenticates for its grant's refresh or
+    revocation. A client secret that is a credential store reference
+    (``credential:NAME``: the grant keeps the reference) is resolved now, at
+    each use; ``VaultError`` (naming the reference) when it cannot be."""
+    secret = grant.client_secret
+    if secret is not None:
+        secret = await anyio.to_thread.run_sync(resolve_value, vault, secret)
+    return ClientAuth(grant.client_id, secret, grant.auth_method)
 
 
 class Acquirer(Protocol):
@@ -475,13 +487,12 @@ class TokenKeeper:
         with anyio.CancelScope(shield=True):
             try:
                 with anyio.fail_after(REFRESH_TIMEOUT_S):
+                    auth = await client_auth_of(grant, self._vault)
                     async with self._http() as http:
                         token = await endpoints.refresh(
                             http,
                             grant.token_endpoint,
-                            ClientAuth(
-                                grant.client_id, grant.client_secret, grant.auth_method
-                            ),
+                            auth,
                             refresh_token=grant.refresh_token,
                             resource=grant.resource,
                             scope=None,
@@ -498,6 +509,9 @@ class TokenKeeper:
                 return False
             except RemoteError as exc:  # the egress policy refused the endpoint
                 self._failed(exc.message)
+                return False
+            except VaultError as exc:  # the client secret's reference, named
+                self._failed(f"credentials: the client secret: {exc}")
                 return False
             now = self._clock()
             fresh = msgspec.structs.replace(

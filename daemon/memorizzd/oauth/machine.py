@@ -7,7 +7,8 @@ the pre-registered client's credentials, ``client_secret_basic``,
 token keeper calls ``ClientCredentials.acquire`` when there is no token, ahead
 of expiry and on a 401: the same background schedule, single flight and
 durable write as a user's refresh. The secret and the key are read from the
-vault at each request and never kept in the grant, a log line or an error.
+vault (a credential store reference resolved) at each request and never kept
+in the grant, a log line or an error.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from memorizzd.vault.server_secrets import (
     oauth_private_key_ref,
     oauth_subject_token_ref,
 )
+from memorizzd.vault.stores import resolve_value
 
 _PREFERRED = ("client_secret_basic", "client_secret_post")
 
@@ -144,19 +146,26 @@ class ClientCredentials:
     def _secret(
         self, inline: str | None, ref: Callable[[str], str], what: str
     ) -> str | None:
+        """Inline (a config file's server) or from the vault; a credential
+        store reference (``credential:NAME``) resolved, afresh for each token
+        request. A reference that cannot be resolved fails the request, naming
+        the reference (never a value), as a static secret fails a connect."""
         if inline is None:
             return None
-        if inline:
-            return inline
+        value = inline
+        if not value:
+            try:
+                value = self._vault.get(ref(self._spec.name))
+            except VaultError as exc:
+                raise EndpointError(
+                    "invalid_client",
+                    f"the client {what} cannot be read from the vault "
+                    f"({type(exc).__name__}); add the server again",
+                ) from None
         try:
-            value = self._vault.get(ref(self._spec.name))
-        except VaultError as exc:
-            raise EndpointError(
-                "invalid_client",
-                f"the client {what} cannot be read from the vault "
-                f"({type(exc).__name__}); add the server again",
-            ) from None
-        return value
+            return resolve_value(self._vault, value)
+        except VaultError as exc:  # its message names the reference
+            raise EndpointError("credentials", f"the client {what}: {exc}") from None
 
 
 class JwtBearer(ClientCredentials):

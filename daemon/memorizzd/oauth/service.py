@@ -13,13 +13,19 @@ from typing import Literal
 
 import anyio
 import httpx2
+import msgspec
 
 from memorizz.api import methods as m
 from memorizz.api.errors import InvalidParamsError, LoginError, RemoteError
 from memorizzd.oauth import endpoints
 from memorizzd.oauth.discovery import challenge_of, discover
 from memorizzd.oauth.endpoints import ClientAuth, EndpointError
-from memorizzd.oauth.keeper import MAX_STEP_UPS, TokenKeeper, http_client_for
+from memorizzd.oauth.keeper import (
+    MAX_STEP_UPS,
+    TokenKeeper,
+    client_auth_of,
+    http_client_for,
+)
 from memorizzd.oauth.login import (
     LOGIN_TTL_S,
     Logins,
@@ -34,6 +40,7 @@ from memorizzd.oauth.login import (
 from memorizzd.oauth.mcp_sdk import union_scopes
 from memorizzd.vault import CredentialStore, VaultError
 from memorizzd.vault.server_secrets import oauth_client_secret_ref
+from memorizzd.vault.stores import resolve_value
 
 log = logging.getLogger("memorizzd.oauth")
 
@@ -49,6 +56,9 @@ class OAuthService:
         self._vault = vault
         self._allowlist = tuple(allowlist)
         self._logins = Logins(login_ttl_s)
+        self._references: dict[str, tuple[str, str]] = {}
+        """server -> (the pending login's state, the client secret's credential
+        store reference): what its grant keeps instead of the value."""
 
     async def login(
         self, spec: m.ServerSpec, keeper: TokenKeeper, redirect_uri: str | None
@@ -77,7 +87,9 @@ class OAuthService:
                     data={"server": spec.name},
                 )
             keeper.step_ups[key] = asked + 1
-        client_secret = await anyio.to_thread.run_sync(self._client_secret, spec)
+        configured, client_secret = await anyio.to_thread.run_sync(
+            self._client_secret, spec
+        )
         async with http_client_for(spec, self._allowlist) as http:
             challenge = await challenge_of(http, url, spec.transport)
             authz = await discover(http, url, challenge)
@@ -103,6 +115,10 @@ class OAuthService:
             ttl_s=self._logins.ttl_s,
         )
         self._logins.add(login)
+        if configured is not None and configured != client_secret:
+            self._references[spec.name] = (login.state, configured)
+        else:
+            self._references.pop(spec.name, None)
         log.info("%s: login started with %s", spec.name, authz.issuer)
         return m.AuthLoginResult(
             server=spec.name,
@@ -121,8 +137,14 @@ class OAuthService:
             raise InvalidParamsError("callback_url is longer than 8192 characters")
         params = callback_params(callback_url)
         login = self._logins.take(spec.name, params.get("state"))
+        state, reference = self._references.pop(spec.name, ("", None))
         async with http_client_for(spec, self._allowlist) as http:
             grant = await finish(http, login, params, keeper.dpop)
+        if reference is not None and state == login.state:
+            # The grant keeps the reference, never the value it stands for
+            # (the state database holds no credential store's secret); each
+            # refresh and the revocation resolve it again.
+            grant = msgspec.structs.replace(grant, client_secret=reference)
         await keeper.install(grant)
         log.info("%s: logged in with %s", spec.name, grant.issuer)
         return m.AuthCompleteResult(server=spec.name, auth=keeper.status())
@@ -132,6 +154,7 @@ class OAuthService:
     ) -> m.AuthLogoutResult:
         _oauth_url(spec)
         self._logins.cancel(spec.name)
+        self._references.pop(spec.name, None)
         grant = keeper.grant
         outcome: Literal["revoked", "not_supported", "failed", "nothing_to_revoke"]
         if grant is None:
@@ -143,11 +166,11 @@ class OAuthService:
             )
         else:
             outcome, message = "revoked", "refresh and access token revoked"
-            auth = ClientAuth(grant.client_id, grant.client_secret, grant.auth_method)
             tokens = [(grant.access_token, "access_token")]
             if grant.refresh_token:
                 tokens.insert(0, (grant.refresh_token, "refresh_token"))
             try:
+                auth = await client_auth_of(grant, self._vault)
                 async with http_client_for(spec, self._allowlist) as http:
                     for token, hint in tokens:
                         await _revoke(
@@ -157,23 +180,36 @@ class OAuthService:
                 outcome, message = "failed", f"revocation failed: {exc}"
             except RemoteError as exc:  # the egress policy refused the endpoint
                 outcome, message = "failed", f"revocation failed: {exc.message}"
+            except VaultError as exc:  # its message names the reference
+                outcome, message = "failed", f"revocation failed: credentials: {exc}"
         await keeper.forget()
         log.info("%s: logged out (%s)", spec.name, outcome)
         return m.AuthLogoutResult(server=spec.name, revocation=outcome, message=message)
 
-    def _client_secret(self, spec: m.ServerSpec) -> str | None:
-        """The pre-registered client's secret: inline (config file), else from
-        the vault when the spec says there is one ("" once stored)."""
+    def _client_secret(self, spec: m.ServerSpec) -> tuple[str | None, str | None]:
+        """The pre-registered client's secret as configured (inline in the
+        config file, else from the vault when the spec says there is one, ""
+        once stored) and the value it stands for: a credential store
+        reference (``credential:NAME``) resolved. A reference that cannot be
+        resolved fails the login, naming the reference."""
         if not spec.oauth_client_id or spec.oauth_client_secret is None:
-            return None
-        if spec.oauth_client_secret:
-            return spec.oauth_client_secret
+            return None, None
+        configured = spec.oauth_client_secret
+        if not configured:
+            try:
+                configured = self._vault.get(oauth_client_secret_ref(spec.name))
+            except VaultError as exc:
+                raise LoginError(
+                    f"server {spec.name!r}: its client secret cannot be read ({exc}); "
+                    "remove the server and add it again with --client-secret",
+                    data={"server": spec.name},
+                ) from None
         try:
-            return self._vault.get(oauth_client_secret_ref(spec.name))
-        except VaultError as exc:
+            return configured, resolve_value(self._vault, configured)
+        except VaultError as exc:  # its message names the reference
             raise LoginError(
-                f"server {spec.name!r}: its client secret cannot be read ({exc}); "
-                "remove the server and add it again with --client-secret",
+                f"server {spec.name!r}: its client secret cannot be read "
+                f"(credentials: {exc})",
                 data={"server": spec.name},
             ) from None
 
