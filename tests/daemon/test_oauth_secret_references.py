@@ -26,6 +26,7 @@ from tests.daemon.test_oauth_machine import (
     SECRET,
     Machines,
     call_whoami,
+    ec_key,
     machine_spec,
     serve_machines,
 )
@@ -220,3 +221,26 @@ def test_the_token_exchanges_two_client_secrets_from_systemd_credentials(
             assert not result.is_error
     assert world.idp_auth == [(IDP_CLIENT, IDP_SECRET)]
     assert world.subjects == ["alice"]
+
+
+def test_a_private_key_from_a_systemd_credential_signs_the_assertion(
+    base_dir: str, creds: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``oauth_private_key = "credential:NAME"``: the spec check took only a
+    PEM key, and the daemon used the value as written."""
+    caplog.set_level(logging.DEBUG)
+    pem, public = ec_key()
+    (creds / "robot-key").write_text(pem)
+    machines = Machines(TestAuthorizationServer())
+    machines.public_keys[CLIENT_ID] = public
+    with serve_machines(machines) as url:
+        robot = machine_spec(url, oauth_private_key="credential:robot-key")
+        with daemon_with(base_dir) as (d, c):
+            c.add_server(robot)  # checked as given
+            d.wait_ready("robot")
+            assert "authorized" in call_whoami(c)
+            seen = shown(c)
+    assert [r["method"] for r in machines.requests] == ["private_key_jwt"]
+    key_body = pem.splitlines()[1]
+    assert key_body not in seen
+    assert key_body not in logged(caplog)

@@ -390,7 +390,9 @@ def _check_machine_grant(spec: ServerSpec, where: str) -> None:
     if key is not None:
         if not spec.oauth_client_id:
             _invalid(f"{where}: oauth_private_key needs oauth_client_id")
-        if "-----BEGIN" not in key or "PRIVATE KEY-----" not in key:
+        if not _reference(key) and (
+            "-----BEGIN" not in key or "PRIVATE KEY-----" not in key
+        ):
             _invalid(f"{where}: oauth_private_key must be a PEM private key")
         if method not in (None, "private_key_jwt"):
             _invalid(f"{where}: oauth_private_key goes with private_key_jwt")
@@ -438,8 +440,11 @@ def _check_jwt_bearer(spec: ServerSpec, where: str) -> None:
     path = spec.oauth_assertion_file
     if path is not None and (not path.startswith("/") or not _clean(path)):
         _invalid(f"{where}: oauth_assertion_file must be an absolute path")
-    if spec.oauth_assertion is not None and (
-        not _clean(spec.oauth_assertion) or spec.oauth_assertion.count(".") != 2
+    assertion = spec.oauth_assertion
+    if (
+        assertion is not None
+        and not _reference(assertion)
+        and (not _clean(assertion) or assertion.count(".") != 2)
     ):
         _invalid(f"{where}: oauth_assertion must be a JWT (header.payload.signature)")
 
@@ -486,7 +491,11 @@ def _check_token_exchange(spec: ServerSpec, where: str) -> None:
     if path is not None and (not path.startswith("/") or not _clean(path)):
         _invalid(f"{where}: oauth_subject_token_file must be an absolute path")
     token = spec.oauth_subject_token
-    if token is not None and (not _clean(token) or token.count(".") != 2):
+    if (
+        token is not None
+        and not _reference(token)
+        and (not _clean(token) or token.count(".") != 2)
+    ):
         _invalid(
             f"{where}: oauth_subject_token must be an ID token (a JWT: "
             "header.payload.signature)"
@@ -526,6 +535,15 @@ def _check_token_exchange(spec: ServerSpec, where: str) -> None:
             _invalid(f"{where}: {key} must be non-empty printable text")
     if spec.oauth_idp_client_id == "":
         _invalid(f"{where}: oauth_idp_client_id must be non-empty printable text")
+
+
+_REFERENCE = re.compile(r"[a-z][a-z0-9-]*:[^\s:/][^\s]*")
+"""A credential store reference, ``PREFIX:NAME`` (``credential:NAME``): a
+PEM key or a JWT never looks like one (the daemon resolves it at use)."""
+
+
+def _reference(value: str) -> bool:
+    return _REFERENCE.fullmatch(value) is not None
 
 
 def _clean(value: str) -> bool:
