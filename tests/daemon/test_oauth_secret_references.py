@@ -149,6 +149,9 @@ def test_an_absent_reference_fails_the_token_request_naming_it(
     assert "'credential:absent'" in refused.value.message
     assert status.state == "login_required"
     assert "client credentials grant failed" in (status.last_error or "")
+    # LAST ERROR says why as it stands now (it was the text of the moment the
+    # state was entered, before the first attempt failed)
+    assert "'credential:absent'" in (status.last_error or "")
     # nothing was sent for it: the reference is not a secret to try
     assert all(r["ok"] for r in machines.requests)
     assert SECRET not in seen

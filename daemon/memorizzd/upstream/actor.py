@@ -497,14 +497,19 @@ class Upstream(Supervisor):
     def status(self) -> m.ServerStatus:
         latencies = list(self._latencies)
         state = self.state
-        if self.keeper is not None and not self.keeper.logged_in and state != "stopped":
+        last_error = self.last_error
+        keeper = self.keeper
+        if keeper is not None and not keeper.logged_in and state != "stopped":
             state = "login_required"
+            # as it stands now: a machine grant's latest refusal (the keeper
+            # keeps trying after the state was entered), a login's reason
+            last_error = keeper.login_required_error().message
         return m.ServerStatus(
             name=self.name,
             transport=self.spec.transport,
             state=state,
             since=self.since,
-            last_error=self.last_error,
+            last_error=last_error,
             pid=self._process.pid if self._process and self.state == "ready" else None,
             protocol_version=self.protocol_version,
             server_name=self.server_name,
