@@ -196,6 +196,7 @@ class Client:
         result_type: type[R],
         *,
         on_note: NoteCallback | None = None,
+        deadline: float | None = None,
     ) -> R:
         """Send one request and wait for its reply; raise the wire error as an exception.
 
@@ -204,14 +205,16 @@ class Client:
         (its reply would be unread) and the exception propagates.
 
         A connection the daemon closed for being idle is opened again and the
-        request sent again: the daemon says so only when it read no request."""
+        request sent again: the daemon says so only when it read no request.
+        ``deadline`` (``time.monotonic()``): ``DeadlineExceededError``
+        (``timeout``) when no reply came by then, the connection closed."""
         try:
-            return self._request(method, params, result_type, on_note)
+            return self._request(method, params, result_type, on_note, deadline)
         except DeadlineExceededError as exc:
             if exc.reason != "idle_timeout":
                 raise
             self.close()
-            return self._request(method, params, result_type, on_note)
+            return self._request(method, params, result_type, on_note, deadline)
 
     def _request(
         self,
@@ -219,6 +222,7 @@ class Client:
         params: m.Params,
         result_type: type[R],
         on_note: NoteCallback | None = None,
+        deadline: float | None = None,
     ) -> R:
         with self._lock:
             if self._sock is None:
@@ -235,7 +239,11 @@ class Client:
                     # closed: read it before reporting a broken connection.
                     raw = self._read_line(self._sock)
                 else:
-                    raw = self._read_reply(self._sock, on_note)
+                    raw = self._read_reply(self._sock, on_note, deadline)
+            except TimeoutError:
+                self.close()  # its reply may still come: nobody will read it
+                msg = f"memorizzd at {self.socket_path} did not answer {method} in time"
+                raise DeadlineExceededError(msg, reason="timeout") from None
             except (OSError, EOFError) as exc:
                 self.close()
                 msg = f"connection to memorizzd at {self.socket_path} broke: {exc}"
@@ -250,11 +258,16 @@ class Client:
                 raise
         return decode_reply(raw, request_id, result_type)
 
-    def _read_reply(self, sock: socket.socket, on_note: NoteCallback | None) -> bytes:
+    def _read_reply(
+        self,
+        sock: socket.socket,
+        on_note: NoteCallback | None,
+        deadline: float | None = None,
+    ) -> bytes:
         """The reply line, past any notification lines before it (a resource
         update among them is kept for ``resource_updates``)."""
         while True:
-            raw = self._read_line(sock)
+            raw = self._read_line(sock, deadline)
             note = notification(raw)
             if note is None:
                 return raw
@@ -332,8 +345,18 @@ class Client:
             message = {"jsonrpc": JSONRPC, "id": request_id, **line}
             self._sock.sendall(_encoder.encode(message) + b"\n")
 
-    def daemon_status(self) -> m.DaemonStatusResult:
-        return self.call(m.DAEMON_STATUS, m.DaemonStatusParams())
+    def daemon_status(self, *, timeout_s: float | None = None) -> m.DaemonStatusResult:
+        """The daemon's status; with ``timeout_s``, ``DeadlineExceededError``
+        (``timeout``) when no answer came in that time (a stuck daemon: what
+        a liveness probe must tell from a slow one)."""
+        if timeout_s is None:
+            return self.call(m.DAEMON_STATUS, m.DaemonStatusParams())
+        return self.request(
+            m.DAEMON_STATUS.name,
+            m.DaemonStatusParams(),
+            m.DAEMON_STATUS.result,
+            deadline=time.monotonic() + timeout_s,
+        )
 
     def daemon_reload(self) -> m.DaemonReloadResult:
         """Re-read the daemon's config file and apply what changed."""

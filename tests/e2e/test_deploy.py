@@ -93,7 +93,10 @@ def test_the_daemonset_runs_the_configmaps_file_with_its_probes() -> None:
     # memorizzctl in the probes finds the operator socket the config names
     assert _env(daemon)["MEMORIZZ_SOCKET"] == config["socket"]
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-        assert daemon[probe]["exec"]["command"] == ["memorizzctl", "daemon", "status"]
+        command = daemon[probe]["exec"]["command"]
+        assert command[:4] == ["memorizzctl", "daemon", "status", "--timeout"]
+        # the command gives up (exit 75) before kubelet kills it
+        assert 0 < float(command[4]) < daemon[probe]["timeoutSeconds"]
     # the state directory and the agents' directory are the host's
     state = volumes[mounts[config["state_dir"]]]
     assert state["hostPath"]["path"] == config["state_dir"]

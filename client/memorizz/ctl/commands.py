@@ -425,7 +425,7 @@ def cmd_mcp_serve(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_daemon_status(client: Client, args: argparse.Namespace) -> int:
-    status = client.daemon_status()
+    status = client.daemon_status(timeout_s=args.timeout)
     _show(args, status, render_daemon_status(status))
     return EXIT_OK
 

@@ -340,7 +340,13 @@ def _vault(vault: _Lazy) -> None:
 
 
 def _daemon(daemon: _Lazy) -> None:
-    _leaf(daemon, "status", cmd_daemon_status, "version, uptime and counts")
+    _leaf(
+        daemon,
+        "status",
+        cmd_daemon_status,
+        "version, uptime and counts",
+        _status_deadline,
+    )
     _leaf(
         daemon,
         "reload",
@@ -531,6 +537,23 @@ def _server(p: argparse.ArgumentParser) -> None:
 
 def _proposal_id(p: argparse.ArgumentParser) -> None:
     p.add_argument("id", metavar="ID")
+
+
+STATUS_TIMEOUT_S = 10.0
+"""How long ``daemon status`` waits for the answer by default."""
+
+
+def _status_deadline(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        type=deadline,
+        default=STATUS_TIMEOUT_S,
+        help=(
+            "give up (exit 75) when the daemon has not answered in this time"
+            f" (default {STATUS_TIMEOUT_S:g}): a stuck daemon fails a probe"
+        ),
+    )
 
 
 def _timeout(p: argparse.ArgumentParser) -> None:
