@@ -118,6 +118,8 @@ class Supervisor:
         self._config = config
         self._store = store
         self.state: m.ServerState = "connecting"
+        self._announced = False
+        """Whether a state was logged yet (the first is, though it is no change)."""
         self.since = time.time()
         self.last_error: str | None = None
         self.last_failure: errors.FailureKind | None = None
@@ -633,7 +635,8 @@ class Supervisor:
             self._ready = anyio.Event()
 
     def _set_state(self, state: m.ServerState, detail: str = "") -> None:
-        if state != self.state:
+        if state != self.state or not self._announced:
+            self._announced = True  # the first state is logged too (connecting)
             self.state = state
             self.since = time.time()
             log.info(
