@@ -16,77 +16,31 @@ from __future__ import annotations
 
 import os
 from functools import partial
-from pathlib import Path
 
 import msgspec
 import pytest
 
 from memorizz import Client
-from memorizz.api.errors import ApprovalRequiredError, ConflictError
-from memorizz.api.methods import Proposal
+from memorizz.api.errors import ConflictError
 from memorizzd.audit import CallArguments
 from memorizzd.caller import Caller
 from memorizzd.config import load
-from tests.harness import DaemonHarness, stdio_spec
+from tests import proposals_world as pw
+from tests.harness import DaemonHarness
 from tests.peers import ME, NOBODY, agent_socket, calls
 
 GONE = "the caller's profile was removed"
 
 
 def _write_config(base: str, profiles: dict[str, list[int]]) -> str:
-    """The config file: server ``t`` (its ``record`` logs to <base>/calls.log)
-    and each of ``profiles`` (name: uids) reaching ``t``; returns its path."""
-    spec = stdio_spec("t", env={"CALL_LOG": os.path.join(base, "calls.log")})
-
-    def q(value: object) -> str:
-        return msgspec.json.encode(value).decode()  # strings and lists alike
-
-    lines = [
-        f"socket = {q(os.path.join(base, 'd.sock'))}",
-        f"state_dir = {q(os.path.join(base, 'state'))}",
-        f"agents_dir = {q(os.path.join(base, 'agents'))}",
-        "backoff_initial_s = 0.05",
-        "backoff_max_s = 0.5",
-        "drain_timeout_s = 5.0",
-        "[[servers]]",
-        f"name = {q(spec.name)}",
-        'transport = "stdio"',
-        f"command = {q(spec.command)}",
-        f"args = {q(list(spec.args))}",
-        "env = {" + ", ".join(f"{k} = {q(v)}" for k, v in spec.env.items()) + "}",
-    ]
-    for name, uids in profiles.items():
-        lines += ["[[profiles]]", f"name = {q(name)}", 'servers = ["t"]']
-        lines.append(f"uids = {q(uids)}")
-    path = Path(base, "memorizzd.toml")
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return str(path)
+    """Server ``t`` and each of ``profiles`` (name: uids) reaching it."""
+    return pw.write_config(
+        base, ["t"], {n: (["t"], uids) for n, uids in profiles.items()}
+    )
 
 
 def _propose(c: Client, tag: str) -> str:
-    with pytest.raises(ApprovalRequiredError) as asked:
-        c.call_tool("t", "record", {"tag": tag})
-    proposal_id = asked.value.data["proposal_id"]
-    assert isinstance(proposal_id, str)
-    return proposal_id
-
-
-def _agent(base: str, profile: str) -> Client:
-    return Client(agent_socket(base, profile))
-
-
-def _shown(operator: Client) -> dict[str, Proposal]:
-    """Every proposal, as the operator sees it."""
-    return {p.id: p for p in operator.list_approvals(limit=1000)}
-
-
-def _invalidations(operator: Client) -> set[tuple[str | None, str | None, str]]:
-    """The audit's ``approvals/invalidate`` records: proposal, reason, socket."""
-    return {
-        (r.proposal_id, r.reason, r.caller_socket)
-        for r in operator.audit(limit=200).records
-        if r.action == "approvals/invalidate"
-    }
+    return pw.propose(c, "t", tag)
 
 
 def test_a_reload_that_removes_a_profile_invalidates_its_open_proposals(
@@ -95,7 +49,7 @@ def test_a_reload_that_removes_a_profile_invalidates_its_open_proposals(
     config_file = _write_config(base_dir, {"alpha": [ME], "beta": [ME]})
     with DaemonHarness.running(load(config_file)) as h:
         h.wait_ready("t")
-        with _agent(base_dir, "alpha") as alpha, h.client() as operator:
+        with pw.agent(base_dir, "alpha") as alpha, h.client() as operator:
             pending = _propose(alpha, "left-pending")
             approved = _propose(alpha, "left-approved")
             assert operator.approve(approved).status == "approved"
@@ -103,7 +57,7 @@ def test_a_reload_that_removes_a_profile_invalidates_its_open_proposals(
         _write_config(base_dir, {"beta": [ME]})
         with h.client() as operator:
             assert operator.daemon_reload().profiles_removed == ["alpha"]
-            shown = _shown(operator)
+            shown = pw.shown(operator)
             for proposal_id in (pending, approved):
                 assert (shown[proposal_id].status, shown[proposal_id].reason) == (
                     "invalidated",
@@ -113,7 +67,7 @@ def test_a_reload_that_removes_a_profile_invalidates_its_open_proposals(
                 waited = operator.wait_approval(proposal_id, timeout_s=0)
                 assert (waited.decided, waited.proposal.status) == (True, "invalidated")
             # audited as any invalidation: by the daemon itself
-            assert _invalidations(operator) == {
+            assert pw.invalidations(operator) == {
                 (pending, GONE, "memorizzd"),
                 (approved, GONE, "memorizzd"),
             }
@@ -122,7 +76,7 @@ def test_a_reload_that_removes_a_profile_invalidates_its_open_proposals(
         _write_config(base_dir, {"alpha": [ME, NOBODY], "beta": [ME]})
         with h.client() as operator:
             assert operator.daemon_reload().profiles_added == ["alpha"]
-        with _agent(base_dir, "alpha") as alpha:
+        with pw.agent(base_dir, "alpha") as alpha:
             for proposal_id in (pending, approved):
                 with pytest.raises(ConflictError) as refused:
                     alpha.resume(proposal_id)
@@ -143,8 +97,8 @@ def test_a_start_without_the_profile_invalidates_its_open_proposals(
     with DaemonHarness.running(load(config_file)) as h:
         h.wait_ready("t")
         with (
-            _agent(base_dir, "alpha") as alpha,
-            _agent(base_dir, "beta") as beta,
+            pw.agent(base_dir, "alpha") as alpha,
+            pw.agent(base_dir, "beta") as beta,
             h.client() as operator,
         ):
             pending = _propose(alpha, "stopped-pending")
@@ -158,14 +112,14 @@ def test_a_start_without_the_profile_invalidates_its_open_proposals(
     # The config is edited while the daemon is stopped: alpha is gone.
     _write_config(base_dir, {"beta": [ME]})
     with DaemonHarness.running(load(config_file)) as h, h.client() as operator:
-        shown = _shown(operator)
+        shown = pw.shown(operator)
         for proposal_id in (pending, approved):
             assert (shown[proposal_id].status, shown[proposal_id].reason) == (
                 "invalidated",
                 GONE,
             )
         assert (shown[kept].status, shown[mine].status) == ("approved", "approved")
-        assert _invalidations(operator) == {
+        assert pw.invalidations(operator) == {
             (pending, GONE, "memorizzd"),
             (approved, GONE, "memorizzd"),
         }
@@ -175,8 +129,8 @@ def test_a_start_without_the_profile_invalidates_its_open_proposals(
     with DaemonHarness.running(load(config_file)) as h:
         h.wait_ready("t")
         with (
-            _agent(base_dir, "alpha") as alpha,
-            _agent(base_dir, "beta") as beta,
+            pw.agent(base_dir, "alpha") as alpha,
+            pw.agent(base_dir, "beta") as beta,
             h.client() as operator,
         ):
             with pytest.raises(ConflictError) as refused:
@@ -198,8 +152,8 @@ def test_a_reload_leaves_the_proposals_of_those_that_stay(base_dir: str) -> None
     with DaemonHarness.running(load(config_file)) as h:
         h.wait_ready("t")
         with (
-            _agent(base_dir, "alpha") as alpha,
-            _agent(base_dir, "beta") as beta,
+            pw.agent(base_dir, "alpha") as alpha,
+            pw.agent(base_dir, "beta") as beta,
             h.client() as operator,
         ):
             alpha_pending = _propose(alpha, "alpha-pending")
@@ -211,7 +165,7 @@ def test_a_reload_leaves_the_proposals_of_those_that_stay(base_dir: str) -> None
             op_pending = _propose(operator, "op-pending")
             op_approved = _propose(operator, "op-approved")
             operator.approve(op_approved)
-            before = _shown(operator)
+            before = pw.shown(operator)
 
         _write_config(base_dir, {"beta": [ME, NOBODY]})
         with h.client() as operator:
@@ -220,8 +174,8 @@ def test_a_reload_leaves_the_proposals_of_those_that_stay(base_dir: str) -> None
                 ["alpha"],
                 ["beta"],
             )
-            after = _shown(operator)
-            assert _invalidations(operator) == {(alpha_pending, GONE, "memorizzd")}
+            after = pw.shown(operator)
+            assert pw.invalidations(operator) == {(alpha_pending, GONE, "memorizzd")}
         assert (after[alpha_pending].status, after[alpha_pending].reason) == (
             "invalidated",
             GONE,
@@ -235,7 +189,7 @@ def test_a_reload_leaves_the_proposals_of_those_that_stay(base_dir: str) -> None
         ):
             assert after[untouched] == before[untouched], untouched
         assert after[alpha_rejected].reason == "not today"
-        with _agent(base_dir, "beta") as beta, h.client() as operator:
+        with pw.agent(base_dir, "beta") as beta, h.client() as operator:
             assert beta.resume(beta_approved).content[0]["text"] == (
                 "recorded beta-approved"
             )
@@ -289,10 +243,10 @@ def test_a_call_on_its_way_when_its_profile_leaves_proposes_nothing_that_lasts(
         )
         proposal_id = refused.value.data["id"]
         with h.client() as operator:
-            shown = _shown(operator)[proposal_id]
+            shown = pw.shown(operator)[proposal_id]
             assert (shown.status, shown.reason, shown.caller_profile) == (
                 "invalidated",
                 GONE,
                 "alpha",
             )
-            assert _invalidations(operator) == {(proposal_id, GONE, "memorizzd")}
+            assert pw.invalidations(operator) == {(proposal_id, GONE, "memorizzd")}

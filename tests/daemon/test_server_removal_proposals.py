@@ -16,90 +16,31 @@ on the operator socket (the daemon's own uid).
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import anyio
-import msgspec
 import pytest
 
 from memorizz import Client
-from memorizz.api.errors import ApprovalRequiredError, ConflictError
-from memorizz.api.methods import ApprovalsWaitResult, Proposal, ServerSpec
+from memorizz.api.errors import ConflictError
+from memorizz.api.methods import ApprovalsWaitResult, Proposal
 from memorizzd.config import load
+from tests import proposals_world as pw
 from tests.daemon.test_metrics import scrape, value
-from tests.harness import DaemonHarness, stdio_spec
+from tests.harness import DaemonHarness
 from tests.peers import ME, agent_socket, calls
 
 GONE = "the server was removed or is out of the caller's scope"
 
 
-def _spec(base: str, name: str) -> ServerSpec:
-    """Server ``name``: its ``record`` logs to <base>/calls.log."""
-    return stdio_spec(name, env={"CALL_LOG": os.path.join(base, "calls.log")})
-
-
 def _write_config(base: str, servers: list[str], profiles: dict[str, list[str]]) -> str:
-    """The config file: ``servers`` (``_spec``) and each of ``profiles`` (name:
-    its servers; this process's uid); returns its path."""
-
-    def q(item: object) -> str:
-        return msgspec.json.encode(item).decode()  # strings and lists alike
-
-    lines = [
-        f"socket = {q(os.path.join(base, 'd.sock'))}",
-        f"state_dir = {q(os.path.join(base, 'state'))}",
-        f"agents_dir = {q(os.path.join(base, 'agents'))}",
-        "backoff_initial_s = 0.05",
-        "backoff_max_s = 0.5",
-        "drain_timeout_s = 5.0",
-    ]
-    for name in servers:
-        spec = _spec(base, name)
-        lines += [
-            "[[servers]]",
-            f"name = {q(spec.name)}",
-            'transport = "stdio"',
-            f"command = {q(spec.command)}",
-            f"args = {q(list(spec.args))}",
-            "env = {" + ", ".join(f"{k} = {q(v)}" for k, v in spec.env.items()) + "}",
-        ]
-    for name, reach in profiles.items():
-        lines += ["[[profiles]]", f"name = {q(name)}", f"servers = {q(reach)}"]
-        lines.append(f"uids = {q([ME])}")
-    path = Path(base, "memorizzd.toml")
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return str(path)
-
-
-def _propose(c: Client, server: str, tag: str) -> str:
-    with pytest.raises(ApprovalRequiredError) as asked:
-        c.call_tool(server, "record", {"tag": tag})
-    proposal_id = asked.value.data["proposal_id"]
-    assert isinstance(proposal_id, str)
-    return proposal_id
-
-
-def _agent(base: str, profile: str = "alpha") -> Client:
-    return Client(agent_socket(base, profile))
-
-
-def _shown(operator: Client) -> dict[str, Proposal]:
-    """Every proposal, as the operator sees it."""
-    return {p.id: p for p in operator.list_approvals(limit=1000)}
-
-
-def _invalidations(operator: Client) -> set[tuple[str | None, str | None, str]]:
-    """The audit's ``approvals/invalidate`` records: proposal, reason, socket."""
-    return {
-        (r.proposal_id, r.reason, r.caller_socket)
-        for r in operator.audit(limit=200).records
-        if r.action == "approvals/invalidate"
-    }
+    """``servers`` and each of ``profiles`` (name: its servers; this uid)."""
+    return pw.write_config(
+        base, servers, {n: (reach, [ME]) for n, reach in profiles.items()}
+    )
 
 
 def _refused(c: Client, proposal_id: str, *, resume: bool) -> tuple[Any, Any]:
@@ -146,23 +87,23 @@ def test_servers_remove_invalidates_its_open_proposals_at_once(
     config_file = _write_config(base_dir, ["keep"], {"alpha": ["demo", "keep"]})
     with DaemonHarness.running(load(config_file)) as h:
         h.wait_ready("keep")
-        h.add(_spec(base_dir, "demo"))
-        with _agent(base_dir) as alpha, h.client() as operator:
-            pending = _propose(alpha, "demo", "demo-pending")
-            approved = _propose(alpha, "demo", "demo-approved")
+        h.add(pw.record_spec(base_dir, "demo"))
+        with pw.agent(base_dir, "alpha") as alpha, h.client() as operator:
+            pending = pw.propose(alpha, "demo", "demo-pending")
+            approved = pw.propose(alpha, "demo", "demo-approved")
             assert operator.approve(approved).status == "approved"
-            mine = _propose(operator, "demo", "demo-operator")
-            kept_pending = _propose(alpha, "keep", "keep-pending")
-            kept_approved = _propose(alpha, "keep", "keep-approved")
+            mine = pw.propose(operator, "demo", "demo-operator")
+            kept_pending = pw.propose(alpha, "keep", "keep-pending")
+            kept_approved = pw.propose(alpha, "keep", "keep-approved")
             operator.approve(kept_approved)
-            before = _shown(operator)
+            before = pw.shown(operator)
             assert value(scrape(h), "memorizz_approvals_pending") == 3
 
             with _waiting(agent_socket(base_dir, "alpha"), pending) as got:
                 assert operator.remove_server("demo").name == "demo"
             _heard_invalidated(got)
 
-            shown = _shown(operator)
+            shown = pw.shown(operator)
             for proposal_id in (pending, approved, mine):
                 assert (shown[proposal_id].status, shown[proposal_id].reason) == (
                     "invalidated",
@@ -172,7 +113,7 @@ def test_servers_remove_invalidates_its_open_proposals_at_once(
             for kept in (kept_pending, kept_approved):
                 assert shown[kept] == before[kept], kept
             # audited as any invalidation: by the daemon itself
-            assert _invalidations(operator) == {
+            assert pw.invalidations(operator) == {
                 (pending, GONE, "memorizzd"),
                 (approved, GONE, "memorizzd"),
                 (mine, GONE, "memorizzd"),
@@ -195,21 +136,21 @@ def test_a_reload_that_drops_a_server_invalidates_its_open_proposals_at_once(
     with DaemonHarness.running(load(config_file)) as h:
         h.wait_ready("t")
         h.wait_ready("u")
-        with _agent(base_dir) as alpha, h.client() as operator:
-            pending = _propose(alpha, "t", "t-pending")
-            approved = _propose(alpha, "t", "t-approved")
+        with pw.agent(base_dir, "alpha") as alpha, h.client() as operator:
+            pending = pw.propose(alpha, "t", "t-pending")
+            approved = pw.propose(alpha, "t", "t-approved")
             operator.approve(approved)
-            kept_pending = _propose(alpha, "u", "u-pending")
-            kept_approved = _propose(alpha, "u", "u-approved")
+            kept_pending = pw.propose(alpha, "u", "u-pending")
+            kept_approved = pw.propose(alpha, "u", "u-approved")
             operator.approve(kept_approved)
-            before = _shown(operator)
+            before = pw.shown(operator)
 
             _write_config(base_dir, ["u"], {"alpha": ["u"]})
             with _waiting(agent_socket(base_dir, "alpha"), pending) as got:
                 assert operator.daemon_reload().servers_stopped == ["t"]
             _heard_invalidated(got)
 
-            shown = _shown(operator)
+            shown = pw.shown(operator)
             for proposal_id in (pending, approved):
                 assert (shown[proposal_id].status, shown[proposal_id].reason) == (
                     "invalidated",
@@ -217,7 +158,7 @@ def test_a_reload_that_drops_a_server_invalidates_its_open_proposals_at_once(
                 ), proposal_id
             for kept in (kept_pending, kept_approved):
                 assert shown[kept] == before[kept], kept
-            assert _invalidations(operator) == {
+            assert pw.invalidations(operator) == {
                 (pending, GONE, "memorizzd"),
                 (approved, GONE, "memorizzd"),
             }
@@ -228,7 +169,7 @@ def test_a_reload_that_drops_a_server_invalidates_its_open_proposals_at_once(
         with h.client() as operator:
             assert operator.daemon_reload().servers_started == ["t"]
         h.wait_ready("t")
-        with _agent(base_dir) as alpha, h.client() as operator:
+        with pw.agent(base_dir, "alpha") as alpha, h.client() as operator:
             assert _refused(alpha, approved, resume=True) == (
                 "not_approved",
                 "invalidated",
@@ -248,14 +189,14 @@ def test_a_server_added_again_under_the_same_name_does_not_revive_its_proposals(
 ) -> None:
     config_file = _write_config(base_dir, [], {"alpha": ["demo"]})
     with DaemonHarness.running(load(config_file)) as h:
-        h.add(_spec(base_dir, "demo"))
-        with _agent(base_dir) as alpha, h.client() as operator:
-            pending = _propose(alpha, "demo", "again-pending")
-            approved = _propose(alpha, "demo", "again-approved")
+        h.add(pw.record_spec(base_dir, "demo"))
+        with pw.agent(base_dir, "alpha") as alpha, h.client() as operator:
+            pending = pw.propose(alpha, "demo", "again-pending")
+            approved = pw.propose(alpha, "demo", "again-approved")
             operator.approve(approved)
             operator.remove_server("demo")
-        h.add(_spec(base_dir, "demo"))  # the same spec, the same name
-        with _agent(base_dir) as alpha, h.client() as operator:
+        h.add(pw.record_spec(base_dir, "demo"))  # the same spec, the same name
+        with pw.agent(base_dir, "alpha") as alpha, h.client() as operator:
             assert _refused(alpha, approved, resume=True) == (
                 "not_approved",
                 "invalidated",
@@ -265,9 +206,9 @@ def test_a_server_added_again_under_the_same_name_does_not_revive_its_proposals(
                 "invalidated",
             )
             # the same call again is a new proposal, not the old approval run
-            again = _propose(alpha, "demo", "again-approved")
+            again = pw.propose(alpha, "demo", "again-approved")
             assert again not in (pending, approved)
-            shown = _shown(operator)
+            shown = pw.shown(operator)
             assert (shown[approved].status, shown[approved].reason) == (
                 "invalidated",
                 GONE,
@@ -285,7 +226,7 @@ def test_a_call_on_its_way_when_its_server_is_removed_proposes_nothing_that_last
     proposal is stored."""
     config_file = _write_config(base_dir, [], {})
     with DaemonHarness.running(load(config_file)) as h:
-        h.add(_spec(base_dir, "demo"))
+        h.add(pw.record_spec(base_dir, "demo"))
         book = h.daemon.book
         propose = book.propose
 
@@ -307,13 +248,13 @@ def test_a_call_on_its_way_when_its_server_is_removed_proposes_nothing_that_last
                 "invalidated",
             )
             proposal_id = refused.value.data["id"]
-            shown = _shown(operator)[proposal_id]
+            shown = pw.shown(operator)[proposal_id]
             assert (shown.status, shown.reason, shown.server) == (
                 "invalidated",
                 GONE,
                 "demo",
             )
-            assert _invalidations(operator) == {(proposal_id, GONE, "memorizzd")}
+            assert pw.invalidations(operator) == {(proposal_id, GONE, "memorizzd")}
     assert calls(base_dir) == []
 
 
@@ -325,23 +266,23 @@ def test_a_reload_that_narrows_a_profile_leaves_its_proposals_as_they_are(
     config_file = _write_config(base_dir, ["t", "u"], {"alpha": ["t", "u"]})
     with DaemonHarness.running(load(config_file)) as h:
         h.wait_ready("t")
-        with _agent(base_dir) as alpha, h.client() as operator:
-            pending = _propose(alpha, "t", "narrowed-pending")
-            approved = _propose(alpha, "t", "narrowed-approved")
+        with pw.agent(base_dir, "alpha") as alpha, h.client() as operator:
+            pending = pw.propose(alpha, "t", "narrowed-pending")
+            approved = pw.propose(alpha, "t", "narrowed-approved")
             operator.approve(approved)
-            before = _shown(operator)
+            before = pw.shown(operator)
             _write_config(base_dir, ["t", "u"], {"alpha": ["u"]})
             done = operator.daemon_reload()
             assert (done.servers_stopped, done.profiles_changed) == ([], ["alpha"])
-            after = _shown(operator)
+            after = pw.shown(operator)
             assert after[pending] == before[pending]
             assert after[approved] == before[approved]
-            assert _invalidations(operator) == set()
+            assert pw.invalidations(operator) == set()
             assert _refused(alpha, approved, resume=True) == (
                 "not_approved",
                 "invalidated",
             )
-            assert _invalidations(operator) == {(approved, GONE, "memorizzd")}
+            assert pw.invalidations(operator) == {(approved, GONE, "memorizzd")}
     assert calls(base_dir) == []
 
 
@@ -353,23 +294,23 @@ def test_a_config_server_the_state_database_gives_too_keeps_its_proposals(
     after a restart, and its proposals stand."""
     config_file = _write_config(base_dir, [], {})
     with DaemonHarness.running(load(config_file)) as h:
-        h.add(_spec(base_dir, "s"))
+        h.add(pw.record_spec(base_dir, "s"))
         _write_config(base_dir, ["s"], {})
         with h.client() as operator:
             assert operator.daemon_reload().servers_started == ["s"]
         h.wait_ready("s")
         with h.client() as operator:
-            pending = _propose(operator, "s", "shadowed-pending")
-            approved = _propose(operator, "s", "shadowed-approved")
+            pending = pw.propose(operator, "s", "shadowed-pending")
+            approved = pw.propose(operator, "s", "shadowed-approved")
             operator.approve(approved)
-            before = _shown(operator)
+            before = pw.shown(operator)
             _write_config(base_dir, [], {})
             assert operator.daemon_reload().servers_stopped == ["s"]
             assert [s.name for s in operator.list_servers()] == ["s"]
-            after = _shown(operator)
+            after = pw.shown(operator)
             assert after[pending] == before[pending]
             assert after[approved] == before[approved]
-            assert _invalidations(operator) == set()
+            assert pw.invalidations(operator) == set()
         h.wait_ready("s")
         with h.client() as operator:
             assert operator.resume(approved).content[0]["text"] == (
@@ -387,17 +328,17 @@ def test_a_start_without_the_server_invalidates_its_open_proposals(
     config_file = _write_config(base_dir, ["t", "u"], {"alpha": ["t", "u"]})
     with (
         DaemonHarness.running(load(config_file)) as h,
-        _agent(base_dir) as alpha,
+        pw.agent(base_dir, "alpha") as alpha,
         h.client() as operator,
     ):
-        pending = _propose(alpha, "t", "start-pending")
-        approved = _propose(alpha, "t", "start-approved")
-        kept = _propose(alpha, "u", "start-kept")
+        pending = pw.propose(alpha, "t", "start-pending")
+        approved = pw.propose(alpha, "t", "start-approved")
+        kept = pw.propose(alpha, "u", "start-kept")
         operator.approve(approved)
         operator.approve(kept)
     config_file = _write_config(base_dir, ["u"], {"alpha": ["u"]})
     with DaemonHarness.running(load(config_file)) as h, h.client() as operator:
-        shown = _shown(operator)
+        shown = pw.shown(operator)
         for proposal_id in (pending, approved):
             assert (shown[proposal_id].status, shown[proposal_id].reason) == (
                 "invalidated",
@@ -405,10 +346,13 @@ def test_a_start_without_the_server_invalidates_its_open_proposals(
             )
         assert shown[kept].status == "approved"
         assert {(pending, GONE), (approved, GONE)} <= {
-            (p, r) for p, r, _ in _invalidations(operator)
+            (p, r) for p, r, _ in pw.invalidations(operator)
         }
     config_file = _write_config(base_dir, ["t", "u"], {"alpha": ["t", "u"]})
-    with DaemonHarness.running(load(config_file)) as h, _agent(base_dir) as alpha:
+    with (
+        DaemonHarness.running(load(config_file)) as h,
+        pw.agent(base_dir, "alpha") as alpha,
+    ):
         assert _refused(alpha, approved, resume=True) == (
             "not_approved",
             "invalidated",

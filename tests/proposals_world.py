@@ -1,0 +1,90 @@
+"""Proposals against a daemon from a config file: the config, a call that
+proposes, and what the operator sees (tests/daemon/test_*_removal_proposals.py).
+
+The tool ``record`` (tests/mcp_server.py, destructive, so ``ask`` by default)
+appends its tag to <base>/calls.log: the log counts real upstream executions
+(``tests.peers.calls``)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from memorizz import Client
+from memorizz.api.errors import ApprovalRequiredError
+from memorizz.api.methods import Proposal, ServerSpec
+from tests.harness import stdio_spec
+from tests.peers import agent_socket
+
+
+def record_spec(base: str, name: str) -> ServerSpec:
+    """Server ``name``: its ``record`` logs to <base>/calls.log."""
+    return stdio_spec(name, env={"CALL_LOG": os.path.join(base, "calls.log")})
+
+
+def write_config(
+    base: str,
+    servers: Sequence[str],
+    profiles: Mapping[str, tuple[Sequence[str], Sequence[int]]],
+) -> str:
+    """The config file: ``servers`` (``record_spec``) and each of ``profiles``
+    (name: the servers it reaches, its uids); returns its path."""
+
+    def q(item: object) -> str:
+        return msgspec.json.encode(item).decode()  # strings and lists alike
+
+    lines = [
+        f"socket = {q(os.path.join(base, 'd.sock'))}",
+        f"state_dir = {q(os.path.join(base, 'state'))}",
+        f"agents_dir = {q(os.path.join(base, 'agents'))}",
+        "backoff_initial_s = 0.05",
+        "backoff_max_s = 0.5",
+        "drain_timeout_s = 5.0",
+    ]
+    for name in servers:
+        spec = record_spec(base, name)
+        lines += [
+            "[[servers]]",
+            f"name = {q(spec.name)}",
+            'transport = "stdio"',
+            f"command = {q(spec.command)}",
+            f"args = {q(list(spec.args))}",
+            "env = {" + ", ".join(f"{k} = {q(v)}" for k, v in spec.env.items()) + "}",
+        ]
+    for name, (reach, uids) in profiles.items():
+        lines += ["[[profiles]]", f"name = {q(name)}", f"servers = {q(list(reach))}"]
+        lines.append(f"uids = {q(list(uids))}")
+    path = Path(base, "memorizzd.toml")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def propose(c: Client, server: str, tag: str) -> str:
+    """Call ``record`` on ``server``: the id of the proposal it makes."""
+    with pytest.raises(ApprovalRequiredError) as asked:
+        c.call_tool(server, "record", {"tag": tag})
+    proposal_id = asked.value.data["proposal_id"]
+    assert isinstance(proposal_id, str)
+    return proposal_id
+
+
+def agent(base: str, profile: str) -> Client:
+    return Client(agent_socket(base, profile))
+
+
+def shown(operator: Client) -> dict[str, Proposal]:
+    """Every proposal, as the operator sees it."""
+    return {p.id: p for p in operator.list_approvals(limit=1000)}
+
+
+def invalidations(operator: Client) -> set[tuple[str | None, str | None, str]]:
+    """The audit's ``approvals/invalidate`` records: proposal, reason, socket."""
+    return {
+        (r.proposal_id, r.reason, r.caller_socket)
+        for r in operator.audit(limit=200).records
+        if r.action == "approvals/invalidate"
+    }
