@@ -12,7 +12,7 @@ from functools import partial
 import anyio
 
 from memorizzd import __version__, sdk_client_side
-from memorizzd.config import ConfigError, load
+from memorizzd.config import ConfigError, check_tracing, load
 from memorizzd.execution import check_config_servers, harden_process
 from memorizzd.sdnotify import setup_logging
 from memorizzd.telemetry.logs import FORMATS, formatter
@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load(args.config, socket=args.socket, state_dir=args.state_dir)
         check_config_servers(config)  # stdio commands: resolvable and allowed
+        check_tracing(config)  # [tracing] enabled: the otel extra installed
     except ConfigError as exc:
         print(f"memorizzd: invalid configuration: {exc}", file=sys.stderr)
         return EX_CONFIG

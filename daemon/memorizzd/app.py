@@ -19,7 +19,7 @@ from memorizzd import __version__, stored
 from memorizzd.approvals import ApprovalBook
 from memorizzd.audit import Auditor, load_key
 from memorizzd.broker import Broker
-from memorizzd.config import Config, load
+from memorizzd.config import Config, check_tracing, load
 from memorizzd.execution import admit, check_config_servers
 from memorizzd.execution.admission import Admission
 from memorizzd.face import FaceDispatcher
@@ -33,6 +33,7 @@ from memorizzd.sdnotify import notify, run_watchdog
 from memorizzd.spool import Spool
 from memorizzd.store import Store
 from memorizzd.subscribers import UPDATED
+from memorizzd.telemetry import tracing
 from memorizzd.telemetry.logs import fields_kept
 from memorizzd.upstream.errors import FailureKind
 from memorizzd.upstream.pool import Pool, running_pool
@@ -85,6 +86,7 @@ async def running_daemon(
     """
     # A config server whose command the execution policy refuses: ConfigError.
     config_servers = check_config_servers(config)
+    check_tracing(config)  # [tracing] enabled without the otel extra: ConfigError
     # The sockets first: a second daemon must fail before it starts anything.
     # Connections queue in the kernel until the acceptors run.
     listening = await open_all(config)
@@ -195,78 +197,92 @@ async def running_daemon(
             servers += [socket_server(item) for item in listening]
             server = servers[0]
             try:
-                async with anyio.create_task_group() as connections:
-                    # systemd's watchdog, pinged by a task of this loop (until the
-                    # drain ends): a blocked loop stops the pings.
-                    await connections.start(run_watchdog)
-                    async with anyio.create_task_group() as acceptor:
-                        await acceptor.start(auditor.run)
-                        await acceptor.start(book.run)
-                        # before anyone connects: a profile the file no longer
-                        # gives (edited while stopped) takes its proposals along
-                        await book.profiles_in_force([p.name for p in config.profiles])
-                        # ... and so does a server gone from the file and the database
-                        await book.servers_in_force([u.name for u in pool.all()])
-                        sockets = Sockets(
-                            listening,
-                            servers,
-                            socket_server,
-                            acceptor=acceptor,
-                            connections=connections,
-                        )
-                        reloader = Reloader(
-                            config,
-                            load=reload_config
-                            or partial(
-                                load,
-                                config.config_path,
-                                socket=config.socket,
-                                state_dir=config.state_dir,
-                            ),
-                            admitted=config_servers,
-                            pool=pool,
-                            broker=broker,
-                            book=book,
-                            auditor=auditor,
-                            sockets=sockets,
-                            api_servers=partial(stored.servers, store),
-                            admit=admit,
-                        )
-                        broker.reload = reloader.reload
-                        for item, each in zip(listening, servers, strict=True):
-                            await sockets.serve(item, each)
-                        await acceptor.start(
-                            serve_metrics,
-                            config,
-                            pool,
-                            broker.tool_calls,
-                            servers,
-                            store,
-                        )
-                        # Everything imported and built so far lives as long as the
-                        # daemon: keep it out of the cyclic GC's collections, and
-                        # collect the young generation less often (every call
-                        # allocates hundreds of short-lived objects; the default
-                        # threshold of 700 runs a collection every few calls).
-                        gc.freeze()
-                        gc.set_threshold(20_000, 20, 20)
-                        _trim_heap()
-                        try:
-                            yield Daemon(config, pool, server, servers, book, reloader)
-                        finally:
-                            acceptor.cancel_scope.cancel()
-                    with anyio.CancelScope(shield=True):
-                        drain_s = reloader.config.drain_timeout_s
-                        with anyio.move_on_after(drain_s) as drain:
-                            async with anyio.create_task_group() as draining:
-                                for each in servers:
-                                    draining.start_soon(each.drain)
-                        if drain.cancelled_caught:
-                            log.warning(
-                                "drain timed out with %d calls in flight; cancelling them",
-                                sum(s.in_flight for s in servers),
+                # The metrics (and the tracer, [tracing]) outlive the drain:
+                # a call that ends during it, or that it cuts off, is still
+                # counted and traced; the spans are flushed once it is over.
+                async with anyio.create_task_group() as observing:
+                    async with anyio.create_task_group() as connections:
+                        # systemd's watchdog, pinged by a task of this loop (until the
+                        # drain ends): a blocked loop stops the pings.
+                        await connections.start(run_watchdog)
+                        async with anyio.create_task_group() as acceptor:
+                            await acceptor.start(auditor.run)
+                            await acceptor.start(book.run)
+                            # before anyone connects: a profile the file no longer
+                            # gives (edited while stopped) takes its proposals along
+                            await book.profiles_in_force(
+                                [p.name for p in config.profiles]
                             )
-                    connections.cancel_scope.cancel()
+                            # ... and so does a server gone from the file and the database
+                            await book.servers_in_force([u.name for u in pool.all()])
+                            sockets = Sockets(
+                                listening,
+                                servers,
+                                socket_server,
+                                acceptor=acceptor,
+                                connections=connections,
+                            )
+                            reloader = Reloader(
+                                config,
+                                load=reload_config
+                                or partial(
+                                    load,
+                                    config.config_path,
+                                    socket=config.socket,
+                                    state_dir=config.state_dir,
+                                ),
+                                admitted=config_servers,
+                                pool=pool,
+                                broker=broker,
+                                book=book,
+                                auditor=auditor,
+                                sockets=sockets,
+                                api_servers=partial(stored.servers, store),
+                                admit=admit,
+                            )
+                            broker.reload = reloader.reload
+                            for item, each in zip(listening, servers, strict=True):
+                                await sockets.serve(item, each)
+                            await observing.start(
+                                serve_metrics,
+                                config,
+                                pool,
+                                broker.tool_calls,
+                                servers,
+                                store,
+                            )
+                            # Everything imported and built so far lives as long as the
+                            # daemon: keep it out of the cyclic GC's collections, and
+                            # collect the young generation less often (every call
+                            # allocates hundreds of short-lived objects; the default
+                            # threshold of 700 runs a collection every few calls).
+                            gc.freeze()
+                            gc.set_threshold(20_000, 20, 20)
+                            _trim_heap()
+                            try:
+                                yield Daemon(
+                                    config, pool, server, servers, book, reloader
+                                )
+                            finally:
+                                acceptor.cancel_scope.cancel()
+                        with anyio.CancelScope(shield=True):
+                            drain_s = reloader.config.drain_timeout_s
+                            with anyio.move_on_after(drain_s) as drain:
+                                async with anyio.create_task_group() as draining:
+                                    for each in servers:
+                                        draining.start_soon(each.drain)
+                            if drain.cancelled_caught:
+                                log.warning(
+                                    "drain timed out with %d calls in flight; cancelling them",
+                                    sum(s.in_flight for s in servers),
+                                )
+                        connections.cancel_scope.cancel()
+                    # The last call has ended: its spans exported (bounded, in
+                    # a worker thread), then tracing off with the metrics.
+                    if tracing.enabled:
+                        with anyio.CancelScope(shield=True):
+                            await anyio.to_thread.run_sync(tracing.flush)
+                    observing.cancel_scope.cancel()
             finally:
                 await close_all(listening)
     finally:

@@ -29,6 +29,7 @@ from memorizz.api.presets import expand_preset, find_preset
 from memorizz.api.protocol import MAX_FRAME
 from memorizz.api.spec import SERVER_NAME_MAX, check_server_spec
 from memorizzd.egress.urls import normalise_pattern
+from memorizzd.telemetry import tracing
 
 DEFAULT_CONFIG_PATH: Final = Path("/etc/memorizzd/memorizzd.toml")
 
@@ -500,6 +501,18 @@ def _check_metrics(metrics: Metrics, where: Path | None) -> None:
 
 GID_MAX: Final = 2**32 - 2
 """The largest gid (``(gid_t) -1`` means "no change" to chown)."""
+
+
+def check_tracing(config: Config) -> None:
+    """``[tracing] enabled`` needs the otel extra (OpenTelemetry's SDK and
+    OTLP exporter): ``ConfigError`` without it. Asked by ``--check-config``
+    and at the start, before anything is started; not by ``load`` (a reload
+    applies no ``[tracing]`` change: it takes a restart)."""
+    if config.tracing.enabled:
+        try:
+            tracing.check()
+        except tracing.TracingUnavailableError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def gid_of(group: int | str) -> int:

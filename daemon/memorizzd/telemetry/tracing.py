@@ -5,7 +5,11 @@ attribute, one boolean) and does nothing else; nothing of OpenTelemetry is
 imported. ``setup`` turns it on (``[tracing] enabled = true``) with the SDK
 and the OTLP/HTTP exporter of the ``otel`` extra (``pip install
 'memorizzd[otel]'``); where an application already installed a tracer
-provider (a test's in-memory exporter), that one is used.
+provider (a test's in-memory exporter), that one is used. ``check`` asks
+for the extra without turning anything on (``--check-config``). At a stop
+tracing stays on through the drain; once the last call has ended ``flush``
+exports the spans still buffered (``FLUSH_TIMEOUT_S`` at most) and only then
+``shutdown`` turns it off.
 
 A call is one span (``call_scope``, kind server), opened by the front that
 took it (the face: its approval wait included) or else by ``Calls``, under
@@ -23,61 +27,120 @@ stdio relay adds it; the SDK's client does for HTTP upstreams).
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from importlib import import_module
+from typing import Any, Final
 
 log = logging.getLogger("memorizzd.tracing")
 
 TraceContext = Mapping[str, str | None]
 """A caller's W3C trace context: ``traceparent`` and ``tracestate``, from ``_meta``."""
 
+FLUSH_TIMEOUT_S: Final = 5.0
+"""How long ``flush`` waits for the spans still buffered to be exported."""
+
 enabled = False
 """Whether calls are traced: the one thing the hot path looks at."""
 _tracer: Any = None
+_ours: Any = None
+"""The tracer provider ``setup`` made (none when the process had one)."""
+_flushed = False
+"""Whether ``flush`` shut ``_ours`` down since ``setup``."""
 
 
 class TracingUnavailableError(Exception):
     """``[tracing] enabled`` without the otel extra installed."""
 
 
-def setup(*, endpoint: str, service_name: str) -> None:
-    """Turn tracing on. Raises ``TracingUnavailableError`` without the SDK."""
-    global enabled, _tracer
+def check() -> None:
+    """Raise ``TracingUnavailableError`` where ``setup`` would (the otel extra
+    not installed), without turning anything on: ``--check-config`` and the
+    start, before anything is started."""
+    _sdk()
+
+
+def _sdk() -> Any:
+    """The SDK's tracer provider class; raises ``TracingUnavailableError``
+    without the SDK, or without the OTLP exporter when the process has no
+    tracer provider of its own (ours would need it)."""
     try:
         from opentelemetry import trace
-        from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
     except ImportError as exc:
         raise TracingUnavailableError(
             "[tracing] enabled needs OpenTelemetry's SDK: pip install 'memorizzd[otel]'"
         ) from exc
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):  # none installed yet: ours
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
         try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-                OTLPSpanExporter,
-            )
+            import_module("opentelemetry.exporter.otlp.proto.http.trace_exporter")
         except ImportError as exc:
             raise TracingUnavailableError(
                 "[tracing] enabled needs the OTLP exporter: pip install 'memorizzd[otel]'"
             ) from exc
-        ours = TracerProvider(resource=Resource.create({"service.name": service_name}))
+    return TracerProvider
+
+
+def setup(*, endpoint: str, service_name: str) -> None:
+    """Turn tracing on. Raises ``TracingUnavailableError`` without the SDK."""
+    global enabled, _tracer, _ours, _flushed
+    tracer_provider = _sdk()
+    from opentelemetry import trace
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, tracer_provider) or provider is _ours:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter,
+        )
+
         exporter = (
             OTLPSpanExporter(endpoint=endpoint) if endpoint else OTLPSpanExporter()
         )
-        ours.add_span_processor(BatchSpanProcessor(exporter))
-        trace.set_tracer_provider(ours)
+        if provider is _ours:  # ours, flushed by a daemon that stopped before
+            provider.add_span_processor(BatchSpanProcessor(exporter))
+            _flushed = False
+        else:  # none installed yet: ours
+            _ours = provider = tracer_provider(
+                resource=Resource.create({"service.name": service_name})
+            )
+            provider.add_span_processor(BatchSpanProcessor(exporter))
+            trace.set_tracer_provider(provider)
         log.info("tracing: spans to %s", endpoint or "the OTLP exporter's default")
     _tracer = trace.get_tracer("memorizzd")
     enabled = True
 
 
+def flush(timeout_s: float = FLUSH_TIMEOUT_S) -> None:
+    """Export the spans our provider still holds, waiting at most
+    ``timeout_s``; it then takes no more. Once the last call has ended (the
+    drain is over), not left to the SDK's exit hook. Blocks: the daemon runs
+    it in a worker thread. A provider the process had is left alone."""
+    global _flushed
+    if not enabled or _ours is None or _flushed:
+        return
+    _flushed = True
+    # The SDK bounds its own wait (30 s), and an export still running when it
+    # gives up goes on: ours is bounded, in a daemon thread.
+    exporting = threading.Thread(
+        target=_ours.shutdown, name="memorizzd-trace-flush", daemon=True
+    )
+    exporting.start()
+    exporting.join(timeout_s)
+    if exporting.is_alive():
+        log.warning(
+            "tracing: spans not all exported after %g s at shutdown; dropped",
+            timeout_s,
+        )
+
+
 def shutdown() -> None:
-    """Turn tracing off (and flush our provider's spans)."""
+    """Turn tracing off, our provider's spans flushed first (``flush``)."""
     global enabled, _tracer
+    flush()
     enabled, _tracer = False, None
 
 
