@@ -184,10 +184,14 @@ class Client:
         params: P,
         *,
         on_note: NoteCallback | None = None,
+        deadline: float | None = None,
     ) -> R:
         """Send one declared method (``memorizz.api.methods``) and return its
-        result, decoded as the declaration says (``on_note``: see ``request``)."""
-        return self.request(method.name, params, method.result, on_note=on_note)
+        result, decoded as the declaration says (``on_note``, ``deadline``:
+        see ``request``)."""
+        return self.request(
+            method.name, params, method.result, on_note=on_note, deadline=deadline
+        )
 
     def request(
         self,
@@ -349,14 +353,8 @@ class Client:
         """The daemon's status; with ``timeout_s``, ``DeadlineExceededError``
         (``timeout``) when no answer came in that time (a stuck daemon: what
         a liveness probe must tell from a slow one)."""
-        if timeout_s is None:
-            return self.call(m.DAEMON_STATUS, m.DaemonStatusParams())
-        return self.request(
-            m.DAEMON_STATUS.name,
-            m.DaemonStatusParams(),
-            m.DAEMON_STATUS.result,
-            deadline=time.monotonic() + timeout_s,
-        )
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        return self.call(m.DAEMON_STATUS, m.DaemonStatusParams(), deadline=deadline)
 
     def daemon_reload(self) -> m.DaemonReloadResult:
         """Re-read the daemon's config file and apply what changed."""

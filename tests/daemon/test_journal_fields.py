@@ -78,7 +78,7 @@ def test_calls_and_state_changes_reach_the_journal_with_their_fields(
         for e in sent
         if "MEMORIZZ_STATE" in e
     ]
-    assert states[0] == ("lite", "ready")
+    assert states[:2] == [("lite", "connecting"), ("lite", "ready")]
     assert states[-1] == ("lite", "stopped")
 
 
