@@ -389,7 +389,9 @@ def test_the_secret_and_the_key_are_only_in_the_vault(base_dir: str) -> None:
             assert token not in text
 
 
-def test_memorizzctl_adds_a_client_credentials_server(base_dir: str) -> None:
+def test_memorizzctl_adds_a_client_credentials_server(
+    base_dir: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     machines = Machines(TestAuthorizationServer())
     pem, public = ec_key()
     machines.public_keys[CLIENT_ID] = public
@@ -402,12 +404,16 @@ def test_memorizzctl_adds_a_client_credentials_server(base_dir: str) -> None:
             "--private-key-file", str(key_file),
         )  # fmt: skip
         assert code == 0
+        said = capsys.readouterr().out
         d.wait_ready("robot")
         assert "authorized" in call_whoami(c)
         info = c.list_servers()[0]
     assert info.auth == "oauth"
     assert info.oauth_grant == "client_credentials"
     assert [r["method"] for r in machines.requests] == ["private_key_jwt"]
+    # no one logs in to a machine's grant: mcp add does not send them to
+    assert "mcp login" not in said
+    assert "no login: the daemon gets a token with the client_credentials grant" in said
 
 
 @pytest.mark.parametrize(

@@ -171,6 +171,22 @@ def test_presets_are_listed_with_their_tools_risks(
     assert all(p.tools for p in listed.presets)  # every one has its catalog
     assert "https://mcp.mem0.ai/mcp/" in text
     assert "destructive: add_memory" in text  # supermemory
+    # a preset kept to some tools lists those, not the provider's whole catalog
+    blocks: dict[str, str] = {}  # each preset's lines, by its name
+    for line in text.splitlines():
+        if not line.startswith(" "):
+            name = line.split(":", 1)[0]
+        blocks[name] = blocks.get(name, "") + line + "\n"
+    local = blocks["neo4j-memory-local"]
+    catalog = by_name["neo4j-memory-local"].tools
+    assert f"kept to these 12 of the provider's {len(catalog)}" in local
+    hidden = set(catalog) - set(by_name["neo4j-memory-local"].only)
+    assert hidden
+    assert not any(tool in local.split() or f"{tool}," in local for tool in hidden)
+    # the built-in bridge runs no command: it is given the tenant's URL
+    cognee = blocks["cognee"]
+    assert "builtin (the daemon's own bridge: give --url)" in cognee
+    assert "(your command)" not in cognee
 
 
 def test_mem0_preset_with_a_key_reads_and_holds_writes(

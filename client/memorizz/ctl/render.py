@@ -57,7 +57,10 @@ def render_presets(presets: Sequence[m.Preset]) -> str:
         auth = "/".join([p.auth, *p.auth_alternatives])
         if p.oauth_registration is not None:
             auth += f" ({p.oauth_registration.replace('_', '-')} client)"
-        target = p.url or p.command or "(your command)"
+        if p.transport == "builtin":
+            target = "(the daemon's own bridge: give --url)"
+        else:
+            target = p.url or p.command or "(your command)"
         out.append(f"{p.name}: {p.title}\n  {p.transport} {target}  auth: {auth}\n")
         if p.oauth_scopes:
             out.append(f"  scopes: {' '.join(p.oauth_scopes)}\n")
@@ -67,9 +70,16 @@ def render_presets(presets: Sequence[m.Preset]) -> str:
             )
         if p.setup:
             out.append(f"  setup: {p.setup}\n")
+        kept = set(p.only) if p.only else None
+        if kept is not None:
+            out.append(
+                f"  tools: kept to these {len(kept)} of the provider's"
+                f" {len(p.tools)} (allow_tools; --allow-tool to change)\n"
+            )
         by_risk: dict[str, list[str]] = {}
         for tool, risk in sorted(p.tools.items()):
-            by_risk.setdefault(risk, []).append(tool)
+            if kept is None or tool in kept:
+                by_risk.setdefault(risk, []).append(tool)
         out.extend(
             f"  {risk}: {', '.join(by_risk[risk])}\n"
             for risk in ("read", "write", "destructive")
@@ -82,7 +92,13 @@ def render_added(info: m.ServerInfo, preset: m.Preset | None) -> str:
     """What to do next after ``mcp add``: log in, and for a pre-registered
     OAuth client the exact redirect URI to register with it."""
     lines: list[str] = []
-    if info.auth == "oauth":
+    if info.auth == "oauth" and info.oauth_grant != "authorization_code":
+        # a machine grant: no one logs in; the daemon gets the token itself
+        lines.append(
+            f"no login: the daemon gets a token with the {info.oauth_grant} grant;"
+            f" see {PROG} mcp status {info.name}\n"
+        )
+    elif info.auth == "oauth":
         if preset is not None and preset.oauth_registration == "pre_registered":
             uri = info.oauth_redirect_uri or m.DEFAULT_REDIRECT_URI
             lines.append(f"register this redirect URI with the OAuth client: {uri}\n")
