@@ -102,6 +102,20 @@ def add_options(add: argparse.ArgumentParser) -> None:
         type=positive_int,
         help=f"largest accepted result (default {m.DEFAULT_MAX_RESULT_BYTES})",
     )
+    repeatable(
+        add,
+        "--allow-tool",
+        metavar="NAME",
+        help="only tools matching NAME (a glob: 'memory_*') exist for callers"
+        " (repeatable; replaces the preset's tool list; '*': every tool)",
+    )
+    repeatable(
+        add,
+        "--block-tool",
+        metavar="NAME",
+        help="hide and refuse tools matching NAME (a glob; repeatable; wins"
+        " over --allow-tool)",
+    )
     add.add_argument(
         "--replicas",
         metavar="N",
@@ -326,6 +340,8 @@ def build_server_spec(
         headers=dict(args.header),
         secret_env=dict(args.secret_env),
         allow_private_network=args.allow_private_network,
+        allow_tools=list(args.allow_tool),
+        block_tools=list(args.block_tool),
         oauth_client_id=args.client_id,
         oauth_client_secret=client_secret,
         oauth_private_key=private_key,
