@@ -145,20 +145,29 @@ def test_allow_tool_replaces_a_presets_allow_list(
     ("option", "field"),
     [("--allow-tool", "allow_tools"), ("--block-tool", "block_tools")],
 )
+@pytest.mark.parametrize(
+    ("bad", "says"),
+    [
+        ("ec\0ho", "[1]: a NUL character is not allowed"),
+        ("", ": an empty name matches no tool"),  # it hid every tool, silently
+    ],
+)
 def test_a_name_the_spec_check_refuses_is_refused_alike(
     daemon: DaemonHarness,
     capsys: pytest.CaptureFixture[str],
     option: str,
     field: str,
+    bad: str,
+    says: str,
 ) -> None:
     name = f"bad-{field}"
     capsys.readouterr()
-    code = add_test_server(daemon, name, option, "echo", option, "ec\0ho")
+    code = add_test_server(daemon, name, option, "echo", option, bad)
     assert code == 2
     err = capsys.readouterr().err
-    message = f"server {name!r}: {field}[1]: a NUL character is not allowed"
+    message = f"server {name!r}: {field}{says}"
     assert f"{message} (invalid_params)" in err
-    names = ["echo", "ec\0ho"]
+    names = ["echo", bad]
     spec = m.ServerSpec(
         name=name,
         transport="stdio",

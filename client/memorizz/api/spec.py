@@ -71,6 +71,9 @@ def check_server_spec(spec: ServerSpec) -> None:
         )
     where = f"server {spec.name!r}"
     _check_nul(spec, where)
+    for key in ("allow_tools", "block_tools"):
+        if any(not pattern for pattern in getattr(spec, key)):
+            _invalid(f"{where}: {key}: an empty name matches no tool")
     if (spec.transport == "builtin") != (spec.builtin is not None):
         _invalid(f'{where}: transport "builtin" goes with builtin (the bridge\'s name)')
     if spec.transport == "builtin":
