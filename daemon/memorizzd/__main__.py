@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     harden_process()  # MEMORIZZ_* out of os.environ; /proc/<pid>/environ root-only
     raise_open_files_limit()
     from memorizzd.app import run  # the heavy imports (mcp) only when serving
-    from memorizzd.rpc.server import SocketInUseError
+    from memorizzd.rpc.server import ListenError, SocketInUseError
     from memorizzd.store import StoreError
 
     try:
@@ -129,18 +129,30 @@ def main(argv: list[str] | None = None) -> int:
             backend="asyncio",
             backend_options={"use_uvloop": True},
         )
-    except VaultKeyError as exc:
-        print(f"memorizzd: vault: {exc}", file=sys.stderr)
-        return EX_CONFIG
-    except (SocketInUseError, StoreError) as exc:
-        print(f"memorizzd: {exc}", file=sys.stderr)
-        return 1
-    except ConfigError as exc:
-        print(f"memorizzd: invalid configuration: {exc}", file=sys.stderr)
-        return EX_CONFIG
-    except KeyboardInterrupt:
-        return 0
+    except BaseException as raised:
+        # One failure from inside the daemon's task groups arrives wrapped:
+        # said in one line, as the same failure raised before them is.
+        failed = _alone(raised)
+        if isinstance(failed, VaultKeyError):
+            print(f"memorizzd: vault: {failed}", file=sys.stderr)
+            return EX_CONFIG
+        if isinstance(failed, (SocketInUseError, ListenError, StoreError)):
+            print(f"memorizzd: {failed}", file=sys.stderr)
+            return 1
+        if isinstance(failed, ConfigError):
+            print(f"memorizzd: invalid configuration: {failed}", file=sys.stderr)
+            return EX_CONFIG
+        if isinstance(failed, KeyboardInterrupt):
+            return 0
+        raise
     return 0
+
+
+def _alone(exc: BaseException) -> BaseException:
+    """The one exception a chain of single-member groups holds (or ``exc``)."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _path(text: str) -> str:

@@ -30,7 +30,7 @@ from memorizzd.calls import Calls
 from memorizzd.config import Config, ConfigError, gid_of, metrics_address
 from memorizzd.rpc.authority import SocketRule, operator_rule
 from memorizzd.rpc.peer import peer_of
-from memorizzd.rpc.server import SocketServer, prepare_socket_path
+from memorizzd.rpc.server import ListenError, SocketServer, prepare_socket_path
 from memorizzd.store import Store
 from memorizzd.telemetry import tracing
 from memorizzd.telemetry.http import MetricsServer
@@ -158,7 +158,13 @@ async def _serve_metrics(
             if config.metrics.listen:
                 host, port = metrics_address(config.metrics.listen)
                 family = socket.AF_INET6 if ":" in host else socket.AF_INET
-                raw = socket.create_server((host, port), family=family)
+                try:
+                    raw = socket.create_server((host, port), family=family)
+                except OSError as exc:
+                    raise ListenError(
+                        f"[metrics] listen = {config.metrics.listen!r}: cannot"
+                        f" listen there: {os.strerror(exc.errno) if exc.errno else exc}"
+                    ) from None
                 raw.setblocking(False)
                 tcp = await anyio.abc.SocketListener.from_socket(raw)
                 await tg.start(server.serve, tcp)

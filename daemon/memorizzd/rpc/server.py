@@ -90,6 +90,11 @@ class SocketInUseError(Exception):
     """Another live daemon answers on the socket path."""
 
 
+class ListenError(Exception):
+    """An address the daemon was told to listen on cannot be had (in use,
+    not on this host): said in one line, like a socket in use."""
+
+
 def prepare_socket_path(path: str) -> None:
     """Create the directory; replace a stale socket left by a crashed daemon."""
     directory = os.path.dirname(path) or "."
