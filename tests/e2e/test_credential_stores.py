@@ -165,6 +165,38 @@ def test_a_secret_from_each_store_reaches_its_server_and_nowhere_else(
         assert secret not in rows
 
 
+def test_a_systemd_reference_without_the_systemd_store_is_never_sent(
+    base_dir: str,
+) -> None:
+    """``token = "credential:NAME"`` with ``[credentials] stores`` lacking
+    ``systemd``: the reference went to the server as the token itself."""
+    heard: list[bytes] = []
+
+    def listening(app: Any) -> Any:
+        async def recorded(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "http":
+                heard.append(dict(scope["headers"]).get(b"authorization", b""))
+            await app(scope, receive, send)
+
+        return recorded
+
+    with serve_http("streamable_http", wrap=listening) as url:
+        config = daemon_config(
+            base_dir,
+            credentials=Credentials(stores=["vault"]),
+            servers=[http_server("mem0", url, "credential:mem0-key")],
+        )
+        with DaemonHarness.running(config) as d, d.client() as c:
+            wait_until(lambda: c.server_status("mem0")[0].last_error is not None)
+            status = c.server_status("mem0")[0]
+    assert status.state != "ready"
+    assert (
+        "'credential:mem0-key' is a systemd credential reference, but"
+        ' [credentials] stores does not include "systemd"'
+    ) in (status.last_error or "")
+    assert heard == []  # nothing was sent with it
+
+
 def test_systemd_credentials_are_read_only_files(tmp_path: Path) -> None:
     (tmp_path / "k").write_text("value\n")
     store = SystemdCredentialStore(str(tmp_path))

@@ -124,8 +124,16 @@ class CredentialStores:
         return self._store_of(value) is not None
 
     def resolve(self, value: str) -> str:
-        """``value`` itself, or the secret it refers to (``PREFIX:NAME``)."""
+        """``value`` itself, or the secret it refers to (``PREFIX:NAME``).
+        A systemd credential reference (``credential:NAME``) without the
+        systemd store configured is refused: sent as written, it went to the
+        server as the secret itself."""
         store = self._store_of(value)
+        if store is None and value.startswith(f"{SYSTEMD_PREFIX}:"):
+            raise SecretNotFoundError(
+                f"secret {value[:80]!r} is a systemd credential reference, but"
+                ' [credentials] stores does not include "systemd"'
+            )
         return value if store is None else store.get(value)
 
     def get(self, ref: str) -> str:
