@@ -499,6 +499,8 @@ class Broker:
         connections read its scope per call, so one whose server list shrank
         loses those servers at once."""
         self._config = config
+        if self._oauth_service is not None:  # logins and logouts from now on
+            self._oauth_service.reconfigure(config.host_allowlist)
         self._scopes = {
             profile.name: frozenset(profile.servers) for profile in config.profiles
         }

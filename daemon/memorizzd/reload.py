@@ -367,6 +367,8 @@ class Reloader:
                 refused_kind=_refused_kind(admission),
             )
         await self._restore_api_servers(config, result.servers_stopped)
+        if old.host_allowlist != config.host_allowlist:
+            await self._recheck_api_servers(config, result)
         # A proposal never outlives its server: one the file gave up and the
         # state database does not give back is gone, and its proposals with it.
         for name in result.servers_stopped:
@@ -428,6 +430,25 @@ class Reloader:
         self.config = config
         self._admitted = admitted
         return changed
+
+    async def _recheck_api_servers(
+        self, config: Config, result: m.DaemonReloadResult
+    ) -> None:
+        """A changed host allowlist reaches the servers added through the API
+        too, as it reaches the file's: each that connects over the network
+        starts again, checked against it (an open session to a host no longer
+        allowed ends now, not at its next reconnect)."""
+        for upstream in self._pool.all():
+            if upstream.source != "api" or upstream.spec.transport == "stdio":
+                continue
+            admission = self._admit(upstream.spec, config)
+            await self._pool.replace(
+                admission.spec,
+                source="api",
+                refused=admission.problem,
+                refused_kind=_refused_kind(admission),
+            )
+            result.servers_restarted.append(upstream.name)
 
     async def _restore_api_servers(self, config: Config, names: list[str]) -> None:
         """A server the file no longer gives, but the state database has (it

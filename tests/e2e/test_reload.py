@@ -19,7 +19,12 @@ import pytest
 
 from memorizz import Client
 from memorizz.api import methods as m
-from memorizz.api.errors import InvalidParamsError, NotFoundError, PermissionDeniedError
+from memorizz.api.errors import (
+    InvalidParamsError,
+    NotFoundError,
+    PermissionDeniedError,
+    RemoteError,
+)
 from memorizzd.config import load
 from tests.harness import (
     LEGACY_SERVER,
@@ -277,3 +282,35 @@ def test_sighup_reloads_as_daemon_reload_does(base_dir: str) -> None:
 def _state(c: Client, name: str) -> str | None:
     found = [s.state for s in c.server_status() if s.name == name]
     return found[0] if found else None
+
+
+def test_a_narrowed_host_allowlist_reaches_the_servers_added_through_the_api(
+    base_dir: str,
+) -> None:
+    """A reload that takes a host out of ``host_allowlist`` ended the file's
+    sessions to it, but a server added through the API kept its open
+    session (and its calls) until it happened to reconnect."""
+    from tests.harness import http_spec, serve_http
+
+    path = Path(base_dir, "memorizzd.toml")
+    with serve_http("streamable_http") as url:
+        _write(path, _doc(base_dir, host_allowlist=["127.0.0.1"]))
+        with DaemonHarness.running(load(str(path))) as h, h.client() as c:
+            c.add_server(http_spec("web", url, "streamable_http"))
+            h.wait_ready("web")
+            assert c.call_tool("web", "echo", {"text": "a"}).content[0]["text"] == "a"
+            _write(path, _doc(base_dir, host_allowlist=["mcp.example.test"]))
+            result = c.daemon_reload()
+            assert "web" in result.servers_restarted
+            wait_until(lambda: c.server_status("web")[0].state == "failed")
+            status = c.server_status("web")[0]
+            with pytest.raises(RemoteError) as refused:
+                c.call_tool("web", "echo", {"text": "b"})
+            # allowed again: it comes back by itself, as at a restart
+            _write(path, _doc(base_dir, host_allowlist=["127.0.0.1"]))
+            c.daemon_reload()
+            h.wait_ready("web")
+            assert c.call_tool("web", "echo", {"text": "c"}).content[0]["text"] == "c"
+    assert "host_not_allowed" in (status.last_error or ""), status
+    assert refused.value.reason == "server_unavailable", refused.value
+    assert "host_not_allowed" in refused.value.message

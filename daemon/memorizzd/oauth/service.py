@@ -60,6 +60,11 @@ class OAuthService:
         """server -> (the pending login's state, the client secret's credential
         store reference): what its grant keeps instead of the value."""
 
+    def reconfigure(self, allowlist: Sequence[str]) -> None:
+        """A reload's host allowlist, for every request from now on (a login
+        under way keeps its state; its next request is checked anew)."""
+        self._allowlist = tuple(allowlist)
+
     async def login(
         self, spec: m.ServerSpec, keeper: TokenKeeper, redirect_uri: str | None
     ) -> m.AuthLoginResult:

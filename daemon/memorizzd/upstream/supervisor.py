@@ -190,7 +190,8 @@ class Supervisor:
             self.keeper = TokenKeeper(
                 spec.name,
                 vault=vault,
-                http=partial(http_client_for, spec, config.host_allowlist),
+                # the allowlist in force at each use: a reload narrows it
+                http=lambda: http_client_for(self.spec, self._config.host_allowlist),
                 machine=machine,
             )
 
