@@ -338,17 +338,20 @@ def load(
                 f" [A-Za-z0-9_-], not {separator[:10]!r}"
             )
     config.state_dir = state_dir or config.state_dir or default_state_dir()
-    config.host_allowlist = config.host_allowlist + _env_list(
-        env, "MEMORIZZ_MCP_HOST_ALLOWLIST"
-    )
+    from_env = _env_list(env, "MEMORIZZ_MCP_HOST_ALLOWLIST")
+    for where, patterns in (
+        (f"{config_path or 'the defaults'}: host_allowlist", config.host_allowlist),
+        ("$MEMORIZZ_MCP_HOST_ALLOWLIST", from_env),
+    ):
+        for pattern in patterns:
+            if normalise_pattern(pattern) is None:
+                raise ConfigError(
+                    f"{where}: {pattern!r} is not a host name, *.domain or IP address"
+                )
+    config.host_allowlist = config.host_allowlist + from_env
     config.stdio_allowlist = config.stdio_allowlist + _env_list(
         env, "MEMORIZZ_MCP_STDIO_ALLOWLIST"
     )
-    for pattern in config.host_allowlist:
-        if normalise_pattern(pattern) is None:
-            raise ConfigError(
-                f"{config_path}: host_allowlist: {pattern!r} is not a host name or *.domain"
-            )
     config.agents_dir = config.agents_dir or os.path.join(
         os.path.dirname(config.socket) or ".", "agents"
     )

@@ -411,6 +411,26 @@ def test_a_bad_host_allowlist_pattern_is_a_config_error(base_dir: str) -> None:
     assert "host_allowlist: '*.'" in check.stderr
 
 
+def test_a_bad_host_allowlist_entry_from_the_environment_names_the_variable(
+    base_dir: str,
+) -> None:
+    """It said ``None: host_allowlist: ...`` without a config file, named the
+    file's key for the variable's entry, and left out IP addresses."""
+    check = subprocess.run(  # noqa: PLW1510 - the exit status is the assertion
+        [DAEMON_EXE, "--socket", os.path.join(base_dir, "d.sock"),
+         "--state-dir", os.path.join(base_dir, "state"), "--check-config"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MEMORIZZ_MCP_HOST_ALLOWLIST": "ok.example.com,https://x"},
+    )  # fmt: skip
+    assert check.returncode == 78
+    assert check.stderr.splitlines()[-1].endswith(
+        "$MEMORIZZ_MCP_HOST_ALLOWLIST: 'https://x' is not a host name,"
+        " *.domain or IP address"
+    )
+    assert "None" not in check.stderr
+
+
 def test_the_daemon_raises_its_open_files_limit_to_the_hard_limit(
     base_dir: str,
 ) -> None:
