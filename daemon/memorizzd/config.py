@@ -18,6 +18,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -356,6 +357,7 @@ def load(
         os.path.dirname(config.socket) or ".", "agents"
     )
     _check_metrics(config.metrics, config_path)
+    _check_tracing_values(config.tracing, config_path)
     _check_access(config, config_path)
     _check_socket_paths(config, config_path)
     seen: dict[str, int] = {}
@@ -482,7 +484,12 @@ def metrics_address(listen: str) -> tuple[str, int]:
 
 
 def _check_metrics(metrics: Metrics, where: Path | None) -> None:
-    """``listen`` parses, and is loopback unless ``allow_remote``."""
+    """``socket`` is absolute; ``listen`` parses, and is loopback unless
+    ``allow_remote``."""
+    if metrics.socket and not os.path.isabs(metrics.socket):
+        raise ConfigError(
+            f"{where}: metrics.socket: {metrics.socket!r} must be an absolute path"
+        )
     if not metrics.listen:
         return
     try:
@@ -500,6 +507,25 @@ def _check_metrics(metrics: Metrics, where: Path | None) -> None:
             f"{where}: metrics.listen: {host} is not a loopback address;"
             " set metrics.allow_remote = true to serve metrics to other hosts"
         )
+
+
+def _check_tracing_values(tracing: Tracing, where: Path | None) -> None:
+    """``endpoint`` (when given) is an http(s) URL; ``service_name`` is not
+    empty (the exporter would name the daemon ``unknown_service:python``)."""
+    endpoint = tracing.endpoint
+    if endpoint:
+        try:
+            parts = urlsplit(endpoint)
+            url_ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+        except ValueError:  # e.g. an unclosed [ of an IPv6 address
+            url_ok = False
+        if not url_ok:
+            raise ConfigError(
+                f"{where}: tracing.endpoint: {endpoint[:200]!r} is not an http(s) URL"
+                " (e.g. http://127.0.0.1:4318/v1/traces)"
+            )
+    if not tracing.service_name.strip():
+        raise ConfigError(f"{where}: tracing.service_name must not be empty")
 
 
 GID_MAX: Final = 2**32 - 2
