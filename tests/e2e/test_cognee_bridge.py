@@ -398,3 +398,21 @@ def test_the_cli_refuses_a_bad_tenant_url_before_the_socket(
             )
             with pytest.raises(InvalidParamsError, match="auth bearer needs a token"):
                 c.add_server(no_key)
+
+
+def test_a_key_without_auth_bearer_says_so() -> None:
+    """A token given without ``auth = "bearer"`` was told "needs its API key
+    (--token -)", as if there were none."""
+    spec = m.ServerSpec(
+        name="c",
+        transport="builtin",
+        builtin="cognee",
+        url=TENANT_URL,
+        token=PLACEHOLDER,
+    )
+    with pytest.raises(InvalidParamsError) as refused:
+        check_server_spec(spec)
+    assert refused.value.message == (
+        "server 'c': the cognee bridge's API key goes with auth = \"bearer\""
+        " (auth is 'none')"
+    )

@@ -190,6 +190,11 @@ def _check_builtin(spec: ServerSpec, where: str) -> None:
     else:
         _invalid(f"{where}: the cognee bridge needs its tenant URL (--url)")
     if spec.auth != "bearer":
+        if spec.token is not None:  # the key is there: the auth kind is not
+            _invalid(
+                f'{where}: the cognee bridge\'s API key goes with auth = "bearer"'
+                f" (auth is {spec.auth!r})"
+            )
         _invalid(f"{where}: the cognee bridge needs its API key (--token -)")
     if spec.command or spec.args or spec.env or spec.cwd or spec.secret_env:
         _invalid(
