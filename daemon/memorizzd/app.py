@@ -39,6 +39,7 @@ from memorizzd.upstream.errors import FailureKind
 from memorizzd.upstream.pool import Pool, running_pool
 from memorizzd.upstream.tasks import STATUS as TASK_STATUS
 from memorizzd.vault import FernetCredentialStore, KeySource, keys_for
+from memorizzd.vault.server_secrets import forget_servers_gone
 from memorizzd.vault.stores import open_stores
 
 log = logging.getLogger("memorizzd")
@@ -215,6 +216,15 @@ async def running_daemon(
                             )
                             # ... and so does a server gone from the file and the database
                             await book.servers_in_force([u.name for u in pool.all()])
+                            # ... and its secrets (a removal killed half way)
+                            gone = await anyio.to_thread.run_sync(
+                                forget_servers_gone, vault, {u.name for u in pool.all()}
+                            )
+                            if gone:
+                                log.info(
+                                    "deleted %d secrets of servers that are gone",
+                                    len(gone),
+                                )
                             sockets = Sockets(
                                 listening,
                                 servers,

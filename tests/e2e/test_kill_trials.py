@@ -265,6 +265,35 @@ def test_a_removal_killed_while_the_server_stops_leaves_none_of_its_secrets(
         assert _rows(state, refs_of_slow) == []
 
 
+def test_a_removal_killed_between_the_row_and_the_secrets_is_finished_at_start(
+    base_dir: str,
+) -> None:
+    """The window the trial above hits only by chance, made exact: the row
+    deleted (as ``servers/remove`` does first), the daemon killed before it
+    deleted the secrets. The next start deletes them: a server that is gone
+    keeps no secret. Another server's stay."""
+    state = os.path.join(base_dir, "state")
+    refs = "SELECT ref FROM secrets WHERE ref LIKE 'server/%' ORDER BY ref"
+    with daemon_process(base_dir) as d:
+        with d.client() as c:
+            c.add_server(light_spec("gone", secret_env={"API_KEY": "s3cret-1"}))
+            c.add_server(light_spec("kept", secret_env={"API_KEY": "s3cret-2"}))
+        d.wait_ready("gone")
+        d.wait_ready("kept")
+        _kill(d)
+    with contextlib.closing(sqlite3.connect(Path(state, "state.db"))) as db:
+        db.execute("DELETE FROM servers WHERE name = 'gone'")
+        db.commit()
+    assert _rows(state, refs) == [
+        ("server/gone/env/API_KEY",),
+        ("server/kept/env/API_KEY",),
+    ]
+    with daemon_process(base_dir) as d, d.client() as c:
+        assert [s.name for s in c.list_servers()] == ["kept"]
+        assert _rows(state, refs) == [("server/kept/env/API_KEY",)]
+        d.wait_ready("kept")
+
+
 def _remove(d: DaemonProcess, name: str) -> None:
     with contextlib.suppress(MemorizzError, OSError), d.client() as c:
         c.remove_server(name)

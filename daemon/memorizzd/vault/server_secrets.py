@@ -119,6 +119,23 @@ def server_refs(vault: CredentialStore, server: str) -> list[str]:
     return [ref for ref in vault.refs() if ref.startswith(prefix)]
 
 
+def forget_servers_gone(vault: CredentialStore, present: set[str]) -> list[str]:
+    """Delete the secrets of every server not in ``present`` (the servers
+    the daemon starts with); the refs deleted. ``servers/remove`` deletes a
+    server's row, then its secrets: a daemon killed between the two left
+    them for ever, as it did a grant a config server had when the file gave
+    it up."""
+    gone: list[str] = []
+    for ref in vault.refs():
+        if not ref.startswith("server/"):
+            continue
+        name = ref[len("server/") :].split("/", 1)[0]
+        if name not in present:
+            vault.delete(ref)
+            gone.append(ref)
+    return gone
+
+
 def resolve_secrets(spec: ServerSpec, vault: CredentialStore) -> ServerSecrets:
     """Inline values where present (config file), else from the vault.
 
