@@ -87,6 +87,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"memorizzd: invalid configuration: {exc}", file=sys.stderr)
         return EX_CONFIG
     if args.check_config:
+        from memorizzd.vault import VaultKeyError
+        from memorizzd.vault.stores import check_stores
+
+        try:  # the plugin stores' factories found (none called)
+            check_stores(config.credentials.stores)
+        except VaultKeyError as exc:
+            print(f"memorizzd: invalid configuration: {exc}", file=sys.stderr)
+            return EX_CONFIG
         print(
             f"memorizzd: configuration ok ({config.config_path or 'embedded defaults'}, "
             f"{len(config.servers)} servers)"

@@ -267,3 +267,30 @@ def test_a_store_that_cannot_be_loaded_stops_the_start(
 ) -> None:
     with pytest.raises(VaultKeyError, match=message):
         open_stores(["vault", name], _Vault(), config=daemon_config(base_dir))
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("nope", "no entry point"),
+        ("no_such_module_here:factory", "cannot load it: ModuleNotFoundError"),
+    ],
+)
+def test_check_config_refuses_a_store_that_cannot_be_found(
+    base_dir: str, name: str, message: str
+) -> None:
+    """``--check-config`` passed it, and the start failed."""
+    import subprocess
+
+    from tests.process import DAEMON_EXE
+
+    config = Path(base_dir, "memorizzd.toml")
+    config.write_text(f'[credentials]\nstores = ["vault", "{name}"]\n')
+    check = subprocess.run(  # noqa: PLW1510 - the exit status is the assertion
+        [DAEMON_EXE, "--config", str(config), "--check-config"],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 78, check.stdout + check.stderr
+    assert message in check.stderr
+    assert check.stderr.count("\n") == 1

@@ -197,27 +197,48 @@ def open_stores(
     return CredentialStores(primary, others)
 
 
-def _load(name: str, config: Config) -> CredentialStore:
-    factory: Callable[[Config], CredentialStore]
+def check_stores(names: Sequence[str]) -> None:
+    """Each plugin store's factory found (its module imported, or its entry
+    point), none called: what ``--check-config`` can say without opening a
+    store (a factory may reach a secret manager). ``VaultKeyError`` as at
+    start."""
+    for name in names:
+        if name not in ("vault", "systemd"):
+            _factory(name)
+
+
+def _factory(name: str) -> Callable[[Config], CredentialStore]:
     try:
         if ":" in name:
             module, _, attr = name.partition(":")
-            factory = getattr(importlib.import_module(module), attr)
-        else:
-            # Only here: importlib.metadata brings the email package with it
-            # (about 1 MB a daemon without plugins need not carry).
-            from importlib.metadata import entry_points
+            found_factory: Callable[[Config], CredentialStore] = getattr(
+                importlib.import_module(module), attr
+            )
+            return found_factory
+        # Only here: importlib.metadata brings the email package with it
+        # (about 1 MB a daemon without plugins need not carry).
+        from importlib.metadata import entry_points
 
-            found = entry_points(group=ENTRY_POINT_GROUP, name=name)
-            if not found:
-                raise VaultKeyError(
-                    f"credential store {name!r}: no entry point of that name in"
-                    f" the group {ENTRY_POINT_GROUP}"
-                )
-            factory = next(iter(found)).load()
-        store = factory(config)
+        found = entry_points(group=ENTRY_POINT_GROUP, name=name)
+        if not found:
+            raise VaultKeyError(
+                f"credential store {name!r}: no entry point of that name in"
+                f" the group {ENTRY_POINT_GROUP}"
+            )
+        loaded: Callable[[Config], CredentialStore] = next(iter(found)).load()
+        return loaded
     except VaultKeyError:
         raise
+    except Exception as exc:  # noqa: BLE001 - a plugin's failure, named
+        raise VaultKeyError(
+            f"credential store {name!r}: cannot load it: {type(exc).__name__}"
+        ) from None
+
+
+def _load(name: str, config: Config) -> CredentialStore:
+    factory = _factory(name)
+    try:
+        store = factory(config)
     except Exception as exc:  # noqa: BLE001 - a plugin's failure, named, at start
         raise VaultKeyError(
             f"credential store {name!r}: cannot load it: {type(exc).__name__}"
