@@ -86,15 +86,15 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"memorizzd: invalid configuration: {exc}", file=sys.stderr)
         return EX_CONFIG
-    if args.check_config:
-        from memorizzd.vault import VaultKeyError
-        from memorizzd.vault.stores import check_stores
+    from memorizzd.vault import VaultKeyError
+    from memorizzd.vault.stores import check_stores
 
-        try:  # the plugin stores' factories found (none called)
-            check_stores(config.credentials.stores)
-        except VaultKeyError as exc:
-            print(f"memorizzd: invalid configuration: {exc}", file=sys.stderr)
-            return EX_CONFIG
+    try:  # the plugin stores' factories found (none called): before any key
+        check_stores(config.credentials.stores)
+    except VaultKeyError as exc:
+        print(f"memorizzd: invalid configuration: {exc}", file=sys.stderr)
+        return EX_CONFIG
+    if args.check_config:
         print(
             f"memorizzd: configuration ok ({config.config_path or 'embedded defaults'}, "
             f"{len(config.servers)} servers)"
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level, formatter(args.log_format))
     if args.forget_secrets:
         return _forget_secrets(config.state_dir)
-    from memorizzd.vault import VaultKeyError, find_keys
+    from memorizzd.vault import find_keys
 
     try:  # before harden_process scrubs MEMORIZZ_MCP_ENCRYPTION_KEY
         # A key file still to be generated is made by the daemon (None here),

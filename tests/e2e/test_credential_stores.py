@@ -294,3 +294,13 @@ def test_check_config_refuses_a_store_that_cannot_be_found(
     assert check.returncode == 78, check.stdout + check.stderr
     assert message in check.stderr
     assert check.stderr.count("\n") == 1
+    # a start stops as early: no vault key made for a daemon that never ran
+    state = Path(base_dir, "state")
+    start = subprocess.run(  # noqa: PLW1510 - the exit status is the assertion
+        [DAEMON_EXE, "--config", str(config), "--state-dir", str(state),
+         "--socket", str(Path(base_dir, "d.sock"))],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert start.returncode == 78, start.stderr
+    assert message in start.stderr
+    assert not Path(state, "vault.key").exists()
