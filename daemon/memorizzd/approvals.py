@@ -533,12 +533,9 @@ class ApprovalBook:
         one its calls still on their way propose from now on. The operator
         socket's (no profile) are never touched."""
         self._profiles = frozenset(names)
-        rows = await anyio.to_thread.run_sync(
-            partial(self._store.open_proposals, now=self._now())
+        await self._invalidate_open(
+            lambda row: self._gone(row.caller_profile), PROFILE_GONE
         )
-        for row in rows:
-            if self._gone(row.caller_profile):
-                await self.invalidate(stored.proposal(row), PROFILE_GONE)
 
     async def server_removed(self, name: str) -> None:
         """A server that is no more (``servers/remove``; a reload whose config,
@@ -547,12 +544,7 @@ class ApprovalBook:
         left to approve, reject or count, and a server of the same name added
         later never runs them. One out of a profile's scope only is not
         removed: its proposals are checked when resumed."""
-        rows = await anyio.to_thread.run_sync(
-            partial(self._store.open_proposals, now=self._now())
-        )
-        for row in rows:
-            if row.server == name:
-                await self.invalidate(stored.proposal(row), SERVER_GONE)
+        await self._invalidate_open(lambda row: row.server == name, SERVER_GONE)
 
     async def servers_in_force(self, names: Collection[str]) -> None:
         """The servers the daemon starts with (config file and state database):
@@ -560,12 +552,19 @@ class ApprovalBook:
         daemon was stopped) is invalidated (``SERVER_GONE``), as
         ``server_removed`` would have done."""
         present = frozenset(names)
+        await self._invalidate_open(lambda row: row.server not in present, SERVER_GONE)
+
+    async def _invalidate_open(
+        self, ends: Callable[[ProposalRow], bool], why: str
+    ) -> None:
+        """Every open proposal (pending, approved; however many) that ``ends``
+        picks, invalidated for ``why``."""
         rows = await anyio.to_thread.run_sync(
             partial(self._store.open_proposals, now=self._now())
         )
         for row in rows:
-            if row.server not in present:
-                await self.invalidate(stored.proposal(row), SERVER_GONE)
+            if ends(row):
+                await self.invalidate(stored.proposal(row), why)
 
     def _gone(self, profile: str | None) -> bool:
         """A profile the config in force no longer gives."""

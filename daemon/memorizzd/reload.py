@@ -360,12 +360,7 @@ class Reloader:
                     " the config file wins",
                     name,
                 )
-            await self._pool.replace(
-                admission.spec,
-                source="config",
-                refused=admission.problem,
-                refused_kind=_refused_kind(admission),
-            )
+            await self._replace(admission, source="config")
         await self._restore_api_servers(config, result.servers_stopped)
         if old.host_allowlist != config.host_allowlist:
             await self._recheck_api_servers(config, result)
@@ -441,13 +436,7 @@ class Reloader:
         for upstream in self._pool.all():
             if upstream.source != "api" or upstream.spec.transport == "stdio":
                 continue
-            admission = self._admit(upstream.spec, config)
-            await self._pool.replace(
-                admission.spec,
-                source="api",
-                refused=admission.problem,
-                refused_kind=_refused_kind(admission),
-            )
+            await self._replace(self._admit(upstream.spec, config), source="api")
             result.servers_restarted.append(upstream.name)
 
     async def _restore_api_servers(self, config: Config, names: list[str]) -> None:
@@ -458,16 +447,20 @@ class Reloader:
         stored = await anyio.to_thread.run_sync(self._api_servers)
         for spec in stored:
             if spec.name in names and spec.name not in self._pool:
-                admission = self._admit(spec, config)
                 log.info(
                     "server %s: the state database's, the file gave it up", spec.name
                 )
-                await self._pool.replace(
-                    admission.spec,
-                    source="api",
-                    refused=admission.problem,
-                    refused_kind=_refused_kind(admission),
-                )
+                await self._replace(self._admit(spec, config), source="api")
+
+    async def _replace(self, admission: Admission, *, source: str) -> None:
+        """Start ``admission``'s server in place of the one of its name: run,
+        or listed ``failed`` with why it must not."""
+        await self._pool.replace(
+            admission.spec,
+            source=source,
+            refused=admission.problem,
+            refused_kind=_refused_kind(admission),
+        )
 
 
 def _internal_failure(exc: Exception, *, applied: bool) -> str:

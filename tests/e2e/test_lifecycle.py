@@ -365,6 +365,19 @@ def test_a_bad_log_level_is_a_usage_error(base_dir: str) -> None:
             '[[servers]]\nname = "x"\ntransport = "stdio"\ncommand = "y"\ntimeout = 5\n',
             "timeout",
         ),
+        # taken as given before: a relative metrics socket (bound where the
+        # daemon happened to run), any endpoint string, an empty service name
+        # (the exporter's ``unknown_service:python``)
+        (
+            '[metrics]\nsocket = "metrics.sock"\n',
+            "metrics.socket: 'metrics.sock' must be an absolute path",
+        ),
+        (
+            '[tracing]\nendpoint = "collector:4318"\n',
+            "tracing.endpoint: 'collector:4318' is not an http(s) URL",
+        ),
+        ('[tracing]\nendpoint = "http://[::1"\n', "is not an http(s) URL"),
+        ('[tracing]\nservice_name = " "\n', "tracing.service_name must not be empty"),
     ],
 )
 def test_config_values_are_checked(base_dir: str, toml: str, message: str) -> None:
@@ -397,38 +410,6 @@ def test_the_daemon_honours_memorizz_socket(base_dir: str) -> None:
     finally:
         proc.terminate()
         assert proc.wait(30) == 0
-
-
-@pytest.mark.parametrize(
-    ("toml", "says"),
-    [
-        (
-            '[metrics]\nsocket = "metrics.sock"\n',
-            "metrics.socket: 'metrics.sock' must be an absolute path",
-        ),
-        (
-            '[tracing]\nendpoint = "collector:4318"\n',
-            "tracing.endpoint: 'collector:4318' is not an http(s) URL",
-        ),
-        ('[tracing]\nendpoint = "http://[::1"\n', "is not an http(s) URL"),
-        ('[tracing]\nservice_name = " "\n', "tracing.service_name must not be empty"),
-    ],
-)
-def test_metrics_and_tracing_values_are_checked(
-    base_dir: str, toml: str, says: str
-) -> None:
-    """They were taken as given: a relative metrics socket (bound where the
-    daemon happened to run), any endpoint string, an empty service name (the
-    exporter's ``unknown_service:python``)."""
-    config = Path(base_dir, "memorizzd.toml")
-    config.write_text(toml)
-    check = subprocess.run(  # noqa: PLW1510 - the exit status is the assertion
-        [DAEMON_EXE, "--config", str(config), "--check-config"],
-        capture_output=True,
-        text=True,
-    )
-    assert check.returncode == 78, check.stderr
-    assert says in check.stderr
 
 
 def test_a_bad_host_allowlist_pattern_is_a_config_error(base_dir: str) -> None:

@@ -109,16 +109,12 @@ def _attributes(span: Span) -> dict[str, str]:
     return {a.key: a.value.string_value for a in span.attributes}
 
 
-def test_calls_in_flight_at_sigterm_keep_their_spans_whole_and_are_flushed(
-    base_dir: str,
-) -> None:
-    log = Path(base_dir, "daemon.log")
-    with _otlp_receiver(log) as (endpoint, received):
-        config = Path(base_dir, "memorizzd.toml")
-        config.write_text(
-            f"""
-drain_timeout_s = {DRAIN_S}
-
+def _traced_config(base_dir: str, endpoint: str, top: str = "") -> Path:
+    """A config file: ``top``, server ``t`` (the SDK test server), tracing on
+    to ``endpoint``."""
+    config = Path(base_dir, "memorizzd.toml")
+    config.write_text(
+        f"""{top}
 [[servers]]
 name = "t"
 transport = "stdio"
@@ -129,7 +125,16 @@ args = [{MCP_SERVER!r}, "stdio"]
 enabled = true
 endpoint = {endpoint!r}
 """
-        )
+    )
+    return config
+
+
+def test_calls_in_flight_at_sigterm_keep_their_spans_whole_and_are_flushed(
+    base_dir: str,
+) -> None:
+    log = Path(base_dir, "daemon.log")
+    with _otlp_receiver(log) as (endpoint, received):
+        config = _traced_config(base_dir, endpoint, f"drain_timeout_s = {DRAIN_S}\n")
         with daemon_process(base_dir, config=str(config)) as d:
             d.wait_ready("t")
             answers: dict[str, object] = {}
@@ -190,20 +195,7 @@ def test_a_collector_that_does_not_answer_holds_the_stop_a_bounded_time(
     most, then the daemon stops (exit 0), saying what it dropped."""
     log = Path(base_dir, "daemon.log")
     with _otlp_receiver(log, stalled=True) as (endpoint, _):
-        config = Path(base_dir, "memorizzd.toml")
-        config.write_text(
-            f"""
-[[servers]]
-name = "t"
-transport = "stdio"
-command = {sys.executable!r}
-args = [{MCP_SERVER!r}, "stdio"]
-
-[tracing]
-enabled = true
-endpoint = {endpoint!r}
-"""
-        )
+        config = _traced_config(base_dir, endpoint)
         with daemon_process(base_dir, config=str(config)) as d:
             d.wait_ready("t")
             with d.client() as c:

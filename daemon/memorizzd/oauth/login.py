@@ -72,6 +72,10 @@ class PendingLogin:
     """``time.monotonic()`` deadline."""
     expires_at: float
     """The same, as Unix time, for the operator."""
+    kept_secret: str | None = None
+    """What the grant keeps instead of the client secret it was made with:
+    the secret's credential store reference (``credential:NAME``), resolved
+    again at each refresh and revocation (None: the secret itself)."""
 
 
 class Logins:

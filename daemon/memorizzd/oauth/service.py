@@ -56,9 +56,6 @@ class OAuthService:
         self._vault = vault
         self._allowlist = tuple(allowlist)
         self._logins = Logins(login_ttl_s)
-        self._references: dict[str, tuple[str, str]] = {}
-        """server -> (the pending login's state, the client secret's credential
-        store reference): what its grant keeps instead of the value."""
 
     def reconfigure(self, allowlist: Sequence[str]) -> None:
         """A reload's host allowlist, for every request from now on (a login
@@ -119,11 +116,9 @@ class OAuthService:
             scope=scope,
             ttl_s=self._logins.ttl_s,
         )
-        self._logins.add(login)
         if configured is not None and configured != client_secret:
-            self._references[spec.name] = (login.state, configured)
-        else:
-            self._references.pop(spec.name, None)
+            login.kept_secret = configured  # a reference: kept, not its value
+        self._logins.add(login)
         log.info("%s: login started with %s", spec.name, authz.issuer)
         return m.AuthLoginResult(
             server=spec.name,
@@ -142,14 +137,13 @@ class OAuthService:
             raise InvalidParamsError("callback_url is longer than 8192 characters")
         params = callback_params(callback_url)
         login = self._logins.take(spec.name, params.get("state"))
-        state, reference = self._references.pop(spec.name, ("", None))
         async with http_client_for(spec, self._allowlist) as http:
             grant = await finish(http, login, params, keeper.dpop)
-        if reference is not None and state == login.state:
+        if login.kept_secret is not None:
             # The grant keeps the reference, never the value it stands for
             # (the state database holds no credential store's secret); each
             # refresh and the revocation resolve it again.
-            grant = msgspec.structs.replace(grant, client_secret=reference)
+            grant = msgspec.structs.replace(grant, client_secret=login.kept_secret)
         await keeper.install(grant)
         log.info("%s: logged in with %s", spec.name, grant.issuer)
         return m.AuthCompleteResult(server=spec.name, auth=keeper.status())
@@ -159,7 +153,6 @@ class OAuthService:
     ) -> m.AuthLogoutResult:
         _oauth_url(spec)
         self._logins.cancel(spec.name)
-        self._references.pop(spec.name, None)
         grant = keeper.grant
         outcome: Literal["revoked", "not_supported", "failed", "nothing_to_revoke"]
         if grant is None:
