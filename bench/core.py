@@ -37,7 +37,11 @@
     scrape must count every call, and the "off" one must serve no metrics.
     Context: bench/metrics.py's per-call numbers, with a small n: the
     counting's own cost, which (h) cannot resolve from the noise of a round
-    trip.
+    trip. And, on the "off" daemon, ABBA blocks of the same calls to the
+    minimal server and to one answering after ``LATE_MS`` (a ``time.sleep``,
+    as long as an SDK server's work): the daemon does the same work for both,
+    so any difference in its CPU per call is the cost of waking after a
+    long idle on this machine, which (b) pays and (h) does not.
 
 Bridge start-up: the installed ``memorizzctl mcp serve``, from process start
 until it has connected to an MCP socket (a listener of this process stands in
@@ -138,6 +142,11 @@ METRICS_CONFIGS: Final = {
 }
 """(h): the two daemons' config files; nothing else differs."""
 METRICS_SCALE: Final = 4
+LATE_MS: Final = 2
+"""(h) context: the minimal server's delay before each answer, in the late
+blocks (about an SDK echo server's time per call here)."""
+LATE_BLOCKS: Final = 4
+"""(h) context: ABBA blocks of each, at once and late."""
 """(h): calls and blocks per daemon, as a multiple of (a)/(b)'s."""
 MICRO_N: Final = 20_000
 """(h) context: bench/metrics.py's calls per block (its own default: 200,000)."""
@@ -211,6 +220,10 @@ class MetricsCost(msgspec.Struct, kw_only=True):
     micro_n: int = 0
     micro_off: str = ""
     """The key of ``micro``'s baseline (an empty hook)."""
+    at_once: Sequential | None = None
+    late: Sequential | None = None
+    """(context) the "off" daemon's calls to the minimal server, and to one
+    answering after ``LATE_MS``, in ABBA blocks of their own."""
 
 
 class Results(msgspec.Struct, kw_only=True):
@@ -521,20 +534,22 @@ def face_sessions_rss(daemon: DaemonProcess) -> FaceRss:
     )
 
 
-def _tiny_spec(name: str) -> m.ServerSpec:
-    """The minimal non-SDK echo server of (d') and (h)."""
+def _tiny_spec(name: str, delay_ms: int = 0) -> m.ServerSpec:
+    """The minimal non-SDK echo server of (d') and (h) (``delay_ms``: it
+    sleeps that long before each answer)."""
+    delay = ["--delay-ms", str(delay_ms)] if delay_ms else []
     return m.ServerSpec(
         name=name,
         transport="stdio",
         command=sys.executable,
-        args=[TINY_ECHO_SERVER],
+        args=[TINY_ECHO_SERVER, *delay],
         protocol="legacy",
     )
 
 
-def _add_tiny(client: Client, name: str) -> int:
+def _add_tiny(client: Client, name: str, delay_ms: int = 0) -> int:
     """Add the minimal echo server, wait until it is ready; its pid."""
-    client.add_server(_tiny_spec(name))
+    client.add_server(_tiny_spec(name, delay_ms))
     wait_until(
         lambda: client.server_status(name)[0].state == "ready",
         timeout_s=READY_TIMEOUT_S,
@@ -599,6 +614,9 @@ def metrics_cost(
         )
         if step % 8 == 0 or step == len(order):
             progress(f"(h): block {step}/{len(order)} done")
+    at_once, late = _late_blocks(
+        daemons["off"], clients["off"], servers["off"], per_block, warmup
+    )
     counted = _scraped_calls(daemons["on"].socket, "tiny")
     off_served = _scraped_calls(daemons["off"].socket, "tiny") is not None
     for which, daemon in daemons.items():
@@ -614,7 +632,32 @@ def metrics_cost(
         micro=measure(MICRO_N, 3),
         micro_n=MICRO_N,
         micro_off=OFF,
+        at_once=at_once,
+        late=late,
     )
+
+
+def _late_blocks(
+    daemon: DaemonProcess, client: Client, server_pid: int, per_block: int, warmup: int
+) -> tuple[Sequential, Sequential]:
+    """(h) context: the same calls to the minimal server and to one that
+    answers after ``LATE_MS``, in ABBA blocks on one daemon."""
+    late_pid = _add_tiny(client, "tiny-late", LATE_MS)
+    daemon.server_pids.add(late_pid)
+    _socket_calls(client, warmup // 4, "tiny-late")
+    runs = {"tiny": Sequential(), "tiny-late": Sequential()}
+    pids = {"tiny": server_pid, "tiny-late": late_pid}
+    progress(f"(h) context: {LATE_BLOCKS} blocks each, answers at once and late")
+    for letter in ("abba" * LATE_BLOCKS)[: 2 * LATE_BLOCKS]:
+        which = "tiny" if letter == "a" else "tiny-late"
+        _timed_block(
+            runs[which],
+            functools.partial(_socket_calls, client, per_block, which),
+            daemon_pid=daemon.pid,
+            server_pid=pids[which],
+            cpu=task_cpu_ns,
+        )
+    return runs["tiny"], runs["tiny-late"]
 
 
 def cold(options: Options, socket_path: str) -> tuple[list[int], list[int]]:
@@ -1021,10 +1064,15 @@ def _metrics_rows(r: Results) -> list[str]:
     if h is None:
         return []
     lines: list[str] = []
-    rows = (
+    rows = [
         ("(h) metrics on, tracing off: socket -> daemon -> tiny", h.on),
         ("    metrics off, tracing off: the same", h.off),
-    )
+    ]
+    if h.at_once is not None and h.late is not None:
+        rows += [
+            ("    context, metrics off: the same, other blocks", h.at_once),
+            (f"    ... tiny answering after {LATE_MS} ms (sleeps)", h.late),
+        ]
     for label, seq in rows:
         n = len(seq.samples)
         cpu = "".join(
@@ -1066,6 +1114,26 @@ def _metrics_rows(r: Results) -> list[str]:
             f"{h.micro_n:,}): {micro}"
         )
     return lines
+
+
+def _late_targets(r: Results) -> list[tuple[str, str, str, bool | None]]:
+    """(b)'s context: the daemon's CPU per call for the same work, its
+    upstream answering at once and after ``LATE_MS`` ((h)'s late blocks)."""
+    h = r.metrics
+    if h is None or h.at_once is None or h.late is None:
+        return []
+    at_once, late = (
+        (seq.daemon_cpu_ns or 0) / len(seq.samples) / 1000
+        for seq in (h.at_once, h.late)
+    )
+    return [
+        (
+            f"    (h) at once / after {LATE_MS} ms (context)",
+            f"{at_once:,.0f} / {late:,.0f} µs",
+            "",
+            None,
+        )
+    ]
 
 
 def _metrics_targets(r: Results) -> list[tuple[str, str, str, bool | None]]:
@@ -1189,6 +1257,7 @@ def _target_rows(options: Options, r: Results) -> list[str]:
             f"<= {MAX_DAEMON_CPU_US:.0f} µs",
             daemon_us <= MAX_DAEMON_CPU_US,
         ),
+        *_late_targets(r),
         (
             "c/b at the median",
             f"{c / b:,.0f}",

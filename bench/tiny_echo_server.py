@@ -4,11 +4,16 @@ It speaks the 2025-11-25 handshake era with msgspec and costs a few tens of
 microseconds per call, so that throughput row (d') measures the daemon rather
 than the SDK server behind it (an SDK ``MCPServer`` spends about 1 ms of CPU on
 each call, which caps one server process near 1,000 calls/s on this machine).
+
+``--delay-ms N``: sleep N ms before answering each ``tools/call`` (bench/core.py
+(h)'s context row: the daemon's CPU per call when its upstream answers as
+slowly as an SDK server does, for the same work of its own).
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 from typing import Any
 
 import msgspec
@@ -23,6 +28,9 @@ TOOL = {
 }
 
 
+_pause = threading.Event().wait
+
+
 class Message(msgspec.Struct):
     method: str | None = None
     id: int | str | None = None
@@ -30,6 +38,9 @@ class Message(msgspec.Struct):
 
 
 def main() -> None:
+    delay_s = 0.0
+    if sys.argv[1:2] == ["--delay-ms"]:
+        delay_s = float(sys.argv[2]) / 1000
     decode = msgspec.json.Decoder(Message).decode
     encode = msgspec.json.Encoder().encode
     out = sys.stdout.buffer
@@ -43,6 +54,8 @@ def main() -> None:
         if message.method == "tools/call":
             text = message.params.get("arguments", {}).get("text", "")
             reply["result"] = {"content": [{"type": "text", "text": text}]}
+            if delay_s:
+                _pause(delay_s)  # idle, as time.sleep (banned project-wide)
         elif message.method == "initialize":
             reply["result"] = {
                 "protocolVersion": "2025-11-25",
