@@ -582,6 +582,19 @@ def test_daemon_errors_map_to_exit_codes_and_one_line(
     assert capsys.readouterr() == ("", f"memorizzctl: error: nope ({reason})\n")
 
 
+def test_a_message_that_begins_with_its_reason_is_not_told_it_twice(
+    socket_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = socket_dir / "d.sock"
+    said = "host_not_allowed: mcp.example.test is not in the host allowlist"
+    replies = {
+        "tools/list": error_reply(ErrorCode.PERMISSION_DENIED, said, "host_not_allowed")
+    }
+    with FakeSocket(path, replies).running():
+        assert cli.main(["--socket", str(path), "mcp", "tools", "fs"]) == 77
+    assert capsys.readouterr() == ("", f"memorizzctl: error: {said}\n")
+
+
 def test_tool_call_error_result_goes_to_stderr_and_exits_1(
     socket_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -114,6 +114,11 @@ def test_errors_have_documented_exit_codes(
     # refused before the socket, with the daemon's own message and reason
     assert daemon.ctl("mcp", "add", "bad name", "--command", "/bin/true") == 2
     assert "invalid_params" in capsys.readouterr().err
+    # a message that begins with its reason does not end with it again
+    assert daemon.ctl("mcp", "add", "x", "--url", "ftp://127.0.0.1/mcp") == 2
+    err = capsys.readouterr().err.splitlines()[-1]  # after the usage line
+    assert err.startswith("memorizzctl: error: scheme_not_allowed: "), err
+    assert err.count("scheme_not_allowed") == 1, err
 
 
 def test_the_installed_entry_point_runs(daemon: DaemonHarness) -> None:

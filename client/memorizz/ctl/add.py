@@ -29,6 +29,7 @@ from memorizz.ctl.args import (
     secret_key_value,
 )
 from memorizz.ctl.exits import UsageError
+from memorizz.ctl.text import with_reason
 
 _GRANTS: dict[str, m.OAuthGrantType] = {
     "authorization-code": "authorization_code",
@@ -363,7 +364,7 @@ def build_server_spec(
     try:
         check_server_spec(spec if preset is None else apply_preset(spec, preset))
     except RemoteError as exc:
-        raise UsageError(f"{exc.message} ({exc.reason})") from None
+        raise UsageError(with_reason(exc.message, exc.reason)) from None
     return spec
 
 

@@ -49,12 +49,13 @@ def _failed(exc: MemorizzError | OSError, socket_path: str, *, as_json: bool) ->
     is re-raised: ``main`` ends quietly)."""
     from memorizz.api.errors import MemorizzError, RemoteError
     from memorizz.ctl.exits import UNREACHABLE, error_reason, exit_status, not_a_socket
+    from memorizz.ctl.text import with_reason
 
     if isinstance(exc, BrokenPipeError):
         raise exc  # main() stops quietly
     reason = error_reason(exc)
     if isinstance(exc, RemoteError):
-        message = f"{exc.message} ({exc.reason})"
+        message = with_reason(exc.message, exc.reason)
         if exc.reason == "approval_required" and "proposal_id" in exc.data:
             message += (
                 f"\nan operator approves with `{PROG} mcp approve {exc.data['proposal_id']}`,"

@@ -96,6 +96,14 @@ def to_json_line(value: object) -> str:
     return msgspec.json.encode(value).decode() + "\n"
 
 
+def with_reason(message: str, reason: str) -> str:
+    """An error's message with its stable reason in parentheses, unless the
+    message already begins with it (``address_not_allowed: ...``)."""
+    if message.startswith(reason + ":"):
+        return message
+    return f"{message} ({reason})"
+
+
 def printable(text: str) -> str:
     """``text`` whole, on one line: control characters (newlines too) as ``?``."""
     return "".join(c if c.isprintable() else "?" for c in text)
