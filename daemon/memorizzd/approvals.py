@@ -579,11 +579,9 @@ class ApprovalBook:
         changed its schema, or vanished, is invalidated."""
         schemas = {tool.name: schema_hash(tool.input_schema) for tool in tools}
         rows = await anyio.to_thread.run_sync(
-            partial(self._store.proposals, now=self._now(), server=server)
+            partial(self._store.open_proposals, now=self._now(), server=server)
         )
         for row in rows:
-            if row.status not in ("pending", "approved"):
-                continue
             if schemas.get(row.tool, "") != row.schema_hash:
                 await self.invalidate(stored.proposal(row), "the tool's schema changed")
 

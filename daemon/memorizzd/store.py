@@ -640,15 +640,22 @@ class Store:
         return [self._proposal(row) for row in rows]
 
     @_sqlite_errors
-    def open_proposals(self, *, now: float) -> list[ProposalRow]:
-        """Every pending or approved proposal not past its deadline at ``now``,
-        oldest first, however many (read-only, as ``proposal``)."""
+    def open_proposals(
+        self, *, now: float, server: str | None = None
+    ) -> list[ProposalRow]:
+        """Every pending or approved proposal not past its deadline at ``now``
+        (``server``'s only, if given), oldest first, however many (read-only,
+        as ``proposal``)."""
+        sql = (
+            f"SELECT {_PROPOSAL_COLUMNS} FROM proposals"  # noqa: S608 - constant
+            " WHERE status IN (?, ?) AND expires_at > ?"
+        )
+        args: tuple[object, ...] = (*_ACTIVE, now)
+        if server is not None:
+            sql += " AND server = ?"
+            args += (server,)
         with self._read_lock:
-            rows = self._reader.execute(
-                f"SELECT {_PROPOSAL_COLUMNS} FROM proposals"  # noqa: S608 - constant
-                " WHERE status IN (?, ?) AND expires_at > ? ORDER BY created, id",
-                (*_ACTIVE, now),
-            ).fetchall()
+            rows = self._reader.execute(sql + " ORDER BY created, id", args).fetchall()
         return [self._proposal(row) for row in rows]
 
     @_sqlite_errors

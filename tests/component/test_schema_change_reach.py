@@ -1,0 +1,76 @@
+"""A fresh listing reaches every open proposal of its server, however many
+later ones there are.
+
+A component test: the real store, vault, audit trail and approval book, no
+socket. ``ApprovalBook.tools_listed`` (a connect or ``tools/list_changed``)
+invalidates the open proposals whose tool changed its schema. It read the
+server's proposals through ``Store.proposals``, which stops at the newest
+1,000: an open proposal older than 1,000 later ones (rejected, expired, run)
+kept its approval across a schema change.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import anyio
+
+from memorizz.api import methods as m
+from memorizzd.approvals import ApprovalBook, arguments_ref, schema_hash
+from memorizzd.audit import Auditor
+from memorizzd.store import ProposalRow, Store
+from memorizzd.vault import FernetCredentialStore, keys_for
+
+LATER = 1_001
+"""Later, closed proposals of the same server: one more than a listing page."""
+OLD_SCHEMA = {"type": "object", "properties": {"tag": {"type": "string"}}}
+NEW_SCHEMA = {"type": "object", "properties": {"tag": {"type": "integer"}}}
+
+
+def test_a_schema_change_reaches_an_open_proposal_behind_a_thousand_later_ones(
+    base_dir: str,
+) -> None:
+    state = os.path.join(base_dir, "state")
+    store = Store(state)
+    try:
+        vault = FernetCredentialStore.open(store, keys_for(store, state))
+        auditor = Auditor(store, b"k" * 32, mirror_to_journal=False)
+        book = ApprovalBook(store, vault, auditor, ttl_s=3600.0)
+        now = time.time()
+
+        def row(tag: str, status: str, created: float) -> ProposalRow:
+            return ProposalRow(
+                id=f"p_{tag}",
+                status=status,
+                server="t",
+                tool="record",
+                risk="destructive",
+                argument_keys=["tag"],
+                arguments_hmac=auditor.digest({"tag": tag}),
+                schema_hash=schema_hash(OLD_SCHEMA),
+                created=created,
+                expires_at=now + 3600.0,
+                caller_uid=1000,
+                caller_user=None,
+                caller_pid=2,
+                caller_profile="alpha",
+            )
+
+        old = row("old", "approved", now - 100.0)
+        vault.put(arguments_ref(old.id), '{"tag":"old"}')
+        store.insert_proposal(old)
+        for i in range(LATER):
+            store.insert_proposal(row(f"later{i}", "rejected", now - 50.0 + i / 1e4))
+        unchanged = [m.Tool(name="record", input_schema=OLD_SCHEMA)]
+        changed = [m.Tool(name="record", input_schema=NEW_SCHEMA)]
+
+        async def scenario() -> None:
+            await book.tools_listed("t", unchanged)
+            assert (await book.get_any(old.id)).status == "approved"
+            await book.tools_listed("t", changed)
+            assert (await book.get_any(old.id)).status == "invalidated"
+
+        anyio.run(scenario)
+    finally:
+        store.close()
