@@ -40,7 +40,7 @@ from memorizzd.upstream.pool import Pool, running_pool
 from memorizzd.upstream.tasks import STATUS as TASK_STATUS
 from memorizzd.vault import FernetCredentialStore, KeySource, keys_for
 from memorizzd.vault.server_secrets import forget_servers_gone
-from memorizzd.vault.stores import open_stores
+from memorizzd.vault.stores import CredentialStores, build_stores
 
 log = logging.getLogger("memorizzd")
 
@@ -92,6 +92,9 @@ async def running_daemon(
     # Connections queue in the kernel until the acceptors run.
     listening = await open_all(config)
     try:
+        # The plugin stores' factories called before anything is written: one
+        # that raises stops the start (VaultKeyError) with no vault key made.
+        others = build_stores(config.credentials.stores, config=config)
         store = await anyio.to_thread.run_sync(Store, config.state_dir)
     except BaseException:
         await close_all(listening)
@@ -100,7 +103,7 @@ async def running_daemon(
         if keys is None:
             keys = await anyio.to_thread.run_sync(keys_for, store, config.state_dir)
         fernet = await anyio.to_thread.run_sync(FernetCredentialStore.open, store, keys)
-        vault = open_stores(config.credentials.stores, fernet, config=config)
+        vault = CredentialStores(fernet, others)
     except BaseException:
         await close_all(listening)
         await anyio.to_thread.run_sync(store.close)

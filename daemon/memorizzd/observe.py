@@ -6,8 +6,9 @@ what it is now (the pool's upstreams, the calls in flight, the sockets'
 connections, the pending proposals) and serves it (``telemetry.http``):
 
 * on ``[metrics] socket``, by default ``metrics.sock`` beside the operator
-  socket, with that socket's mode and group, and only to callers the
-  operator socket's rule admits (the same peer-credential check);
+  socket, with that socket's mode and group (a directory made for it is
+  0755 when that group, or root, must reach it, else 0700), and only to
+  callers the operator socket's rule admits (the same peer-credential check);
 * on ``[metrics] listen`` (``127.0.0.1:9464``), when set: loopback only
   unless ``allow_remote`` (``config.py`` refuses anything else).
 """
@@ -176,8 +177,10 @@ async def _serve_metrics(
 
 async def _bind_unix(config: Config, path: str) -> anyio.abc.SocketListener:
     """``path`` bound like the operator socket: 0660 with its group (or as
-    root), else 0600."""
+    root), else 0600; a directory made for it 0755 then (the group must
+    traverse it to reach the socket), else 0700."""
     shared = os.geteuid() == 0 or config.operators.socket_group is not None
+    _make_directory(os.path.dirname(path) or ".", 0o755 if shared else 0o700)
     prepare_socket_path(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
@@ -197,3 +200,23 @@ async def _bind_unix(config: Config, path: str) -> anyio.abc.SocketListener:
         with suppress(FileNotFoundError):
             os.unlink(path)
         raise
+
+
+def _make_directory(directory: str, mode: int) -> None:
+    """``directory`` and its missing parents created with exactly ``mode``,
+    whatever the umask (UMask=0077 under systemd); an existing one is left as
+    it is (``/run``, ``$XDG_RUNTIME_DIR``: not the daemon's to widen)."""
+    missing: list[str] = []
+    path = os.path.abspath(directory)
+    while not os.path.lexists(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    for each in reversed(missing):
+        try:
+            os.mkdir(each, mode)
+        except FileExistsError:  # made meanwhile by someone else: theirs
+            continue
+        os.chmod(each, mode)

@@ -170,6 +170,22 @@ def open_stores(
     """The stores ``names`` configures, around the opened vault. Raises
     ``VaultKeyError`` (a startup error, naming the store) when one cannot be
     loaded."""
+    return CredentialStores(
+        primary, build_stores(names, config=config, environ=environ)
+    )
+
+
+def build_stores(
+    names: Sequence[str],
+    *,
+    config: Config,
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, CredentialStore]:
+    """The stores ``names`` configures besides the vault, by prefix: each
+    plugin store's factory called. The start builds them before it reads or
+    makes the vault key, so that a broken store leaves no key behind.
+    Raises ``VaultKeyError`` (a startup error, naming the store) when one
+    cannot be loaded."""
     env = os.environ if environ is None else environ
     others: dict[str, CredentialStore] = {}
     for name in names:
@@ -194,7 +210,7 @@ def open_stores(
                 f"credential store {name!r}: prefix {prefix!r} is taken"
             )
         others[prefix] = store
-    return CredentialStores(primary, others)
+    return others
 
 
 def check_stores(names: Sequence[str]) -> None:
