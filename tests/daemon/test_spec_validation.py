@@ -149,7 +149,10 @@ def test_the_cli_and_the_daemon_refuse_a_spec_alike(
     capsys.readouterr()
     assert cli.main(["--socket", missing, "mcp", "add", name, *argv]) == 2
     err = capsys.readouterr().err
-    assert f"error: {refused.value.message} ({reason})\n" in err
+    said = refused.value.message  # with its reason, unless it begins with it
+    if not said.startswith(f"{reason}:"):
+        said += f" ({reason})"
+    assert f"error: {said}\n" in err
     assert "cannot reach" not in err
 
     with pytest.raises(RemoteError) as checked:  # the one function both run
