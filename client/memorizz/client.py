@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from types import TracebackType
-from typing import Any, Final, Self, TypeVar
+from typing import Any, Final, Literal, Self, TypeVar, overload
 
 import msgspec
 
@@ -178,6 +178,7 @@ class Client:
             raise DaemonUnreachableError(msg) from None
         return sock
 
+    @overload
     def call(
         self,
         method: m.Method[P, R],
@@ -185,14 +186,50 @@ class Client:
         *,
         on_note: NoteCallback | None = None,
         deadline: float | None = None,
-    ) -> R:
+        raw: Literal[False] = False,
+    ) -> R: ...
+    @overload
+    def call(
+        self,
+        method: m.Method[P, R],
+        params: P,
+        *,
+        on_note: NoteCallback | None = None,
+        deadline: float | None = None,
+        raw: Literal[True],
+    ) -> msgspec.Raw: ...
+    @overload
+    def call(
+        self,
+        method: m.Method[P, R],
+        params: P,
+        *,
+        on_note: NoteCallback | None = None,
+        deadline: float | None = None,
+        raw: bool,
+    ) -> R | msgspec.Raw: ...
+    def call(
+        self,
+        method: m.Method[P, R],
+        params: P,
+        *,
+        on_note: NoteCallback | None = None,
+        deadline: float | None = None,
+        raw: bool = False,
+    ) -> R | msgspec.Raw:
         """Send one declared method (``memorizz.api.methods``) and return its
-        result, decoded as the declaration says (``on_note``, ``deadline``:
-        see ``request``)."""
+        result, decoded as the declaration says (``on_note``, ``deadline``,
+        ``raw``: see ``request``)."""
         return self.request(
-            method.name, params, method.result, on_note=on_note, deadline=deadline
+            method.name,
+            params,
+            method.result,
+            on_note=on_note,
+            deadline=deadline,
+            raw=raw,
         )
 
+    @overload
     def request(
         self,
         method: str,
@@ -201,7 +238,40 @@ class Client:
         *,
         on_note: NoteCallback | None = None,
         deadline: float | None = None,
-    ) -> R:
+        raw: Literal[False] = False,
+    ) -> R: ...
+    @overload
+    def request(
+        self,
+        method: str,
+        params: m.Params,
+        result_type: type[R],
+        *,
+        on_note: NoteCallback | None = None,
+        deadline: float | None = None,
+        raw: Literal[True],
+    ) -> msgspec.Raw: ...
+    @overload
+    def request(
+        self,
+        method: str,
+        params: m.Params,
+        result_type: type[R],
+        *,
+        on_note: NoteCallback | None = None,
+        deadline: float | None = None,
+        raw: bool,
+    ) -> R | msgspec.Raw: ...
+    def request(
+        self,
+        method: str,
+        params: m.Params,
+        result_type: type[R],
+        *,
+        on_note: NoteCallback | None = None,
+        deadline: float | None = None,
+        raw: bool = False,
+    ) -> R | msgspec.Raw:
         """Send one request and wait for its reply; raise the wire error as an exception.
 
         Lines the daemon sends unasked before the reply go to ``on_note``
@@ -211,14 +281,19 @@ class Client:
         A connection the daemon closed for being idle is opened again and the
         request sent again: the daemon says so only when it read no request.
         ``deadline`` (``time.monotonic()``): ``DeadlineExceededError``
-        (``timeout``) when no reply came by then, the connection closed."""
+        (``timeout``) when no reply came by then, the connection closed.
+
+        ``raw``: the result is checked as ``result_type`` all the same, but
+        returned as the bytes of the reply's ``result`` (``msgspec.Raw``):
+        for an MCP method the daemon relays (``tools/call``), every member
+        the upstream server wrote, in its order, the struct's or not."""
         try:
-            return self._request(method, params, result_type, on_note, deadline)
+            return self._request(method, params, result_type, on_note, deadline, raw)
         except DeadlineExceededError as exc:
             if exc.reason != "idle_timeout":
                 raise
             self.close()
-            return self._request(method, params, result_type, on_note, deadline)
+            return self._request(method, params, result_type, on_note, deadline, raw)
 
     def _request(
         self,
@@ -227,7 +302,8 @@ class Client:
         result_type: type[R],
         on_note: NoteCallback | None = None,
         deadline: float | None = None,
-    ) -> R:
+        raw: bool = False,
+    ) -> R | msgspec.Raw:
         with self._lock:
             if self._sock is None:
                 self._sock = self._connect()
@@ -241,9 +317,9 @@ class Client:
                 except OSError:
                     # A refused connection is answered with one error line and
                     # closed: read it before reporting a broken connection.
-                    raw = self._read_line(self._sock)
+                    reply = self._read_line(self._sock)
                 else:
-                    raw = self._read_reply(self._sock, on_note, deadline)
+                    reply = self._read_reply(self._sock, on_note, deadline)
             except TimeoutError:
                 self.close()  # its reply may still come: nobody will read it
                 msg = f"memorizzd at {self.socket_path} did not answer {method} in time"
@@ -260,7 +336,9 @@ class Client:
                     self._cancel(request_id)
                 self.close()
                 raise
-        return decode_reply(raw, request_id, result_type)
+        if raw:
+            return raw_result(reply, request_id, result_type)
+        return decode_reply(reply, request_id, result_type)
 
     def _read_reply(
         self,
@@ -490,6 +568,7 @@ class Client:
             m.TOOLS_LIST, m.ToolsListParams(server=server, refresh=refresh)
         ).tools
 
+    @overload
     def call_tool(
         self,
         server: str,
@@ -501,7 +580,35 @@ class Client:
         on_elicit: AskCallback | None = None,
         on_sample: AskCallback | None = None,
         on_log: LogCallback | None = None,
-    ) -> m.ToolsCallResult:
+        raw: Literal[False] = False,
+    ) -> m.ToolsCallResult: ...
+    @overload
+    def call_tool(
+        self,
+        server: str,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        timeout_s: float | None = None,
+        on_progress: ProgressCallback | None = None,
+        on_elicit: AskCallback | None = None,
+        on_sample: AskCallback | None = None,
+        on_log: LogCallback | None = None,
+        raw: Literal[True],
+    ) -> msgspec.Raw: ...
+    def call_tool(
+        self,
+        server: str,
+        name: str,
+        arguments: dict[str, Any] | None = None,
+        *,
+        timeout_s: float | None = None,
+        on_progress: ProgressCallback | None = None,
+        on_elicit: AskCallback | None = None,
+        on_sample: AskCallback | None = None,
+        on_log: LogCallback | None = None,
+        raw: bool = False,
+    ) -> m.ToolsCallResult | msgspec.Raw:
         """Call a tool; an ``isError`` result is returned, not raised.
 
         ``on_progress``: ask for the call's progress, and get each report the
@@ -511,7 +618,10 @@ class Client:
         the server is told this client does not support them.
         ``on_log``: the log messages of the server (any caller's, while this
         call runs on it: MCP's do not say which call they are about), each
-        with the server's name, before this returns."""
+        with the server's name, before this returns.
+        ``raw``: the result as the upstream server wrote it, a ``msgspec.Raw``
+        of MCP's ``CallToolResult`` (members ``ToolsCallResult`` does not
+        model kept), checked as a ``ToolsCallResult`` first."""
         token: int | None = None
         on_note: NoteCallback | None = None
         answers = {ELICIT: on_elicit, SAMPLE: on_sample}
@@ -546,7 +656,7 @@ class Client:
             timeout_s=timeout_s,
             progress_token=token,
         )
-        return self.call(m.TOOLS_CALL, params, on_note=on_note)
+        return self.call(m.TOOLS_CALL, params, on_note=on_note, raw=raw)
 
     def _asked(
         self, request_id: int | str, note: Notification, answer: AskCallback | None
@@ -741,6 +851,25 @@ class Client:
 
     def list_tasks(self) -> list[m.Task]:
         return self.call(m.TASKS_LIST, m.TasksListParams()).tasks
+
+
+class _RawReply(msgspec.Struct):
+    result: msgspec.Raw
+
+
+_decode_raw_reply: Final = msgspec.json.Decoder(_RawReply).decode
+
+
+def raw_result(
+    reply: bytes, request_id: int, result_type: type[m.Result]
+) -> msgspec.Raw:
+    """The result of the reply line to ``request_id``, checked as
+    ``result_type`` (``decode_reply``: its error raised as a ``RemoteError``,
+    a malformed reply as ``ProtocolError``), as the bytes it is in the line:
+    for an MCP method the daemon relays, what the upstream server wrote,
+    every member in its order, the struct's or not."""
+    decode_reply(reply, request_id, result_type)
+    return _decode_raw_reply(reply).result
 
 
 def _readable(sock: socket.socket, timeout_s: float | None) -> bool:

@@ -22,7 +22,7 @@ import pytest
 
 from memorizz import cli
 from memorizz.api import methods as m
-from memorizz.api.errors import ErrorCode
+from memorizz.api.errors import ErrorCode, ProtocolError, RemoteError
 from memorizz.client import Client
 from memorizz.ctl import args as _args
 from memorizz.ctl import render as _render
@@ -613,6 +613,86 @@ def test_tool_call_error_result_goes_to_stderr_and_exits_1(
         "timeout_s": 2.0,
         "progress_token": 1,  # memorizzctl shows a call's progress
     }
+
+
+RELAYED_RESULT: dict[str, Any] = {
+    "x-vendor": {"kept": True},
+    "content": [{"type": "text", "text": "bad query"}],
+    "isError": True,
+    "resultType": "complete",
+    "structuredContent": {"n": 1},
+    "_meta": {"io.example/trace": "t-1"},
+}
+"""A tool's result with members ``ToolsCallResult`` does not model, in an
+order it would not write."""
+
+
+def _call_argv(path: Path, general: bool) -> list[str]:
+    """``--json mcp call``, the one-shot way or (``--arguments @FILE``,
+    which it declines) the general one."""
+    argv = ["--socket", str(path), "--json", "mcp", "call", "fs", "search"]
+    if not general:
+        return [*argv, "--arguments", '{"q": "x"}']
+    arguments = path.with_name("arguments.json")
+    arguments.write_text('{"q": "x"}')
+    return [*argv, "--arguments", f"@{arguments}"]
+
+
+@pytest.mark.parametrize("general", [False, True], ids=["one-shot", "general"])
+def test_json_call_prints_the_result_the_daemon_relayed(
+    general: bool, socket_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every member, in the server's order, not the struct encoded again;
+    ``isError`` still exits 1 (and says nothing on stderr)."""
+    path = socket_dir / "d.sock"
+    with FakeSocket(path, {"tools/call": {"result": RELAYED_RESULT}}).running():
+        assert cli.main(_call_argv(path, general)) == 1
+    out, err = capsys.readouterr()
+    assert err == ""
+    relayed = msgspec.json.encode(RELAYED_RESULT)
+    assert out == msgspec.json.format(relayed, indent=2).decode() + "\n"
+
+
+@pytest.mark.parametrize("general", [False, True], ids=["one-shot", "general"])
+def test_json_call_still_refuses_a_result_of_the_wrong_shape(
+    general: bool, socket_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = socket_dir / "d.sock"
+    replies = {"tools/call": {"result": {"content": "not a list"}}}
+    with FakeSocket(path, replies).running():
+        assert cli.main(_call_argv(path, general)) == 1
+    out, err = capsys.readouterr()
+    assert err == ""
+    error = msgspec.json.decode(out)["error"]
+    assert error["reason"] == "malformed_reply"
+    assert error["message"].startswith("malformed reply from memorizzd")
+
+
+def test_call_tool_raw_returns_the_result_as_sent(socket_dir: Path) -> None:
+    """``raw=True``: the reply's ``result`` bytes, checked as a
+    ``ToolsCallResult`` first; an error reply is raised as ever."""
+    path = socket_dir / "d.sock"
+    relayed = msgspec.json.encode(RELAYED_RESULT)
+    with (
+        FakeSocket(path, {"tools/call": {"result": RELAYED_RESULT}}).running(),
+        Client(path) as c,
+    ):
+        raw = c.call_tool("fs", "search", {"q": "x"}, raw=True)
+        assert isinstance(raw, msgspec.Raw)
+        assert bytes(raw) == relayed
+        assert c.call_tool("fs", "search").is_error  # the struct, by default
+    path.unlink()
+    for reply, raised in (
+        ({"result": {"content": "not a list"}}, ProtocolError),
+        (error_reply(ErrorCode.NOT_FOUND, "no", "unknown_server"), RemoteError),
+    ):
+        with (
+            FakeSocket(path, {"tools/call": reply}).running(),
+            Client(path) as c,
+            pytest.raises(raised),
+        ):
+            c.call_tool("fs", "search", raw=True)
+        path.unlink()
 
 
 def test_failed_server_test_exits_1(

@@ -2,9 +2,10 @@
 
 A ``Command`` takes the connected ``Client`` and the parsed line and returns the
 exit status (``memorizz.ctl.exits``). ``--json`` prints the result struct itself
-(field names equal the struct's wire names); otherwise a renderer from
-``memorizz.ctl.render`` writes text. Errors are not caught here: ``main`` maps
-them to a message and an exit status.
+(field names equal the struct's wire names), except ``mcp call``'s, which is
+the tool's result as the upstream server wrote it (``show_relayed_call``);
+otherwise a renderer from ``memorizz.ctl.render`` writes text. Errors are not
+caught here: ``main`` maps them to a message and an exit status.
 
 Standard library, msgspec and memorizz only.
 """
@@ -18,6 +19,8 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+
+import msgspec
 
 from memorizz.api import methods as m
 from memorizz.api.errors import (
@@ -234,6 +237,19 @@ def show_call(result: m.ToolsCallResult, *, as_json: bool) -> int:
     return EXIT_ERROR if result.is_error else EXIT_OK
 
 
+def show_relayed_call(relayed: msgspec.Raw, *, as_json: bool) -> int:
+    """``mcp call``'s result, as the daemon relayed it: what ``show_call``
+    shows, but with ``--json`` the MCP ``CallToolResult`` the upstream server
+    wrote, every member (``structuredContent``, ``_meta``, ``resultType``, a
+    vendor's own) and every value as it came, in its order; only the
+    indentation is memorizzctl's. The exit status is ``show_call``'s."""
+    result = msgspec.json.decode(relayed, type=m.ToolsCallResult)
+    if not as_json:
+        return show_call(result, as_json=False)
+    emit(to_json(relayed))
+    return EXIT_ERROR if result.is_error else EXIT_OK
+
+
 def cmd_mcp_call(client: Client, args: argparse.Namespace) -> int:
     """The call, its progress (if the server reports any) on stderr as it runs,
     and with ``--verbose`` the server's log messages (``[server] level: text``);
@@ -254,7 +270,7 @@ def cmd_mcp_call(client: Client, args: argparse.Namespace) -> int:
     line = ProgressLine(sys.stderr)
     prompter = Prompter(sys.stdin, sys.stderr) if sys.stdin.isatty() else None
     try:
-        result = client.call_tool(
+        relayed = client.call_tool(
             args.server,
             args.tool,
             args.arguments,
@@ -266,10 +282,11 @@ def cmd_mcp_call(client: Client, args: argparse.Namespace) -> int:
                 if args.verbose
                 else None
             ),
+            raw=True,
         )
     finally:
         line.clear()
-    return show_call(result, as_json=args.json)
+    return show_relayed_call(relayed, as_json=args.json)
 
 
 def cmd_mcp_task_get(client: Client, args: argparse.Namespace) -> int:

@@ -23,7 +23,9 @@ sent, for the same reason. Once the request is sent there is no way back: the
 reply line goes to ``show``, which prints a result whose content is text only
 and returns ``None`` for anything else (an error reply, ``--json``, images,
 an empty content list, a reply msgspec would reject); the caller decodes that
-line as the ``Client`` does and renders it with the general renderer.
+line as the ``Client`` does and renders it with the general renderer (with
+``--json``, the tool's result as the daemon relayed it:
+``memorizz.ctl.commands.show_relayed_call``).
 
 The request is the one ``Client.call_tool`` sends, field for field, with
 ``on_progress`` (token 1): the server's progress reports, if it sends any,

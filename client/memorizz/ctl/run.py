@@ -103,12 +103,12 @@ def _one_shot(call: oneshot.Call) -> int | None:
 def _finish(call: oneshot.Call, raw: bytes) -> int:
     from memorizz.api import methods as m
     from memorizz.api.errors import MemorizzError
-    from memorizz.api.replies import decode_reply
-    from memorizz.ctl.commands import show_call
+    from memorizz.client import raw_result
+    from memorizz.ctl.commands import show_relayed_call
 
     try:
-        result = decode_reply(raw, oneshot.REQUEST_ID, m.ToolsCallResult)
-        return show_call(result, as_json=call.as_json)
+        relayed = raw_result(raw, oneshot.REQUEST_ID, m.ToolsCallResult)
+        return show_relayed_call(relayed, as_json=call.as_json)
     except (MemorizzError, OSError) as exc:
         return _failed(exc, call.socket_path, as_json=call.as_json)
 
