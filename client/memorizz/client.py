@@ -544,13 +544,36 @@ class Client:
             m.APPROVALS_CANCEL, m.ApprovalsCancelParams(id=proposal_id)
         ).proposal
 
+    @overload
     def resume(
-        self, proposal_id: str, *, timeout_s: float | None = None
-    ) -> m.ToolsCallResult:
-        """Run an approved proposal's stored call (once; a second resume fails)."""
+        self,
+        proposal_id: str,
+        *,
+        timeout_s: float | None = None,
+        raw: Literal[False] = False,
+    ) -> m.ToolsCallResult: ...
+    @overload
+    def resume(
+        self,
+        proposal_id: str,
+        *,
+        timeout_s: float | None = None,
+        raw: Literal[True],
+    ) -> msgspec.Raw: ...
+    def resume(
+        self,
+        proposal_id: str,
+        *,
+        timeout_s: float | None = None,
+        raw: bool = False,
+    ) -> m.ToolsCallResult | msgspec.Raw:
+        """Run an approved proposal's stored call (once; a second resume fails).
+        ``raw``: the tool's result as the upstream server wrote it, as
+        ``call_tool(..., raw=True)`` returns it (the daemon relays it alike)."""
         return self.call(
             m.APPROVALS_RESUME,
             m.ApprovalsResumeParams(id=proposal_id, timeout_s=timeout_s),
+            raw=raw,
         )
 
     def wait_approval(

@@ -695,6 +695,47 @@ def test_call_tool_raw_returns_the_result_as_sent(socket_dir: Path) -> None:
         path.unlink()
 
 
+def test_resume_prints_the_result_the_daemon_relayed(
+    socket_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``mcp resume`` shows the stored call's result as ``mcp call`` does:
+    ``--json`` as relayed (every member, its order), text as ever; ``isError``
+    exits 1 either way."""
+    path = socket_dir / "d.sock"
+    with FakeSocket(path, {"approvals/resume": {"result": RELAYED_RESULT}}).running():
+        argv = ["--socket", str(path), "mcp", "resume", "p_1"]
+        assert cli.main([*argv[:2], "--json", *argv[2:]]) == 1
+        out, err = capsys.readouterr()
+        assert err == ""
+        relayed = msgspec.json.encode(RELAYED_RESULT)
+        assert out == msgspec.json.format(relayed, indent=2).decode() + "\n"
+        assert cli.main(argv) == 1
+        assert capsys.readouterr() == ("", "memorizzctl: error: bad query\n")
+
+
+def test_client_resume_raw_returns_the_result_as_sent(socket_dir: Path) -> None:
+    """``raw=True``: the reply's ``result`` bytes, checked as a
+    ``ToolsCallResult`` first; the struct by default."""
+    path = socket_dir / "d.sock"
+    relayed = msgspec.json.encode(RELAYED_RESULT)
+    with (
+        FakeSocket(path, {"approvals/resume": {"result": RELAYED_RESULT}}).running(),
+        Client(path) as c,
+    ):
+        raw = c.resume("p_1", raw=True)
+        assert isinstance(raw, msgspec.Raw)
+        assert bytes(raw) == relayed
+        assert c.resume("p_1").is_error
+    path.unlink()
+    bad = {"approvals/resume": {"result": {"content": "not a list"}}}
+    with (
+        FakeSocket(path, bad).running(),
+        Client(path) as c,
+        pytest.raises(ProtocolError),
+    ):
+        c.resume("p_1", raw=True)
+
+
 def test_failed_server_test_exits_1(
     socket_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

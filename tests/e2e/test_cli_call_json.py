@@ -1,12 +1,16 @@
-"""``memorizzctl --json mcp call``: the tool's result as the upstream server wrote it.
+"""``memorizzctl --json mcp call`` and ``mcp resume``: the tool's result as the
+upstream server wrote it.
 
 The daemon relays a tool's result as the bytes the server wrote (tests/daemon/
-test_raw_relay.py); ``--json`` prints that object, not the thin client's
+test_raw_relay.py), for an approved proposal's call (``approvals/resume``) as
+for ``tools/call``; ``--json`` prints that object, not the thin client's
 ``ToolsCallResult`` encoded again, which would drop what the struct does not
 model (``resultType``, a vendor's member), leave out ``isError: false`` and
 reorder the rest. Each server here writes through ``tee``, so a test reads what
 the server wrote for a call and compares it with what the installed
 ``memorizzctl`` printed: the same members, values and order, only indented.
+(``mcp task result`` is not one of them: the daemon rewrites a task's result,
+its related-task id the daemon's, so its ``--json`` is the struct.)
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 
+from memorizz.api.errors import ApprovalRequiredError
 from memorizz.api.methods import ServerSpec
 from tests.harness import (
     MCP_SERVER,
@@ -86,42 +92,63 @@ class Tap:
 
 
 def _tapped(
-    name: str, base: str, *server: str, protocol: str = "auto"
+    name: str, base: str, *server: str, protocol: str = "auto", **overrides: Any
 ) -> tuple[ServerSpec, Tap]:
     """The stdio server ``server`` (an argv), its stdout copied to a file (a
-    script, not ``sh -c``: the daemon refuses inline code by default)."""
+    script, not ``sh -c``: the daemon refuses inline code by default);
+    ``overrides``: more of its ``ServerSpec``."""
     path = Path(base) / f"{name}.out"
     script = Path(base) / f"{name}.sh"
     script.write_text(f"{shlex.join(server)} | tee -a {shlex.quote(str(path))}\n")
-    spec = stdio_spec(name, command="/bin/sh", args=[str(script)], protocol=protocol)
+    spec = stdio_spec(
+        name, command="/bin/sh", args=[str(script)], protocol=protocol, **overrides
+    )
     return spec, Tap(path)
+
+
+VENDOR = (sys.executable, RELAY_SERVER, "legacy")
 
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[tuple[DaemonHarness, dict[str, Tap]]]:
-    """A daemon with two tapped servers: ``sdk``, tests/mcp_server.py (the
+    """A daemon with four tapped servers: ``sdk``, tests/mcp_server.py (the
     SDK's results: ``structuredContent``, ``_meta``, ``resultType``,
     ``isError: false``), forked by the test-server zygote, and ``vendor``,
-    tests/relay_server.py (a member no schema knows, written first)."""
+    tests/relay_server.py (a member no schema knows, written first); and,
+    for ``mcp resume``, the same two whose calls need approval: ``sdk_ask``
+    (``record``, destructive, and ``fail``, made so) and ``vendor_ask``."""
     base = short_tempdir()
+    sdk_argv = (sys.executable, ZYGOTE_LAUNCH, zygote_socket(), MCP_SERVER, "stdio")
     try:
-        sdk, sdk_tap = _tapped(
-            "sdk",
+        sdk, sdk_tap = _tapped("sdk", base, *sdk_argv)
+        vendor, vendor_tap = _tapped("vendor", base, *VENDOR, protocol="legacy")
+        sdk_ask, sdk_ask_tap = _tapped(
+            "sdk_ask",
             base,
-            sys.executable,
-            ZYGOTE_LAUNCH,
-            zygote_socket(),
-            MCP_SERVER,
-            "stdio",
+            *sdk_argv,
+            env={"CALL_LOG": str(Path(base) / "calls.log")},
+            risk={"fail": "destructive"},
         )
-        vendor, vendor_tap = _tapped(
-            "vendor", base, sys.executable, RELAY_SERVER, "legacy", protocol="legacy"
+        vendor_ask, vendor_ask_tap = _tapped(
+            "vendor_ask",
+            base,
+            *VENDOR,
+            protocol="legacy",
+            risk={"show": "destructive"},
         )
-        config = daemon_config(base, servers=[sdk, vendor])
+        config = daemon_config(base, servers=[sdk, vendor, sdk_ask, vendor_ask])
         with DaemonHarness.running(config) as harness:
-            harness.wait_ready("sdk")
-            harness.wait_ready("vendor")
-            yield harness, {"sdk": sdk_tap, "vendor": vendor_tap}
+            for name in ("sdk", "vendor", "sdk_ask", "vendor_ask"):
+                harness.wait_ready(name)
+            yield (
+                harness,
+                {
+                    "sdk": sdk_tap,
+                    "vendor": vendor_tap,
+                    "sdk_ask": sdk_ask_tap,
+                    "vendor_ask": vendor_ask_tap,
+                },
+            )
     finally:
         rmtree(base)
 
@@ -225,3 +252,76 @@ def test_text_output_is_unchanged(
         taps["sdk"].next_result()
         assert (done.returncode, done.stdout) == (1, "")
         assert done.stderr == "memorizzctl: error: Error executing tool fail: no\n"
+
+
+def _approved(harness: DaemonHarness, server: str, tool: str, **arguments: Any) -> str:
+    """A call of ``tool`` that needs approval, proposed and approved (by an
+    operator, the daemon's uid): the proposal's id. The server is not called."""
+    with harness.client() as c:
+        with pytest.raises(ApprovalRequiredError) as asked:
+            c.call_tool(server, tool, arguments)
+        proposal_id = asked.value.data["proposal_id"]
+        assert isinstance(proposal_id, str)
+        assert c.approve(proposal_id).status == "approved"
+    return proposal_id
+
+
+def test_resume_json_prints_the_servers_result_with_every_member(
+    world: tuple[DaemonHarness, dict[str, Tap]],
+) -> None:
+    harness, taps = world
+    proposal_id = _approved(harness, "sdk_ask", "record", tag="json")
+    done = _ctl(harness.socket, "--json", "mcp", "resume", proposal_id)
+    written = taps["sdk_ask"].next_result()
+    assert (done.returncode, done.stderr) == (0, "")
+    printed = _assert_printed_as_written(done.stdout, written)
+    # What the thin client's struct dropped or left out before.
+    assert printed["structuredContent"] == {"result": "recorded json"}
+    assert printed["resultType"] == "complete"
+    assert printed["isError"] is False
+
+
+def test_resume_json_prints_an_error_result_as_written_and_exits_1(
+    world: tuple[DaemonHarness, dict[str, Tap]],
+) -> None:
+    harness, taps = world
+    proposal_id = _approved(harness, "sdk_ask", "fail", reason="no")
+    done = _ctl(harness.socket, "--json", "mcp", "resume", proposal_id)
+    written = taps["sdk_ask"].next_result()
+    assert (done.returncode, done.stderr) == (1, "")  # isError: exit 1, as before
+    printed = _assert_printed_as_written(done.stdout, written)
+    assert printed["isError"] is True
+
+
+def test_resume_json_keeps_a_member_no_schema_knows_in_its_place(
+    world: tuple[DaemonHarness, dict[str, Tap]],
+) -> None:
+    harness, taps = world
+    proposal_id = _approved(harness, "vendor_ask", "show", a=1)
+    done = _ctl(harness.socket, "--json", "mcp", "resume", proposal_id)
+    written = taps["vendor_ask"].next_result()
+    assert (done.returncode, done.stderr) == (0, "")
+    printed = _assert_printed_as_written(done.stdout, written)
+    assert list(printed) == ["x-vendor", "content"]
+    assert printed["x-vendor"] == {"kept": True}
+
+
+def test_resume_text_output_is_unchanged(
+    world: tuple[DaemonHarness, dict[str, Tap]],
+) -> None:
+    """Without ``--json``: the content's text, and the error on stderr; a
+    second resume is ``not_approved`` (the proposal is consumed)."""
+    harness, taps = world
+    proposal_id = _approved(harness, "sdk_ask", "record", tag="text")
+    done = _ctl(harness.socket, "mcp", "resume", proposal_id)
+    taps["sdk_ask"].next_result()
+    assert (done.returncode, done.stdout, done.stderr) == (0, "recorded text\n", "")
+    again = _ctl(harness.socket, "mcp", "resume", proposal_id)
+    assert (again.returncode, again.stdout) == (1, "")
+    assert again.stderr.startswith("memorizzctl: error: ")
+    assert again.stderr.rstrip("\n").endswith("(not_approved)")
+    proposal_id = _approved(harness, "sdk_ask", "fail", reason="no")
+    done = _ctl(harness.socket, "mcp", "resume", proposal_id)
+    taps["sdk_ask"].next_result()
+    assert (done.returncode, done.stdout) == (1, "")
+    assert done.stderr == "memorizzctl: error: Error executing tool fail: no\n"

@@ -2,10 +2,11 @@
 
 A ``Command`` takes the connected ``Client`` and the parsed line and returns the
 exit status (``memorizz.ctl.exits``). ``--json`` prints the result struct itself
-(field names equal the struct's wire names), except ``mcp call``'s, which is
-the tool's result as the upstream server wrote it (``show_relayed_call``);
-otherwise a renderer from ``memorizz.ctl.render`` writes text. Errors are not
-caught here: ``main`` maps them to a message and an exit status.
+(field names equal the struct's wire names), except ``mcp call``'s and
+``mcp resume``'s, which are the tool's result as the upstream server wrote it
+(``show_relayed_call``); otherwise a renderer from ``memorizz.ctl.render``
+writes text. Errors are not caught here: ``main`` maps them to a message and
+an exit status.
 
 Standard library, msgspec and memorizz only.
 """
@@ -296,8 +297,10 @@ def cmd_mcp_task_get(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_mcp_task_result(client: Client, args: argparse.Namespace) -> int:
-    """Wait for the task to end and show its tool result as ``mcp call`` does;
-    the status changes the server reports meanwhile, one line each on stderr."""
+    """Wait for the task to end and show its tool result as ``mcp call`` does
+    (but ``--json``: the ``ToolsCallResult``, as the daemon does not relay a
+    task's result verbatim: it rewrites its related-task id); the status
+    changes the server reports meanwhile, one line each on stderr."""
     line = ProgressLine(sys.stderr)
     try:
         result = client.task_result(
@@ -406,7 +409,10 @@ def cmd_mcp_cancel(client: Client, args: argparse.Namespace) -> int:
 
 
 def cmd_mcp_resume(client: Client, args: argparse.Namespace) -> int:
-    return show_call(client.resume(args.id, timeout_s=args.timeout), as_json=args.json)
+    """The stored call's result, shown as ``mcp call`` shows it (``--json``:
+    as the daemon relayed it from the server)."""
+    relayed = client.resume(args.id, timeout_s=args.timeout, raw=True)
+    return show_relayed_call(relayed, as_json=args.json)
 
 
 def cmd_mcp_wait(client: Client, args: argparse.Namespace) -> int:
