@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     raise_open_files_limit()
     from memorizzd.app import run  # the heavy imports (mcp) only when serving
     from memorizzd.rpc.server import ListenError, SocketInUseError
-    from memorizzd.store import StoreError
+    from memorizzd.store import StorageFullError, StoreError
 
     try:
         anyio.run(
@@ -144,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(failed, VaultKeyError):
             print(f"memorizzd: vault: {failed}", file=sys.stderr)
             return EX_CONFIG
+        if isinstance(failed, StorageFullError):
+            print(
+                f"memorizzd: {failed} (the file system of the state directory"
+                f" {config.state_dir} is full: free space there, then start again)",
+                file=sys.stderr,
+            )
+            return 1
         if isinstance(failed, (SocketInUseError, ListenError, StoreError)):
             print(f"memorizzd: {failed}", file=sys.stderr)
             return 1

@@ -31,7 +31,8 @@ from memorizzd.rpc.answers import AnsweringDispatcher
 from memorizzd.rpc.server import SocketServer
 from memorizzd.sdnotify import notify, run_watchdog
 from memorizzd.spool import Spool
-from memorizzd.store import Store
+from memorizzd.state_dir import free_bytes, no_room
+from memorizzd.store import Store, StoreError
 from memorizzd.subscribers import UPDATED
 from memorizzd.telemetry import tracing
 from memorizzd.telemetry.logs import fields_kept
@@ -109,6 +110,15 @@ async def running_daemon(
         await anyio.to_thread.run_sync(store.close)
         raise
     log.info("vault key from %s", keys.name)
+    if no_room(config.state_dir):
+        log.warning(
+            "the file system of the state directory %s is full (%d bytes free):"
+            " memorizzd serves, but refuses what it would write (servers/add,"
+            " servers/remove, proposals and their steps: storage_full) and loses"
+            " audit records until there is room",
+            config.state_dir,
+            free_bytes(config.state_dir),
+        )
     auditor: Auditor | None = None
     try:
         async with running_pool(config, store, vault) as pool:
@@ -220,9 +230,19 @@ async def running_daemon(
                             # ... and so does a server gone from the file and the database
                             await book.servers_in_force([u.name for u in pool.all()])
                             # ... and its secrets (a removal killed half way)
-                            gone = await anyio.to_thread.run_sync(
-                                forget_servers_gone, vault, {u.name for u in pool.all()}
-                            )
+                            try:
+                                gone = await anyio.to_thread.run_sync(
+                                    forget_servers_gone,
+                                    vault,
+                                    {u.name for u in pool.all()},
+                                )
+                            except StoreError as exc:  # a full disk: next start
+                                gone = []
+                                log.warning(
+                                    "secrets of servers that are gone stay in the"
+                                    " vault until the next start: %s",
+                                    exc,
+                                )
                             if gone:
                                 log.info(
                                     "deleted %d secrets of servers that are gone",

@@ -43,6 +43,17 @@ it) has its open proposals invalidated at once (``server_removed``). The
 approver is the operator connection's uid and user name (``--approver`` is only
 a label). Each step leaves an audit record naming the proposal; argument values
 never reach the audit.
+
+A full disk (``StorageFullError``): a step whose write is refused changes
+nothing and says so (``storage_full``); a proposal is stored whole or not at
+all (its arguments and the book's time in one write, then its row). What
+follows a step that was made is finished later: arguments left in the vault
+are dropped by ``run`` (and at the next start); invalidations the disk
+refused (a profile or server gone, a tool's schema changed) are owed, retried
+by ``run``, and settled before any approve, reject, cancel or resume, which
+waits for them (or is refused, ``storage_full``, while they cannot be
+written). The book's own writes (expiry, its time) are retried by ``run``;
+reads compute expiry themselves, so nothing runs late meanwhile.
 """
 
 from __future__ import annotations
@@ -56,7 +67,7 @@ import secrets
 import time
 from collections.abc import Callable, Collection
 from functools import partial
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import anyio
 import msgspec
@@ -67,7 +78,7 @@ from memorizz.api.errors import ApprovalRequiredError, ConflictError, NotFoundEr
 from memorizzd import stored
 from memorizzd.audit import Auditor, CallArguments
 from memorizzd.caller import Caller
-from memorizzd.store import ProposalRow, Store
+from memorizzd.store import ProposalRow, StorageFullError, Store, StoreError
 from memorizzd.telemetry.metrics import approval_decided, approval_proposed
 from memorizzd.vault import CredentialStore, VaultError
 
@@ -76,6 +87,8 @@ log = logging.getLogger("memorizzd.approvals")
 REF_PREFIX: Final = "proposal/"
 MAX_WAIT_S: Final = 300.0
 _SWEEP_MAX_S: Final = 30.0
+_RETRY_S: Final = 5.0
+"""How soon ``run`` tries again what a full disk refused."""
 RETENTION_S: Final = 7 * 86400.0
 """Ended proposals are forgotten this long after they were made (the audit stays)."""
 _canonical: Final = msgspec.json.Encoder(order="sorted")
@@ -157,6 +170,16 @@ def approval_required(proposal: m.Proposal) -> ApprovalRequiredError:
     )
 
 
+class _Owed(NamedTuple):
+    """Invalidations a full disk refused: every open proposal made by
+    ``since`` (of ``server``, if given) that ``ends`` picks, for ``why``."""
+
+    ends: Callable[[ProposalRow], bool]
+    why: str
+    since: float
+    server: str | None = None
+
+
 class ApprovalBook:
     """The proposals: their state machine, their arguments, their waiters."""
 
@@ -188,6 +211,12 @@ class ApprovalBook:
         )
         self._profiles: frozenset[str] | None = None
         """The profiles of the config in force (None: not told, none checked)."""
+        self._owed: list[_Owed] = []
+        """Invalidations not written yet (a full disk): ``settle``."""
+        self._settling = anyio.Lock()
+        self._to_drop: set[str] = set()
+        """Proposals whose arguments a full disk kept from being deleted
+        (over, or never stored): ``run`` deletes them."""
 
     # --- time -------------------------------------------------------------------
 
@@ -337,17 +366,25 @@ class ApprovalBook:
             caller_pid=caller.pid,
             caller_profile=caller.profile,
         )
-        # The arguments first: a proposal row never points at nothing. The
-        # vault's put writes its canary with the first secret it ever holds.
+        # The arguments first, with the book's time (one write): a proposal row
+        # never points at nothing. The vault's put writes its canary with the
+        # first secret it ever holds.
         await anyio.to_thread.run_sync(
-            self._vault.put,
-            arguments_ref(proposal.id),
-            msgspec.json.encode(arguments.value).decode(),
+            self._vault.put_many,
+            {
+                arguments_ref(proposal.id): msgspec.json.encode(
+                    arguments.value
+                ).decode(),
+                CLOCK_REF: repr(now),
+            },
         )
-        await anyio.to_thread.run_sync(
-            self._store.insert_proposal, stored.proposal_row(proposal)
-        )
-        await anyio.to_thread.run_sync(self._persist_time, now)
+        try:
+            await anyio.to_thread.run_sync(
+                self._store.insert_proposal, stored.proposal_row(proposal)
+            )
+        except StoreError:  # a full disk: no proposal, and its arguments go
+            await self._drop_arguments(proposal.id)
+            raise
         self._new.set()
         approval_proposed(server)
         log.info(
@@ -359,7 +396,7 @@ class ApprovalBook:
             caller.profile or "operator socket",
         )
         if self._gone(caller.profile):  # a reload removed it while the call ran
-            await self.invalidate(proposal, PROFILE_GONE)
+            await self.invalidate(proposal, PROFILE_GONE, owe=True)
             raise not_approved(await self._reread(proposal))
         return proposal
 
@@ -403,8 +440,16 @@ class ApprovalBook:
             reason=f"cancelled by uid {caller.uid}",
         )
 
-    async def invalidate(self, proposal: m.Proposal, why: str) -> None:
-        """pending/approved -> invalidated (the tool changed or is gone)."""
+    async def invalidate(
+        self, proposal: m.Proposal, why: str, *, owe: bool = False
+    ) -> None:
+        """pending/approved -> invalidated (the tool changed or is gone).
+
+        ``owe``: if a full disk refuses it, it is owed (``settle``) rather
+        than raised: for a proposal whose caller was told it is proposed."""
+        if owe:
+            await self._invalidate_open(lambda row: row.id == proposal.id, why)
+            return
         done = await anyio.to_thread.run_sync(
             partial(
                 self._store.transition_proposal,
@@ -452,6 +497,7 @@ class ApprovalBook:
         to_status: str,
         **fields: object,
     ) -> m.Proposal:
+        await self.settle()  # an invalidation owed first: it may end this one
         proposal = await self.get(caller, proposal_id)
         done = await anyio.to_thread.run_sync(
             partial(
@@ -507,22 +553,53 @@ class ApprovalBook:
         self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Expire proposals on time (so waiters and the audit hear of it); the
-        only writer of expiries, besides the start (``_resume_time``)."""
-        await anyio.to_thread.run_sync(self._forget_leftovers, self._now())
+        only writer of expiries, besides the start (``_resume_time``). What a
+        full disk refuses (expiries, the book's time, invalidations owed,
+        arguments to drop) is tried again within ``_RETRY_S``: this task
+        never ends for it."""
+        try:
+            await anyio.to_thread.run_sync(self._forget_leftovers, self._now())
+        except StoreError as exc:  # a full disk: the next start tries again
+            log.warning(
+                "arguments of proposals that are over stay in the"
+                " vault until there is room: %s",
+                exc,
+            )
         await self._resume_time()
         task_status.started()
         next_prune = 0.0
+        failing = False
         while True:
-            if self._now() >= next_prune:
-                await anyio.to_thread.run_sync(
-                    self._store.prune_proposals, self._now() - RETENTION_S
-                )
-                next_prune = self._now() + 3600
-            await self.sweep()
-            due = await anyio.to_thread.run_sync(self._store.next_expiry)
-            if due is not None:  # open proposals: remember how late it is
-                await anyio.to_thread.run_sync(self._persist_time, self._now())
+            due: float | None = None
+            retry = False
+            try:
+                await self._tidy()
+                if self._now() >= next_prune:
+                    await anyio.to_thread.run_sync(
+                        self._store.prune_proposals, self._now() - RETENTION_S
+                    )
+                    next_prune = self._now() + 3600
+                await self.sweep()
+                await self.settle()
+                due = await anyio.to_thread.run_sync(self._store.next_expiry)
+                if due is not None:  # open proposals: remember how late it is
+                    await anyio.to_thread.run_sync(self._persist_time, self._now())
+            except StoreError as exc:  # a full disk, most likely; never fatal here
+                if not failing:
+                    log.warning(
+                        "cannot write to the state database (%s); trying"
+                        " again every %g s",
+                        exc,
+                        _RETRY_S,
+                    )
+                failing = retry = True
+            else:
+                if failing:
+                    log.info("the state database takes writes again")
+                failing = False
             pause = _SWEEP_MAX_S if due is None else due - self._now() + 0.01
+            if retry or self._to_drop:
+                pause = min(pause, _RETRY_S)
             self._new = anyio.Event()
             with anyio.move_on_after(min(max(pause, 0.01), _SWEEP_MAX_S)):
                 await self._new.wait()
@@ -555,16 +632,46 @@ class ApprovalBook:
         await self._invalidate_open(lambda row: row.server not in present, SERVER_GONE)
 
     async def _invalidate_open(
-        self, ends: Callable[[ProposalRow], bool], why: str
+        self,
+        ends: Callable[[ProposalRow], bool],
+        why: str,
+        *,
+        server: str | None = None,
     ) -> None:
-        """Every open proposal (pending, approved; however many) that ``ends``
-        picks, invalidated for ``why``."""
-        rows = await anyio.to_thread.run_sync(
-            partial(self._store.open_proposals, now=self._now())
-        )
-        for row in rows:
-            if ends(row):
-                await self.invalidate(stored.proposal(row), why)
+        """Every open proposal (pending, approved; however many; ``server``'s
+        only, if given) that ``ends`` picks, invalidated for ``why``; owed
+        (``settle``) if a full disk refuses it now."""
+        self._owed.append(_Owed(ends, why, self._now(), server))
+        try:
+            await self.settle()
+        except StorageFullError as exc:
+            log.warning(
+                "open proposals to invalidate (%s) wait for room in"
+                " the state directory: %s",
+                why,
+                exc,
+            )
+
+    async def settle(self) -> bool:
+        """Write the invalidations owed, in order (True: some were); raises
+        ``StorageFullError`` while the disk still refuses them (each is kept
+        until it is done). Every decision settles first (approve, reject,
+        cancel: ``_decide``; resume: ``Calls.resume``)."""
+        if not self._owed:
+            return False
+        async with self._settling:
+            while self._owed:
+                owed = self._owed[0]
+                rows = await anyio.to_thread.run_sync(
+                    partial(
+                        self._store.open_proposals, now=self._now(), server=owed.server
+                    )
+                )
+                for row in rows:
+                    if row.created <= owed.since and owed.ends(row):
+                        await self.invalidate(stored.proposal(row), owed.why)
+                self._owed.pop(0)
+        return True
 
     def _gone(self, profile: str | None) -> bool:
         """A profile the config in force no longer gives."""
@@ -578,12 +685,11 @@ class ApprovalBook:
         """A fresh listing (connect, tools/list_changed): a proposal whose tool
         changed its schema, or vanished, is invalidated."""
         schemas = {tool.name: schema_hash(tool.input_schema) for tool in tools}
-        rows = await anyio.to_thread.run_sync(
-            partial(self._store.open_proposals, now=self._now(), server=server)
+        await self._invalidate_open(
+            lambda row: schemas.get(row.tool, "") != row.schema_hash,
+            "the tool's schema changed",
+            server=server,
         )
-        for row in rows:
-            if schemas.get(row.tool, "") != row.schema_hash:
-                await self.invalidate(stored.proposal(row), "the tool's schema changed")
 
     def _forget_leftovers(self, now: float) -> None:
         """Arguments of proposals that are over (or whose row never got written)."""
@@ -595,17 +701,33 @@ class ApprovalBook:
             if found is None or found.status not in ("pending", "approved"):
                 self._vault.delete(ref)
 
+    async def _tidy(self) -> None:
+        """Delete the arguments a full disk kept from being deleted."""
+        for proposal_id in list(self._to_drop):
+            await anyio.to_thread.run_sync(
+                self._vault.delete, arguments_ref(proposal_id)
+            )
+            self._to_drop.discard(proposal_id)
+
     async def _finished(self, proposal_id: str) -> None:
         """The proposal can never run: wake its waiters, drop its arguments."""
         self._wake(proposal_id)
+        await self._drop_arguments(proposal_id)
+
+    async def _drop_arguments(self, proposal_id: str) -> None:
+        """Best effort: what cannot be deleted now (a full disk) is by ``run``."""
         try:
             await anyio.to_thread.run_sync(
                 self._vault.delete, arguments_ref(proposal_id)
             )
-        except VaultError as exc:  # pragma: no cover - best effort
+        except (VaultError, StoreError) as exc:
             log.warning(
-                "proposal %s: could not delete its arguments: %s", proposal_id, exc
+                "proposal %s: could not delete its arguments (deleted later): %s",
+                proposal_id,
+                exc,
             )
+            self._to_drop.add(proposal_id)
+            self._new.set()  # run deletes them
 
     def _wake(self, proposal_id: str) -> None:
         event = self._changed.pop(proposal_id, None)

@@ -13,6 +13,11 @@ it reaches the state database in a batch within ``FLUSH_AFTER_S`` (at once
 when ``FLUSH_AT`` wait, before the trail is read, and when the daemon stops;
 a spool left by a killed daemon is replayed at start). Records are mirrored
 to the journal with structured fields when running under systemd.
+
+A full disk: a record that cannot be spooled is logged (the action has
+happened); spooled records the database cannot take stay in the spool and
+move in once there is room, at start too (the daemon starts, and new records
+follow them, with the ids after theirs).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from memorizzd.caller import Caller
 from memorizzd.loop import call_later
 from memorizzd.spool import Spool
 from memorizzd.state_dir import create_private_file, fsync_dir
-from memorizzd.store import AuditRow, Store, StoreError
+from memorizzd.store import AuditRow, StorageFullError, Store, StoreError
 
 log = logging.getLogger("memorizzd.audit")
 
@@ -176,15 +181,33 @@ class Auditor:
         self._next_id = 0
         """The next record's id (0: not read from the store yet)."""
         self._refusals = RefusalBudget()
+        self._flush_failing = False
+        """The last move into the database failed (said once, not per retry)."""
 
     def recover(self) -> int:
         """Move what a stopped daemon left in the spool into the database
-        (records already there are recognised by their id); how many."""
+        (records already there are recognised by their id); how many. On a
+        full disk they stay spooled, and move in with the next batch."""
         if self._spool is None:
             return 0
         left = self._spool.read()
         if left:
-            self._store.append_audit(left)
+            try:
+                self._store.append_audit(left)
+            except StorageFullError as exc:
+                self._pending = left
+                self._next_id = 1 + max(
+                    self._store.last_audit_id(), *(record.id for record in left)
+                )
+                self._flush_failing = True
+                log.warning(
+                    "%d audit records left in %s by a daemon that stopped stay"
+                    " there until the database has room: %s",
+                    len(left),
+                    self._spool.path,
+                    exc,
+                )
+                return 0
             log.warning(
                 "moved %d audit records from %s into the database (the daemon"
                 " stopped before it had)",
@@ -305,16 +328,21 @@ class Auditor:
         try:
             self._store.append_audit(batch)
         except StoreError as exc:
-            log.warning(
-                "could not move %d audit records into the database (%s); they stay"
-                " in %s and are tried again",
-                len(batch),
-                exc,
-                self._spool.path,
-            )
+            if not self._flush_failing:  # once, not at every retry
+                log.warning(
+                    "could not move %d audit records into the database (%s); they"
+                    " stay in %s and are tried again",
+                    len(batch),
+                    exc,
+                    self._spool.path,
+                )
+            self._flush_failing = True
             self._pending = batch + self._pending
             self._flush_timer = call_later(RETRY_FLUSH_S, self._flush_due)
             return
+        if self._flush_failing:
+            log.info("moved %d waiting audit records into the database", len(batch))
+            self._flush_failing = False
         try:
             self._spool.clear()
         except OSError as exc:  # harmless: a replay skips what is in the database

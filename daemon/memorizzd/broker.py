@@ -52,7 +52,7 @@ from memorizzd.egress.urls import check_server_url
 from memorizzd.execution import resolve_command
 from memorizzd.names import exposed_names, renamed
 from memorizzd.presets import preset_tools
-from memorizzd.store import Store
+from memorizzd.store import Store, StoreError
 from memorizzd.subscribers import Holder, Subscribers
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
@@ -592,7 +592,14 @@ class Broker:
             if spec.name in self._pool:
                 raise ConflictError(f"a server named {spec.name!r} already exists")
             await anyio.to_thread.run_sync(self._replace_secrets, spec.name, secrets)
-            if not await anyio.to_thread.run_sync(stored.add_server, self._store, spec):
+            try:
+                added = await anyio.to_thread.run_sync(
+                    stored.add_server, self._store, spec
+                )
+            except StoreError:  # a full disk: no server, and no secrets of it
+                await self._forget_secrets(spec.name)
+                raise
+            if not added:
                 raise ConflictError(f"a server named {spec.name!r} already exists")
             upstream = await self._pool.start(spec, source="api")
         log.info(
@@ -619,18 +626,34 @@ class Broker:
                         await self._oauth().logout(upstream.spec, upstream.keeper)
                     except RemoteError as exc:
                         log.info("%s: not revoked at removal: %s", p.name, exc.message)
+            # The removal itself: a full disk refuses it whole (storage_full),
+            # and the server stays. What follows is finished later if a full
+            # disk refuses it now (the secrets at the next start, the
+            # proposals by the approval book), never undone.
             await anyio.to_thread.run_sync(self._store.remove_server, p.name)
             # Its secrets go with its record, before it is stopped (a daemon
             # killed while a server is slow to stop kept them for ever), and
             # again after (a refresh may have stored a grant meanwhile).
-            await anyio.to_thread.run_sync(self._replace_secrets, p.name, {})
+            await self._forget_secrets(p.name)
             await self._pool.stop(p.name)
-            await anyio.to_thread.run_sync(self._replace_secrets, p.name, {})
+            await self._forget_secrets(p.name)
             # Its open proposals end now (out of the pool: a call on its way
             # invalidates its own), before one of the same name can be added.
             await self._book.server_removed(p.name)
         log.info("server %s removed by uid %d", p.name, caller.uid)
         return m.ServersRemoveResult(name=p.name)
+
+    async def _forget_secrets(self, server: str) -> None:
+        """Delete the secrets of a server that is not (any more): best effort,
+        as the next start deletes those of every server that is gone."""
+        try:
+            await anyio.to_thread.run_sync(self._replace_secrets, server, {})
+        except (StoreError, VaultError) as exc:
+            log.warning(
+                "server %s: its secrets stay in the vault until the next start: %s",
+                server,
+                exc,
+            )
 
     def _replace_secrets(self, server: str, secrets: dict[str, str]) -> None:
         """The server's secrets become exactly ``secrets`` (stale refs deleted)."""

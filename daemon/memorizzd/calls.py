@@ -189,7 +189,7 @@ class Calls:
                     if upstream.name not in self._pool:
                         # removed while the call was on its way, after
                         # server_removed swept its proposals: this one too
-                        await self._book.invalidate(proposal, SERVER_GONE)
+                        await self._book.invalidate(proposal, SERVER_GONE, owe=True)
                         raise not_approved(await self._book.get_any(proposal.id))
                     raise approval_required(proposal)
                 if decided.decision != "allow":
@@ -239,6 +239,8 @@ class Calls:
                 return await self.resume(
                     caller, proposal, timeout_s=timeout_s, progress=progress
                 )
+        if await self._book.settle():  # an invalidation owed may end this one
+            proposal = await self._book.get_any(proposal.id)
         if proposal.status != "approved":
             raise not_approved(proposal)
         try:

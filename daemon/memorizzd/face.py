@@ -93,7 +93,6 @@ from memorizz.api import mcp_meta
 from memorizz.api import methods as m
 from memorizz.api.errors import (
     ApprovalRequiredError,
-    InternalError,
     InvalidParamsError,
     MethodNotFoundError,
     NotFoundError,
@@ -117,7 +116,7 @@ from memorizzd.names import exposed_names
 from memorizzd.policy import ToolsView
 from memorizzd.relay import WarmRelay
 from memorizzd.rpc.answers import parse_line, take
-from memorizzd.rpc.dispatch import Relayed, Session, encode_error
+from memorizzd.rpc.dispatch import Relayed, Session, encode_error, unexpected
 from memorizzd.subscribers import UPDATED, Subscribers
 from memorizzd.telemetry import tracing
 from memorizzd.upstream.actor import Upstream
@@ -626,9 +625,9 @@ class FaceDispatcher:
                 return b""  # answered already (an input-required result)
         except RemoteError as exc:
             return encode_error(request.id, exc.to_wire())
-        except Exception:  # the boundary; cancellation is a BaseException and passes
-            log.exception("face: internal error (id %r)", request.id)
-            return encode_error(request.id, InternalError("internal error").to_wire())
+        except Exception as exc:  # noqa: BLE001 - the boundary: unexpected() logs it
+            error = unexpected(exc, f"face: {request.method}", request.id)
+            return encode_error(request.id, error.to_wire())
         if _modern(request):
             result = _completed(request.method, result)
         return (

@@ -75,6 +75,28 @@ def secure_state_dir(path: str) -> None:
         os.close(fd)
 
 
+ROOM_NEEDED: Final = 64 * 1024
+"""Free bytes under which the state directory's file system is full: SQLite
+needs more than that to open the database (its 32 KiB shared-memory file)
+and to write a transaction."""
+
+
+def free_bytes(path: str) -> int | None:
+    """How many bytes the daemon may still write on the file system of
+    ``path`` (None: it cannot be told)."""
+    try:
+        found = os.statvfs(path)
+    except OSError:
+        return None
+    return found.f_bavail * found.f_frsize
+
+
+def no_room(path: str) -> bool:
+    """Whether the file system of ``path`` is full (``ROOM_NEEDED``)."""
+    free = free_bytes(path)
+    return free is not None and free < ROOM_NEEDED
+
+
 def create_private_file(path: str, data: bytes) -> bool:
     """``data`` in a new file at ``path`` (0600), whole or not at all: written
     to ``path.tmp`` beside it (``write_private_file``), then linked into
@@ -99,7 +121,8 @@ def write_private_file(path: str, data: bytes) -> None:
     is unlinked first, never written through: a leftover temporary file (its
     mode would survive ``O_CREAT``), or another name of a key file itself (a
     start killed between linking the new key file and unlinking its
-    temporary), whose truncation would empty the key file."""
+    temporary), whose truncation would empty the key file. A write that
+    fails (a full disk) leaves no piece of it behind."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -109,6 +132,10 @@ def write_private_file(path: str, data: bytes) -> None:
         while view:  # a short write (a full disk): the next one says why
             view = view[os.write(fd, view) :]
         os.fsync(fd)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
     finally:
         os.close(fd)
 

@@ -3,7 +3,10 @@ trail, the vault's ciphertexts, approval proposals.
 
 The only module that knows SQL, and the only one that imports ``sqlite3``:
 every error SQLite raises leaves a ``Store`` method as :class:`StoreError`
-(the ``sqlite3`` error is its ``__cause__``, for the log). Calls are short and
+(the ``sqlite3`` error is its ``__cause__``, for the log), and a write the
+full file system refused as :class:`StorageFullError`: SQLite took it back
+whole (every transaction here is rolled back when any part of it, its
+``COMMIT`` included, fails), so the database is as it was. Calls are short and
 synchronous; async callers run them with ``anyio.to_thread.run_sync``, except
 ``append_audit`` (below).
 WAL mode; ``synchronous=FULL`` so an acknowledged ``servers/add`` survives a
@@ -32,18 +35,20 @@ WAL back from a worker thread now and then.
 
 from __future__ import annotations
 
+import errno
 import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from functools import wraps
 from pathlib import Path
 from typing import Final, ParamSpec, TypeVar
 
 import msgspec
 
-from memorizzd.state_dir import FILE_MODE, StateDirError, secure_state_dir
+from memorizzd.state_dir import FILE_MODE, StateDirError, no_room, secure_state_dir
 
 SCHEMA_VERSION: Final = 6
 _MIGRATIONS: Final = (
@@ -178,21 +183,70 @@ class StoreError(Exception):
     """The state database cannot be opened, read or written."""
 
 
+class StorageFullError(StoreError):
+    """The file system of the state directory is full (SQLite's
+    ``SQLITE_FULL``, ``ENOSPC`` or ``EDQUOT``): the write was not made, and
+    what the database held before is whole. Reads still answer; writes
+    succeed again once there is room."""
+
+
 P = ParamSpec("P")
 R = TypeVar("R")
 
+_FULL_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
+_IO_CODES: Final = frozenset({sqlite3.SQLITE_IOERR, sqlite3.SQLITE_CANTOPEN})
+
+
+def full(exc: BaseException, directory: str | os.PathLike[str] | None = None) -> bool:
+    """Whether ``exc`` says the file system is full: SQLite's word
+    (``SQLITE_FULL``) or the kernel's (``ENOSPC``, ``EDQUOT``); or, for an
+    I/O error of SQLite's that names no cause (a shared-memory file it could
+    not grow: ``disk I/O error``), ``directory``'s file system has no room."""
+    if isinstance(exc, sqlite3.Error):
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code is None:
+            return False
+        if code & 0xFF == sqlite3.SQLITE_FULL:
+            return True
+        return (
+            code & 0xFF in _IO_CODES
+            and directory is not None
+            and no_room(os.fspath(directory))
+        )
+    return isinstance(exc, OSError) and exc.errno in _FULL_ERRNOS
+
 
 def _sqlite_errors(method: Callable[P, R]) -> Callable[P, R]:
-    """``sqlite3.Error`` out of ``method`` becomes :class:`StoreError`."""
+    """``sqlite3.Error`` out of ``method`` becomes :class:`StoreError`
+    (:class:`StorageFullError` when the file system is full)."""
 
     @wraps(method)
     def translated(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
             return method(*args, **kwargs)
         except sqlite3.Error as exc:
-            raise StoreError(f"state database: {exc}") from exc
+            store = args[0] if args else None
+            directory = store.path.parent if isinstance(store, Store) else None
+            kind = StorageFullError if full(exc, directory) else StoreError
+            raise kind(f"state database: {exc}") from exc
 
     return translated
+
+
+@contextmanager
+def _transaction(db: sqlite3.Connection) -> Iterator[None]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``, all or nothing: whatever fails
+    inside, the ``COMMIT`` too (a full disk), the transaction is rolled back
+    if SQLite has not already done so, so that no later statement on the
+    connection runs inside it (and is never committed)."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        db.execute("COMMIT")
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
 
 
 # --- the rows: the store's own types (the schema), never the wire structs -----
@@ -290,6 +344,10 @@ class Store:
             self._db.execute("PRAGMA busy_timeout=5000")
             self._migrate()
         except (OSError, sqlite3.Error) as exc:
+            if full(exc, state_dir):
+                raise StorageFullError(
+                    f"cannot open state database {self.path}: {exc}"
+                ) from None
             raise StoreError(f"cannot open state database {self.path}: {exc}") from None
         self._lock = threading.Lock()
         self._encoder = msgspec.json.Encoder()
@@ -307,7 +365,8 @@ class Store:
             self._reader.execute("PRAGMA query_only=ON")  # a write here fails
             self._reader.execute("PRAGMA busy_timeout=5000")
         except sqlite3.Error as exc:
-            raise StoreError(f"cannot open state database {self.path}: {exc}") from None
+            kind = StorageFullError if full(exc, state_dir) else StoreError
+            raise kind(f"cannot open state database {self.path}: {exc}") from None
         self._read_lock = threading.Lock()
 
     def _migrate(self) -> None:
@@ -339,13 +398,8 @@ class Store:
         if len(rows) == 1:  # one statement is its own transaction
             db.execute(_INSERT_AUDIT, rows[0])
             return
-        db.execute("BEGIN IMMEDIATE")
-        try:
+        with _transaction(db):
             db.executemany(_INSERT_AUDIT, rows)
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
 
     def _audit_row(self, record: AuditRow) -> tuple[object, ...]:
         return (
@@ -467,7 +521,8 @@ class Store:
 
     @_sqlite_errors
     def remove_server(self, name: str) -> bool:
-        with self._lock:
+        """Its row and its negotiated version, in one transaction."""
+        with self._lock, _transaction(self._db):
             cursor = self._db.execute("DELETE FROM servers WHERE name = ?", (name,))
             self._db.execute("DELETE FROM negotiated WHERE name = ?", (name,))
         return cursor.rowcount > 0
@@ -511,35 +566,21 @@ class Store:
     def put_secrets(self, tokens: list[tuple[str, bytes]]) -> None:
         """Insert or replace, all in one transaction (durable: synchronous=FULL)."""
         now = time.time()
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                self._db.executemany(
-                    "INSERT INTO secrets (ref, token, updated) VALUES (?, ?, ?)"
-                    " ON CONFLICT(ref) DO UPDATE SET"
-                    " token = excluded.token, updated = excluded.updated",
-                    [(ref, token, now) for ref, token in tokens],
-                )
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._lock, _transaction(self._db):
+            self._db.executemany(
+                "INSERT INTO secrets (ref, token, updated) VALUES (?, ?, ?)"
+                " ON CONFLICT(ref) DO UPDATE SET"
+                " token = excluded.token, updated = excluded.updated",
+                [(ref, token, now) for ref, token in tokens],
+            )
 
     @_sqlite_errors
     def delete_secrets(self, refs: list[str]) -> int:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                deleted = sum(
-                    self._db.execute(
-                        "DELETE FROM secrets WHERE ref = ?", (ref,)
-                    ).rowcount
-                    for ref in refs
-                )
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._lock, _transaction(self._db):
+            deleted = sum(
+                self._db.execute("DELETE FROM secrets WHERE ref = ?", (ref,)).rowcount
+                for ref in refs
+            )
         return deleted
 
     @_sqlite_errors
@@ -696,23 +737,17 @@ class Store:
     @_sqlite_errors
     def expire_proposals(self, now: float) -> list[ProposalRow]:
         """Mark every pending or approved proposal past its expiry; return them."""
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                rows = self._db.execute(
-                    f"SELECT {_PROPOSAL_COLUMNS} FROM proposals"  # noqa: S608
-                    " WHERE status IN (?, ?) AND expires_at <= ?",
-                    (*_ACTIVE, now),
-                ).fetchall()
-                self._db.execute(
-                    "UPDATE proposals SET status = 'expired'"
-                    " WHERE status IN (?, ?) AND expires_at <= ?",
-                    (*_ACTIVE, now),
-                )
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+        with self._lock, _transaction(self._db):
+            rows = self._db.execute(
+                f"SELECT {_PROPOSAL_COLUMNS} FROM proposals"  # noqa: S608
+                " WHERE status IN (?, ?) AND expires_at <= ?",
+                (*_ACTIVE, now),
+            ).fetchall()
+            self._db.execute(
+                "UPDATE proposals SET status = 'expired'"
+                " WHERE status IN (?, ?) AND expires_at <= ?",
+                (*_ACTIVE, now),
+            )
         return [
             msgspec.structs.replace(self._proposal(row), status="expired")
             for row in rows

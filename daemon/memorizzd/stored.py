@@ -12,6 +12,11 @@ here, and a version this daemon does not know is a ``StoreError``, not a
 guess. A wire field added or renamed shows up in tests/daemon/test_store_rows.py,
 which round-trips every field: storing it is then a decision (a row field, a
 migration), never a side effect.
+
+A write the full file system of the state directory refused
+(``StorageFullError``) is told to callers here too, in one way
+(``storage_full``): the two fronts (``rpc.dispatch``, the MCP face) answer
+with it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Final
 import msgspec
 
 from memorizz.api import methods as m
+from memorizz.api.errors import UnavailableError
 from memorizzd.store import AuditRow, ProposalRow, ServerRow, Store, StoreError
 
 SPEC_VERSION: Final = 1
@@ -29,6 +35,25 @@ SPEC_VERSION: Final = 1
 
 _spec_encoder: Final = msgspec.json.Encoder()
 _spec_decoder: Final = msgspec.json.Decoder(m.ServerSpec)
+
+
+# --- a full disk -------------------------------------------------------------
+
+
+STORAGE_FULL: Final = "storage_full"
+
+
+def storage_full() -> UnavailableError:
+    """What a caller is told of a request whose write the full file system of
+    the state directory refused (``StorageFullError``): nothing was changed
+    (the store takes a refused write back whole, and each step after one that
+    was made is finished later), and it may be sent again once there is room.
+    The store's own words go to the daemon's log, not to the caller."""
+    return UnavailableError(
+        "memorizzd's state directory is full: nothing was changed; free space on"
+        " its file system, then try again",
+        reason=STORAGE_FULL,
+    )
 
 
 # --- servers ----------------------------------------------------------------
@@ -133,6 +158,7 @@ def proposal(row: ProposalRow) -> m.Proposal:
 
 __all__ = [
     "SPEC_VERSION",
+    "STORAGE_FULL",
     "add_server",
     "audit_record",
     "fingerprint",
@@ -141,4 +167,5 @@ __all__ = [
     "proposal_row",
     "server_spec",
     "servers",
+    "storage_full",
 ]

@@ -18,7 +18,7 @@ The tree (one class per code; ``reason`` refines it and is what clients branch o
     |                                         tool_blocked
     |   +-- NotFoundError              -32002 unknown_server, not_found
     |   +-- UnavailableError           -32003 server_unavailable, overloaded, shutting_down,
-    |                                         upstream_busy
+    |                                         upstream_busy, storage_full
     |   +-- AuthRequiredError          -32004 authorization_required, login_required,
     |                                         insufficient_scope
     |   +-- DeadlineExceededError      -32005 timeout, idle_timeout
@@ -120,6 +120,7 @@ REASONS: Final = frozenset(
         "invalid_config",
         "no_config_file",
         "unknown_preset",
+        "storage_full",
     }
 )
 

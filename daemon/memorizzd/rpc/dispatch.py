@@ -6,9 +6,13 @@ it, the roles that may call it too (``rpc.authority``), and a handler must
 exist for every declared method and for no other.
 
 Nothing below this module knows JSON-RPC exists: handlers take a decoded
-Params struct and return a Result struct or raise a ``RemoteError``. Anything
-else that escapes a handler is a bug: it is logged with its traceback and the
-wire only ever says "internal error" (exception text may hold a secret).
+Params struct and return a Result struct or raise a ``RemoteError``. A write
+the full file system of the state directory refused (``StorageFullError``,
+from the store wherever it was called) is ``storage_full``, said in one line
+of the log. Anything else that escapes a handler is a bug: it is logged with
+its traceback and the wire only ever says "internal error" (exception text
+may hold a secret). ``unexpected`` is that rule, for every front (the MCP
+face's too).
 """
 
 from __future__ import annotations
@@ -29,9 +33,11 @@ from memorizz.api.errors import (
 )
 from memorizz.api.methods import METHODS, Params
 from memorizz.api.protocol import Request, RequestId, error_line, result_line
+from memorizzd import stored
 from memorizzd.caller import Caller, Handler
 from memorizzd.egress.envelope import EnvelopeScanner
 from memorizzd.rpc.authority import method_allowed, refuse_method
+from memorizzd.store import StorageFullError, full
 
 log = logging.getLogger("memorizzd.rpc")
 
@@ -237,9 +243,8 @@ class Dispatcher:
             result = await method.handler(caller, params)
         except RemoteError as exc:
             error = exc
-        except Exception:  # the boundary; cancellation is a BaseException and passes
-            log.exception("internal error handling a request (id %r)", request.id)
-            error = InternalError("internal error")
+        except Exception as exc:  # noqa: BLE001 - the boundary: unexpected() logs it
+            error = unexpected(exc, request.method, request.id)
         else:
             return encode_result(request.id, result)
         if self._on_error is not None:
@@ -249,6 +254,27 @@ class Dispatcher:
 
 encode_result: Final = result_line
 encode_error: Final = error_line
+
+
+def unexpected(
+    exc: Exception, method: str, request_id: RequestId | None
+) -> RemoteError:
+    """The wire error for an exception a handler raised that is not a
+    ``RemoteError``: ``storage_full`` for a write the full file system of the
+    state directory refused (``StorageFullError`` from the store, ``ENOSPC``
+    from a file written there: one line in the log, at error level; nothing
+    was changed, and it is not a bug); for anything else, a bug, ``internal``
+    (its traceback in the log, nothing of its text on the wire)."""
+    if isinstance(exc, StorageFullError) or full(exc):  # ENOSPC: a key file's write
+        log.error(
+            "%s (id %r) refused, the state directory is full: %s",
+            method[:200],
+            request_id,
+            exc,
+        )
+        return stored.storage_full()
+    log.exception("internal error handling %s (id %r)", method[:200], request_id)
+    return InternalError("internal error")
 
 
 def parse_request(line: bytes) -> Request | bytes:

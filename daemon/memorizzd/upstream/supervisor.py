@@ -42,7 +42,7 @@ from memorizz.api import methods as m
 from memorizz.api.errors import DeadlineExceededError, RemoteError
 from memorizzd.config import Config
 from memorizzd.loop import Clock, now
-from memorizzd.store import Negotiated, Store
+from memorizzd.store import Negotiated, Store, StoreError
 from memorizzd.stored import fingerprint
 from memorizzd.upstream import errors
 from memorizzd.upstream.connection import Connection
@@ -375,9 +375,18 @@ class Supervisor:
             self.protocol_version = version
             if version and (known is None or known.protocol_version != version):
                 negotiated = Negotiated(version, fingerprint(self.spec))
-                await anyio.to_thread.run_sync(
-                    self._store.set_negotiated, self.name, negotiated
-                )
+                try:
+                    await anyio.to_thread.run_sync(
+                        self._store.set_negotiated, self.name, negotiated
+                    )
+                except StoreError as exc:  # a full disk: a hint kept for next time
+                    log.warning(
+                        "%s: the negotiated protocol version is not remembered"
+                        " (it is negotiated again next time): %s",
+                        self.name,
+                        exc,
+                        extra={"MEMORIZZ_SERVER": self.name},
+                    )
             try:
                 await self._tools.refresh(client, server_name=self.server_name)
             except RemoteError as exc:
