@@ -45,7 +45,10 @@ def test_concurrent_calls_spread_over_the_replicas(daemon: DaemonHarness) -> Non
     assert status.state == "ready"
 
 
-def test_a_replica_that_dies_replaces_the_set(daemon: DaemonHarness) -> None:
+def test_the_primary_replica_that_dies_replaces_the_set(daemon: DaemonHarness) -> None:
+    """The first replica (the primary) holds the listing, the tasks and the
+    resource subscriptions: its death replaces the whole set (any other
+    replica is started again alone: tests/e2e/test_replica_supervision.py)."""
     daemon.add(stdio_spec("pool", replicas=2))
     first = _pid(daemon, "pool")
     os.kill(first, signal.SIGKILL)

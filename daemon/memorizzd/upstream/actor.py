@@ -261,8 +261,12 @@ class Upstream(Supervisor):
         self, client: Connection, reason: str, *, safe: bool = False
     ) -> UnavailableError:
         """The session ``client`` ended during a request: marked dead (if it
-        is still the session), and the error its caller gets."""
-        if self._client is client:
+        is still the session; a replica set only if its primary's ended: any
+        other replica is lost alone, ``replicas.py``), and the error its
+        caller gets."""
+        if self._client is client and (
+            not isinstance(client, ReplicaSet) or client.lost()
+        ):
             self._mark_dead(reason)
         return UnavailableError(
             f"server {self.name!r}: connection lost during the request"

@@ -7,53 +7,131 @@ second whatever the daemon does. A server that keeps no state between calls
 session (``jsonrpc.py``), and ``ReplicaSet`` is the one ``Connection`` the
 rest of the daemon sees:
 
-* every request goes to the replica with the fewest requests in flight
-  (the first such, so a quiet server keeps using one process);
-* the listing, capabilities and identity are the first replica's (the
-  replicas run the same command);
+* the replicas start together, each in a task of its own (an anyio session
+  is entered and left in one task): the set's start costs one process's
+  start, and each process has the whole handshake budget;
+* every request goes to the replica in the rotation with the fewest requests
+  in flight (the first such, so a quiet server keeps using one process);
+* the first replica is the primary: the listings (tools, resources, their
+  templates, prompts), capabilities and identity are its own (the replicas
+  run the same command), and so are the tasks and the resource subscriptions;
 * notifications of every replica reach the one handler (a ``tools/list_changed``
-  from any empties the one tool cache), and a ``subscriptions/listen``
-  stream is held on each;
-* the set lives and dies as one: a probe asks every replica, and the
-  supervisor replaces the whole set when any process exits.
+  from any empties the one tool cache, and the primary is listed again), and
+  each replica's ``subscriptions/listen`` stream is held, and opened again
+  when it ends, on its own;
+* the primary's death (its exit, its stdout closed, a failed probe) is the
+  set's: the supervisor replaces the whole set. Any other replica is kept
+  here, alone: when it dies it leaves the rotation at once, only the calls in
+  flight on it fail, and it is started again after the supervisor's backoff
+  (``Care``), while the others serve on. The health probe asks each replica
+  that has not answered within the interval (``check``).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any, TypeVar
+import dataclasses
+import math
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any, Final, TypeVar
 
 import anyio
 import msgspec
 
 from memorizz.api import methods as m
+from memorizz.api.errors import DeadlineExceededError, RemoteError
 from memorizzd.upstream.connection import ProgressHandler, ToolResult
-from memorizzd.upstream.jsonrpc import JsonRpcSession, Launch, open_session
+from memorizzd.upstream.errors import ConnectionLost, leaves
+from memorizzd.upstream.jsonrpc import MODERN, JsonRpcSession, Launch, open_session
 from memorizzd.upstream.stdio import StdioProcess
 
 T = TypeVar("T")
 
+OUT: Final = 1 << 30
+"""Added to the load of a replica out of the rotation (lost, starting again):
+never the least busy while any other is in."""
+EXIT_WAIT_S: Final = 0.5
+"""How long a lost replica's exit is waited for, so that its code is told."""
+_SAID_BY_EXIT: Final = ("closed its stdout", "lost its connection")
+"""Why a replica is lost that an exit says better, by its code."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Care:
+    """What the supervisor lends a set for its replicas (``Supervisor._open``)."""
+
+    budget_s: float
+    """A replica's start and handshake, when it is started again alone."""
+    backoff: Callable[[int], float]
+    """The wait before a replica's start after ``n`` failed in a row."""
+    lost: Callable[[str], None]
+    """A replica other than the primary was lost and starts again (the reason,
+    naming it): counted in ``restarts`` and logged."""
+    primary_lost: Callable[[str], None]
+    """The primary was lost: the set is (the supervisor replaces it)."""
+    listen: Callable[[JsonRpcSession, int], Coroutine[Any, Any, None]]
+    """Hold one replica's list-change stream while it lives (``Supervisor._watch_tool_changes``)."""
+    describe: Callable[[BaseException], str]
+    """A failed start, in a few words."""
+
 
 class ReplicaSet:
-    def __init__(self, sessions: Sequence[JsonRpcSession]) -> None:
-        if not sessions:
-            raise ValueError("a replica set needs a session")
-        self._sessions = list(sessions)
-        self._busy = [0] * len(sessions)
-        first = sessions[0]
-        self.protocol_version = first.protocol_version
-        self.server_name = first.server_name
-        self.server_version = first.server_version
+    def __init__(
+        self, launch: Launch, processes: list[StdioProcess], care: Care
+    ) -> None:
+        if not processes:
+            raise ValueError("a replica set needs a process")
+        self._launch = launch
+        self._processes = processes
+        """The supervisor's list: a replica started again puts its new process in."""
+        self._care = care
+        count = len(processes)
+        self._sessions: list[JsonRpcSession] = []
+        """Each replica's session, the latest (filled once all have started)."""
+        self._busy = [OUT] * count
+        """Requests in flight on each replica; plus ``OUT`` while out of the rotation."""
+        self._answered = [0.0] * count
+        """When each replica last answered (``check``)."""
+        self._lost = [anyio.Event() for _ in range(count)]
+        self._why: list[str | None] = [None] * count
+        """Why each lost replica was (None: its process exited)."""
+        self._waits = [0.0] * count
+        """The backoff before each replica's next start."""
+        self._started: dict[int, JsonRpcSession] = {}
+        self._settled = anyio.Event()
+        """Set when every replica started, or one failed to (``_failure``)."""
+        self._failure: Exception | None = None
+        self._leaving = False
+        self.protocol_version: str | None = None
+        self.server_name: str | None = None
+        self.server_version: str | None = None
+
+    @property
+    def _primary(self) -> JsonRpcSession:
+        return self._sessions[0]
+
+    # --- the requests ------------------------------------------------------
+
+    async def _on(self, at: int, op: Callable[[JsonRpcSession], Awaitable[T]]) -> T:
+        busy = self._busy
+        session = self._sessions[at]
+        busy[at] += 1
+        try:
+            result = await op(session)
+        except ConnectionLost as exc:
+            self._lose(at, session, f"lost its connection: {exc}")
+            raise
+        finally:
+            busy[at] -= 1
+        self._answered[at] = anyio.current_time()
+        return result
 
     async def _on_least_busy(self, op: Callable[[JsonRpcSession], Awaitable[T]]) -> T:
         busy = self._busy
-        at = busy.index(min(busy))
-        busy[at] += 1
-        try:
-            return await op(self._sessions[at])
-        finally:
-            busy[at] -= 1
+        return await self._on(busy.index(min(busy)), op)
+
+    async def _on_primary(self, op: Callable[[JsonRpcSession], Awaitable[T]]) -> T:
+        return await self._on(0, op)
 
     def take(self) -> tuple[JsonRpcSession, Callable[[], None]]:
         """The least busy replica for one request, and what to call when it ends."""
@@ -66,8 +144,17 @@ class ReplicaSet:
 
         return self._sessions[at], release
 
+    def lost(self) -> bool:
+        """A request on the set lost its connection (the caller does not know
+        on which replica): each replica whose session ended leaves the
+        rotation now; whether the primary's did (the set is lost)."""
+        for at, session in enumerate(self._sessions):
+            if session.ended.is_set():
+                self._lose(at, session, "lost its connection")
+        return self._primary.ended.is_set()
+
     def declares(self, capability: str) -> bool:
-        return self._sessions[0].declares(capability)
+        return self._primary.declares(capability)
 
     async def call_tool(
         self, name: str, arguments: bytes, progress: ProgressHandler | None = None
@@ -77,17 +164,17 @@ class ReplicaSet:
         )
 
     async def list_tools(self, *, page_limit: int) -> list[m.Tool]:
-        return await self._on_least_busy(lambda s: s.list_tools(page_limit=page_limit))
+        """The primary's, always: a listing that depended on the load could
+        read a replica that has not heard of a change yet."""
+        return await self._on_primary(lambda s: s.list_tools(page_limit=page_limit))
 
     async def list_resources(self, *, page_limit: int) -> list[m.Resource]:
-        return await self._on_least_busy(
-            lambda s: s.list_resources(page_limit=page_limit)
-        )
+        return await self._on_primary(lambda s: s.list_resources(page_limit=page_limit))
 
     async def list_resource_templates(
         self, *, page_limit: int
     ) -> list[m.ResourceTemplate]:
-        return await self._on_least_busy(
+        return await self._on_primary(
             lambda s: s.list_resource_templates(page_limit=page_limit)
         )
 
@@ -95,9 +182,7 @@ class ReplicaSet:
         return await self._on_least_busy(lambda s: s.read_resource(uri))
 
     async def list_prompts(self, *, page_limit: int) -> list[m.Prompt]:
-        return await self._on_least_busy(
-            lambda s: s.list_prompts(page_limit=page_limit)
-        )
+        return await self._on_primary(lambda s: s.list_prompts(page_limit=page_limit))
 
     async def get_prompt(
         self, name: str, arguments: dict[str, str]
@@ -105,56 +190,251 @@ class ReplicaSet:
         return await self._on_least_busy(lambda s: s.get_prompt(name, arguments))
 
     def takes_tool_tasks(self) -> bool:
-        return self._sessions[0].takes_tool_tasks()
+        return self._primary.takes_tool_tasks()
 
     async def call_tool_task(
         self, name: str, arguments: bytes, task: bytes
     ) -> msgspec.Raw:
-        """On the first replica only: a task lives in the process that made it,
+        """On the primary only: a task lives in the process that made it,
         and every ``tasks/*`` request goes there too."""
-        return await self._sessions[0].call_tool_task(name, arguments, task)
+        return await self._on_primary(lambda s: s.call_tool_task(name, arguments, task))
 
     async def task_request(self, method: str, params: dict[str, Any]) -> msgspec.Raw:
-        return await self._sessions[0].task_request(method, params)
+        return await self._on_primary(lambda s: s.task_request(method, params))
 
     def can_subscribe(self) -> bool:
-        return self._sessions[0].can_subscribe()
+        return self._primary.can_subscribe()
 
     async def subscribe_resource(self, uri: str) -> None:
-        """On the first replica only: its updates are the ones told."""
-        await self._sessions[0].subscribe_resource(uri)
+        """On the primary only: its updates are the ones told."""
+        await self._on_primary(lambda s: s.subscribe_resource(uri))
 
     async def unsubscribe_resource(self, uri: str) -> None:
-        await self._sessions[0].unsubscribe_resource(uri)
+        await self._on_primary(lambda s: s.unsubscribe_resource(uri))
 
     async def complete(self, params: dict[str, Any]) -> dict[str, Any]:
         return await self._on_least_busy(lambda s: s.complete(params))
 
     async def probe(self) -> None:
-        for session in self._sessions:  # every one must answer
-            await session.probe()
+        """Every replica in the rotation, together (the caller bounds the wait)."""
+        await self.check(None, quiet_s=None)
 
-    async def watch_tool_changes(self, on_change: Callable[[], None]) -> bool:
-        held: list[bool] = []
+    async def check(self, timeout_s: float | None, *, quiet_s: float | None) -> None:
+        """Probe, together, each replica in the rotation (with ``quiet_s``:
+        each that has not answered within it), each within ``timeout_s``.
+        Another than the primary that fails is lost (started again alone);
+        the primary's failure is raised (the set is lost)."""
+        now = anyio.current_time()
+        failed: list[BaseException] = []
 
-        async def watch(session: JsonRpcSession) -> None:
-            held.append(await session.watch_tool_changes(on_change))
+        async def probe(at: int, session: JsonRpcSession) -> None:
+            try:
+                with anyio.fail_after(timeout_s):
+                    await session.probe()
+            except (RemoteError, ConnectionLost, TimeoutError) as exc:
+                if at == 0:
+                    failed.append(exc)
+                else:
+                    said = str(exc) or f"no answer within {timeout_s:g} s"
+                    self._lose(at, session, f"failed its health probe: {said}")
+            else:
+                self._answered[at] = anyio.current_time()
 
         async with anyio.create_task_group() as tg:
-            for session in self._sessions:
-                tg.start_soon(watch, session)
-        return any(held)
+            for at, session in enumerate(self._sessions):
+                if self._busy[at] >= OUT:
+                    continue
+                if quiet_s is None or now - self._answered[at] >= quiet_s:
+                    tg.start_soon(probe, at, session)
+        if failed:
+            raise failed[0]
+
+    def answered_within(self, seconds: float) -> bool:
+        """Whether every replica in the rotation answered within ``seconds``."""
+        since = anyio.current_time() - seconds
+        return all(
+            self._answered[at] > since
+            for at in range(len(self._sessions))
+            if self._busy[at] < OUT
+        )
+
+    async def watch_tool_changes(self, on_change: Callable[[], None]) -> bool:
+        """The primary's stream (each other replica's is held by its own
+        task, ``_serve``, and opened again on its own)."""
+        return await self._primary.watch_tool_changes(on_change)
+
+    # --- the replicas' lives -----------------------------------------------
+
+    def _name(self, at: int) -> str:
+        pid = self._processes[at].pid
+        return f"replica {at}" + (f" (pid {pid})" if pid is not None else "")
+
+    def _lose(self, at: int, session: JsonRpcSession, why: str | None) -> None:
+        """Replica ``at`` (its ``session``) is lost: out of the rotation now;
+        its task stops it (and, but for the primary, starts it again)."""
+        if self._sessions[at] is not session or self._busy[at] >= OUT:
+            return  # an earlier session of it, or out already
+        self._busy[at] += OUT
+        self._why[at] = why
+        self._lost[at].set()
+
+    def _join(self, at: int, session: JsonRpcSession) -> None:
+        self._lost[at] = anyio.Event()
+        self._why[at] = None
+        self._answered[at] = anyio.current_time()
+        if self._settled.is_set():  # started again
+            self._sessions[at] = session
+            self._busy[at] -= OUT
+            return
+        self._started[at] = session
+        if len(self._started) == len(self._processes):  # the last to start
+            self._sessions = [self._started[i] for i in range(len(self._processes))]
+            self._started.clear()
+            self._busy = [0] * len(self._sessions)
+            first = self._sessions[0]
+            self.protocol_version = first.protocol_version
+            self.server_name = first.server_name
+            self.server_version = first.server_version
+            self._settled.set()
+
+    async def _keep(self, at: int) -> None:
+        """Replica ``at``'s life: started, served until it is lost; but for the
+        primary, started again after the backoff, until the set leaves."""
+        failures = 0
+        first = True
+        while True:
+            process = self._processes[at]
+            if not first:
+                process = self._processes[at] = StdioProcess(process.name)
+                mode = MODERN if self.protocol_version == MODERN else "legacy"
+                launch = dataclasses.replace(self._launch, mode=mode)
+            else:
+                launch = self._launch  # the supervisor's handshake scope bounds it
+            # A replica started again has its own budget.
+            budget = math.inf if first else self._care.budget_s
+            starting = anyio.CancelScope(deadline=anyio.current_time() + budget)
+            ready = told = False
+            try:
+                with starting:
+                    async with open_session(launch, process) as session:
+                        starting.deadline = math.inf
+                        ready = True
+                        self._join(at, session)
+                        await self._settled.wait()
+                        if self._failure is not None:
+                            return  # another could not start: the set fails
+                        why = await self._serve(at, process, session)
+                        told = True
+                        if at == 0:
+                            self._primary_lost(f"{self._name(at)} {why}")
+                            return
+                        failures = 1  # it was ready: the backoff starts afresh
+                        self._restart(at, why, failures)
+                if starting.cancelled_caught:
+                    raise DeadlineExceededError(
+                        f"no answer to the handshake within {budget:g} s (timed out)"
+                    )
+            except Exception as exc:  # noqa: BLE001 - a replica's start: its failure
+                if not self._settled.is_set() or self._failure is not None:
+                    if self._failure is None:  # the set's start fails: the first
+                        self._failure = await self._start_failed(at, process, exc)
+                    self._settled.set()
+                    return
+                if not told:
+                    said = self._care.describe(exc)
+                    if at == 0:
+                        self._primary_lost(f"{self._name(at)} failed: {said}")
+                        return
+                    failures = 1 if ready else failures + 1
+                    self._restart(
+                        at,
+                        f"failed: {said}" if ready else f"could not start: {said}",
+                        failures,
+                    )
+            first = False
+            if self._leaving:
+                return
+            await anyio.sleep(self._waits[at])
+
+    async def _start_failed(
+        self, at: int, process: StdioProcess, exc: Exception
+    ) -> Exception:
+        """What the set's failed start says: a process that died while
+        starting is named, with its exit code."""
+        if not any(isinstance(leaf, ConnectionLost) for leaf in leaves(exc)):
+            return exc
+        with anyio.move_on_after(EXIT_WAIT_S):
+            await process.exited.wait()
+        said = (
+            f"exited with code {process.returncode}"
+            if process.exited.is_set()
+            else str(exc)
+        )
+        return ConnectionLost(f"{self._name(at)} {said} while starting")
+
+    def _restart(self, at: int, why: str, failures: int) -> None:
+        """Say why replica ``at`` is started again, and when (after ``failures``
+        failed in a row, ``Care.backoff``)."""
+        wait = self._waits[at] = self._care.backoff(max(failures, 1))
+        if not self._leaving:
+            self._care.lost(
+                f"{self._name(at)} {why}; starting it again in {wait:.2g} s"
+            )
+
+    def _primary_lost(self, why: str) -> None:
+        if not self._leaving:
+            self._care.primary_lost(why)
+
+    async def _serve(
+        self, at: int, process: StdioProcess, session: JsonRpcSession
+    ) -> str:
+        """Until replica ``at`` is lost: why (naming its exit code if it exited)."""
+        lost = self._lost[at]
+
+        async def on(event: anyio.Event, why: str | None) -> None:
+            await event.wait()
+            self._lose(at, session, why)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(on, process.exited, None)
+            tg.start_soon(on, process.stdout_closed, "closed its stdout")
+            if at:
+                tg.start_soon(self._care.listen, session, at)
+            await lost.wait()
+            tg.cancel_scope.cancel()
+        with anyio.move_on_after(EXIT_WAIT_S):
+            await process.exited.wait()
+        why = self._why[at]
+        if process.exited.is_set():
+            exited = f"exited with code {process.returncode}"
+            if why is None or why.startswith(_SAID_BY_EXIT):
+                return exited  # what its exit said first
+            return f"{why} ({exited})"
+        if why == "closed its stdout":
+            why += " (its process goes on)"
+        return why or "was lost"
 
 
 @asynccontextmanager
 async def open_replicas(
-    launch: Launch, processes: Sequence[StdioProcess]
+    launch: Launch, processes: list[StdioProcess], care: Care
 ) -> AsyncIterator[ReplicaSet]:
-    """Start one process per entry of ``processes`` (in turn: each is
-    entered and left in this task), negotiate with each, and yield the set."""
-    async with AsyncExitStack() as stack:
-        sessions = [
-            await stack.enter_async_context(open_session(launch, process))
-            for process in processes
-        ]
-        yield ReplicaSet(sessions)
+    """Start one replica per entry of ``processes``, together (each opened,
+    served and closed in a task of its own), and yield the set once every
+    one has negotiated; the first failure to start is raised. On leaving,
+    the replicas are stopped together."""
+    replicas = ReplicaSet(launch, processes, care)
+    async with anyio.create_task_group() as tg:
+        for at in range(len(processes)):
+            tg.start_soon(replicas._keep, at)
+        await replicas._settled.wait()
+        if replicas._failure is None:
+            try:
+                yield replicas
+            finally:
+                replicas._leaving = True
+                tg.cancel_scope.cancel()  # each stops its process (shielded)
+        else:
+            tg.cancel_scope.cancel()
+    if replicas._failure is not None:
+        raise replicas._failure

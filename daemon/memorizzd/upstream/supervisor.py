@@ -48,7 +48,7 @@ from memorizzd.upstream import errors
 from memorizzd.upstream.connection import Connection
 from memorizzd.upstream.jsonrpc import MODERN, Launch, open_session
 from memorizzd.upstream.logs import LogSink, tell
-from memorizzd.upstream.replicas import open_replicas
+from memorizzd.upstream.replicas import Care, ReplicaSet, open_replicas
 from memorizzd.upstream.stdio import (
     InterpreterNotFoundError,
     StdioProcess,
@@ -405,9 +405,10 @@ class Supervisor:
             self._serving = True
             try:
                 async with anyio.create_task_group() as tg:
-                    for process in self._processes:
-                        tg.start_soon(self._watch_process, process)
-                        tg.start_soon(self._watch_output, process)
+                    if not isinstance(client, ReplicaSet):  # a set watches its own
+                        for process in self._processes:
+                            tg.start_soon(self._watch_process, process)
+                            tg.start_soon(self._watch_output, process)
                     tg.start_soon(self._health_loop, client)
                     tg.start_soon(self._watch_tool_changes, client)
                     tg.start_soon(self._relist_on_change, client)
@@ -441,7 +442,7 @@ class Supervisor:
                 roots=tuple(spec.roots),
             )
             if len(self._processes) > 1:
-                return open_replicas(launch, self._processes)
+                return open_replicas(launch, self._processes, self._care())
             return open_session(launch, self._process)
         if spec.transport == "builtin":  # the daemon's own bridge (no SDK)
             from memorizzd.upstream.cognee import open_cognee
@@ -459,6 +460,24 @@ class Supervisor:
             secrets=secrets,
             bearer=self.keeper,
         )
+
+    def _care(self) -> Care:
+        """What a replica set is lent to keep its replicas (``replicas.py``)."""
+        return Care(
+            budget_s=max(self.spec.timeout_s, STDIO_HANDSHAKE_MIN_S),
+            backoff=self._backoff,
+            lost=self._replica_lost,
+            primary_lost=self._mark_dead,
+            listen=self._watch_tool_changes,
+            describe=_describe_failure,
+        )
+
+    def _replica_lost(self, reason: str) -> None:
+        """A replica other than the first was lost and starts again alone; the
+        others serve on (the state stays ``ready``)."""
+        self.restarts += 1
+        self.last_error = reason
+        log.warning("%s: %s", self.name, reason, extra={"MEMORIZZ_SERVER": self.name})
 
     async def _watch_process(self, process: StdioProcess) -> None:
         await process.exited.wait()
@@ -482,17 +501,30 @@ class Supervisor:
         verdict of such a check instead of queueing behind the stuck reply."""
         interval = self._config.health_interval_s
         self._check = anyio.Event()
+        # A set's replicas are probed each on its own: one answering does not
+        # vouch for another (a frozen one), and one that fails is lost alone.
+        replicas = client if isinstance(client, ReplicaSet) else None
         while True:
             with anyio.move_on_after(interval):
                 await self._check.wait()
             suspect = self._check.is_set()
-            if not suspect and anyio.current_time() - self._last_ok < interval:
+            if not suspect and (
+                anyio.current_time() - self._last_ok < interval
+                if replicas is None
+                else replicas.answered_within(interval)
+            ):
                 continue
             try:
                 if suspect:
                     self._check, self._checking = anyio.Event(), anyio.Event()
-                with anyio.fail_after(self._config.health_timeout_s):
-                    await client.probe()
+                if replicas is not None:
+                    await replicas.check(
+                        self._config.health_timeout_s,
+                        quiet_s=None if suspect else interval,
+                    )
+                else:
+                    with anyio.fail_after(self._config.health_timeout_s):
+                        await client.probe()
             except (RemoteError, errors.ConnectionLost, TimeoutError) as exc:
                 self._mark_dead(
                     f"health probe failed: {str(exc) or 'no answer in time'}"
@@ -585,21 +617,32 @@ class Supervisor:
                 log.info("%s: no listing after a change: %s", self.name, exc)
             await anyio.sleep(RELIST_EVERY_S)
 
-    async def _watch_tool_changes(self, client: Connection) -> None:
+    async def _watch_tool_changes(
+        self, client: Connection, replica: int | None = None
+    ) -> None:
         """Hold the server's list-change stream (2026-07-28) while the session
         lives. One that ends (the server closed it) or fails is opened again
         after a pause (1 s, doubling to a minute while they keep failing at
         once), and the tools are listed again: a stream has no replay, so a
-        change in the gap would be missed."""
+        change in the gap would be missed. With replicas, each but the first
+        has its own (``replica``, its index: ``replicas.py``)."""
         pause = LISTEN_AGAIN_S
+        which = "" if replica is None else f" (replica {replica})"
         while True:
             began = anyio.current_time()
             try:
                 if not await client.watch_tool_changes(self._tools_changed):
                     return  # the handshake era: notifications say it
-                log.info("%s: the server ended its list-change stream", self.name)
+                log.info(
+                    "%s: the server ended its list-change stream%s", self.name, which
+                )
             except Exception as exc:  # noqa: BLE001 - best effort; refresh=true still works
-                log.info("%s: no tools/list_changed subscription: %s", self.name, exc)
+                log.info(
+                    "%s: no tools/list_changed subscription%s: %s",
+                    self.name,
+                    which,
+                    exc,
+                )
             if anyio.current_time() - began > LISTEN_AGAIN_MAX_S:
                 pause = LISTEN_AGAIN_S  # it lived: not failing at once
             await anyio.sleep(pause)
@@ -689,6 +732,8 @@ def _describe_failure(exc: BaseException) -> str:
         return f"executable not found: {exc.filename}"
     if isinstance(exc, PermissionError):
         return f"permission denied: {exc.filename}"
+    if isinstance(exc, errors.ConnectionLost):  # not its class's name
+        return f"connection lost: {str(exc).strip()[:200] or 'connection closed'}"
     text = str(exc).strip()
     name = type(exc).__name__
     return f"{name}: {text[:200]}" if text else name
