@@ -347,13 +347,20 @@ class Client:
         deadline: float | None = None,
     ) -> bytes:
         """The reply line, past any notification lines before it (a resource
-        update among them is kept for ``resource_updates``)."""
+        update among them is kept for ``resource_updates``). A request of the
+        daemon's that this call has nothing to answer with (an elicitation
+        or sampling request, for capabilities an earlier call on this
+        connection declared) is refused at once, never left unanswered: the
+        server would wait for it until the call's deadline."""
         while True:
             raw = self._read_line(sock, deadline)
             note = notification(raw)
             if note is None:
                 return raw
             if self._kept(note):
+                continue
+            if on_note is None and note.id is not None:
+                self._asked(note.id, note, None)
                 continue
             if on_note is not None:
                 try:

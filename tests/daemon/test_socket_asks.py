@@ -96,3 +96,24 @@ def test_a_connection_that_answers_elicitation_only_refuses_sampling(
         with pytest.raises(UpstreamError) as failed:
             c.call_tool("ask", "sample", {"prompt": "x"})
     assert "does not support sampling" in failed.value.message
+
+
+def test_a_later_call_without_the_callback_refuses_the_request_at_once(
+    harness: DaemonHarness,
+) -> None:
+    """The connection declared sampling with the first call's ``on_sample``;
+    a later call gives none: the daemon still sends it the server's
+    ``sampling/createMessage`` (the connection declared it), and the client
+    refuses it at once. It used to drop it unanswered, and the call waited
+    out its deadline (``DeadlineExceededError``)."""
+
+    def sample(params: dict[str, Any]) -> dict[str, Any]:
+        text = {"type": "text", "text": "sheep"}
+        return {"role": "assistant", "content": text, "model": "m"}
+
+    with harness.client() as c:
+        first = c.call_tool("ask", "sample", {"prompt": "a"}, on_sample=sample)
+        assert _text(first) == "m: sheep"
+        with pytest.raises(UpstreamError) as failed:
+            c.call_tool("ask", "sample", {"prompt": "b"}, timeout_s=30)
+    assert "sampling/createMessage is not answered here" in failed.value.message
