@@ -308,10 +308,10 @@ class Upstream(Supervisor):
 
     async def list_tools(self, *, refresh: bool) -> list[m.Tool]:
         """The visible tools, each with its risk and decision (the warm cache
-        unless ``refresh``)."""
+        unless ``refresh``, or stale: ``tools.py``)."""
         if (
             not refresh
-            and (view := self._tools.view) is not None
+            and (view := self._tools.fresh) is not None
             and self._client is not None
         ):
             return view.tools
@@ -325,21 +325,27 @@ class Upstream(Supervisor):
     ) -> tuple[ToolVerdict, m.Tool | None]:
         """The policy's verdict on calling ``name`` and the tool as listed
         (None: not listed), from one listing: a dict lookup in the warm cache;
-        with no cache, the listing is fetched first, by ``deadline`` (a failure
-        to fetch it is the call's failure: no annotations, no decision)."""
-        view = self._tools.view
+        with no cache (or a stale one: ``tools.py``), the listing is fetched
+        first, by ``deadline`` (a failure to fetch it is the call's failure:
+        no annotations, no decision)."""
+        view = self._tools.fresh
         if view is None:
             view = await self.request(self._refresh_tools, deadline=deadline, safe=True)
         return view.verdict(name), view.tool(name)
 
     @property
     def tools_view(self) -> ToolsView | None:
-        """The warm listing as policy shows it (None: none now); a new object
-        after every fresh listing, so its identity says whether it changed."""
-        return self._tools.view
+        """The warm listing as policy shows it (None: none now, or stale); a
+        new object after every fresh listing, so its identity says whether it
+        changed. The warm relay's path: one test for a stdio server."""
+        tools = self._tools
+        if tools.stale_at and tools.stale_at <= now():
+            return None
+        return tools.view
 
     def cached_verdict(self, name: str) -> ToolVerdict | None:
-        """The verdict from the warm cache, or None when there is none (no I/O)."""
+        """The verdict from the warm cache, or None when there is none or it
+        is stale (no I/O)."""
         return self._tools.verdict(name)
 
     async def call_tool(

@@ -222,6 +222,7 @@ async def open_connection(
     secrets = secrets or ServerSecrets()
     if spec.transport == "streamable_http":
         url = _checked_url(spec, host_allowlist)
+        ids = _SessionIds()
         http = hardened_client(
             limit=spec.max_result_bytes,
             timeout=_timeout(spec),
@@ -229,7 +230,7 @@ async def open_connection(
             allow_private_network=spec.allow_private_network,
             headers=dict(secrets.headers) or None,
             bearer=bearer,
-            wrap=lambda inner: expired_answers(_ForgottenSessions(inner)),
+            wrap=lambda inner: expired_answers(_ForgottenSessions(inner, ids)),
         )
         async with http:
             transport = streamable_http_client(
@@ -239,7 +240,7 @@ async def open_connection(
             )
             async with (
                 _refusals_raised(Client(transport, **client_kwargs)) as client,
-                _connection(client, spec, in_flight) as connection,
+                _connection(client, spec, in_flight, ids=ids) as connection,
             ):
                 yield connection
     else:
@@ -283,6 +284,8 @@ async def _connection(
     spec: m.ServerSpec,
     in_flight: InFlight,
     end: StreamEnd | None = None,
+    *,
+    ids: _SessionIds | None = None,
 ) -> AsyncIterator[SdkConnection]:
     """The connection on ``client``; the listen streams it holds end with it."""
     connection = SdkConnection(
@@ -291,6 +294,7 @@ async def _connection(
         in_flight=in_flight,
         end=end,
         max_result_bytes=spec.max_result_bytes,
+        ids=ids,
     )
     try:
         yield connection
@@ -317,6 +321,14 @@ async def _lost_with(end: StreamEnd, server: str) -> AsyncIterator[None]:
         tg.cancel_scope.cancel()
 
 
+class _SessionIds:
+    """Whether a Streamable HTTP server gave the connection an
+    ``Mcp-Session-Id``: a handshake-era session, which its server forgets
+    when it restarts (a 404, and the daemon connects again)."""
+
+    seen = False
+
+
 class _ForgottenSessions(httpx2.AsyncBaseTransport):
     """A Streamable HTTP server that lost its sessions (it restarted) must
     answer their requests HTTP 404, which ``expired.py`` turns into a new
@@ -325,13 +337,19 @@ class _ForgottenSessions(httpx2.AsyncBaseTransport):
     Request: No valid session ID provided"). Such a 400 (to a POST in a
     session, a small JSON body whose error's message names the session) is
     passed on as that 404: the request was refused unread, not run. Any
-    other answer goes through as it came."""
+    other answer goes through as it came. ``ids`` is told whether the
+    server gave a session id at all."""
 
-    def __init__(self, inner: httpx2.AsyncBaseTransport) -> None:
+    def __init__(
+        self, inner: httpx2.AsyncBaseTransport, ids: _SessionIds | None = None
+    ) -> None:
         self._inner = inner
+        self._ids = ids or _SessionIds()
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         response = await self._inner.handle_async_request(request)
+        if not self._ids.seen and "mcp-session-id" in response.headers:
+            self._ids.seen = True
         if (
             response.status_code != 400
             or request.method != "POST"
@@ -598,6 +616,7 @@ class SdkConnection:
         in_flight: InFlight | None = None,
         end: StreamEnd | None = None,
         max_result_bytes: int = m.DEFAULT_MAX_RESULT_BYTES,
+        ids: _SessionIds | None = None,
     ) -> None:
         self._client = client
         self._server = server
@@ -606,6 +625,10 @@ class SdkConnection:
         self._in_flight = in_flight or InFlight(server)
         self._end = end
         """Legacy SSE: the end of the session's event stream."""
+        self._ids = ids
+        """Streamable HTTP: whether the server gave a session id."""
+        self._tools_ttl_s = 0.0
+        """The last tool listing's ``ttlMs`` (its pages' smallest), in seconds."""
         self._resources: frozenset[str] = frozenset()
         """2026-07-28: the URIs the held listen stream subscribes to."""
         self._held: _ResourceStream | None = None
@@ -712,7 +735,11 @@ class SdkConnection:
         if isinstance(result, types.InputRequiredResult):
             why = f"it asked again after {INPUT_ROUNDS_MAX} rounds of answers"
             return ToolResult(msgspec.Raw(unanswered(self._server, why)), True)
-        raw = result.model_dump_json(by_alias=True, exclude_none=True).encode()
+        # what the server sent, no more: no defaults it left out (``isError``,
+        # a handshake-era session's ``resultType``, which its revision lacks)
+        raw = result.model_dump_json(
+            by_alias=True, exclude_unset=True, exclude_none=True
+        ).encode()
         return ToolResult(msgspec.Raw(raw), result.is_error)
 
     async def _listing(
@@ -756,8 +783,45 @@ class SdkConnection:
             raise
 
     async def list_tools(self, *, page_limit: int) -> list[m.Tool]:
-        fetch = self._client.session.list_tools
-        return await self._listing(fetch, "tools/list", "tools", m.Tool, page_limit)
+        session = self._client.session
+        ttls: list[int] = []
+
+        async def fetch(
+            *, params: types.PaginatedRequestParams | None
+        ) -> types.ListToolsResult:
+            page = await session.list_tools(params=params)
+            # absent: 0 (immediately stale); a handshake-era server's is no hint
+            hinted = (
+                self.protocol_version == MODERN and "ttl_ms" in page.model_fields_set
+            )
+            ttls.append(page.ttl_ms if hinted else 0)
+            return page
+
+        tools = await self._listing(fetch, "tools/list", "tools", m.Tool, page_limit)
+        self._tools_ttl_s = min(ttls, default=0) / 1000
+        return tools
+
+    def tools_fresh_for(self) -> float | None:
+        """How long this session's last tool listing stays fresh, in seconds
+        (``tools.ToolCache`` raises it to its floor); None: for as long as the
+        session lives, since it tells the daemon when the tools change. Legacy
+        SSE: the server's restart ends the event stream. A handshake-era
+        session with an id: the restarted server answers 404 (a new session,
+        listed at connect). A 2026-07-28 server that declares
+        ``tools.listChanged``: the supervisor holds its list-change stream,
+        whose end drops the cache. Anything else (a 2026-07-28 server that
+        declares none, a handshake-era server that gives no session id, with
+        or without ``listChanged``: there is no stream to hear it on) could
+        restart with other tools unseen: the listing's ``ttlMs``."""
+        if self._end is not None or self._ids is None:
+            return None  # legacy SSE; a connection made without the HTTP stack
+        if self.protocol_version == MODERN:
+            tools = self._client.server_capabilities.tools
+            if tools is not None and tools.list_changed is True:
+                return None
+        elif self._ids.seen:
+            return None
+        return self._tools_ttl_s
 
     async def list_resources(self, *, page_limit: int) -> list[m.Resource]:
         fetch = self._client.session.list_resources
