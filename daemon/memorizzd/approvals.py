@@ -266,13 +266,33 @@ class ApprovalBook:
             "saw: this proposal's age cannot be told"
         )
         log.warning("%s; every open proposal expires", why.split(":", 1)[0])
-        expired = await anyio.to_thread.run_sync(self._store.expire_proposals, math.inf)
+        try:
+            expired = await anyio.to_thread.run_sync(
+                self._store.expire_proposals, math.inf
+            )
+        except StorageFullError as exc:
+            # Fail closed all the same: every proposal open now is owed its
+            # end (invalidated, ``settle``), and no decision runs before it.
+            rows = await anyio.to_thread.run_sync(
+                partial(self._store.open_proposals, now=-math.inf)
+            )
+            ended = frozenset(row.id for row in rows)
+            self._owed.append(_Owed(lambda row: row.id in ended, why, math.inf))
+            log.warning(
+                "the open proposals cannot be expired now (%s): none may be"
+                " decided until they are",
+                exc,
+            )
+            return
         for row in expired:
             await self._finished(row.id)
             await self._audit(
                 self._self, "approvals/expire", stored.proposal(row), reason=why
             )
-        await anyio.to_thread.run_sync(self._persist_time, wall)
+        try:
+            await anyio.to_thread.run_sync(self._persist_time, wall)
+        except StoreError as exc:  # the next start finds the clock behind again
+            log.warning("the time seen is not remembered: %s", exc)
 
     # --- scope ------------------------------------------------------------------
 

@@ -582,3 +582,76 @@ def test_a_vault_rotation_on_a_full_disk_is_refused_whole(
     finally:
         again.stop()
     _whole(disk.state)
+
+
+# --- a start with the wall clock behind ------------------------------------------
+
+_AHEAD = """\
+import os, sys, time
+from memorizzd.approvals import CLOCK_REF
+from memorizzd.store import Store
+from memorizzd.vault import FernetCredentialStore
+from memorizzd.vault.fernet import keys_for
+store = Store(sys.argv[1])
+vault = FernetCredentialStore.open(store, keys_for(store, sys.argv[1]))
+vault.put(CLOCK_REF, repr(time.time() + 3600.0))
+os._exit(0)
+"""
+"""The approval book's last time seen, an hour ahead of the wall clock,
+written by a process that never closes the database (nor does the daemon,
+killed): ``state.db-shm`` stays, so SQLite can open it on a full disk."""
+
+
+def test_a_start_on_a_full_disk_with_the_clock_behind_serves_and_fails_closed(
+    base_dir: str, disk: Disk
+) -> None:
+    """The wall clock is an hour behind the approval book's last time (an RTC
+    reset, NTP not synced yet at boot) and the disk is full: every open
+    proposal must end (their age cannot be told), and the writes that end
+    them may be refused. The start used to fail (exit 1) on that write. Now
+    it serves, and an approved proposal never runs: refused while its end is
+    owed (``storage_full``), over once there is room."""
+    calls_log = os.path.join(base_dir, "calls.log")
+    server = (
+        "[[servers]]\n"
+        'name = "a"\n'
+        'transport = "stdio"\n'
+        f"command = {msgspec.json.encode(sys.executable).decode()}\n"
+        f"args = [{msgspec.json.encode(LEGACY_SERVER).decode()}]\n"
+        f"env = {{ CALL_LOG = {msgspec.json.encode(calls_log).decode()} }}\n"
+        "require_approval = true\n"
+    )
+    config = _config(base_dir, server)
+    d = DaemonProcess(base_dir, config=config).start()
+    try:
+        d.wait_ready("a")
+        with d.client() as c:
+            approved = _propose(c, "a", "approved")
+            c.approve(approved)
+        subprocess.run([sys.executable, "-c", _AHEAD, disk.state], check=True)
+        os.kill(d.pid, signal.SIGKILL)
+        assert d.proc is not None
+        d.proc.wait(10)
+    finally:
+        if d.running:
+            d.stop()
+    disk.fill()
+    again = DaemonProcess(base_dir, config=config, log_name="again.log")
+    try:
+        again.start(timeout=15)
+        again.wait_ready("a")
+        with again.client() as c:
+            with pytest.raises(RemoteError) as refused:  # its end owed, or made
+                c.resume(approved)
+            error = refused.value
+            assert error.reason == "storage_full" or isinstance(error, ConflictError)
+        disk.free()
+        with again.client() as c:
+            with pytest.raises(ConflictError) as over:
+                c.resume(approved)
+            assert over.value.data["status"] in ("expired", "invalidated")
+        assert again.stop() == 0
+    finally:
+        if again.running:
+            again.stop()
+    assert not os.path.exists(calls_log)  # it never ran

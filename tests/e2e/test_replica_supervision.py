@@ -172,9 +172,22 @@ def test_a_killed_replica_fails_only_its_calls_and_is_started_again_alone(
     with d.client() as c:
         (status,) = c.server_status("pool")
     assert (status.state, status.restarts) == ("ready", 1), status
-    # the second replica serves again, a new process
+    # the second replica serves again, a new process (not the first's), and
+    # its loss is no longer the server's last error
+    wait_until(
+        lambda: (
+            "pool: replica 1 (pid " in d.log().split(said)[-1]
+            and " serves again" in d.log().split(said)[-1]
+        ),
+        what="the replica started again",
+    )
+    first = int(_call(d, "pid"))  # an idle set sends to the first
     restarted = _second_pid(d, tmp_path / "again")
-    assert restarted != second
+    assert restarted not in (second, first)
+    assert f"pool: replica 1 (pid {restarted}) serves again" in d.log()
+    with d.client() as c:
+        (status,) = c.server_status("pool")
+    assert (status.state, status.restarts, status.last_error) == ("ready", 1, None)
 
 
 def test_the_listing_is_the_primarys_whatever_the_load(

@@ -78,6 +78,9 @@ class Upstream(Supervisor):
         )
         self._budget = RetryBudget()
         """Retries after busy answers (429/503), for the whole server."""
+        self._listing: anyio.Event | None = None
+        """Set when the listing being fetched for callers that found no fresh
+        one is in (``_fresh_view``); None while none is."""
 
     # --- requests -----------------------------------------------------------
 
@@ -309,16 +312,34 @@ class Upstream(Supervisor):
     async def list_tools(self, *, refresh: bool) -> list[m.Tool]:
         """The visible tools, each with its risk and decision (the warm cache
         unless ``refresh``, or stale: ``tools.py``)."""
-        if (
-            not refresh
-            and (view := self._tools.fresh) is not None
-            and self._client is not None
-        ):
+        deadline = self.deadline_for(None)
+        if refresh:
+            fetched = await self.request(
+                self._refresh_tools, deadline=deadline, safe=True
+            )
+            return fetched.tools
+        if (view := self._tools.fresh) is not None and self._client is not None:
             return view.tools
-        view = await self.request(
-            self._refresh_tools, deadline=self.deadline_for(None), safe=True
-        )
-        return view.tools
+        return (await self._fresh_view(deadline)).tools
+
+    async def _fresh_view(self, deadline: float) -> ToolsView:
+        """The listing, fetched once for all the callers that find no fresh
+        one meanwhile (calls that arrive together once a listing went stale
+        would each fetch it): the first fetches; the others wait for it, by
+        their own ``deadline``, and fetch it themselves only if it failed."""
+        fetching = self._listing
+        if fetching is not None:
+            with anyio.move_on_at(deadline):
+                await fetching.wait()
+            if (view := self._tools.fresh) is not None and self._client is not None:
+                return view
+        self._listing = done = anyio.Event()
+        try:
+            return await self.request(self._refresh_tools, deadline=deadline, safe=True)
+        finally:
+            if self._listing is done:
+                self._listing = None
+            done.set()
 
     async def tool_verdict(
         self, name: str, *, deadline: float
@@ -330,7 +351,7 @@ class Upstream(Supervisor):
         no annotations, no decision)."""
         view = self._tools.fresh
         if view is None:
-            view = await self.request(self._refresh_tools, deadline=deadline, safe=True)
+            view = await self._fresh_view(deadline)
         return view.verdict(name), view.tool(name)
 
     @property

@@ -73,6 +73,8 @@ class Care:
     """Hold one replica's list-change stream while it lives (``Supervisor._watch_tool_changes``)."""
     describe: Callable[[BaseException], str]
     """A failed start, in a few words."""
+    back: Callable[[str], None]
+    """A replica started again serves (naming it): the set's error is over."""
 
 
 class ReplicaSet:
@@ -134,13 +136,19 @@ class ReplicaSet:
         return await self._on(0, op)
 
     def take(self) -> tuple[JsonRpcSession, Callable[[], None]]:
-        """The least busy replica for one request, and what to call when it ends."""
+        """The least busy replica for one request, and what to call when it
+        ends (the warm relay's way). Its end counts as the replica's answer
+        for the health probe (``check``): a replica busy with relayed calls
+        is not probed behind them (a request that timed out has the probe
+        ask every replica at once, ``Supervisor._suspect``)."""
         busy = self._busy
+        answered = self._answered
         at = busy.index(min(busy))
         busy[at] += 1
 
         def release() -> None:
             busy[at] -= 1
+            answered[at] = anyio.current_time()
 
         return self._sessions[at], release
 
@@ -285,6 +293,8 @@ class ReplicaSet:
         if self._settled.is_set():  # started again
             self._sessions[at] = session
             self._busy[at] -= OUT
+            if not self._leaving:
+                self._care.back(self._name(at))
             return
         self._started[at] = session
         if len(self._started) == len(self._processes):  # the last to start

@@ -359,7 +359,8 @@ class Supervisor:
         handshake: anyio.CancelScope,
     ) -> None:
         # The secrets, from the vault right before connecting (never kept longer
-        # than the connect; a missing one fails the attempt, naming its ref).
+        # than the connect, but by a replica set: its launch, env included, starts
+        # a lost replica again; a missing one fails the attempt, naming its ref).
         secrets = await anyio.to_thread.run_sync(
             resolve_secrets, self.spec, self._vault
         )
@@ -470,7 +471,14 @@ class Supervisor:
             primary_lost=self._mark_dead,
             listen=self._watch_tool_changes,
             describe=_describe_failure,
+            back=self._replica_back,
         )
+
+    def _replica_back(self, which: str) -> None:
+        """A replica started again serves: its loss is no longer the server's
+        last error."""
+        self.last_error = None
+        log.info("%s: %s serves again", self.name, which)
 
     def _replica_lost(self, reason: str) -> None:
         """A replica other than the first was lost and starts again alone; the
