@@ -150,3 +150,23 @@ def setup_logging(level: str, formatter: logging.Formatter | None = None) -> Non
     root.handlers[:] = [handler]
     for noisy in ("httpx2", "httpcore2", "mcp", "uvicorn"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    sse = logging.getLogger("mcp.client.sse")
+    if not any(isinstance(f, _OneLine) for f in sse.filters):
+        sse.addFilter(_OneLine())
+
+
+class _OneLine(logging.Filter):
+    """The MCP SDK's legacy SSE client logs the end of its event stream (its
+    server went away) as an error with the whole traceback, some 65 lines,
+    each time; the daemon says it in one line of its own (``session lost``).
+    Its record is kept as one line at info: the message, the exception's
+    type and text."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info is not None and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            record.msg = f"{record.getMessage()}: {type(exc).__name__}: {exc}"[:500]
+            record.args = None
+            record.exc_info = record.exc_text = None
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
