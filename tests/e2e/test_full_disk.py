@@ -138,6 +138,20 @@ def _config(base: str, body: str = "") -> str:
     return path
 
 
+def _asking_server(calls_log: str) -> str:
+    """``[[servers]]`` ``a``: the legacy test server, every call held for
+    approval, each call it runs written to ``calls_log``."""
+    return (
+        "[[servers]]\n"
+        'name = "a"\n'
+        'transport = "stdio"\n'
+        f"command = {msgspec.json.encode(sys.executable).decode()}\n"
+        f"args = [{msgspec.json.encode(LEGACY_SERVER).decode()}]\n"
+        f"env = {{ CALL_LOG = {msgspec.json.encode(calls_log).decode()} }}\n"
+        "require_approval = true\n"
+    )
+
+
 def _refused(work: Callable[[], object]) -> RemoteError:
     """``work()`` must be refused for the full disk: ``storage_full``, -32003."""
     with pytest.raises(RemoteError) as refused:
@@ -495,15 +509,7 @@ def test_a_profile_removed_on_a_full_disk_takes_its_proposals_along(
     approve or resume is refused (``storage_full``), and once there is room
     they are written, and neither proposal ever runs."""
     calls_log = os.path.join(base_dir, "calls.log")
-    server = (
-        "[[servers]]\n"
-        'name = "a"\n'
-        'transport = "stdio"\n'
-        f"command = {msgspec.json.encode(sys.executable).decode()}\n"
-        f"args = [{msgspec.json.encode(LEGACY_SERVER).decode()}]\n"
-        f"env = {{ CALL_LOG = {msgspec.json.encode(calls_log).decode()} }}\n"
-        "require_approval = true\n"
-    )
+    server = _asking_server(calls_log)
     agents = f"agents_dir = {msgspec.json.encode(os.path.join(base_dir, 'agents')).decode()}\n"
     alpha = f'[[profiles]]\nname = "alpha"\nservers = ["a"]\nuids = [{ME}]\n'
     beta = f'[[profiles]]\nname = "beta"\nservers = ["a"]\nuids = [{ME}]\n'
@@ -612,15 +618,7 @@ def test_a_start_on_a_full_disk_with_the_clock_behind_serves_and_fails_closed(
     it serves, and an approved proposal never runs: refused while its end is
     owed (``storage_full``), over once there is room."""
     calls_log = os.path.join(base_dir, "calls.log")
-    server = (
-        "[[servers]]\n"
-        'name = "a"\n'
-        'transport = "stdio"\n'
-        f"command = {msgspec.json.encode(sys.executable).decode()}\n"
-        f"args = [{msgspec.json.encode(LEGACY_SERVER).decode()}]\n"
-        f"env = {{ CALL_LOG = {msgspec.json.encode(calls_log).decode()} }}\n"
-        "require_approval = true\n"
-    )
+    server = _asking_server(calls_log)
     config = _config(base_dir, server)
     d = DaemonProcess(base_dir, config=config).start()
     try:
