@@ -30,9 +30,12 @@ def write_config(
     base: str,
     servers: Sequence[str],
     profiles: Mapping[str, tuple[Sequence[str], Sequence[int]]],
+    *,
+    limits: Mapping[str, str] | None = None,
 ) -> str:
     """The config file: ``servers`` (``record_spec``) and each of ``profiles``
-    (name: the servers it reaches, its uids); returns its path."""
+    (name: the servers it reaches, its uids; ``limits``: a profile's
+    ``limits`` inline table, as TOML); returns its path."""
 
     def q(item: object) -> str:
         return msgspec.json.encode(item).decode()  # strings and lists alike
@@ -58,6 +61,8 @@ def write_config(
     for name, (reach, uids) in profiles.items():
         lines += ["[[profiles]]", f"name = {q(name)}", f"servers = {q(list(reach))}"]
         lines.append(f"uids = {q(list(uids))}")
+        if limits and name in limits:
+            lines.append(f"limits = {limits[name]}")
     path = Path(base, "memorizzd.toml")
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return str(path)

@@ -19,7 +19,7 @@ from memorizzd import __version__, stored
 from memorizzd.approvals import ApprovalBook
 from memorizzd.audit import Auditor, load_key
 from memorizzd.broker import Broker
-from memorizzd.config import Config, check_tracing, load
+from memorizzd.config import Config, check_tracing, load, open_caps
 from memorizzd.execution import admit, check_config_servers
 from memorizzd.execution.admission import Admission
 from memorizzd.face import FaceDispatcher
@@ -225,7 +225,8 @@ async def running_daemon(
                             # before anyone connects: a profile the file no longer
                             # gives (edited while stopped) takes its proposals along
                             await book.profiles_in_force(
-                                [p.name for p in config.profiles]
+                                [p.name for p in config.profiles],
+                                caps=open_caps(config),
                             )
                             # ... and so does a server gone from the file and the database
                             await book.servers_in_force([u.name for u in pool.all()])

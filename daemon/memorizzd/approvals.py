@@ -65,7 +65,7 @@ import os
 import pwd
 import secrets
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from functools import partial
 from typing import Any, Final, NamedTuple
 
@@ -74,7 +74,12 @@ import msgspec
 from anyio.abc import TaskStatus
 
 from memorizz.api import methods as m
-from memorizz.api.errors import ApprovalRequiredError, ConflictError, NotFoundError
+from memorizz.api.errors import (
+    ApprovalRequiredError,
+    ConflictError,
+    NotFoundError,
+    UnavailableError,
+)
 from memorizzd import stored
 from memorizzd.audit import Auditor, CallArguments
 from memorizzd.caller import Caller
@@ -211,6 +216,8 @@ class ApprovalBook:
         )
         self._profiles: frozenset[str] | None = None
         """The profiles of the config in force (None: not told, none checked)."""
+        self._caps: Mapping[str, int] = {}
+        """Each profile's ``limits.max_open_proposals`` (``propose``)."""
         self._owed: list[_Owed] = []
         """Invalidations not written yet (a full disk): ``settle``."""
         self._settling = anyio.Lock()
@@ -368,8 +375,24 @@ class ApprovalBook:
     ) -> m.Proposal:
         """Store the exact call (durably) and return the pending proposal;
         ``not_approved`` (invalidated) when the caller's profile has left the
-        config since its call began."""
+        config since its call began; ``overloaded`` (nothing stored) when its
+        profile has ``limits.max_open_proposals`` open already."""
         now = self._now()
+        cap = None if caller.profile is None else self._caps.get(caller.profile)
+        if cap is not None:
+            held = await anyio.to_thread.run_sync(
+                partial(
+                    self._store.count_open_proposals, profile=caller.profile, now=now
+                )
+            )
+            if held >= cap:
+                raise UnavailableError(
+                    f"profile {caller.profile!r} has {held} proposals open"
+                    f" (limits.max_open_proposals = {cap}): an operator decides"
+                    " some, or they expire, before it may propose more",
+                    reason="overloaded",
+                    data={"server": server, "retry_after_s": 60.0},
+                )
         proposal = m.Proposal(
             id="p_" + secrets.token_hex(12),
             status="pending",
@@ -624,12 +647,16 @@ class ApprovalBook:
             with anyio.move_on_after(min(max(pause, 0.01), _SWEEP_MAX_S)):
                 await self._new.wait()
 
-    async def profiles_in_force(self, names: Collection[str]) -> None:
+    async def profiles_in_force(
+        self, names: Collection[str], *, caps: Mapping[str, int] | None = None
+    ) -> None:
         """The config's profiles (at start, at each reload): every open proposal
         of a profile not among them is invalidated (``PROFILE_GONE``), and so is
         one its calls still on their way propose from now on. The operator
-        socket's (no profile) are never touched."""
+        socket's (no profile) are never touched. ``caps``: each profile's
+        ``limits.max_open_proposals``."""
         self._profiles = frozenset(names)
+        self._caps = dict(caps or {})
         await self._invalidate_open(
             lambda row: self._gone(row.caller_profile), PROFILE_GONE
         )

@@ -75,6 +75,11 @@ class Limits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     it a request is answered ``overloaded`` at once."""
     max_request_bytes: int = MAX_FRAME
     """Largest request line; a longer one closes the connection (``frame_too_large``)."""
+    max_open_proposals: int = 100
+    """Proposals of this profile's open at once (pending or approved, not yet
+    run, rejected or expired); past it a call that would propose one is
+    answered ``overloaded`` and nothing is stored (each holds its arguments,
+    up to ``max_request_bytes``, until it ends)."""
     first_frame_timeout_s: float = 10.0
     """A connection that sends no complete request line this long after it was
     accepted is closed (slowloris)."""
@@ -590,6 +595,7 @@ def _check_access(config: Config, where: Path | None) -> None:
                 "max_connections_per_uid",
                 "max_in_flight",
                 "max_request_bytes",
+                "max_open_proposals",
                 "first_frame_timeout_s",
                 "write_timeout_s",
                 "idle_timeout_s",
@@ -608,6 +614,11 @@ def _check_access(config: Config, where: Path | None) -> None:
                 )
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+
+
+def open_caps(config: Config) -> dict[str, int]:
+    """Each profile's ``limits.max_open_proposals``, by name (``ApprovalBook``)."""
+    return {p.name: p.limits.max_open_proposals for p in config.profiles}
 
 
 def _gid(group: int | str, key: str) -> None:

@@ -57,7 +57,7 @@ from memorizzd.approvals import ApprovalBook
 from memorizzd.audit import Auditor
 from memorizzd.broker import Broker
 from memorizzd.caller import Caller
-from memorizzd.config import Config, ConfigError, Profile, gid_of
+from memorizzd.config import Config, ConfigError, Profile, gid_of, open_caps
 from memorizzd.execution import check_config_servers
 from memorizzd.execution.admission import Admission
 from memorizzd.listeners import (
@@ -348,7 +348,7 @@ class Reloader:
         changed_views = self._apply(config, admitted, result)
         # A proposal never outlives its profile: a removed one's open proposals
         # end now, before a profile of the same name could be added again.
-        await self._book.profiles_in_force(new_profiles.keys())
+        await self._book.profiles_in_force(new_profiles.keys(), caps=open_caps(config))
         # Then what takes time; the config in force is already the new one.
         for name in result.servers_stopped:
             self._pool.retire(name)

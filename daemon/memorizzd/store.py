@@ -700,6 +700,18 @@ class Store:
         return [self._proposal(row) for row in rows]
 
     @_sqlite_errors
+    def count_open_proposals(self, *, profile: str | None, now: float) -> int:
+        """How many of ``profile``'s proposals (None: the operator socket's)
+        are pending or approved and not past their deadline at ``now``."""
+        with self._read_lock:
+            (count,) = self._reader.execute(
+                "SELECT COUNT(*) FROM proposals WHERE status IN (?, ?)"
+                " AND expires_at > ? AND caller_profile IS ?",
+                (*_ACTIVE, now, profile),
+            ).fetchone()
+        return int(count)
+
+    @_sqlite_errors
     def transition_proposal(
         self,
         proposal_id: str,

@@ -384,6 +384,10 @@ first_frame_timeout_s = 2.5
         ('[[profiles]]\nname = "x"\n[[profiles]]\nname = "x"', "given twice"),
         ('[operators]\ngroups = ["no-such-group-xyz"]', "unknown group"),
         ('[[profiles]]\nname = "x"\nlimits = { max_connections = 0 }', "must be > 0"),
+        (
+            '[[profiles]]\nname = "x"\nlimits = { max_open_proposals = 0 }',
+            "limits.max_open_proposals must be > 0",
+        ),
         ('[[profiles]]\nname = "x"\nbogus = 1', "unknown field"),
         ("approval_ttl_s = 0", "approval_ttl_s must be greater than 0"),
     ],
