@@ -21,7 +21,9 @@ caller an id of its own (``t_`` and 24 hex digits) instead. So:
 
 The book lives in memory: tasks do not survive a daemon restart (their
 servers' processes do not either, for stdio servers). It holds at most
-``MAX_TASKS``; past it, the oldest is forgotten.
+``MAX_TASKS_PER_OWNER`` of one owner's (past it, that owner's oldest is
+forgotten: one agent's flood never pushes out another's tasks) and
+``MAX_TASKS`` in all (past it, the oldest is forgotten).
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from memorizzd.caller import Caller
 log = logging.getLogger("memorizzd.upstream.tasks")
 
 MAX_TASKS: Final = 10_000
+MAX_TASKS_PER_OWNER: Final = 1_000
 STATUS_SEND_S: Final = 1.0
 """How long one status notification may take to reach its connection."""
 STATUS: Final = "notifications/tasks/status"
@@ -75,6 +78,8 @@ class TaskBook:
     def __init__(self) -> None:
         self._tasks: OrderedDict[str, TaskEntry] = OrderedDict()
         self._by_upstream: dict[tuple[str, str], str] = {}
+        self._owned: dict[Owner, OrderedDict[str, None]] = {}
+        """Each owner's task ids, oldest first."""
 
     def created(
         self,
@@ -106,9 +111,12 @@ class TaskBook:
         )
         self._tasks[entry.id] = entry
         self._by_upstream[(server, upstream_id)] = entry.id
+        owned = self._owned.setdefault(entry.owner, OrderedDict())
+        owned[entry.id] = None
+        if len(owned) > MAX_TASKS_PER_OWNER:
+            self.forget(self._tasks[next(iter(owned))])
         while len(self._tasks) > MAX_TASKS:
-            _, old = self._tasks.popitem(last=False)
-            self._by_upstream.pop((old.server, old.upstream_id), None)
+            self.forget(next(iter(self._tasks.values())))
         result["task"] = self.shown(entry, result["task"])
         return entry, result
 
@@ -123,13 +131,18 @@ class TaskBook:
         return entry
 
     def mine(self, caller: Caller) -> list[TaskEntry]:
-        owner = owner_of(caller)
-        return [e for e in self._tasks.values() if e.owner == owner]
+        owned = self._owned.get(owner_of(caller))
+        return [] if owned is None else [self._tasks[task_id] for task_id in owned]
 
     def forget(self, entry: TaskEntry) -> None:
         """The server no longer knows the task (expired): drop it."""
         if self._tasks.pop(entry.id, None) is not None:
             self._by_upstream.pop((entry.server, entry.upstream_id), None)
+            owned = self._owned.get(entry.owner)
+            if owned is not None:
+                owned.pop(entry.id, None)
+                if not owned:
+                    del self._owned[entry.owner]
 
     @staticmethod
     def shown(entry: TaskEntry, task: Any) -> Any:

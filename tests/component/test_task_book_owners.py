@@ -1,0 +1,40 @@
+"""One owner's tasks never push out another's.
+
+A component test of the real ``TaskBook`` (the daemon's record of which
+caller made which task): it holds at most ``MAX_TASKS_PER_OWNER`` of one
+owner's, forgetting that owner's oldest past it. Before, only the book's
+total was capped (``MAX_TASKS``, oldest first, whoever's): an agent that made
+tasks in a loop made every other caller's tasks unknown to them (their
+results lost to them), the operator's included.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from memorizzd.caller import Caller
+from memorizzd.upstream import tasks
+from memorizzd.upstream.tasks import TaskBook
+
+FLOOD = Caller(pid=2, uid=1000, gid=1000, socket="/a.sock", profile="a", role="agent")
+OTHER = Caller(pid=3, uid=1001, gid=1001, socket="/b.sock", profile="b", role="agent")
+OPERATOR = Caller(pid=1, uid=0, gid=0, socket="/op.sock", role="operator")
+
+
+def _create(book: TaskBook, caller: Caller, upstream_id: str) -> str:
+    raw = msgspec.json.encode({"task": {"taskId": upstream_id, "status": "working"}})
+    entry, _ = book.created(caller, "s", "tool", raw, None)
+    return entry.id
+
+
+def test_a_flood_of_one_owners_tasks_forgets_only_its_own_oldest() -> None:
+    book = TaskBook()
+    theirs = _create(book, OTHER, "other-1")
+    operators = _create(book, OPERATOR, "op-1")
+    # more than the whole book holds, all of one agent's
+    flood = [_create(book, FLOOD, f"f-{i}") for i in range(tasks.MAX_TASKS + 5)]
+    assert book.get(OTHER, theirs).upstream_id == "other-1"
+    assert book.get(OPERATOR, operators).upstream_id == "op-1"
+    assert [e.id for e in book.mine(OTHER)] == [theirs]
+    kept = tasks.MAX_TASKS_PER_OWNER
+    assert [e.id for e in book.mine(FLOOD)] == flood[-kept:]  # its newest
