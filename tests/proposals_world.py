@@ -68,10 +68,11 @@ def write_config(
     return str(path)
 
 
-def propose(c: Client, server: str, tag: str) -> str:
-    """Call ``record`` on ``server``: the id of the proposal it makes."""
+def propose(c: Client, server: str, tag: str, *, tool: str = "record") -> str:
+    """Call ``tool`` (``record``, with the tag; any other with ``text``) on
+    ``server``: the id of the proposal it makes."""
     with pytest.raises(ApprovalRequiredError) as asked:
-        c.call_tool(server, "record", {"tag": tag})
+        c.call_tool(server, tool, {"tag": tag} if tool == "record" else {"text": tag})
     proposal_id = asked.value.data["proposal_id"]
     assert isinstance(proposal_id, str)
     return proposal_id

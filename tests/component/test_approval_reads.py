@@ -24,6 +24,7 @@ from memorizzd.audit import Auditor
 from memorizzd.caller import Caller
 from memorizzd.store import ProposalRow, Store
 from memorizzd.vault import FernetCredentialStore, VaultError, keys_for
+from tests.component.wiring import proposal_row
 
 OPERATOR = Caller(pid=1, uid=0, gid=0, socket="/op.sock", role="operator")
 AGENT = Caller(
@@ -57,21 +58,8 @@ def test_approval_reads_answer_while_another_connection_holds_the_write_lock(
 
         def stored_proposal(tag: str, expires_at: float) -> ProposalRow:
             """A pending proposal of AGENT's, its arguments in the vault."""
-            row = ProposalRow(
-                id=f"p_{tag}",
-                status="pending",
-                server="t",
-                tool="record",
-                risk="destructive",
-                argument_keys=["tag"],
-                arguments_hmac=auditor.digest({"tag": tag}),
-                schema_hash="",
-                created=expires_at - 60.0,
-                expires_at=expires_at,
-                caller_uid=AGENT.uid,
-                caller_user=None,
-                caller_pid=AGENT.pid,
-                caller_profile=AGENT.profile,
+            row = proposal_row(
+                auditor, tag, created=expires_at - 60.0, expires_at=expires_at
             )
             vault.put(arguments_ref(row.id), f'{{"tag":"{tag}"}}')
             store.insert_proposal(row)

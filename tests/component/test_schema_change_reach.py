@@ -21,6 +21,7 @@ from memorizzd.approvals import ApprovalBook, arguments_ref, schema_hash
 from memorizzd.audit import Auditor
 from memorizzd.store import ProposalRow, Store
 from memorizzd.vault import FernetCredentialStore, keys_for
+from tests.component.wiring import proposal_row
 
 LATER = 1_001
 """Later, closed proposals of the same server: one more than a listing page."""
@@ -40,21 +41,13 @@ def test_a_schema_change_reaches_an_open_proposal_behind_a_thousand_later_ones(
         now = time.time()
 
         def row(tag: str, status: str, created: float) -> ProposalRow:
-            return ProposalRow(
-                id=f"p_{tag}",
+            return proposal_row(
+                auditor,
+                tag,
                 status=status,
-                server="t",
-                tool="record",
-                risk="destructive",
-                argument_keys=["tag"],
-                arguments_hmac=auditor.digest({"tag": tag}),
-                schema_hash=schema_hash(OLD_SCHEMA),
                 created=created,
                 expires_at=now + 3600.0,
-                caller_uid=1000,
-                caller_user=None,
-                caller_pid=2,
-                caller_profile="alpha",
+                schema_hash=schema_hash(OLD_SCHEMA),
             )
 
         old = row("old", "approved", now - 100.0)

@@ -23,7 +23,7 @@ from memorizzd.audit import Auditor, load_key
 from memorizzd.broker import Broker
 from memorizzd.caller import Caller, Handler
 from memorizzd.config import Config, Profile
-from memorizzd.store import Store
+from memorizzd.store import ProposalRow, Store
 from memorizzd.upstream.pool import Pool, running_pool
 from memorizzd.vault import FernetCredentialStore, keys_for
 from tests.harness import daemon_config, stdio_spec
@@ -98,4 +98,34 @@ def wired_config(base: str) -> Config:
         base,
         servers=[stdio_spec("t", env={"CALL_LOG": log})],
         profiles=[Profile(name="alpha", servers=["t"], uids=[os.getuid()])],
+    )
+
+
+def proposal_row(
+    auditor: Auditor,
+    tag: str,
+    *,
+    status: str = "pending",
+    created: float,
+    expires_at: float,
+    schema_hash: str = "",
+) -> ProposalRow:
+    """A proposal of profile ``alpha``'s (uid 1000) on server ``t``'s tool
+    ``record`` with the arguments ``{"tag": tag}``, as the store keeps it
+    (its arguments, if wanted, are the test's to put in the vault)."""
+    return ProposalRow(
+        id=f"p_{tag}",
+        status=status,
+        server="t",
+        tool="record",
+        risk="destructive",
+        argument_keys=["tag"],
+        arguments_hmac=auditor.digest({"tag": tag}),
+        schema_hash=schema_hash,
+        created=created,
+        expires_at=expires_at,
+        caller_uid=1000,
+        caller_user=None,
+        caller_pid=2,
+        caller_profile="alpha",
     )

@@ -13,7 +13,8 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from memorizz import Client
-from memorizz.api.errors import ApprovalRequiredError, ConflictError
+from memorizz.api.errors import ConflictError
+from tests import proposals_world as pw
 from tests.harness import DaemonHarness, rmtree, short_tempdir, stdio_spec, wait_until
 from tests.peers import agent_socket, profiles_config
 
@@ -33,11 +34,7 @@ def approvals(shared: str) -> Iterator[DaemonHarness]:
 
 
 def _propose(c: Client, tag: str, *, server: str = "t", tool: str = "record") -> str:
-    with pytest.raises(ApprovalRequiredError) as asked:
-        c.call_tool(server, tool, {"tag": tag} if tool == "record" else {"text": tag})
-    proposal_id = asked.value.data["proposal_id"]
-    assert isinstance(proposal_id, str)
-    return proposal_id
+    return pw.propose(c, server, tag, tool=tool)
 
 
 def _status(c: Client, proposal_id: str) -> str:
