@@ -6,11 +6,18 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
 import pytest
 
 from memorizz.api.errors import RemoteError
-from tests.harness import LEGACY_SERVER, DaemonHarness, stdio_spec, wait_until
+from tests.harness import (
+    LEGACY_SERVER,
+    DaemonHarness,
+    features_spec,
+    stdio_spec,
+    wait_until,
+)
 
 
 def _pid(daemon: DaemonHarness, name: str) -> int:
@@ -45,16 +52,92 @@ def test_concurrent_calls_spread_over_the_replicas(daemon: DaemonHarness) -> Non
     assert status.state == "ready"
 
 
-def test_the_primary_replica_that_dies_replaces_the_set(daemon: DaemonHarness) -> None:
-    """The first replica (the primary) holds the listing, the tasks and the
-    resource subscriptions: its death replaces the whole set (any other
-    replica is started again alone: tests/e2e/test_replica_supervision.py)."""
+def _pids(daemon: DaemonHarness, name: str) -> tuple[int, int]:
+    """The server processes of a set of two: the one a lone call goes to (the
+    least busy, first), and the one a call goes to while the first is busy."""
+    lone = _pid(daemon, name)
+
+    def slow() -> None:
+        with daemon.client() as c:
+            c.call_tool(name, "slow", {"seconds": 1.0})
+
+    busy = threading.Thread(target=slow)
+    upstream = daemon.daemon.pool.get(name)
+    busy.start()
+    try:
+        wait_until(lambda: upstream.in_flight == 1, what="busy")
+        other = _pid(daemon, name)
+    finally:
+        busy.join()
+    return lone, other
+
+
+def test_the_primary_replica_that_dies_hands_over_to_another(
+    daemon: DaemonHarness,
+) -> None:
+    """The primary (the first, to begin with) holds the listing, the tasks and
+    the resource subscriptions. When it dies, the next replica in the rotation
+    becomes the primary: the set is not replaced, the other replica serves on
+    (its process the same), and the dead one is started again alone. Before,
+    the primary's death replaced the whole set: every call in flight on the
+    others failed, and none was served until the set had started again."""
     daemon.add(stdio_spec("pool", replicas=2))
-    first = _pid(daemon, "pool")
+    upstream = daemon.daemon.pool.get("pool")
+    first, second = _pids(daemon, "pool")
+    assert first != second
     os.kill(first, signal.SIGKILL)
-    wait_until(lambda: daemon.daemon.pool.get("pool").state != "ready", what="noticed")
+    wait_until(lambda: upstream.restarts == 1, what="the loss noticed")
+    assert upstream.state == "ready"
+    # the heir serves the calls and the listing while the first starts again
+    assert _pid(daemon, "pool") == second
+    with daemon.client() as c:
+        assert "pid" in {t.name for t in c.list_tools("pool", refresh=True)}
+        (status,) = c.server_status("pool")
+    assert status.state == "ready"
+    wait_until(lambda: _pid(daemon, "pool") != second, what="the first back")
+    again, other = _pids(daemon, "pool")
+    assert again not in (first, second)
+    assert other == second  # never replaced
+    assert upstream.state == "ready"
+
+
+def test_a_set_with_no_replica_left_is_replaced(daemon: DaemonHarness) -> None:
+    daemon.add(stdio_spec("pool", replicas=2))
+    upstream = daemon.daemon.pool.get("pool")
+    old = _pids(daemon, "pool")
+    for pid in old:
+        os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: upstream.state != "ready", what="the set lost")
     daemon.wait_ready("pool")
-    assert _pid(daemon, "pool") != first
+    assert not set(_pids(daemon, "pool")) & set(old)
+
+
+def test_the_heir_of_the_primary_is_subscribed_to_what_it_was(
+    daemon: DaemonHarness, tmp_path: Path
+) -> None:
+    """A resource subscription is the primary's: its heir is subscribed in
+    turn, and the updates it sends reach the subscriber."""
+    log = tmp_path / "subs.log"
+    log.touch()
+    # spawned, not forked by the zygote: the process is the server's own
+    daemon.add(features_spec("feat", replicas=2, env={"SUB_LOG": str(log)}, spawn=True))
+    uri = "feat://watched"
+    first = daemon.daemon.pool.get("feat")._processes[0].pid
+    assert first is not None
+    with daemon.client() as c:
+        c.subscribe_resource("feat", uri)
+        assert log.read_text().splitlines() == [f"subscribe {uri}"]
+        os.kill(first, signal.SIGKILL)
+        wait_until(
+            lambda: log.read_text().splitlines().count(f"subscribe {uri}") == 2,
+            what="the heir subscribed",
+        )
+        with daemon.client() as operator:
+            touched = operator.call_tool("feat", "touch", {"uri": uri})
+        assert touched.is_error is False
+        update = next(iter(c.resource_updates(15.0)), None)
+    assert update is not None
+    assert (update.server, update.uri) == ("feat", uri)
 
 
 def test_replicas_are_for_stdio_servers_and_bounded(daemon: DaemonHarness) -> None:

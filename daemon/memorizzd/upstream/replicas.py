@@ -12,27 +12,33 @@ rest of the daemon sees:
   start, and each process has the whole handshake budget;
 * every request goes to the replica in the rotation with the fewest requests
   in flight (the first such, so a quiet server keeps using one process);
-* the first replica is the primary: the listings (tools, resources, their
-  templates, prompts), capabilities and identity are its own (the replicas
-  run the same command), and so are the tasks and the resource subscriptions;
+* one replica is the primary (the first, to begin with): the listings
+  (tools, resources, their templates, prompts), capabilities and identity are
+  its own (the replicas run the same command), and so are the tasks and the
+  resource subscriptions;
 * notifications of every replica reach the one handler (a ``tools/list_changed``
   from any empties the one tool cache, and the primary is listed again), and
   each replica's ``subscriptions/listen`` stream is held, and opened again
   when it ends, on its own;
-* the primary's death (its exit, its stdout closed, a failed probe) is the
-  set's: the supervisor replaces the whole set. Any other replica is kept
-  here, alone: when it dies it leaves the rotation at once, only the calls in
+* each replica is kept here, alone: when it dies (its exit, its stdout
+  closed, a failed probe) it leaves the rotation at once, only the calls in
   flight on it fail, and it is started again after the supervisor's backoff
-  (``Care``), while the others serve on. The health probe asks each replica
-  that has not answered within the interval (``check``).
+  (``Care``), while the others serve on. When it was the primary, the first
+  replica still in the rotation becomes the primary: it is subscribed to the
+  resources the old one was, and the tools are listed again (the tasks the
+  old one held are gone with its process). Only when no replica is left in
+  the rotation is the set lost: the supervisor replaces it. The health probe
+  asks each replica that has not answered within the interval (``check``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, Final, TypeVar
 
 import anyio
@@ -46,6 +52,8 @@ from memorizzd.upstream.jsonrpc import MODERN, JsonRpcSession, Launch, open_sess
 from memorizzd.upstream.stdio import StdioProcess
 
 T = TypeVar("T")
+
+log = logging.getLogger("memorizzd.upstream")
 
 OUT: Final = 1 << 30
 """Added to the load of a replica out of the rotation (lost, starting again):
@@ -65,10 +73,13 @@ class Care:
     backoff: Callable[[int], float]
     """The wait before a replica's start after ``n`` failed in a row."""
     lost: Callable[[str], None]
-    """A replica other than the primary was lost and starts again (the reason,
-    naming it): counted in ``restarts`` and logged."""
-    primary_lost: Callable[[str], None]
-    """The primary was lost: the set is (the supervisor replaces it)."""
+    """A replica was lost and starts again (the reason, naming it): counted
+    in ``restarts`` and logged."""
+    set_lost: Callable[[str], None]
+    """No replica is left in the rotation: the set is lost (the supervisor
+    replaces it)."""
+    relist: Callable[[], None]
+    """Another replica became the primary: the tools are listed again."""
     listen: Callable[[JsonRpcSession, int], Coroutine[Any, Any, None]]
     """Hold one replica's list-change stream while it lives (``Supervisor._watch_tool_changes``)."""
     describe: Callable[[BaseException], str]
@@ -104,13 +115,21 @@ class ReplicaSet:
         """Set when every replica started, or one failed to (``_failure``)."""
         self._failure: Exception | None = None
         self._leaving = False
+        self._first = 0
+        """The primary's index."""
+        self._handed = [False] * count
+        """Each replica that was the primary when it left, until ``_follow``."""
+        self._orphaned = False
+        """The primary was lost with no replica left in the rotation to follow it."""
+        self._subscribed: set[str] = set()
+        """The resources the primary is subscribed to (its heir is, in turn)."""
         self.protocol_version: str | None = None
         self.server_name: str | None = None
         self.server_version: str | None = None
 
     @property
     def _primary(self) -> JsonRpcSession:
-        return self._sessions[0]
+        return self._sessions[self._first]
 
     # --- the requests ------------------------------------------------------
 
@@ -133,7 +152,7 @@ class ReplicaSet:
         return await self._on(busy.index(min(busy)), op)
 
     async def _on_primary(self, op: Callable[[JsonRpcSession], Awaitable[T]]) -> T:
-        return await self._on(0, op)
+        return await self._on(self._first, op)
 
     def take(self) -> tuple[JsonRpcSession, Callable[[], None]]:
         """The least busy replica for one request, and what to call when it
@@ -155,11 +174,11 @@ class ReplicaSet:
     def lost(self) -> bool:
         """A request on the set lost its connection (the caller does not know
         on which replica): each replica whose session ended leaves the
-        rotation now; whether the primary's did (the set is lost)."""
+        rotation now; whether none is left in it (the set is lost)."""
         for at, session in enumerate(self._sessions):
             if session.ended.is_set():
                 self._lose(at, session, "lost its connection")
-        return self._primary.ended.is_set()
+        return self._orphaned
 
     def declares(self, capability: str) -> bool:
         return self._primary.declares(capability)
@@ -216,8 +235,10 @@ class ReplicaSet:
     async def subscribe_resource(self, uri: str) -> None:
         """On the primary only: its updates are the ones told."""
         await self._on_primary(lambda s: s.subscribe_resource(uri))
+        self._subscribed.add(uri)
 
     async def unsubscribe_resource(self, uri: str) -> None:
+        self._subscribed.discard(uri)
         await self._on_primary(lambda s: s.unsubscribe_resource(uri))
 
     async def complete(self, params: dict[str, Any]) -> dict[str, Any]:
@@ -230,8 +251,8 @@ class ReplicaSet:
     async def check(self, timeout_s: float | None, *, quiet_s: float | None) -> None:
         """Probe, together, each replica in the rotation (with ``quiet_s``:
         each that has not answered within it), each within ``timeout_s``.
-        Another than the primary that fails is lost (started again alone);
-        the primary's failure is raised (the set is lost)."""
+        One that fails is lost (started again alone); when none is left in
+        the rotation, the first failure is raised (the set is lost)."""
         now = anyio.current_time()
         failed: list[BaseException] = []
 
@@ -240,11 +261,9 @@ class ReplicaSet:
                 with anyio.fail_after(timeout_s):
                     await session.probe()
             except (RemoteError, ConnectionLost, TimeoutError) as exc:
-                if at == 0:
-                    failed.append(exc)
-                else:
-                    said = str(exc) or f"no answer within {timeout_s:g} s"
-                    self._lose(at, session, f"failed its health probe: {said}")
+                failed.append(exc)
+                said = str(exc) or f"no answer within {timeout_s:g} s"
+                self._lose(at, session, f"failed its health probe: {said}")
             else:
                 self._answered[at] = anyio.current_time()
 
@@ -254,7 +273,7 @@ class ReplicaSet:
                     continue
                 if quiet_s is None or now - self._answered[at] >= quiet_s:
                     tg.start_soon(probe, at, session)
-        if failed:
+        if failed and self._orphaned:
             raise failed[0]
 
     def answered_within(self, seconds: float) -> bool:
@@ -267,9 +286,9 @@ class ReplicaSet:
         )
 
     async def watch_tool_changes(self, on_change: Callable[[], None]) -> bool:
-        """The primary's stream (each other replica's is held by its own
-        task, ``_serve``, and opened again on its own)."""
-        return await self._primary.watch_tool_changes(on_change)
+        """Nothing to hold here: each replica's stream, the primary's too, is
+        held by its own task (``_serve``) and opened again on its own."""
+        return False
 
     # --- the replicas' lives -----------------------------------------------
 
@@ -279,12 +298,51 @@ class ReplicaSet:
 
     def _lose(self, at: int, session: JsonRpcSession, why: str | None) -> None:
         """Replica ``at`` (its ``session``) is lost: out of the rotation now;
-        its task stops it (and, but for the primary, starts it again)."""
+        its task stops it and starts it again."""
         if self._sessions[at] is not session or self._busy[at] >= OUT:
             return  # an earlier session of it, or out already
-        self._busy[at] += OUT
         self._why[at] = why
         self._lost[at].set()
+        self._leave(at)
+
+    def _leave(self, at: int) -> None:
+        """Replica ``at`` leaves the rotation now. If it was the primary, the
+        first replica still in the rotation is from now on (none: the set is
+        lost); ``_follow`` tells the heir what the primary held."""
+        if self._busy[at] < OUT:
+            self._busy[at] += OUT
+        if at != self._first or self._orphaned:
+            return
+        heir = next((i for i, busy in enumerate(self._busy) if busy < OUT), None)
+        if heir is None:
+            self._orphaned = True
+        else:
+            self._first = heir
+            self._handed[at] = True
+
+    async def _follow(self, at: int) -> str:
+        """If replica ``at`` left as the primary: its heir is subscribed to
+        what it was and the tools are listed again; what to say of it."""
+        if not self._handed[at]:
+            return ""
+        self._handed[at] = False
+        heir = self._first
+        if self._orphaned or self._leaving:
+            return ""
+        self._care.relist()
+        for uri in sorted(self._subscribed):
+            try:
+                with anyio.fail_after(self._care.budget_s):
+                    await self._on_primary(partial(_subscribe, uri=uri))
+            except (RemoteError, ConnectionLost, TimeoutError) as exc:
+                log.info(
+                    "%s: %s, the primary now, was not subscribed to %s: %s",
+                    self._launch.server,
+                    self._name(heir),
+                    uri,
+                    exc,
+                )
+        return f"; {self._name(heir)} is the primary now"
 
     def _join(self, at: int, session: JsonRpcSession) -> None:
         self._lost[at] = anyio.Event()
@@ -335,9 +393,10 @@ class ReplicaSet:
                             return  # another could not start: the set fails
                         why = await self._serve(at, process, session)
                         told = True
-                        if at == 0:
-                            self._primary_lost(f"{self._name(at)} {why}")
+                        if self._orphaned:
+                            self._set_lost(f"{self._name(at)} {why}")
                             return
+                        why += await self._follow(at)
                         failures = 1  # it was ready: the backoff starts afresh
                         self._restart(at, why, failures)
                 if starting.cancelled_caught:
@@ -352,15 +411,14 @@ class ReplicaSet:
                     return
                 if not told:
                     said = self._care.describe(exc)
-                    if at == 0:
-                        self._primary_lost(f"{self._name(at)} failed: {said}")
+                    self._leave(at)
+                    if self._orphaned:
+                        self._set_lost(f"{self._name(at)} failed: {said}")
                         return
+                    why = f"failed: {said}" if ready else f"could not start: {said}"
+                    why += await self._follow(at)
                     failures = 1 if ready else failures + 1
-                    self._restart(
-                        at,
-                        f"failed: {said}" if ready else f"could not start: {said}",
-                        failures,
-                    )
+                    self._restart(at, why, failures)
             first = False
             if self._leaving:
                 return
@@ -391,9 +449,9 @@ class ReplicaSet:
                 f"{self._name(at)} {why}; starting it again in {wait:.2g} s"
             )
 
-    def _primary_lost(self, why: str) -> None:
+    def _set_lost(self, why: str) -> None:
         if not self._leaving:
-            self._care.primary_lost(why)
+            self._care.set_lost(f"{why}, and no other replica serves")
 
     async def _serve(
         self, at: int, process: StdioProcess, session: JsonRpcSession
@@ -408,8 +466,7 @@ class ReplicaSet:
         async with anyio.create_task_group() as tg:
             tg.start_soon(on, process.exited, None)
             tg.start_soon(on, process.stdout_closed, "closed its stdout")
-            if at:
-                tg.start_soon(self._care.listen, session, at)
+            tg.start_soon(self._care.listen, session, at)
             await lost.wait()
             tg.cancel_scope.cancel()
         with anyio.move_on_after(EXIT_WAIT_S):
@@ -423,6 +480,10 @@ class ReplicaSet:
         if why == "closed its stdout":
             why += " (its process goes on)"
         return why or "was lost"
+
+
+async def _subscribe(session: JsonRpcSession, *, uri: str) -> None:
+    await session.subscribe_resource(uri)
 
 
 @asynccontextmanager

@@ -468,7 +468,8 @@ class Supervisor:
             budget_s=max(self.spec.timeout_s, STDIO_HANDSHAKE_MIN_S),
             backoff=self._backoff,
             lost=self._replica_lost,
-            primary_lost=self._mark_dead,
+            set_lost=self._mark_dead,
+            relist=self._tools_changed,
             listen=self._watch_tool_changes,
             describe=_describe_failure,
             back=self._replica_back,
@@ -481,8 +482,8 @@ class Supervisor:
         log.info("%s: %s serves again", self.name, which)
 
     def _replica_lost(self, reason: str) -> None:
-        """A replica other than the first was lost and starts again alone; the
-        others serve on (the state stays ``ready``)."""
+        """A replica was lost and starts again alone; the others serve on
+        (the state stays ``ready``)."""
         self.restarts += 1
         self.last_error = reason
         log.warning("%s: %s", self.name, reason, extra={"MEMORIZZ_SERVER": self.name})
@@ -632,8 +633,8 @@ class Supervisor:
         lives. One that ends (the server closed it) or fails is opened again
         after a pause (1 s, doubling to a minute while they keep failing at
         once), and the tools are listed again: a stream has no replay, so a
-        change in the gap would be missed. With replicas, each but the first
-        has its own (``replica``, its index: ``replicas.py``)."""
+        change in the gap would be missed. With replicas, each replica has its
+        own (``replica``, its index: ``replicas.py``)."""
         pause = LISTEN_AGAIN_S
         which = "" if replica is None else f" (replica {replica})"
         while True:
