@@ -307,6 +307,9 @@ class _Ref(msgspec.Struct):
 
 class _Complete(msgspec.Struct):
     ref: _Ref
+    argument: m.CompletionArgument
+    """Checked here, as the socket API's are: the params go on as they came."""
+    context: m.CompletionContext | None = None
 
 
 class _GetPrompt(msgspec.Struct):

@@ -187,9 +187,12 @@ class Listen:
         host = host.lower()
         if host == "localhost":
             return True
+        bracketed = host.startswith("[") and host.endswith("]")
         try:
-            address = ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+            address = ipaddress.ip_address(host[1:-1] if bracketed else host)
         except ValueError:
+            return False
+        if bracketed != (address.version == 6):  # "[::1", "::1", "[127.0.0.1]"
             return False
         return address.is_loopback if self.loopback else True
 
@@ -427,8 +430,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._post(message, line)
 
     def _body(self) -> bytes | None:
-        length = ascii_int(self.headers.get("Content-Length") or "")
-        if length is None:
+        lengths = self.headers.get_all("Content-Length") or []
+        length = ascii_int(lengths[0]) if len(lengths) == 1 else None
+        if length is None or "Transfer-Encoding" in self.headers:
+            # no length, two of them, or a transfer coding beside one: which
+            # bytes are the body is not plain, so none is read as it
             self.close_connection = True
             self._refuse(411, "a Content-Length is required")
             return None

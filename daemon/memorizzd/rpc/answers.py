@@ -49,11 +49,11 @@ def parse_line(line: bytes) -> Request | bytes:
             # not JSON, too deep (the error says so), not a response; or a
             # response we cannot read, which its request must not wait out
             return _unreadable_answer(line) or parsed
-        if (
-            response.method is None
-            and response.id is not None
-            and (response.result or response.error)
-        ):
+        if response.method is None and (response.result or response.error):
+            # a response is never answered, not even one with a null id (our
+            # own error for a line we could not read, sent back: answering it
+            # would start an endless exchange); one with an id goes to its
+            # request, if any waits for it
             return Request(jsonrpc="2.0", method=ANSWER, params=msgspec.Raw(line))
     return parsed
 

@@ -234,10 +234,9 @@ class Dispatcher:
                 raise refuse_method(method.name)
             try:
                 params = method.decoder.decode(request.params)
-            except msgspec.ValidationError as exc:
+            except msgspec.DecodeError as exc:  # a ValidationError, or bytes
+                # the line's decoder let through (invalid UTF-8 in a string)
                 raise InvalidParamsError(f"invalid params: {exc}") from None
-            except msgspec.DecodeError:
-                raise InvalidParamsError("params must be a JSON object") from None
             except RecursionError:  # readable where the line was parsed, not here
                 raise InvalidParamsError("invalid params: nested too deeply") from None
             result = await method.handler(caller, params)
