@@ -122,6 +122,7 @@ from memorizzd.telemetry import tracing
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
 from memorizzd.upstream.jsonrpc import ACKNOWLEDGED
+from memorizzd.upstream.pool import unknown_server
 
 log = logging.getLogger("memorizzd.face")
 T = TypeVar("T")
@@ -433,11 +434,18 @@ class FaceDispatcher:
         )
 
     def _in_scope(self, caller: Caller) -> list[Upstream]:
-        """The running request's session's servers (``_scope_of``)."""
+        """The running request's session's servers (``_scope_of``); a session
+        narrowed to a server its caller does not see (a name mistyped after
+        ``mcp serve --server``, a server a reload removed) is answered
+        ``unknown_server``, not shown an empty server."""
         session = client_session()
         if session is None:
             return self._broker.in_scope(caller)
-        return self._scope_of(cast(Session, session))
+        found = self._scope_of(cast(Session, session))
+        chosen = self._narrowed.get(cast(Session, session))
+        if chosen is not None and not found:
+            raise unknown_server(chosen[:_SAID_MAX])
+        return found
 
     def relay(self, session: Session, request: Request) -> Relayed | None:
         """A plain ``tools/call``, relayed with no task (``relay.py``): one
@@ -736,6 +744,7 @@ class FaceDispatcher:
         return dict(names), listed
 
     async def _tools_list(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
+        _first_page(params)
         _, listed = await self._tools(caller)
         return {"tools": self._builtin_tools(caller) + listed}
 
@@ -938,6 +947,7 @@ class FaceDispatcher:
 
     async def _tasks_list(self, caller: Caller, params: msgspec.Raw) -> dict[str, Any]:
         """The caller's own tasks, in one page."""
+        _first_page(params)
         return {"tasks": await self._broker.tool_calls.task_list(caller)}
 
     # --- resources and prompts -----------------------------------------------
@@ -958,12 +968,14 @@ class FaceDispatcher:
     async def _resources_list(
         self, caller: Caller, params: msgspec.Raw
     ) -> dict[str, Any]:
+        _first_page(params)
         found = await self._listed(caller, lambda u: u.list_resources())
         return {"resources": [_builtins(item) for _, item in found]}
 
     async def _templates_list(
         self, caller: Caller, params: msgspec.Raw
     ) -> dict[str, Any]:
+        _first_page(params)
         found = await self._listed(caller, lambda u: u.list_resource_templates())
         return {"resourceTemplates": [_builtins(item) for _, item in found]}
 
@@ -1105,6 +1117,7 @@ class FaceDispatcher:
     async def _prompts_list(
         self, caller: Caller, params: msgspec.Raw
     ) -> dict[str, Any]:
+        _first_page(params)
         _, listed = await self._prompts(caller)
         return {"prompts": listed}
 
@@ -1237,6 +1250,17 @@ def _decode(params: msgspec.Raw, into: type[Any]) -> Any:
         raise InvalidParamsError(f"invalid params: {exc}") from None
     except RecursionError:  # readable where the line was parsed, not here
         raise InvalidParamsError("invalid params: nested too deeply") from None
+
+
+def _first_page(params: msgspec.Raw) -> None:
+    """A list request's params: the face lists everything in one page (every
+    server's pages followed to the end; it gives no ``nextCursor``), so any
+    cursor is one it never gave, ``invalid_params`` as MCP has it."""
+    if _decode(params, _Cursor).cursor is not None:
+        raise InvalidParamsError(
+            "invalid cursor: this server lists everything in one page"
+            " (it gives no nextCursor)"
+        )
 
 
 def _builtins(value: Any) -> dict[str, Any]:

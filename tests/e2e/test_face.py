@@ -620,7 +620,8 @@ def test_the_bridge_can_show_one_server_under_its_own_names(
 ) -> None:
     """``memorizzctl mcp serve --server alpha``: a transparent proxy of
     ``alpha`` on the operator's face; on the agent's face, whose scope lacks
-    ``alpha``, nothing (a session narrows its scope, never widens it)."""
+    ``alpha``, nothing but ``unknown server 'alpha'`` (a session narrows its
+    scope, never widens it; it saw an empty server, as a mistyped name did)."""
 
     async def session(api_socket: str) -> tuple[set[str], Any]:
         params = StdioServerParameters(
@@ -641,8 +642,20 @@ def test_the_bridge_can_show_one_server_under_its_own_names(
     with faced.client() as c:
         record = c.audit(limit=1).records[0]
     assert (record.server, record.tool) == ("alpha", "echo")
-    agent_names, _ = anyio.run(session, agent_socket_path(faced.config, "bot"))
-    assert agent_names == set()
+    with pytest.raises(ExceptionGroup) as raised:
+        anyio.run(session, agent_socket_path(faced.config, "bot"))
+    matched = raised.value.subgroup(lambda e: isinstance(e, MCPError))
+    assert matched is not None, raised.value
+    (error,) = _leaves(matched)
+    assert str(error) == "unknown server 'alpha'"
+
+
+def _leaves(group: BaseExceptionGroup[BaseException]) -> list[BaseException]:
+    return [
+        leaf
+        for e in group.exceptions
+        for leaf in (_leaves(e) if isinstance(e, BaseExceptionGroup) else [e])
+    ]
 
 
 def test_a_session_hears_no_list_change_before_its_initialize_is_answered(

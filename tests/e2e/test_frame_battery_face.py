@@ -234,7 +234,7 @@ def test_requests_before_and_around_initialize_are_served(face: str) -> None:
         b"\xff\x00garbage",
         INIT,
         request("init-2", "initialize", {**msgspec.json.decode(INIT)["params"]}),
-        request(3, "tools/list", {"cursor": "not-a-cursor-of-ours"}),
+        request(3, "tools/list", {"_meta": {"progressToken": 1}}),
         request(4, "tools/list", {"_meta": 5}),
         PING,
     )
@@ -281,3 +281,53 @@ def test_odd_ids_on_one_session(face: str) -> None:
     assert ids == sorted(map(repr, ["init", huge, "", -1, None, None])), replies
     refused = [error_of(r) for r in replies if r["id"] is None]
     assert refused == [(-32600, "invalid_request")] * 2
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        "tools/list",
+        "resources/list",
+        "resources/templates/list",
+        "prompts/list",
+        "tasks/list",
+    ],
+)
+def test_a_cursor_the_face_never_gave_is_invalid_params(face: str, method: str) -> None:
+    """The face lists everything in one page (no ``nextCursor``): any cursor
+    is one it never gave, ``-32602`` as MCP has it (it was ignored, and the
+    first page answered again); a cursor of the wrong type too, and the
+    same request without one is answered."""
+    replies = session(
+        face,
+        INIT,
+        request(1, method, {"cursor": "bm90LWEtY3Vyc29y"}),
+        request(2, method, {"cursor": 5}),
+        request(3, method, {"cursor": None}),
+        request(4, method, {}),
+    )
+    assert error_of(answer(replies, 1)) == (-32602, "invalid_params"), replies
+    assert error_of(answer(replies, 2)) == (-32602, "invalid_params"), replies
+    assert "result" in answer(replies, 3)
+    assert "result" in answer(replies, 4)
+
+
+def test_a_session_narrowed_to_a_server_it_cannot_see_is_told_so(face: str) -> None:
+    """``memorizz/scope`` (``mcp serve --server NAME``) naming a server not in
+    the session's scope: every listing and call is ``unknown_server`` naming
+    it (the session saw an empty server, its tools silently absent)."""
+    scope = b'{"jsonrpc":"2.0","method":"memorizz/scope","params":{"server":"nope"}}'
+    replies = session(
+        face,
+        scope,
+        INIT,
+        request(1, "tools/list", {}),
+        request(2, "prompts/list", {}),
+        request(3, "tools/call", {"name": "hello", "arguments": {}}),
+        PING,
+    )
+    for request_id in (1, 2, 3):
+        reply = answer(replies, request_id)
+        assert error_of(reply) == (-32002, "unknown_server"), replies
+        assert "nope" in reply["error"]["message"]
+    assert "result" in answer(replies, "after")
