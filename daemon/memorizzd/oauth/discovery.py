@@ -25,13 +25,15 @@ from dataclasses import dataclass
 from typing import TypeVar
 from urllib.parse import urlsplit
 
+import anyio
 import httpx2
 import msgspec
 from pydantic import ValidationError
 
 from memorizz.api.errors import LoginError
 from memorizz.api.spec import LOOPBACK_HOSTS
-from memorizzd.oauth.endpoints import EndpointError, get_json, printable
+from memorizzd.egress.urls import without_trailing_dot
+from memorizzd.oauth.endpoints import EndpointError, deadline_of, get_json, printable
 from memorizzd.oauth.mcp_sdk import (
     OAuthMetadata,
     ProtectedResourceMetadata,
@@ -102,30 +104,30 @@ def _param(header: str, name: str) -> str | None:
 async def challenge_of(
     http: httpx2.AsyncClient, server_url: str, transport: str
 ) -> Challenge | None:
-    """Ask the MCP endpoint without a token; its challenge, if it sends one."""
+    """Ask the MCP endpoint without a token; its challenge, if it sends one.
+
+    Only the answer's head is read (a server that answers with an event
+    stream it keeps open is not waited for), within the OAuth requests'
+    deadline."""
+    if transport == "sse":
+        method, body, accept = "GET", None, "text/event-stream"
+    else:
+        method = "POST"
+        body = b'{"jsonrpc":"2.0","id":"memorizz-auth-probe","method":"ping"}'
+        accept = "application/json, text/event-stream"
+    headers = {"Accept": accept}
+    if body is not None:
+        headers["Content-Type"] = "application/json"
+    status, header = 0, None
     try:
-        if transport == "sse":
+        with anyio.move_on_after(deadline_of(http)):
             async with http.stream(
-                "GET", server_url, headers={"Accept": "text/event-stream"}
+                method, server_url, content=body, headers=headers
             ) as response:
                 status, header = (
                     response.status_code,
                     response.headers.get("www-authenticate"),
                 )
-        else:
-            response = await http.post(
-                server_url,
-                content=b'{"jsonrpc":"2.0","id":"memorizz-auth-probe","method":"ping"}',
-                headers={
-                    "Content-Type": "application/json",
-                    "Accept": "application/json, text/event-stream",
-                },
-            )
-            await response.aclose()
-            status, header = (
-                response.status_code,
-                response.headers.get("www-authenticate"),
-            )
     except httpx2.HTTPError:
         return None  # the metadata requests below will say what is wrong
     if status in (401, 403):
@@ -144,6 +146,9 @@ async def discover(
 
     ``interactive``: a login through a browser (PKCE S256 and a safe
     authorization endpoint required); else a machine grant (token endpoint only)."""
+    # The server as the allowlist matched it and TLS verified it: one
+    # trailing dot is no other resource (``urls.without_trailing_dot``).
+    server_url = without_trailing_dot(server_url)
     expected_resource = resource_url_from_server_url(server_url)
     prm = await _resource_metadata(
         http, server_url, challenge.resource_metadata if challenge else None

@@ -22,6 +22,7 @@ import base64
 from typing import TYPE_CHECKING, Final
 from urllib.parse import quote
 
+import anyio
 import httpx2
 import msgspec
 from pydantic import ValidationError
@@ -417,16 +418,31 @@ async def get_json(http: httpx2.AsyncClient, url: str) -> httpx2.Response:
 async def _send(
     http: httpx2.AsyncClient, method: str, url: str, **kwargs: object
 ) -> httpx2.Response:
+    """One request and its whole answer within the client's read timeout
+    (``deadline_of``): httpx's timeouts are per read, so a server that drips
+    its body a byte at a time would otherwise hold the login for as long as
+    it likes."""
+    within = deadline_of(http)
     try:
-        response = await http.request(method, url, **kwargs)  # type: ignore[arg-type]
-        await response.aread()
+        with anyio.fail_after(within):
+            response = await http.request(method, url, **kwargs)  # type: ignore[arg-type]
+            await response.aread()
         return response
+    except TimeoutError:
+        raise EndpointError(
+            "unreachable", f"no complete answer from {_origin(url)} within {within} s"
+        ) from None
     except httpx2.TimeoutException:
         raise EndpointError("unreachable", f"no answer from {_origin(url)}") from None
     except httpx2.HTTPError as exc:
         raise EndpointError(
             "unreachable", f"{_origin(url)}: {type(exc).__name__}"
         ) from None
+
+
+def deadline_of(http: httpx2.AsyncClient) -> float | None:
+    """How long one request to an authorization server may take, whole."""
+    return http.timeout.read
 
 
 def _error_of(

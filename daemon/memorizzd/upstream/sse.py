@@ -73,7 +73,8 @@ class EndpointWatch:
         ours, theirs = urlparse(self.url), urlparse(endpoint)
         if (ours.scheme, ours.netloc) == (theirs.scheme, theirs.netloc):
             return True
-        shown = f"{theirs.scheme}://{theirs.netloc}"[:200]
+        # Without userinfo, as a refused redirect's target is shown (transport.py).
+        shown = f"{theirs.scheme}://{theirs.netloc.rpartition('@')[2]}"[:200]
         self.error = PermissionDeniedError(
             f"redirect_blocked: the SSE endpoint event names {shown!r}, not the "
             f"stream's origin {ours.scheme}://{ours.netloc}; messages go only to "

@@ -21,11 +21,15 @@ exits by itself leak. This one
   a script whose ``#!`` interpreter is missing (``InterpreterNotFoundError``),
   not as a missing executable;
 * on exit closes stdin, waits, then SIGTERMs and SIGKILLs the whole process
-  group, and always kills the group at the end, so no descendant survives.
+  group, and always kills the group at the end, so no descendant survives;
+* has the kernel SIGKILL the child when the daemon dies (``PR_SET_PDEATHSIG``):
+  a daemon killed with SIGKILL stops nothing, and a server that stays up once
+  its stdin closes outlived it for ever, beside the one the next start spawned.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import math
@@ -33,6 +37,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from typing import Final
@@ -323,6 +328,31 @@ async def _read_some(fd: int) -> bytes:
             return b""
 
 
+_PR_SET_PDEATHSIG: Final = 1
+
+
+def _dies_with_the_daemon() -> Callable[[], None] | None:
+    """A ``preexec_fn`` (Linux): the child is SIGKILLed when the thread that
+    forked it, the event loop's, ends: when the daemon dies. It checks its
+    parent afterwards, in case the daemon died before the ``prctl``."""
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    option, kill, zero = (
+        ctypes.c_int(_PR_SET_PDEATHSIG),
+        ctypes.c_ulong(signal.SIGKILL),
+        ctypes.c_ulong(0),
+    )
+    parent = os.getpid()
+
+    def die_with_the_daemon() -> None:
+        prctl(option, kill, zero, zero, zero)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return die_with_the_daemon
+
+
 def _spawn(
     argv: list[str], env: dict[str, str], cwd: str | None
 ) -> tuple[subprocess.Popen[bytes], int, int, int]:
@@ -335,6 +365,7 @@ def _spawn(
         env=env,
         cwd=cwd,
         start_new_session=True,
+        preexec_fn=_dies_with_the_daemon(),  # noqa: PLW1509 - no lock taken
     )
     pipes = (process.stdin, process.stdout, process.stderr)
     fds = []
