@@ -280,7 +280,9 @@ def test_an_sse_endpoint_event_never_sends_a_message_elsewhere(
         name=f"s{index}",
         transport="sse",
         url=f"https://{SSE_NAME}/sse/{index}",
-        timeout_s=1,  # a taken endpoint fails by its handshake timing out
+        # a taken endpoint fails by its handshake timing out (short: the
+        # test waits for it); a refused one first, with its reason
+        timeout_s=3 if foreign is not None or data in FOREIGN_WITH_USERINFO else 1,
     )
     with daemon.client() as c:
         c.add_server(spec)
