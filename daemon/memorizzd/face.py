@@ -222,9 +222,18 @@ class _LogMessage(msgspec.Struct):
     logger: str | None = None
 
 
+class _Implementation(msgspec.Struct):
+    """MCP's ``Implementation`` (``clientInfo``): its other members pass unread."""
+
+    name: str
+    version: str
+
+
 class _Initialize(msgspec.Struct, rename="camel"):
     protocol_version: str = VERSIONS[-1]
     capabilities: dict[str, Any] = {}
+    client_info: _Implementation | msgspec.UnsetType = msgspec.UNSET
+    """Checked, not kept: a malformed one is ``invalid_params``."""
 
 
 class _Cursor(msgspec.Struct):
@@ -234,7 +243,8 @@ class _Cursor(msgspec.Struct):
 class _CallMeta(msgspec.Struct, rename="camel"):
     version: str | None = msgspec.field(default=None, name=mcp_meta.PROTOCOL_VERSION)
     """2026-07-28's stamp (``_stamped``, read with the rest of the call)."""
-    progress_token: int | str | None = None
+    progress_token: m.ProgressToken | None = None
+    """Capped as the socket API's (``memorizz.api.methods.ProgressToken``)."""
     client_capabilities: dict[str, Any] | None = msgspec.field(
         default=None, name=mcp_meta.CLIENT_CAPABILITIES
     )

@@ -585,6 +585,23 @@ class Store:
             )
 
     @_sqlite_errors
+    def rewrite_secrets(self, tokens: list[tuple[str, bytes, bytes]]) -> int:
+        """``(ref, old, new)``: each row that still holds ``old`` gets ``new``,
+        all in one transaction; a row deleted or rewritten since ``old`` was
+        read is left as it is (never written back). The rows rewritten."""
+        now = time.time()
+        with self._lock, _transaction(self._db):
+            rewritten = sum(
+                self._db.execute(
+                    "UPDATE secrets SET token = ?, updated = ?"
+                    " WHERE ref = ? AND token = ?",
+                    (new, now, ref, old),
+                ).rowcount
+                for ref, old, new in tokens
+            )
+        return rewritten
+
+    @_sqlite_errors
     def delete_secrets(self, refs: list[str]) -> int:
         with self._lock, _transaction(self._db):
             deleted = sum(

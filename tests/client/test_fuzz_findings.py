@@ -62,6 +62,7 @@ def _post(body: bytes) -> bytes:
     return (
         b"POST /mcp HTTP/1.1\r\n"
         + HEAD
+        + b"Content-Type: application/json\r\n"
         + b"Content-Length: %d\r\n\r\n" % len(body)
         + body
     )

@@ -802,16 +802,22 @@ def test_another_profiles_resources_prompts_and_completions_are_missing_ones(
         assert honored["resourceSubscriptions"] == []
         w.send(_note("notifications/cancelled", {"requestId": "listen"}))
         assert "result" in w.ask("ping", {}, "after")
-    # memorizz/scope narrows; naming another profile's server leaves nothing
-    with contextlib.closing(_face(alpha_face)) as w:
-        w.send(_note("memorizz/scope", {"server": "u"}))
-        tools = w.ask("tools/list", {}, "tools")["result"]["tools"]
-        assert [
-            t["name"] for t in tools if not t["name"].startswith("memorizz__")
-        ] == []
-        echo = {"name": "echo", "arguments": {"text": "x"}}
-        assert reason(w.ask("tools/call", echo)) == "invalid_params"
-        assert reason(w.ask("resources/read", {"uri": "feat://watched"})) == "not_found"
+    # memorizz/scope narrows; naming another profile's server is answered
+    # exactly as naming a server nobody has: unknown_server, for everything
+    echo = {"name": "echo", "arguments": {"text": "x"}}
+    asked = [
+        ("tools/list", {}),
+        ("tools/call", echo),
+        ("resources/read", {"uri": "feat://watched"}),
+    ]
+    narrowed: dict[str, list[dict[str, Any]]] = {}
+    for server in ("u", "zzu"):
+        with contextlib.closing(_face(alpha_face)) as w:
+            w.send(_note("memorizz/scope", {"server": server}))
+            narrowed[server] = [w.ask(method, params) for method, params in asked]
+    for hidden, absent in zip(narrowed["u"], narrowed["zzu"], strict=True):
+        assert reason(absent) == "unknown_server", absent
+        same_answer(hidden, absent, "u", "zzu")
 
 
 def test_log_messages_and_resource_updates_stay_in_scope(

@@ -330,12 +330,13 @@ def test_an_endpoint_outside_the_allowlist_is_refused_unsent(
             c.auth_login("cal")
         error = refused.value.reason, refused.value.message
     elif endpoint == "token_endpoint":
+        # Refused at discovery, before the browser (test_oauth_login_bounds),
+        # not left to auth/complete.
         serve_discovery(state, token_endpoint=elsewhere)
-        url = callback(daemon)
         with daemon.client() as c, pytest.raises(PermissionDeniedError) as refused:
-            c.auth_complete("cal", url)
+            c.auth_login("cal")
         error = refused.value.reason, refused.value.message
-    else:
+    else:  # the revocation endpoint: the login works, the logout cannot revoke
         serve_discovery(state, revocation_endpoint=elsewhere)
         state.answers["POST /token"] = Answer(body=TOKEN_BODY)
         url = callback(daemon)

@@ -458,10 +458,11 @@ def test_a_token_endpoint_on_a_private_address_is_refused(
         documents,
         {PRM_PATH: prm(), AS_PATH: as_metadata(token_endpoint=f"{INTERNAL_AS}/token")},
     )
-    callback = pending_login(daemon)
-    with daemon.client() as c, pytest.raises(PermissionDeniedError) as refused:
-        c.auth_complete("cal", callback)
+    # At discovery, before the browser: not first at auth/complete.
+    with pytest.raises(PermissionDeniedError) as refused:
+        pending_login(daemon)
     assert refused.value.reason == "address_not_allowed"
+    assert "token endpoint" in refused.value.message
     assert "POST /token" not in documents[0].requests
     only_the_server_was_reached(world)
 

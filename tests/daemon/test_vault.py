@@ -344,16 +344,16 @@ def test_a_rotation_cut_short_resumes_and_then_needs_no_old_key(
     secrets = {f"server/s{i}/token": f"{SECRET}-{i}" for i in range(6)}
     FernetCredentialStore.open(store, source(old)).put_many(secrets)
     vault = FernetCredentialStore.open(store, source(new, old))
-    write = store.put_secrets
+    write = store.rewrite_secrets
 
-    def crash_half_way(tokens: list[tuple[str, bytes]]) -> None:
+    def crash_half_way(tokens: list[tuple[str, bytes, bytes]]) -> int:
         # What a crash between two writes leaves (the store writes a rotation
         # in one transaction; a store that cannot must still be safe).
-        monkeypatch.setattr(store, "put_secrets", write)
+        monkeypatch.setattr(store, "rewrite_secrets", write)
         write(tokens[: len(tokens) // 2])
         raise StoreError("state database: disk I/O error")
 
-    monkeypatch.setattr(store, "put_secrets", crash_half_way)
+    monkeypatch.setattr(store, "rewrite_secrets", crash_half_way)
     with pytest.raises(StoreError):
         vault.rotate()
     # Half under the new key, half under the old: both still read.

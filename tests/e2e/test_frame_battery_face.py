@@ -331,3 +331,45 @@ def test_a_session_narrowed_to_a_server_it_cannot_see_is_told_so(face: str) -> N
         assert error_of(reply) == (-32002, "unknown_server"), replies
         assert "nope" in reply["error"]["message"]
     assert "result" in answer(replies, "after")
+
+
+INIT_PARAMS = msgspec.json.decode(INIT)["params"]
+
+
+@pytest.mark.parametrize(
+    ("method", "params"),
+    [
+        ("tools/call", {"name": "t__hello", "_meta": {"progressToken": "x" * 257}}),
+        ("tools/call", {"name": "t__hello", "_meta": {"progressToken": "x" * 5000}}),
+        ("initialize", {**INIT_PARAMS, "clientInfo": 5}),
+        ("initialize", {**INIT_PARAMS, "clientInfo": None}),
+        ("initialize", {**INIT_PARAMS, "clientInfo": ["battery", "0"]}),
+        ("initialize", {**INIT_PARAMS, "clientInfo": {"name": 5, "version": "0"}}),
+        ("initialize", {**INIT_PARAMS, "clientInfo": {"name": "b", "version": 0}}),
+        ("initialize", {**INIT_PARAMS, "clientInfo": {"name": "battery"}}),
+        ("initialize", {**INIT_PARAMS, "clientInfo": {"version": "0"}}),
+    ],
+)  # fmt: skip
+def test_what_the_socket_api_refuses_the_face_refuses(
+    face: str, method: str, params: object
+) -> None:
+    """A progress token over the socket API's 256 characters (the face took
+    5,000), and a ``clientInfo`` that is not MCP's ``Implementation`` (a name
+    and a version, strings; ``5`` was taken): ``invalid_params`` under the
+    request's id, and the session serves on."""
+    replies = session(face, INIT, request(7, method, params), PING)
+    assert error_of(answer(replies, 7)) == (-32602, "invalid_params"), replies
+    assert "result" in answer(replies, "after")
+
+
+def test_a_token_at_the_cap_and_a_client_info_with_more_members_are_served(
+    face: str,
+) -> None:
+    info = {"name": "battery", "version": "0", "title": "B", "icons": [], "x": 1}
+    replies = session(
+        face,
+        request("init", "initialize", {**INIT_PARAMS, "clientInfo": info}),
+        request(7, "tools/call", {"name": "t__hello", "_meta": {"progressToken": "x" * 256}}),
+    )  # fmt: skip
+    assert "result" in answer(replies, "init"), replies
+    assert "result" in answer(replies, 7), replies

@@ -204,3 +204,118 @@ def test_a_null_id_response_in_a_session_is_taken_and_the_session_serves_on(
     assert status_of(answer) == 200
     reply = msgspec.json.decode(answer.partition(b"\r\n\r\n")[2])
     assert reply == {"jsonrpc": "2.0", "id": 2, "result": {}}
+
+
+def _headers_of(answer: bytes) -> dict[str, str]:
+    head = answer.partition(b"\r\n\r\n")[0].decode("latin-1")
+    fields = (line.partition(":") for line in head.split("\r\n")[1:])
+    return {name.lower(): value.strip() for name, _, value in fields}
+
+
+PING = b'{"jsonrpc":"2.0","id":"after","method":"ping"}'
+
+
+def pings(bridge: Bridge) -> bool:
+    """The bridge serves a ping outside a session (``serves`` keeps one open:
+    the bridge holds at most 64)."""
+    answer = bridge.exchange(bridge.head(body=PING), PING)
+    reply = msgspec.json.decode(answer.partition(b"\r\n\r\n")[2])
+    return status_of(answer) == 200 and reply == {
+        "jsonrpc": "2.0",
+        "id": "after",
+        "result": {},
+    }
+
+
+@pytest.mark.parametrize("method", ["PUT", "PATCH", "OPTIONS", "HEAD", "TRACE", "FOO"])
+def test_a_method_the_endpoint_does_not_take_is_405_with_allow(
+    bridge: Bridge, method: str
+) -> None:
+    """MCP's Streamable HTTP wants ``405`` and ``Allow`` for a method the
+    endpoint does not take (http.server answered ``501`` with its HTML page),
+    in the bridge's own error format (for HEAD, its headers only); and only
+    once the request is admitted: without the token it is ``401``."""
+    head = bridge.head().replace("POST ", f"{method} ", 1)
+    answer = bridge.exchange(head, BODY)
+    assert status_of(answer) == 405, answer
+    headers = _headers_of(answer)
+    assert headers["allow"] == "GET, POST, DELETE"
+    assert headers["content-type"] == "application/json"
+    body = answer.partition(b"\r\n\r\n")[2]
+    if method == "HEAD":
+        assert body == b""
+    else:
+        assert msgspec.json.decode(body)["error"]["code"] == -32600
+    unauthenticated = bridge.head(Authorization="").replace("POST ", f"{method} ", 1)
+    answer = bridge.exchange(unauthenticated, BODY)
+    assert status_of(answer) == 401, answer
+    assert "allow" not in _headers_of(answer)
+    assert pings(bridge)
+
+
+@pytest.mark.parametrize(
+    ("headers", "status"),
+    [
+        ({"Content_Type": "text/plain"}, 415),
+        ({"Content_Type": "application/x-www-form-urlencoded"}, 415),
+        ({"Content_Type": "application/jsonx"}, 415),
+        ({"Content_Type": ""}, 415),  # none
+        ({"Content_Type": "application/json; charset=utf-8"}, 200),
+        ({"Content_Type": "Application/JSON"}, 200),
+        ({"Accept": "text/html"}, 406),
+        ({"Accept": "image/*, text/plain"}, 406),
+        ({"Accept": "application/json"}, 200),
+        ({"Accept": "text/event-stream"}, 200),
+        ({"Accept": "application/*"}, 200),
+        ({"Accept": "*/*"}, 200),
+        ({"Accept": ""}, 200),  # none: anything
+        ({"Content_Type": "text/plain", "Authorization": ""}, 401),
+        ({"Accept": "text/html", "Authorization": ""}, 401),
+    ],
+)
+def test_a_post_is_json_to_a_client_that_takes_json_or_events(
+    bridge: Bridge, headers: dict[str, str], status: int
+) -> None:
+    """A POST's body is ``application/json`` (else ``415``), and its
+    ``Accept`` admits JSON or an event stream (else ``406``), as the MCP SDK's
+    server has it; both after the token."""
+    answer = bridge.exchange(bridge.head(body=PING, **headers), PING)
+    assert status_of(answer) == status, answer
+    if status != 200:
+        body = answer.partition(b"\r\n\r\n")[2]
+        assert msgspec.json.decode(body)["id"] is None
+    assert pings(bridge)
+
+
+LONE = (
+    b'{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"hello",'
+    b'"arguments":{"s":"\\udc00"}}}'
+)
+
+
+@pytest.mark.parametrize("in_session", [False, True], ids=["sessionless", "session"])
+def test_a_lone_surrogate_in_a_body_is_answered_under_its_id(
+    bridge: Bridge, in_session: bool
+) -> None:
+    """A lone surrogate escape is valid JSON but no Unicode: the socket API
+    answers it ``parse_error`` under the request's id, and so does the face
+    behind the bridge (the bridge answered ``400`` under id null); one in
+    the id itself is id null on both."""
+    session: dict[str, str] = {}
+    if in_session:
+        answer = bridge.exchange(bridge.head(), BODY)
+        session["Mcp_Session_Id"] = _headers_of(answer)["mcp-session-id"]
+    answer = bridge.exchange(bridge.head(body=LONE, **session), LONE)
+    assert status_of(answer) == 200, answer
+    reply = msgspec.json.decode(answer.partition(b"\r\n\r\n")[2])
+    assert (reply["id"], reply["error"]["code"]) == (7, -32700), reply
+    assert reply["error"]["data"]["reason"] == "parse_error"
+    in_id = b'{"jsonrpc":"2.0","id":"\\ud800","method":"ping"}'
+    answer = bridge.exchange(bridge.head(body=in_id, **session), in_id)
+    assert status_of(answer) == 400, answer
+    reply = msgspec.json.decode(answer.partition(b"\r\n\r\n")[2])
+    assert (reply["id"], reply["error"]["code"]) == (None, -32700)
+    if in_session:
+        ended = "DELETE" + bridge.head(Content_Length="", **session)[4:]
+        assert status_of(bridge.exchange(ended)) == 200
+    assert pings(bridge)

@@ -300,3 +300,105 @@ def test_the_daemon_serves_others_while_a_client_floods_garbage(
             c.ping()
     worker.join(READ_S)
     assert not failures, failures
+
+
+def _pinged(count: int) -> list[bytes]:
+    """``count`` pings whose replies are about 1 KiB each (a long id)."""
+    return [
+        b'{"jsonrpc":"2.0","id":"%s-%d","method":"ping"}' % (b"x" * 1000, n)
+        for n in range(count)
+    ]
+
+
+def _written_until_stalled(sock: socket.socket, lines: list[bytes]) -> int:
+    """Write ``lines`` from a thread, reading nothing; the number of lines
+    written when no more were taken for a second (all: never stalled)."""
+    written = [0]
+
+    def write() -> None:
+        with contextlib.suppress(OSError):
+            for line in lines:
+                sock.sendall(line + b"\n")
+                written[0] += 1
+            sock.shutdown(socket.SHUT_WR)
+
+    threading.Thread(target=write, daemon=True).start()
+    pause, still, seen = threading.Event(), 0, -1
+    while still < 10 and written[0] < len(lines):
+        pause.wait(0.1)
+        still, seen = (still + 1, seen) if written[0] == seen else (0, written[0])
+    return written[0]
+
+
+def test_a_client_that_reads_nothing_is_stalled_at_its_in_flight_limit(
+    path: str,
+) -> None:
+    """docs/protocol.md, Framing: a request counts in flight until its reply
+    is written to the socket, so a client that writes and never reads stops
+    being read once the socket's buffer is full and 64 requests wait behind
+    it: long before 8 MiB of replies. Not an error: once it reads, every
+    request is answered."""
+    lines = _pinged(8 << 10)  # 8 MiB of replies, were they all taken
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(READ_S)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
+        sock.connect(path)
+        stalled_at = _written_until_stalled(sock, lines)
+        assert stalled_at < len(lines) // 4, stalled_at
+        received = b""
+        while chunk := sock.recv(1 << 16):
+            received += chunk
+    replies = [msgspec.json.decode(line) for line in received.splitlines()]
+    assert len(replies) == len(lines)
+    assert all("result" in reply for reply in replies)
+
+
+CUT_S = 1.0
+
+
+@pytest.fixture(scope="module")
+def impatient() -> Iterator[str]:
+    """A daemon with no server whose agent socket has ``write_timeout_s`` 1."""
+    base = short_tempdir("mz-fbc-")
+    os.chmod(base, 0o755)  # noqa: S103 - the agent directory lives below
+    config = os.path.join(base, "memorizzd.toml")
+    Path(config).write_text(
+        f"""
+agents_dir = "{base}/agents"
+
+[[profiles]]
+name = "cut"
+uids = [{ME}]
+limits = {{ write_timeout_s = {CUT_S} }}
+""",
+        encoding="utf-8",
+    )
+    process = DaemonProcess(base, config=config).start()
+    try:
+        yield os.path.join(base, "agents", "cut", "api.sock")
+    finally:
+        if process.running:
+            process.stop()
+        rmtree(base)
+
+
+def test_replies_left_unread_for_write_timeout_s_cut_the_connection(
+    impatient: str,
+) -> None:
+    """docs/protocol.md, Framing: replies the socket could not take, waiting
+    ``write_timeout_s`` (checked every quarter of it) for the client to read,
+    close the connection; what was waiting is dropped."""
+    lines = _pinged(8 << 10)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(READ_S)
+        sock.connect(impatient)
+        stalled_at = _written_until_stalled(sock, lines)  # a second, reading nothing
+        assert stalled_at < len(lines), stalled_at
+        threading.Event().wait(CUT_S * 1.5)
+        received = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(1 << 16):
+                received += chunk
+    answered = received.rpartition(b"\n")[0].splitlines()  # a cut may halve one
+    assert len(answered) < stalled_at, (len(answered), stalled_at)
+    assert all("result" in msgspec.json.decode(line) for line in answered)

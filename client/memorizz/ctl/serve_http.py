@@ -41,6 +41,8 @@ message.
                                     GET stream goes on
     GET without a session           ``405``
     DELETE                          the session's connection is closed
+    any other method                ``405``, ``Allow: GET, POST, DELETE`` (not
+                                    http.server's 501 page)
 
 Which request a line of the daemon's belongs to: a response's ``id`` is the
 request's; progress names its request's ``progressToken``; an upstream's
@@ -58,7 +60,17 @@ compared in constant time, else ``401``. Against DNS rebinding (a page whose
 name now resolves to 127.0.0.1), the ``Host`` must name the listening port
 on an address literal or ``localhost`` (else ``421``), and an ``Origin``, when
 sent, must be such a host over http (else ``403``). It listens on loopback
-unless ``--allow-remote`` says otherwise.
+unless ``--allow-remote`` says otherwise. These come first, in that order, then
+the path (``404``) and ``MCP-Protocol-Version`` (``400``): whatever its method
+or its media types, a request without the token learns no more than ``401``.
+Then the method (``405``), and a POST's media types as the MCP SDK's server
+checks them: a ``Content-Type`` other than ``application/json`` is ``415``, an
+``Accept`` that admits neither ``application/json`` nor ``text/event-stream``
+(wildcards count; no ``Accept`` admits both) is ``406``.
+
+A body that is JSON but that msgspec cannot read for a lone surrogate escape in
+it (``"\\ud800"``: no Unicode character) goes on to the face as it is, which
+answers it under its id, as the socket API does (``_past_surrogates``).
 
 Bounded: a body over ``MAX_BODY`` is ``413``, at most ``MAX_SESSIONS`` sessions
 (``memorizz.ctl.session``; when full, idle ones make room, else ``503``), at
@@ -78,6 +90,7 @@ import hmac
 import http.server
 import io
 import ipaddress
+import re
 import secrets
 import sys
 import threading
@@ -119,6 +132,8 @@ if TYPE_CHECKING:
     from _typeshed import WriteableBuffer
 
 ENDPOINT: Final = "/mcp"
+METHODS: Final = ("GET", "POST", "DELETE")
+"""What the endpoint takes; any other method is ``405`` with ``Allow`` naming these."""
 MAX_BODY: Final = 4 << 20
 VERSIONS: Final = frozenset({"2025-06-18", "2025-11-25", "2026-07-28"})
 """``MCP-Protocol-Version`` values let through (the face negotiates)."""
@@ -257,6 +272,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         parsed = super().parse_request()  # reads the headers too
         self._reads.deadline = None
         self.connection.settimeout(TIMEOUT_S)
+        if parsed and self.command not in METHODS:
+            # answered here: http.server would send its 501 page (no do_ method)
+            if self._admitted():
+                self._refuse_unread(
+                    405,
+                    f"the MCP endpoint takes {', '.join(METHODS)}",
+                    headers={"Allow": ", ".join(METHODS)},
+                )
+            return False
         return parsed
 
     # -- answers
@@ -274,7 +298,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         for name, value in (headers or {}).items():
             self.send_header(name, value)
         self.end_headers()
-        if body:
+        if body and self.command != "HEAD":  # HEAD: the headers a GET would get
             self.wfile.write(body)
 
     def _refuse(
@@ -411,7 +435,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._refuse(404, "no such session")
 
     def do_POST(self) -> None:
-        if not self._admitted():
+        if not self._admitted() or not self._media_types():
             return
         body = self._body()
         if body is None:
@@ -421,13 +445,41 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         except msgspec.ValidationError:
             self._refuse(400, "not a single JSON-RPC message")
             return
-        except (msgspec.DecodeError, RecursionError):  # too deep: unreadable
-            self._refuse(400, "parse error", code=-32700)
-            return
+        except (msgspec.DecodeError, RecursionError) as exc:  # not JSON, too deep
+            read = None if isinstance(exc, RecursionError) else _past_surrogates(body)
+            if read is None:
+                self._refuse(400, "parse error", code=-32700)
+                return
+            message = read
         # Valid JSON: a raw newline can only be whitespace, and the socket
         # takes one message per line.
         line = body.replace(b"\r", b" ").replace(b"\n", b" ") + b"\n"
         self._post(message, line)
+
+    def _media_types(self) -> bool:
+        """A POST's ``Content-Type`` (``415``) and ``Accept`` (``406``), as
+        the MCP SDK's server checks them, before its body is read."""
+        types = self.headers.get_all("Content-Type") or []
+        if len(types) != 1 or _media(types[0]) != "application/json":
+            self._refuse_unread(415, "a POST's Content-Type must be application/json")
+            return False
+        if not (
+            self._accepts("application/json") or self._accepts("text/event-stream")
+        ):
+            self._refuse_unread(
+                406, "Accept must admit application/json or text/event-stream"
+            )
+            return False
+        return True
+
+    def _accepts(self, media: str) -> bool:
+        """Whether the ``Accept`` header admits ``media`` (``*/*`` and
+        ``type/*`` count; parameters do not); none admits anything."""
+        accept = self.headers.get_all("Accept")
+        if accept is None:
+            return True
+        ranges = {_media(r) for r in ",".join(accept).split(",")}
+        return bool(ranges & {media, media.partition("/")[0] + "/*", "*/*"})
 
     def _body(self) -> bytes | None:
         lengths = self.headers.get_all("Content-Length") or []
@@ -731,6 +783,43 @@ def serve(
             _say(f"bearer token: {token.decode()}")
         server.serve_forever()
     return EXIT_OK
+
+
+def _media(value: str) -> str:
+    """A media type of a header (``Application/JSON; charset=utf-8``) as
+    compared: without its parameters, in lower case."""
+    return value.partition(";")[0].strip().lower()
+
+
+def _past_surrogates(body: bytes) -> Message | None:
+    """What the bridge reads of a body msgspec refused for a lone surrogate
+    escape in it (``"\\ud800"``: valid JSON, no Unicode character): read
+    with each such escape in place of another character (twice, with two),
+    the body itself going on unchanged. None when that does not make it
+    readable, or when its id holds one (the socket API answers that under
+    id null: no answer would come under it)."""
+    first, second = (_marked(body, mark) for mark in (rb"\ufffd", rb"\ufffc"))
+    if first is None or second is None or first.id != second.id:
+        return None
+    return first  # a method with one is routed as none the bridge knows
+
+
+_LONE: Final = re.compile(
+    rb"(?<!\\)((?:\\\\)*)"  # an escape: after an even run of backslashes
+    rb"(\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}"  # a pair
+    rb"|\\u[dD][89a-fA-F][0-9a-fA-F]{2})"  # a lone half
+)
+
+
+def _marked(body: bytes, mark: bytes) -> Message | None:
+    def swap(found: re.Match[bytes]) -> bytes:
+        escape = found[2]
+        return found[1] + (escape if len(escape) == 12 else mark)
+
+    try:
+        return decode(_LONE.sub(swap, body))
+    except (msgspec.DecodeError, RecursionError):
+        return None
 
 
 def _split(url: str) -> SplitResult | None:

@@ -110,6 +110,13 @@ class HardenedClient(httpx2.AsyncClient):
         self._allowlist = tuple(allowlist)
         self._private = allow_private_network
 
+    def check(self, url: str) -> None:
+        """The policy's verdict on a request to ``url``, now, without a
+        connection: for a URL the daemon will send to later (an OAuth token
+        endpoint at ``auth/complete``). Raises as ``GuardTransport`` would."""
+        check_scheme(url)
+        check_url(url, allowlist=self._allowlist, allow_private_network=self._private)
+
     def _merge_url(self, url: httpx2.URL | str) -> httpx2.URL:
         # httpx2's one funnel for request URLs (build_request, stream); private,
         # but pinned, and test_egress_client covers it.

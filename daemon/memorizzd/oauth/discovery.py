@@ -14,6 +14,11 @@
    ``code_challenge_methods_supported`` is refused (MCP 2025-11-25); so is
    an authorization endpoint the operator's browser would open over plain
    http anywhere but loopback (or any other scheme).
+5. The token endpoint, which the daemon sends to later, is judged by the
+   egress policy now, with the reason the request would be refused for: a
+   login is refused before the operator goes through the browser, not at
+   ``auth/complete``. (The revocation endpoint is judged at logout only: a
+   login that works must not fail over it.)
 """
 
 from __future__ import annotations
@@ -30,8 +35,9 @@ import httpx2
 import msgspec
 from pydantic import ValidationError
 
-from memorizz.api.errors import LoginError
+from memorizz.api.errors import LoginError, RemoteError
 from memorizz.api.spec import LOOPBACK_HOSTS
+from memorizzd.egress.client import HardenedClient
 from memorizzd.egress.urls import without_trailing_dot
 from memorizzd.oauth.endpoints import EndpointError, deadline_of, get_json, printable
 from memorizzd.oauth.mcp_sdk import (
@@ -194,6 +200,7 @@ async def discover(
                 "(code_challenge_methods_supported); refusing to log in without it"
             )
         check_authorization_endpoint(str(metadata.authorization_endpoint))
+    check_endpoint(http, str(metadata.token_endpoint), "token endpoint")
     return AuthorizationServer(
         resource=resource,
         issuer=written_issuer,
@@ -246,6 +253,24 @@ def check_authorization_endpoint(url: str) -> None:
             f"contains {', '.join(repr(c) for c in unsafe)}: a fragment or "
             "characters a shell would act on; refused"
         )
+
+
+def check_endpoint(http: httpx2.AsyncClient, url: str, what: str) -> None:
+    """An endpoint of the authorization server (``what``), judged by the
+    egress policy of ``http`` without a connection; refused with the reason
+    (``host_not_allowed``, ``address_not_allowed``, ``scheme_not_allowed``
+    ...) and the words a request to it would get. A client that is not the
+    hardened one (a test's) has no policy to ask."""
+    if not isinstance(http, HardenedClient):
+        return
+    try:
+        http.check(url)
+    except RemoteError as exc:
+        raise type(exc)(
+            f"the authorization server's {what} is refused: {exc.message}",
+            reason=exc.reason,
+            data=exc.data,
+        ) from None
 
 
 M = TypeVar("M", ProtectedResourceMetadata, OAuthMetadata)

@@ -34,7 +34,12 @@ from memorizz.api import methods as m
 from memorizz.api.errors import InvalidParamsError, LoginError
 from memorizz.api.spec import redirect_uri_ok
 from memorizzd.oauth import endpoints
-from memorizzd.oauth.discovery import AuthorizationServer, Challenge, scope_to_ask
+from memorizzd.oauth.discovery import (
+    AuthorizationServer,
+    Challenge,
+    check_endpoint,
+    scope_to_ask,
+)
 from memorizzd.oauth.dpop import Dpop
 from memorizzd.oauth.dpop import wanted as dpop_wanted
 from memorizzd.oauth.endpoints import ClientAuth, EndpointError, printable
@@ -55,6 +60,10 @@ from memorizzd.vault import CredentialStore
 DEFAULT_REDIRECT_URI: Final = "http://127.0.0.1:33418/callback"
 LOGIN_TTL_S: Final = 600.0
 """A login not completed within this long is forgotten (its verifier with it)."""
+LOGIN_DEADLINE_S: Final = 30.0
+"""``auth/login``'s requests together (the probe, discovery, registration),
+each of them bounded on its own too (``endpoints.deadline_of``): about ten
+requests in a row would otherwise hold a login for minutes."""
 _PREFERRED_METHODS: Final = ("client_secret_basic", "client_secret_post", "none")
 
 
@@ -215,6 +224,7 @@ async def client_identity(
         raise LoginError(
             f"cannot describe this client: {exc.errors()[0]['msg']}"
         ) from None
+    check_endpoint(http, str(meta.registration_endpoint), "registration endpoint")
     try:
         info = await endpoints.register(http, str(meta.registration_endpoint), metadata)
     except EndpointError as exc:

@@ -16,7 +16,12 @@ import httpx2
 import msgspec
 
 from memorizz.api import methods as m
-from memorizz.api.errors import InvalidParamsError, LoginError, RemoteError
+from memorizz.api.errors import (
+    DeadlineExceededError,
+    InvalidParamsError,
+    LoginError,
+    RemoteError,
+)
 from memorizzd.oauth import endpoints
 from memorizzd.oauth.discovery import challenge_of, discover
 from memorizzd.oauth.endpoints import ClientAuth, EndpointError
@@ -27,6 +32,7 @@ from memorizzd.oauth.keeper import (
     http_client_for,
 )
 from memorizzd.oauth.login import (
+    LOGIN_DEADLINE_S,
     LOGIN_TTL_S,
     Logins,
     callback_params,
@@ -92,22 +98,34 @@ class OAuthService:
         configured, client_secret = await anyio.to_thread.run_sync(
             self._client_secret, spec
         )
-        async with http_client_for(spec, self._allowlist) as http:
-            challenge = await challenge_of(http, url, spec.transport)
-            authz = await discover(http, url, challenge)
-            previous = keeper.grant.scope if keeper.grant else None
-            scope = select_scope(
-                spec, authz, challenge, previous=previous, wanted=wanted
-            )
-            client = await client_identity(
-                http,
-                spec,
-                authz,
-                vault=self._vault,
-                client_secret=client_secret,
-                redirect_uri=redirect,
-                scope=scope,
-            )
+        step = "asking the server for its challenge"
+        try:
+            with anyio.fail_after(LOGIN_DEADLINE_S):
+                async with http_client_for(spec, self._allowlist) as http:
+                    challenge = await challenge_of(http, url, spec.transport)
+                    step = "discovering its authorization server"
+                    authz = await discover(http, url, challenge)
+                    previous = keeper.grant.scope if keeper.grant else None
+                    scope = select_scope(
+                        spec, authz, challenge, previous=previous, wanted=wanted
+                    )
+                    step = f"getting a client identity from {authz.issuer}"
+                    client = await client_identity(
+                        http,
+                        spec,
+                        authz,
+                        vault=self._vault,
+                        client_secret=client_secret,
+                        redirect_uri=redirect,
+                        scope=scope,
+                    )
+        except TimeoutError:
+            raise DeadlineExceededError(
+                f"the authorization server of {spec.name!r} is unreachable or too "
+                f"slow: discovery and registration did not finish within "
+                f"{LOGIN_DEADLINE_S:g} s (stopped while {step}); try again later",
+                data={"server": spec.name, "timeout_s": LOGIN_DEADLINE_S},
+            ) from None
         login = new_login(
             spec.name,
             authz,

@@ -56,7 +56,9 @@ class FernetCredentialStore:
         self._multi: MultiFernet | None = None
         """Made at first use: ``cryptography`` (about 9 MB) loads only when a
         secret is written or read."""
-        self._lock = threading.Lock()  # rotation against writers
+        self._lock = threading.Lock()
+        """Every write and delete against a rotation: none lands between the
+        rotation's read and its rewrite."""
 
     @property
     def _fernet(self) -> MultiFernet:
@@ -135,7 +137,8 @@ class FernetCredentialStore:
         return self._decrypt(ref, token)
 
     def delete(self, ref: str) -> None:
-        self._store.delete_secrets([ref])
+        with self._lock:
+            self._store.delete_secrets([ref])
 
     def refs(self) -> list[str]:
         return [r for r in self._store.secret_refs() if r != CANARY_REF]
@@ -144,18 +147,21 @@ class FernetCredentialStore:
 
     def rotate(self, *, new_key: bool = False) -> int:
         """Re-encrypt every secret (and the canary) under the primary key; with
-        ``new_key`` (key file only) generate that primary first. Idempotent."""
+        ``new_key`` (key file only) generate that primary first. Idempotent.
+
+        A row is rewritten only if it still holds the ciphertext read: one
+        deleted meanwhile (by another process: ``--forget-secrets``) stays
+        deleted, one rewritten stays as written. The rows re-encrypted."""
         with self._lock:
             if new_key:
                 self._source = new_primary(self._source)
                 self._multi = _multi(self._source)
             rows = self._store.all_secrets()
             tokens = [
-                (ref, self._encrypt(ref, self._decrypt(ref, token)))
+                (ref, token, self._encrypt(ref, self._decrypt(ref, token)))
                 for ref, token in rows
             ]
-            self._store.put_secrets(tokens)
-        return len(tokens)
+            return self._store.rewrite_secrets(tokens)
 
 
 def keys_for(store: Store, state_dir: str) -> KeySource:
