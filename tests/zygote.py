@@ -6,7 +6,7 @@ of it ``import mcp`` (pydantic building the protocol's models), and the suite
 starts the SDK test servers over a hundred times. So each test worker starts
 one zygote, which imports the SDK once; the daemon under test still spawns a
 real process for every server, but that process is ``tests/zygote_launch.py``
-(the standard library and msgspec: milliseconds), which hands its argv,
+(the standard library only: milliseconds), which hands its argv,
 environment, working directory and stdio descriptors to the zygote over a Unix
 socket. The zygote forks a child that takes them and runs the server script as
 ``__main__``, with the SDK already loaded. The launcher forwards the signals
@@ -40,19 +40,13 @@ import mcp_types  # noqa: F401
 import msgspec
 import pydantic  # noqa: F401
 
+from zygote_launch import unpack  # run as a script: tests/ is on the path
+
 
 class Launch(msgspec.Struct):
     argv: list[str]
     env: dict[str, str]
     cwd: str
-
-
-class Started(msgspec.Struct):
-    pid: int
-
-
-class Exited(msgspec.Struct):
-    status: int
 
 
 _MAX_FDS = 3
@@ -68,11 +62,12 @@ def _receive(conn: socket.socket) -> tuple[Launch, list[int]]:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
     try:
-        return msgspec.json.decode(data, type=Launch), list(fds)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+        argv, env, cwd = unpack(data)
+    except ValueError:
         for fd in fds:
             os.close(fd)
         raise
+    return Launch(argv=argv, env=env, cwd=cwd), list(fds)
 
 
 def _child(
@@ -126,7 +121,7 @@ def main() -> None:
                 conn, _ = listener.accept()
                 try:
                     launch, fds = _receive(conn)
-                except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+                except (OSError, ValueError):
                     conn.close()  # a launcher that died before it asked: none to run
                     continue
                 pid = os.fork()
@@ -137,7 +132,7 @@ def main() -> None:
                 children[pid] = conn
                 launchers[conn] = pid
                 try:
-                    conn.sendall(msgspec.json.encode(Started(pid=pid)) + b"\n")
+                    conn.sendall(f"pid {pid}\n".encode())
                 except OSError:  # the launcher is gone: its closed socket says so next
                     pass
             else:  # a launcher went away (it sends nothing more): kill its child
@@ -164,8 +159,8 @@ def main() -> None:
                 continue
             if launchers.pop(conn, None) is not None:
                 try:
-                    exited = Exited(status=os.waitstatus_to_exitcode(status))
-                    conn.sendall(msgspec.json.encode(exited) + b"\n")
+                    exited = os.waitstatus_to_exitcode(status)
+                    conn.sendall(f"status {exited}\n".encode())
                 except OSError:
                     pass
                 conn.close()
