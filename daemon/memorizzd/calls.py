@@ -297,14 +297,16 @@ class Calls:
     async def _approved(
         self, caller: Caller, server: str, tool: str, read: CallArguments
     ) -> m.Proposal | None:
-        """The caller's approved, unused proposal of exactly this call, if any."""
+        """The caller's approved, unused proposal of exactly this call, if any:
+        made by its uid on its kind of socket (an operator lists every
+        profile's proposals, but runs only its own in place of a new one)."""
         approved = await self._book.list_for(caller, status="approved", limit=100)
         return next(
             (
                 p
                 for p in approved
                 if (p.server, p.tool, p.arguments_hmac) == (server, tool, read.hmac)
-                and p.caller_uid == caller.uid
+                and (p.caller_uid, p.caller_profile) == (caller.uid, caller.profile)
             ),
             None,
         )

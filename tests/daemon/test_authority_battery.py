@@ -1,0 +1,313 @@
+"""An authority battery: what one caller may do to what another made, across
+the doors the other probes leave (tests/daemon/test_authority_probes.py has
+the method table, the id-bearing paths and the reloads that cut connections).
+
+One daemon for the module, on real sockets: server ``t`` (tests/mcp_server.py;
+its ``record`` tool, destructive so decided ``ask``, logs to <base>/calls.log),
+shared by profile ``alpha`` (this process's uid and nobody) and profile
+``beta`` (this process's uid), and reached by the operator (this process, the
+daemon's uid). So the one uid is an operator on one socket and an agent of two
+profiles on others: only the socket tells them apart. Requests go out as raw
+JSON-RPC lines.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import secrets
+import socket
+import stat
+from collections.abc import Iterator
+from functools import partial
+from typing import Any
+
+import msgspec
+import pytest
+
+from memorizz import Client
+from memorizz.api import mcp_meta
+from memorizz.api.errors import ApprovalRequiredError
+from memorizz.cli import main as ctl_main
+from memorizzd.config import Profile
+from memorizzd.listeners import face_socket_path
+from tests.harness import INITIALIZE, DaemonHarness, stdio_spec, tempdir_fixture
+from tests.peers import (
+    ME,
+    NOBODY,
+    agent_socket,
+    as_user,
+    calls,
+    needs_root,
+    profiles_config,
+)
+
+READ_S = 10.0
+"""Every answer here comes at once; a probe that waits this long is a hang."""
+
+
+class Wire:
+    """One raw connection: lines out, decoded lines in (notifications kept)."""
+
+    def __init__(self, path: str) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(READ_S)
+        self.sock.connect(path)
+        self.buffer = b""
+        self.notes: list[dict[str, Any]] = []
+        if path.endswith("mcp.sock"):
+            self.ask("initialize", INITIALIZE["params"], "init")
+
+    def ask(self, method: str, params: Any, request_id: object = 1) -> dict[str, Any]:
+        message = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        self.sock.sendall(msgspec.json.encode({**message, "params": params}) + b"\n")
+        while True:
+            while b"\n" not in self.buffer:
+                chunk = self.sock.recv(1 << 16)
+                if not chunk:
+                    raise EOFError("the daemon closed the connection")
+                self.buffer += chunk
+            line, self.buffer = self.buffer.split(b"\n", 1)
+            found: dict[str, Any] = msgspec.json.decode(line)
+            if "method" not in found:
+                assert found.get("id") == request_id, found
+                return found
+            self.notes.append(found)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@contextlib.contextmanager
+def wire(path: str) -> Iterator[Wire]:
+    w = Wire(path)
+    try:
+        yield w
+    finally:
+        w.close()
+
+
+def face_of(api_socket: str) -> str:
+    return face_socket_path(api_socket)
+
+
+def propose(path: str, tag: str) -> str:
+    with Client(path) as c, pytest.raises(ApprovalRequiredError) as asked:
+        c.call_tool("t", "record", {"tag": tag})
+    found = asked.value.data["proposal_id"]
+    assert isinstance(found, str)
+    return found
+
+
+base = tempdir_fixture()
+
+
+@pytest.fixture(scope="module")
+def battery(base: str) -> Iterator[DaemonHarness]:
+    config = profiles_config(
+        base,
+        servers=[
+            stdio_spec("t", env={"CALL_LOG": os.path.join(base, "calls.log")}),
+            stdio_spec("u"),
+        ],
+        profiles=[
+            Profile(
+                name="alpha",
+                servers=["t"],
+                uids=[ME, NOBODY],
+                face_tools=["proposals", "resume"],
+            ),
+            Profile(name="beta", servers=["t", "u"], uids=[ME]),
+        ],
+        face_approval_wait_s=0.2,
+    )
+    with DaemonHarness.running(config) as harness:
+        harness.wait_ready("t")
+        harness.wait_ready("u")
+        yield harness
+
+
+def status_of(harness: DaemonHarness, proposal_id: str) -> str:
+    with harness.client() as operator:
+        [found] = [p for p in operator.list_approvals() if p.id == proposal_id]
+        return found.status
+
+
+# --- the face's reuse of an approved proposal ------------------------------------
+
+
+@pytest.mark.parametrize("face", ["operator", "alpha"])
+def test_a_face_call_never_runs_a_proposal_another_profile_made(
+    battery: DaemonHarness, base: str, face: str
+) -> None:
+    """A face runs an approved proposal in place of a new one only if its own
+    caller made it (docs: "that this caller already proposed"): the same uid
+    on the operator's face or on another profile's face, making the same call,
+    gets a proposal of its own; beta's stays approved, and beta runs it, once."""
+    tag = f"beta-{secrets.token_hex(4)}"
+    theirs = propose(agent_socket(base, "beta"), tag)
+    with battery.client() as operator:
+        assert operator.approve(theirs).status == "approved"
+    path = face_of(battery.socket if face == "operator" else agent_socket(base, face))
+    with wire(path) as w:
+        tools = w.ask("tools/list", {}, "tools")["result"]["tools"]
+        [shown] = [
+            t["name"]
+            for t in tools
+            if t.get("_meta", {}).get("memorizz/server") == "t"
+            and t["_meta"]["memorizz/tool"] == "record"
+        ]
+        answer = w.ask("tools/call", {"name": shown, "arguments": {"tag": tag}})
+    result = answer["result"]
+    assert result.get("isError") is True, result
+    assert result["structuredContent"]["status"] == "pending", result
+    assert result["structuredContent"]["proposal_id"] != theirs
+    assert tag not in calls(base)
+    assert status_of(battery, theirs) == "approved"
+    with Client(agent_socket(base, "beta")) as beta:
+        assert beta.resume(theirs).content[0]["text"] == f"recorded {tag}"
+    assert calls(base).count(tag) == 1
+
+
+# --- memorizzctl as a uid that is no operator ---------------------------------------
+
+OPERATOR_COMMANDS: tuple[tuple[str, ...], ...] = (
+    ("mcp", "list"),
+    ("mcp", "status"),
+    ("mcp", "remove", "t"),
+    ("mcp", "add", "evil", "--command", "/bin/true"),
+    ("mcp", "approve", "p_" + "0" * 24),
+    ("mcp", "reject", "p_" + "0" * 24),
+    ("audit", "--limit", "1"),
+    ("vault", "rotate"),
+    ("daemon", "status"),
+    ("daemon", "reload"),
+    ("daemon", "metrics"),
+    ("mcp", "logout", "t"),
+)
+"""What only an operator may do."""
+
+
+def _ctl(socket_path: str, argv: tuple[str, ...]) -> tuple[int, str, str]:
+    """memorizzctl's ``main``, run here (a child under another uid cannot
+    exec this interpreter, which lives in root's home): exit status, stdout,
+    stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = ctl_main(["--socket", socket_path, *argv])
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+    return code, out.getvalue(), err.getvalue()
+
+
+@needs_root
+@pytest.mark.parametrize(
+    ("where", "mode"), [("operator", 0o660), ("operator", 0o666), ("agent", 0o666)]
+)
+def test_memorizzctl_as_no_operator_is_refused_every_operator_command(
+    battery: DaemonHarness, base: str, mode: int, where: str
+) -> None:
+    """nobody (alpha's agent, no operator) runs memorizzctl's operator
+    commands: on the operator socket (refused by its file mode, or, opened to
+    all, by the daemon's check of the peer) and on alpha's agent socket, every
+    one exits 77 (permission denied), says so, never with a traceback, and
+    changes nothing."""
+    path = battery.socket if where == "operator" else agent_socket(base, "alpha")
+    for argv in OPERATOR_COMMANDS:  # every module it loads, loaded here first
+        _ctl(os.path.join(base, "none.sock"), argv)
+    before = os.stat(path).st_mode
+    os.chmod(path, mode)
+    try:
+        found = {
+            argv: as_user(partial(_ctl, path, argv), uid=NOBODY)
+            for argv in OPERATOR_COMMANDS
+        }
+    finally:
+        os.chmod(path, stat.S_IMODE(before))
+    for argv, outcome in found.items():
+        assert outcome[0] == "ok", (argv, outcome)
+        code, out, err = outcome[1]
+        if where == "agent" and argv == ("daemon", "metrics"):
+            assert code == 69, (code, err)  # no metrics socket beside an agent's
+            continue
+        assert code == 77, (argv, code, out, err)
+        assert "Traceback" not in out + err, (argv, err)
+        assert "permission" in (out + err) or "may not" in err, (argv, out, err)
+    with battery.client() as operator:
+        assert {"t", "u"} <= {s.name for s in operator.list_servers()}
+        assert "evil" not in {s.name for s in operator.list_servers()}
+
+
+# --- the face in the 2026-07-28 era -------------------------------------------------
+
+
+def _stamp(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` as a 2026-07-28 client sends them (no session: each request
+    says its era and what its client answers)."""
+    meta = {
+        mcp_meta.PROTOCOL_VERSION: "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
+    }
+    return {**params, "_meta": meta}
+
+
+def _hides(hidden: dict[str, Any], absent: dict[str, Any], name: str) -> None:
+    """``hidden`` (about ``name``, another profile's) is exactly ``absent``
+    (about ``"zz" + name``, nobody's), but for the name."""
+    assert "error" in hidden, hidden
+    text = msgspec.json.encode(absent["error"]).decode().replace("zz" + name, name)
+    assert msgspec.json.encode(hidden["error"]).decode() == text
+
+
+def test_the_modern_face_hides_another_profiles_server_as_a_missing_one(
+    battery: DaemonHarness, base: str
+) -> None:
+    """A 2026-07-28 client of alpha's face (no initialize) that names what
+    only beta reaches (server ``u``) is answered as for a name nobody has,
+    and ``server/discover`` says nothing of ``u``."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(READ_S)
+    sock.connect(face_of(agent_socket(base, "alpha")))
+    w = Wire.__new__(Wire)
+    w.sock, w.buffer, w.notes = sock, b"", []
+    with contextlib.closing(w):
+        found = w.ask("server/discover", _stamp({}))["result"]
+        assert "u" not in msgspec.json.encode(found).decode().split('"')
+        for method, params, name in (
+            ("tools/call", {"name": "u__echo", "arguments": {"text": "x"}}, "u__echo"),
+            (
+                "tools/call",
+                {"name": "u__record", "arguments": {"tag": "x"}},
+                "u__record",
+            ),
+            ("prompts/get", {"name": "u__greet", "arguments": {}}, "u__greet"),
+            ("memorizz/scope", {"server": "u"}, "u"),
+        ):
+            if method == "memorizz/scope":  # narrowed to beta's server
+                w.sock.sendall(
+                    msgspec.json.encode(
+                        {"jsonrpc": "2.0", "method": method, "params": params}
+                    )
+                    + b"\n"
+                )
+                hidden = w.ask("tools/list", _stamp({}), "h")
+                w.sock.sendall(
+                    msgspec.json.encode(
+                        {
+                            "jsonrpc": "2.0",
+                            "method": method,
+                            "params": {"server": "zzu"},
+                        }
+                    )
+                    + b"\n"
+                )
+                absent = w.ask("tools/list", _stamp({}), "h")
+            else:
+                swapped = msgspec.json.decode(
+                    msgspec.json.encode(params).decode().replace(name, "zz" + name)
+                )
+                hidden = w.ask(method, _stamp(params), "h")
+                absent = w.ask(method, _stamp(swapped), "h")
+            _hides(hidden, absent, name)
