@@ -77,7 +77,7 @@ class Calls:
         """The caller's server by name (``unknown_server`` outside its scope)."""
         self._running = 0
         """Calls in flight."""
-        self.tasks = TaskBook()
+        self.tasks = TaskBook(sees=self._sees)
         """The tasks calls created, by caller (``upstream/tasks.py``)."""
         self._meter = CallMeter(self._labels) if metered else None
         """The calls' metrics (``telemetry/metrics.py``), counted with their audit
@@ -96,6 +96,13 @@ class Calls:
     def scoped(self, caller: Caller, server: str) -> Upstream:
         """The caller's server by name (``unknown_server`` outside its scope)."""
         return self._scope(caller, server)
+
+    def _sees(self, caller: Caller, server: str) -> bool:
+        try:
+            self._scope(caller, server)
+        except RemoteError:
+            return False
+        return True
 
     def began(self) -> None:
         self._running += 1

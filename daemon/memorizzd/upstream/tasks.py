@@ -68,6 +68,9 @@ class TaskEntry:
     owner: Owner
     send: Send | None
     """The creating connection (status notifications), while it lasts."""
+    caller: Caller
+    """Who created it: a status reaches its connection only while the server
+    is in its scope (``TaskBook.sees``)."""
 
 
 def owner_of(caller: Caller) -> Owner:
@@ -75,7 +78,10 @@ def owner_of(caller: Caller) -> Owner:
 
 
 class TaskBook:
-    def __init__(self) -> None:
+    def __init__(self, sees: Callable[[Caller, str], bool] | None = None) -> None:
+        self._sees = sees
+        """Whether a caller may hear of a server now (``Broker.sees``): a reload
+        that takes the server out of the creator's scope silences its tasks."""
         self._tasks: OrderedDict[str, TaskEntry] = OrderedDict()
         self._by_upstream: dict[tuple[str, str], str] = {}
         self._owned: dict[Owner, OrderedDict[str, None]] = {}
@@ -108,6 +114,7 @@ class TaskBook:
             tool=tool,
             owner=owner_of(caller),
             send=send,
+            caller=caller,
         )
         self._tasks[entry.id] = entry
         self._by_upstream[(server, upstream_id)] = entry.id
@@ -183,6 +190,8 @@ class TaskBook:
         entry = None if found is None else self._tasks.get(found)
         if entry is None or entry.send is None:
             return
+        if self._sees is not None and not self._sees(entry.caller, server):
+            return  # out of its creator's scope since (a reload): not a word
         line = {"jsonrpc": "2.0", "method": STATUS, "params": self.shown(entry, task)}
         with anyio.move_on_after(STATUS_SEND_S):
             try:
