@@ -15,6 +15,7 @@ import anyio
 import msgspec
 import pytest
 
+from memorizz.api.errors import InvalidParamsError
 from memorizzd.caller import Caller
 from memorizzd.upstream.tasks import TaskBook
 
@@ -45,3 +46,24 @@ def test_a_status_reaches_its_creator_only_while_it_sees_the_server(
         assert sent["params"]["taskId"] == entry.id  # the daemon's id, not the server's
     else:
         assert heard == []
+
+
+def test_a_task_whose_server_left_its_creators_scope_is_unknown_to_it() -> None:
+    """``tasks/get``, ``tasks/result``, ``tasks/cancel`` and ``tasks/list``
+    answer as for a task that never was (``-32602`` "unknown task"; not
+    listed), not ``unknown_server`` naming the server it ran on."""
+    scope = {"s"}
+    book = TaskBook(sees=lambda caller, server: server in scope)
+    raw = msgspec.json.encode({"task": {"taskId": "up-1", "status": "working"}})
+    entry, _ = book.created(AGENT, "s", "tool", raw, None)
+    assert book.get(AGENT, entry.id) is entry
+    assert book.mine(AGENT) == [entry]
+    scope.clear()
+    with pytest.raises(InvalidParamsError) as unknown:
+        book.get(AGENT, entry.id)
+    with pytest.raises(InvalidParamsError) as never:
+        book.get(AGENT, "t_" + "0" * 24)
+    assert unknown.value.message == never.value.message.replace(
+        "t_" + "0" * 24, entry.id
+    )
+    assert book.mine(AGENT) == []

@@ -129,17 +129,27 @@ class TaskBook:
 
     def get(self, caller: Caller, task_id: str) -> TaskEntry:
         """The caller's task ``task_id``; any other is unknown (``-32602``, as
-        MCP answers an id it does not know)."""
+        MCP answers an id it does not know), and so is one whose server has
+        left the caller's scope since (a reload)."""
         entry = self._tasks.get(task_id)
-        if entry is None or entry.owner != owner_of(caller):
+        if (
+            entry is None
+            or entry.owner != owner_of(caller)
+            or not self._visible(caller, entry.server)
+        ):
             raise InvalidParamsError(
                 f"unknown task {task_id[:128]!r}", data={"task_id": task_id[:128]}
             )
         return entry
 
     def mine(self, caller: Caller) -> list[TaskEntry]:
+        """The caller's tasks on servers it still sees."""
         owned = self._owned.get(owner_of(caller))
-        return [] if owned is None else [self._tasks[task_id] for task_id in owned]
+        found = [] if owned is None else [self._tasks[task_id] for task_id in owned]
+        return [e for e in found if self._visible(caller, e.server)]
+
+    def _visible(self, caller: Caller, server: str) -> bool:
+        return self._sees is None or self._sees(caller, server)
 
     def forget(self, entry: TaskEntry) -> None:
         """The server no longer knows the task (expired): drop it."""
@@ -190,7 +200,7 @@ class TaskBook:
         entry = None if found is None else self._tasks.get(found)
         if entry is None or entry.send is None:
             return
-        if self._sees is not None and not self._sees(entry.caller, server):
+        if not self._visible(entry.caller, server):
             return  # out of its creator's scope since (a reload): not a word
         line = {"jsonrpc": "2.0", "method": STATUS, "params": self.shown(entry, task)}
         with anyio.move_on_after(STATUS_SEND_S):
