@@ -18,8 +18,10 @@ message.
                                     answer
     a notification or a response    written; ``202 Accepted`` (a response: the
                                     client's answer to a request of the daemon's)
-    a request without a session     its own connection, closed after the answer
-                                    (2026-07-28 has no sessions, no stream), or
+    a request without a session     its own connection (2026-07-28 has no
+                                    sessions), its answer as above; closed
+                                    after it, or when the client closes (its
+                                    cancellation), or
                                     held for the retry of an input-required
                                     answer (memorizz.ctl.session.Sessionless)
     GET with a session              the session's stream: what the daemon sends
@@ -92,6 +94,7 @@ import io
 import ipaddress
 import re
 import secrets
+import select
 import sys
 import threading
 import time
@@ -112,6 +115,7 @@ from memorizz.ctl.exits import (
 )
 from memorizz.ctl.serve import Bridge, connect
 from memorizz.ctl.session import (
+    GONE_POLL_S,
     KEEPALIVE_S,
     MAX_SESSIONS,
     RESUME_S,
@@ -536,7 +540,19 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                         ids=False,  # no session: nothing to resume with a GET
                     )
                 elif request_id is not None:
-                    self._reply(self.server.sessionless.ask(request_id, message, line))
+                    self._exchange(
+                        self._watched(
+                            self.server.sessionless.exchange(
+                                request_id,
+                                message,
+                                line,
+                                streams=self._takes_events(),
+                                keepalive_s=GONE_POLL_S,
+                            )
+                        ),
+                        request_id,
+                        ids=False,
+                    )
                 else:
                     self._send(202)  # nowhere to go without a session
                 return
@@ -587,6 +603,27 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._reply(reply)
             return
         self._reply(reply, {"Mcp-Session-Id": session_id})
+
+    def _watched(self, events: Generator[Event]) -> Generator[Event]:
+        """``events`` without their keep-alives, at which it only looks
+        whether the client closed its connection: at 2026-07-28 that is how
+        it cancels a request. Then ``ConnectionAbortedError``, and ``events``
+        closed: their connection to the face closes, which stops the call."""
+        try:
+            for event in events:
+                if event[0] or event[1]:
+                    yield event
+                elif self._client_left():
+                    raise ConnectionAbortedError("the client closed its connection")
+        finally:
+            events.close()
+
+    def _client_left(self) -> bool:
+        try:
+            readable, _, _ = select.select([self.connection], [], [], 0)
+            return bool(readable) and not self.connection.recv(1, _socket.MSG_PEEK)
+        except OSError:
+            return True
 
     def _takes_events(self) -> bool:
         return "text/event-stream" in (self.headers.get("Accept") or "")

@@ -45,6 +45,9 @@ KEEPALIVE_S: Final = 15.0
 RESUME_S: Final = 60.0
 """A request whose client left its event stream before the answer is kept this
 long for the client to come back for the rest (``Last-Event-ID``)."""
+GONE_POLL_S: Final = 0.5
+"""How often a request outside a session looks whether its client closed its
+connection (at 2026-07-28 how a client over HTTP cancels a request)."""
 RESUME_WAIT_S: Final = 5.0
 """How long a resumption waits for the stream's old reader to let go."""
 QUIET_METHODS: Final = frozenset(
@@ -714,19 +717,36 @@ class Sessionless:
         self._lock = threading.Lock()
         self._held: dict[str, tuple[float, Session]] = {}
 
-    def ask(self, request_id: RequestId, message: Message, line: bytes) -> bytes:
+    def exchange(
+        self,
+        request_id: RequestId,
+        message: Message,
+        line: bytes,
+        *,
+        streams: bool,
+        keepalive_s: float | None = None,
+    ) -> Generator[Event]:
+        """A request's events, as ``Session.exchange``: what the daemon sends
+        it before its answer (its progress, log messages; only if it
+        ``streams``), then the answer."""
         state = _state(message.params, answer=False)
         with self._lock:
             held = self._held.pop(state, None) if state else None
         session = held[1] if held is not None else Session(connect(self.bridge))
         kept = False
         try:
-            reply = session.ask(request_id, line)
-            state = _state(reply, answer=True)
-            if state:
-                self._hold(state, session)
-                kept = True
-            return reply
+            for final, event, event_id in session.exchange(
+                request_id,
+                line,
+                message.method if isinstance(message.method, str) else "",
+                message.progress_token(),
+                streams=streams,
+                keepalive_s=keepalive_s,
+            ):
+                if final and (state := _state(event, answer=True)):
+                    self._hold(state, session)  # before its client can retry
+                    kept = True
+                yield final, event, event_id
         finally:
             if not kept:
                 session.close()
