@@ -574,6 +574,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             elif responds and isinstance(message.id, int | str):
                 session.respond(message.id, line)
                 self._send(202)
+            elif message.method == "notifications/cancelled":
+                session.cancel(message, line)
+                self._send(202)
             else:
                 session.send(line)
                 self._send(202)
@@ -638,10 +641,15 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         whose stream breaks comes back for the rest (``_resume``)."""
         try:
             # SessionGoneError: a 404, before the headers
-            final, first, first_id = next(events)
+            began = next(events, None)
         except BaseException:
             events.close()
             raise
+        if began is None:  # cancelled by its client, the session ended: no answer
+            self.close_connection = True
+            self._send(202)
+            return
+        final, first, first_id = began
         if final:
             events.close()
             self._reply(first)

@@ -160,6 +160,7 @@ class _Waiter:
     """A request waiting for its answer, and what comes before it."""
 
     __slots__ = (
+        "cancelled",
         "count",
         "events",
         "left_at",
@@ -179,6 +180,8 @@ class _Waiter:
         self.method = method
         self.token = token
         """The request's progressToken: its progress notifications come here."""
+        self.cancelled = False
+        """Its client cancelled it: if no answer comes, none is owed."""
         self.streams = streams
         """Whether its client takes an event stream (else: only the answer)."""
         self.number = number
@@ -238,11 +241,8 @@ class _Cancelled(msgspec.Struct, rename="camel"):
     request_id: RequestId | None = None
 
 
-class _Params(msgspec.Struct):
-    params: _Cancelled | None = None
-
-
-_decode_cancelled = msgspec.json.Decoder(_Params).decode
+_decode_cancelled = msgspec.json.Decoder(_Cancelled).decode
+"""A ``notifications/cancelled``'s params."""
 
 
 class Session:
@@ -305,6 +305,24 @@ class Session:
                 self.sock.sendall(line)
             except OSError:
                 raise SessionGoneError from None
+
+    def cancel(self, message: Message, line: bytes) -> None:
+        """Write the client's ``notifications/cancelled``; the request it
+        names, if it waits here, is owed no answer (MCP: a cancelled request
+        gets none): its exchange ends now, without one (its POST is closed
+        while its client still reads: an answer to a request its client has
+        given up, coming as the client closes, is one it may choke on)."""
+        try:
+            params: _Cancelled | None = _decode_cancelled(message.params)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            params = None
+        self.send(line)
+        if params is not None and params.request_id is not None:
+            with self._lock:
+                waiter = self._waiting.get(params.request_id)
+                if waiter is not None and waiter.reply is None:
+                    waiter.cancelled = True
+                    waiter.events.put(None)
 
     def respond(self, response_id: RequestId, line: bytes) -> None:
         """Write the client's response to a request of the daemon's."""
@@ -425,6 +443,8 @@ class Session:
                 waiter.released.set()  # under the lock: a new reader clears it after
             self.last_used = time.monotonic()
         if waiter.reply is None:
+            if waiter.cancelled:
+                return  # its client cancelled it: no answer is owed
             raise SessionGoneError
         yield True, waiter.reply, waiter.event_id(waiter.count + 1)
 
@@ -567,7 +587,7 @@ class Session:
             return None
         if method == "notifications/cancelled":
             try:
-                params = _decode_cancelled(message.params).params
+                params: _Cancelled | None = _decode_cancelled(message.params)
             except (msgspec.ValidationError, msgspec.DecodeError):
                 params = None
             went = None
