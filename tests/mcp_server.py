@@ -33,7 +33,12 @@ from mcp.server.mcpserver.exceptions import ToolError
 from mcp.server.mcpserver.prompts import Prompt
 from mcp_types import ToolAnnotations
 
-mcp = MCPServer("memorizz-test-server", version="1.2.3", log_level="WARNING")
+mcp = MCPServer(
+    "memorizz-test-server",
+    version="1.2.3",
+    log_level="WARNING",
+    instructions=os.environ.get("SERVER_INSTRUCTIONS"),  # what it tells its clients
+)
 
 if start_log := os.environ.get("START_LOG"):  # one line per process start
     with open(start_log, "a", encoding="utf-8") as f:

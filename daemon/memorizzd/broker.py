@@ -687,9 +687,7 @@ class Broker:
         shown = {u.name for u in upstreams}
         return m.ServersStatusResult(
             servers=[
-                msgspec.structs.replace(
-                    u.status(), instructions=instructions_of(u.spec)
-                )
+                msgspec.structs.replace(u.status(), instructions=u.instructions)
                 for u in upstreams
             ],
             face_renames=[r for r in self._face_renames() if r.server in shown],
@@ -751,9 +749,7 @@ class Broker:
     ) -> m.ToolsListResult:
         upstream = self._get(caller, p.server)
         tools = await upstream.list_tools(refresh=p.refresh)
-        return m.ToolsListResult(
-            tools=tools, instructions=instructions_of(upstream.spec)
-        )
+        return m.ToolsListResult(tools=tools, instructions=upstream.instructions)
 
     async def resources_list(
         self, caller: Caller, p: m.ResourcesListParams

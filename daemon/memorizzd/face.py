@@ -98,7 +98,6 @@ from memorizz.api.errors import (
     NotFoundError,
     RemoteError,
 )
-from memorizz.api.presets import instructions_of
 from memorizz.api.protocol import Reply, Request
 from memorizzd import __version__, rounds, uri_templates
 from memorizzd.broker import Broker
@@ -145,10 +144,9 @@ _CACHED: Final = frozenset(
 SCOPE_METHOD: Final = "memorizz/scope"
 """A notification a session sends first to see one server of its scope, under
 its own names (``memorizzctl mcp serve --server NAME``)."""
-INSTRUCTIONS: Final = (
-    "memorizzd: the tools of several MCP servers, named SERVER__TOOL. Calls go "
-    "through the host's policy; a tool marked as needing approval waits for an "
-    "operator."
+POLICY_NOTE: Final = (
+    "Calls go through the host's policy; a tool marked as needing approval "
+    "waits for an operator."
 )
 
 _encoder: Final = msgspec.json.Encoder()
@@ -686,14 +684,26 @@ class FaceDispatcher:
         }
 
     def _instructions(self, caller: Caller) -> str:
-        """The session's servers' connection instructions: a single server's
-        own, else ours with each server's, named."""
+        """The session's servers' connection instructions (``Upstream.instructions``:
+        configured, a preset's, else the server's own): a single server's as
+        they are (its tools keep their names), else ours, naming the
+        separator, with each server's, named."""
         upstreams = self._in_scope(caller)
-        given = [(u.name, text) for u in upstreams if (text := instructions_of(u.spec))]
-        if len(upstreams) == 1 and given:
-            return given[0][1]
+        given = [(u.name, text) for u in upstreams if (text := u.instructions)]
+        if len(upstreams) == 1:
+            if given:
+                return given[0][1]
+            return (
+                f"memorizzd: the tools of the MCP server {upstreams[0].name}, "
+                f"under their own names. {POLICY_NOTE}"
+            )
+        separator = self.separator_of(caller)
+        ours = (
+            "memorizzd: the tools of several MCP servers, named "
+            f"SERVER{separator}TOOL. {POLICY_NOTE}"
+        )
         lines = [f"{name}: {text}" for name, text in given]
-        return "\n\n".join([INSTRUCTIONS, *lines]) if lines else INSTRUCTIONS
+        return "\n\n".join([ours, *lines])
 
     def _capabilities(self, caller: Caller) -> dict[str, Any]:
         """What the face offers this session: always tools, resources, prompts

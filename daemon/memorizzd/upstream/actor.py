@@ -26,6 +26,7 @@ from memorizz.api.errors import (
     RemoteError,
     UnavailableError,
 )
+from memorizz.api.presets import instructions_of
 from memorizzd.config import Config
 from memorizzd.loop import deadline_at, now
 from memorizzd.policy import ToolsView, ToolVerdict
@@ -524,6 +525,16 @@ class Upstream(Supervisor):
         )
 
     # --- views --------------------------------------------------------------
+
+    @property
+    def instructions(self) -> str | None:
+        """What agents are told of this server (MCP ``instructions``: the
+        face's handshake, ``servers/status``, ``tools/list``): the configured
+        or preset text; without one, the server's own, from its handshake;
+        none with ``instructions = false``."""
+        if self.spec.instructions is False:
+            return None
+        return instructions_of(self.spec) or self.server_instructions
 
     def status(self) -> m.ServerStatus:
         latencies = list(self._latencies)

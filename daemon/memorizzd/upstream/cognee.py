@@ -257,6 +257,7 @@ class CogneeConnection:
 
     protocol_version: str | None = None
     server_name: str | None = SERVER_NAME
+    instructions: str | None = None
     server_version: str | None = "0.5.5"
     """The cognee-mcp version whose tools this bridge offers."""
 

@@ -16,7 +16,7 @@ Every method raises our classes only: ``RemoteError`` subclasses for answers,
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import msgspec
 
@@ -98,10 +98,24 @@ class Cursors:
         return cursor
 
 
+MAX_INSTRUCTIONS: Final = 16_000
+"""The most of a server's own ``instructions`` kept (characters)."""
+
+
+def told(instructions: object) -> str | None:
+    """A server's ``instructions`` (its handshake's answer) as kept: a string
+    with something in it, cut at ``MAX_INSTRUCTIONS``; anything else, none."""
+    if not isinstance(instructions, str) or not instructions.strip():
+        return None
+    return instructions[:MAX_INSTRUCTIONS]
+
+
 class Connection(Protocol):
     protocol_version: str | None
     server_name: str | None
     server_version: str | None
+    instructions: str | None
+    """What the server tells its clients at the handshake (``told``)."""
 
     def declares(self, capability: str) -> bool:
         """Whether the server declared ``capability`` (tools, resources, prompts)."""

@@ -67,6 +67,7 @@ from memorizzd.upstream.connection import (
     Cursors,
     ProgressHandler,
     ToolResult,
+    told,
 )
 from memorizzd.upstream.errors import (
     METHOD_NOT_FOUND,
@@ -190,11 +191,14 @@ class _InitializeResult(msgspec.Struct, rename="camel"):
     protocol_version: str
     capabilities: dict[str, Any] = {}
     server_info: _Info | None = None
+    instructions: Any = None
+    """Kept if a string (``told``): a server's odd one fails no handshake."""
 
 
 class _DiscoverResult(msgspec.Struct, rename="camel"):
     supported_versions: list[str]
     capabilities: dict[str, Any] = {}
+    instructions: Any = None
     meta: dict[str, Any] | None = msgspec.field(default=None, name="_meta")
 
 
@@ -365,6 +369,8 @@ class JsonRpcSession:
         self.protocol_version: str | None = None
         self.server_name: str | None = None
         self.server_version: str | None = None
+        self.instructions: str | None = None
+        """What the server tells its clients at the handshake (``told``)."""
         self._capabilities: dict[str, Any] = {}
         self._progress: dict[str, _ProgressLane] = {}
         """Calls that asked for progress, by the token we sent."""
@@ -797,6 +803,7 @@ class JsonRpcSession:
             name, version = info.get("name"), info.get("version")
             self.server_name = name if isinstance(name, str) else None
             self.server_version = version if isinstance(version, str) else None
+        self.instructions = told(result.instructions)
         self._capabilities = result.capabilities
         self.protocol_version = MODERN
         self._stamp = meta
@@ -820,6 +827,7 @@ class JsonRpcSession:
         if result.server_info is not None:
             self.server_name = result.server_info.name
             self.server_version = result.server_info.version
+        self.instructions = told(result.instructions)
         self._capabilities = result.capabilities
         self.protocol_version = result.protocol_version
         self._stamp = {}

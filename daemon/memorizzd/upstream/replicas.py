@@ -126,6 +126,7 @@ class ReplicaSet:
         self.protocol_version: str | None = None
         self.server_name: str | None = None
         self.server_version: str | None = None
+        self.instructions: str | None = None
 
     @property
     def _primary(self) -> JsonRpcSession:
@@ -363,6 +364,7 @@ class ReplicaSet:
             self.protocol_version = first.protocol_version
             self.server_name = first.server_name
             self.server_version = first.server_version
+            self.instructions = first.instructions
             self._settled.set()
 
     async def _keep(self, at: int) -> None:

@@ -48,7 +48,12 @@ from memorizzd.upstream.asks import (
     input_required,
     unanswered,
 )
-from memorizzd.upstream.connection import Cursors, ProgressHandler, ToolResult
+from memorizzd.upstream.connection import (
+    Cursors,
+    ProgressHandler,
+    ToolResult,
+    told,
+)
 from memorizzd.upstream.errors import (
     METHOD_NOT_FOUND,
     ConnectionLost,
@@ -638,6 +643,7 @@ class SdkConnection:
         info = client.server_info
         self.server_name = info.name if info else None
         self.server_version = info.version if info else None
+        self.instructions = told(client.instructions)
 
     def declares(self, capability: str) -> bool:
         return getattr(self._client.server_capabilities, capability, None) is not None

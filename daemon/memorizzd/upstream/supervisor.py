@@ -127,6 +127,8 @@ class Supervisor:
         self.restarts = 0
         self.protocol_version: str | None = None
         self.server_name: str | None = None
+        self.server_instructions: str | None = None
+        """The server's own ``instructions``, from its handshake (``told``)."""
         self.server_version: str | None = None
         self._client: Connection | None = None
         self._ready = anyio.Event()
@@ -373,6 +375,7 @@ class Supervisor:
                 client.server_name,
                 client.server_version,
             )
+            self.server_instructions = client.instructions
             self.protocol_version = version
             if version and (known is None or known.protocol_version != version):
                 negotiated = Negotiated(version, fingerprint(self.spec))
