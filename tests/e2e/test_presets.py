@@ -88,7 +88,9 @@ def honcho_stand_in() -> MCPServer:
 
 @pytest.fixture(scope="module")
 def token() -> str:
-    return secrets.token_urlsafe(16)  # made here: no credential in this file
+    # made here (no credential in this file); a letter first: one beginning
+    # with "-" would be read as an option (memorizzctl ... --token TOKEN)
+    return "t" + secrets.token_urlsafe(16)
 
 
 @pytest.fixture(scope="module")
