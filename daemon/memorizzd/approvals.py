@@ -324,15 +324,18 @@ class ApprovalBook:
         return found
 
     async def list_for(
-        self, caller: Caller, *, status: str | None, limit: int
+        self, caller: Caller, *, status: str | None, limit: int, own: bool = False
     ) -> list[m.Proposal]:
+        """The proposals the caller may see (an operator: every profile's),
+        newest first; ``own``: only those made on its kind of socket (an
+        operator's own, a profile's own)."""
         rows = await anyio.to_thread.run_sync(
             partial(
                 self._store.proposals,
                 now=self._now(),
                 status=status,
                 profile=caller.profile,
-                any_profile=caller.role == "operator",
+                any_profile=caller.role == "operator" and not own,
                 limit=limit,
             )
         )

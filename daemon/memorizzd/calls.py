@@ -307,7 +307,9 @@ class Calls:
         """The caller's approved, unused proposal of exactly this call, if any:
         made by its uid on its kind of socket (an operator lists every
         profile's proposals, but runs only its own in place of a new one)."""
-        approved = await self._book.list_for(caller, status="approved", limit=100)
+        approved = await self._book.list_for(
+            caller, status="approved", limit=100, own=True
+        )
         return next(
             (
                 p
