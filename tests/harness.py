@@ -341,6 +341,26 @@ def daemon_process(
             process.stop()
 
 
+@contextlib.contextmanager
+def configured_daemon(
+    prefix: str, config: Callable[[str], str], *, ready: tuple[str, ...] = ()
+) -> Iterator[DaemonProcess]:
+    """``daemon_process`` in a short temporary directory of its own (0755:
+    agent directories live below it), its config file ``config(base)``,
+    once each server in ``ready`` is; the directory removed at the end."""
+    base = short_tempdir(prefix)
+    os.chmod(base, 0o755)  # noqa: S103 - the agent directory lives below
+    path = os.path.join(base, "memorizzd.toml")
+    Path(path).write_text(config(base), encoding="utf-8")
+    try:
+        with daemon_process(base, config=path) as process:
+            for name in ready:
+                process.wait_ready(name)
+            yield process
+    finally:
+        rmtree(base)
+
+
 def sigterm_during_a_call(d: DaemonProcess, seconds: float) -> list[str]:
     """Add the stdio test server ``t`` to ``d``, call its ``slow`` tool for
     ``seconds`` and, with the call in flight, stop ``d`` with SIGTERM (exit 0

@@ -17,13 +17,12 @@ import socket
 import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
-from tests.harness import FEATURES_SERVER, LEGACY_SERVER, rmtree, short_tempdir
+from tests.harness import FEATURES_SERVER, LEGACY_SERVER, configured_daemon
 from tests.peers import ME
 from tests.process import DaemonProcess
 
@@ -46,11 +45,8 @@ PING = b'{"jsonrpc":"2.0","id":"after","method":"ping"}'
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[DaemonProcess]:
-    base = short_tempdir("mz-fbf-")
-    os.chmod(base, 0o755)  # noqa: S103 - the agent directory lives below
-    config = os.path.join(base, "memorizzd.toml")
-    Path(config).write_text(
-        f"""
+    def config(base: str) -> str:
+        return f"""
 agents_dir = "{base}/agents"
 
 [[servers]]
@@ -70,18 +66,10 @@ args = ["{FEATURES_SERVER}", "stdio"]
 name = "ag"
 servers = ["t", "feat"]
 uids = [{ME}]
-""",
-        encoding="utf-8",
-    )
-    process = DaemonProcess(base, config=config).start()
-    try:
-        process.wait_ready("t")
-        process.wait_ready("feat")
+"""
+
+    with configured_daemon("mz-fbf-", config, ready=("t", "feat")) as process:
         yield process
-    finally:
-        if process.running:
-            process.stop()
-        rmtree(base)
 
 
 @pytest.fixture(params=["operator", "agent"])

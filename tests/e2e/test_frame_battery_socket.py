@@ -16,14 +16,13 @@ import socket
 import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
 from memorizz.api.protocol import MAX_FRAME
-from tests.harness import LEGACY_SERVER, rmtree, short_tempdir
+from tests.harness import LEGACY_SERVER, configured_daemon
 from tests.peers import ME
 from tests.process import DaemonProcess
 
@@ -33,11 +32,8 @@ PING = b'{"jsonrpc":"2.0","id":"after","method":"ping"}'
 
 @pytest.fixture(scope="module")
 def daemon() -> Iterator[DaemonProcess]:
-    base = short_tempdir("mz-fbs-")
-    os.chmod(base, 0o755)  # noqa: S103 - the agent directory lives below
-    config = os.path.join(base, "memorizzd.toml")
-    Path(config).write_text(
-        f"""
+    def config(base: str) -> str:
+        return f"""
 agents_dir = "{base}/agents"
 
 [[servers]]
@@ -50,17 +46,10 @@ args = ["{LEGACY_SERVER}"]
 name = "ag"
 servers = ["t"]
 uids = [{ME}]
-""",
-        encoding="utf-8",
-    )
-    process = DaemonProcess(base, config=config).start()
-    try:
-        process.wait_ready("t")
+"""
+
+    with configured_daemon("mz-fbs-", config, ready=("t",)) as process:
         yield process
-    finally:
-        if process.running:
-            process.stop()
-        rmtree(base)
 
 
 @pytest.fixture(params=["operator", "agent"])
@@ -359,27 +348,19 @@ CUT_S = 1.0
 @pytest.fixture(scope="module")
 def impatient() -> Iterator[str]:
     """A daemon with no server whose agent socket has ``write_timeout_s`` 1."""
-    base = short_tempdir("mz-fbc-")
-    os.chmod(base, 0o755)  # noqa: S103 - the agent directory lives below
-    config = os.path.join(base, "memorizzd.toml")
-    Path(config).write_text(
-        f"""
+
+    def config(base: str) -> str:
+        return f"""
 agents_dir = "{base}/agents"
 
 [[profiles]]
 name = "cut"
 uids = [{ME}]
 limits = {{ write_timeout_s = {CUT_S} }}
-""",
-        encoding="utf-8",
-    )
-    process = DaemonProcess(base, config=config).start()
-    try:
-        yield os.path.join(base, "agents", "cut", "api.sock")
-    finally:
-        if process.running:
-            process.stop()
-        rmtree(base)
+"""
+
+    with configured_daemon("mz-fbc-", config) as process:
+        yield os.path.join(process.base, "agents", "cut", "api.sock")
 
 
 def test_replies_left_unread_for_write_timeout_s_cut_the_connection(
