@@ -21,27 +21,26 @@ import pytest
 
 from memorizz.api.errors import PermissionDeniedError, RemoteError
 from memorizz.api.methods import ServerSpec
-from memorizzd.egress import client as egress_client
 from memorizzd.oauth import keeper as oauth_keeper
 from tests.egress_world import (
     PUBLIC_NAME,
     PUBLIC_V4,
     TLS,
-    FakeDNS,
-    LoopbackDial,
     World,
     serve,
     tls_material,
 )
 from tests.harness import DaemonHarness, daemon_config
+from tests.oauth_site import (
+    AS_PATH,
+    BASE,
+    MCP_URL,
+    OUTSIDE,
+    PRM_PATH,
+    metadata,
+    site_world,
+)
 
-BASE = f"https://{PUBLIC_NAME}"
-MCP_URL = f"{BASE}/mcp"
-PRM_PATH = "/.well-known/oauth-protected-resource/mcp"
-AS_PATH = "/.well-known/oauth-authorization-server"
-OUTSIDE = "login.elsewhere.test"
-"""A public name outside the host allowlist (``*.example.test``)."""
-OUTSIDE_V4 = "1.1.1.1"
 ACCESS = "at-battery-7d1f0c"
 REFRESH = "rt-battery-52e9aa"
 CODE = "code-battery-0be4c3"
@@ -152,17 +151,8 @@ def site(tls: TLS) -> Iterator[tuple[Site, int]]:
 def world(
     tls: TLS, site: tuple[Site, int], monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[World]:
-    dns = FakeDNS(
-        {
-            PUBLIC_NAME: [PUBLIC_V4],
-            OUTSIDE: [OUTSIDE_V4],
-            "private.example.test": ["10.0.0.1"],
-        }
-    )
-    world = World(tls, dns, LoopbackDial())
-    world.route(PUBLIC_V4, 443, site[1])
-    world.route(OUTSIDE_V4, 443, site[1])  # the same server, if ever dialled
-    monkeypatch.setattr(egress_client, "DEFAULT_NETWORK", world.network())
+    names = {"private.example.test": ["10.0.0.1"]}
+    world = site_world(tls, site[1], monkeypatch, names)
     site[0].reset()
     yield world
     site[0].stop.set()
@@ -184,19 +174,6 @@ def daemon(base_dir: str, world: World) -> Iterator[DaemonHarness]:
                 )
             )
         yield harness
-
-
-def metadata(**fields: Any) -> dict[str, Any]:
-    doc = {
-        "issuer": BASE,
-        "authorization_endpoint": f"{BASE}/authorize",
-        "token_endpoint": f"{BASE}/token",
-        "revocation_endpoint": f"{BASE}/revoke",
-        "response_types_supported": ["code"],
-        "code_challenge_methods_supported": ["S256"],
-    }
-    doc.update(fields)
-    return {k: v for k, v in doc.items() if v is not None}
 
 
 def serve_discovery(site: Site, **fields: Any) -> None:

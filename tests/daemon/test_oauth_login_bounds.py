@@ -34,30 +34,28 @@ from memorizz.api.errors import (
     RemoteError,
 )
 from memorizz.api.methods import ServerSpec
-from memorizzd.egress import client as egress_client
 from memorizzd.egress.urls import check_url
 from memorizzd.oauth import keeper as oauth_keeper
 from memorizzd.oauth import service as oauth_service
 from tests.egress_world import (
-    PUBLIC_NAME,
     PUBLIC_V4,
     TLS,
-    FakeDNS,
-    LoopbackDial,
     World,
     serve,
     tls_material,
 )
 from tests.harness import DaemonHarness, daemon_config
+from tests.oauth_site import (
+    ALLOWLIST,
+    AS_PATH,
+    BASE,
+    MCP_URL,
+    OUTSIDE,
+    PRM_PATH,
+    metadata,
+    site_world,
+)
 
-BASE = f"https://{PUBLIC_NAME}"
-MCP_URL = f"{BASE}/mcp"
-PRM_PATH = "/.well-known/oauth-protected-resource/mcp"
-AS_PATH = "/.well-known/oauth-authorization-server"
-OUTSIDE = "login.elsewhere.test"
-"""A public name outside the host allowlist (``*.example.test``)."""
-OUTSIDE_V4 = "1.1.1.1"
-ALLOWLIST = ["*.example.test"]
 CLIENT_SECRET = "client-secret-bounds-2b7d"  # noqa: S105 - a test marker
 REGISTERED = msgspec.json.encode(
     {
@@ -89,7 +87,9 @@ class Site:
     def discovery(self, **fields: Any) -> None:
         prm = {"resource": MCP_URL, "authorization_servers": [BASE]}
         self.answers[f"GET {PRM_PATH}"] = (200, msgspec.json.encode(prm))
-        self.answers[f"GET {AS_PATH}"] = (200, msgspec.json.encode(metadata(**fields)))
+        registration = {"registration_endpoint": f"{BASE}/register"}
+        published = metadata(**{**registration, **fields})
+        self.answers[f"GET {AS_PATH}"] = (200, msgspec.json.encode(published))
         self.answers["POST /register"] = (201, REGISTERED)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -118,20 +118,6 @@ class Site:
         await send({"type": "http.response.body", "body": body})
 
 
-def metadata(**fields: Any) -> dict[str, Any]:
-    doc = {
-        "issuer": BASE,
-        "authorization_endpoint": f"{BASE}/authorize",
-        "token_endpoint": f"{BASE}/token",
-        "revocation_endpoint": f"{BASE}/revoke",
-        "registration_endpoint": f"{BASE}/register",
-        "response_types_supported": ["code"],
-        "code_challenge_methods_supported": ["S256"],
-    }
-    doc.update(fields)
-    return {k: v for k, v in doc.items() if v is not None}
-
-
 @pytest.fixture(scope="module")
 def tls() -> Iterator[TLS]:
     with tls_material() as material:
@@ -150,11 +136,7 @@ def site(tls: TLS) -> Iterator[tuple[Site, int]]:
 def world(
     tls: TLS, site: tuple[Site, int], monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[World]:
-    dns = FakeDNS({PUBLIC_NAME: [PUBLIC_V4], OUTSIDE: [OUTSIDE_V4]})
-    world = World(tls, dns, LoopbackDial())
-    world.route(PUBLIC_V4, 443, site[1])
-    world.route(OUTSIDE_V4, 443, site[1])  # the same server, if ever dialled
-    monkeypatch.setattr(egress_client, "DEFAULT_NETWORK", world.network())
+    world = site_world(tls, site[1], monkeypatch)
     site[0].reset()
     yield world
     site[0].stop.set()
