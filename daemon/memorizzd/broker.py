@@ -109,6 +109,7 @@ class Broker:
             book=book,
             auditor=auditor,
             scope=self._get,
+            sees=self.sees,
             metered=config.metrics.enabled,
         )
         self._connections = connections

@@ -68,6 +68,7 @@ class Calls:
         book: ApprovalBook,
         auditor: Auditor,
         scope: Callable[[Caller, str], Upstream],
+        sees: Callable[[Caller, str], bool],
         metered: bool = True,
     ) -> None:
         self._pool = pool
@@ -77,8 +78,9 @@ class Calls:
         """The caller's server by name (``unknown_server`` outside its scope)."""
         self._running = 0
         """Calls in flight."""
-        self.tasks = TaskBook(sees=self._sees)
-        """The tasks calls created, by caller (``upstream/tasks.py``)."""
+        self.tasks = TaskBook(sees=sees)
+        """The tasks calls created, by caller; those of a server the caller
+        no longer sees (``Broker.sees``) are unknown to it (``upstream/tasks.py``)."""
         self._meter = CallMeter(self._labels) if metered else None
         """The calls' metrics (``telemetry/metrics.py``), counted with their audit
         (None: ``[metrics] enabled = false``, nothing counted)."""
@@ -96,13 +98,6 @@ class Calls:
     def scoped(self, caller: Caller, server: str) -> Upstream:
         """The caller's server by name (``unknown_server`` outside its scope)."""
         return self._scope(caller, server)
-
-    def _sees(self, caller: Caller, server: str) -> bool:
-        try:
-            self._scope(caller, server)
-        except RemoteError:
-            return False
-        return True
 
     def began(self) -> None:
         self._running += 1
