@@ -319,3 +319,48 @@ def test_a_lone_surrogate_in_a_body_is_answered_under_its_id(
         ended = "DELETE" + bridge.head(Content_Length="", **session)[4:]
         assert status_of(bridge.exchange(ended)) == 200
     assert pings(bridge)
+
+
+def _answers(bridge: Bridge, request: bytes) -> list[int]:
+    """The statuses of every answer the bridge writes on one connection to
+    ``request`` (bytes as they are), read until it closes the connection."""
+    with socket.create_connection(("127.0.0.1", bridge.port), timeout=WAIT_S) as s:
+        s.sendall(request)
+        answer = b""
+        while chunk := s.recv(1 << 16):
+            answer += chunk
+    return [int(part.split(b" ", 1)[0]) for part in answer.split(b"HTTP/1.1 ")[1:]]
+
+
+@pytest.mark.parametrize("method", ["GET", "DELETE"])
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+def test_a_body_beside_a_get_or_delete_is_never_read_as_the_next_request(
+    bridge: Bridge, method: str, framing: str
+) -> None:
+    """A GET or DELETE takes no body: one sent with it (a length, or a
+    transfer coding) is not left on the connection for the next request to
+    be read from (a proxy in front took it for this one's body: two
+    answers to one request desynchronise every client behind it). Refused
+    and the connection closed, as a POST with a body whose length is not
+    plain is."""
+    smuggled = (
+        f"DELETE /mcp HTTP/1.1\r\nHost: 127.0.0.1:{bridge.port}\r\n"
+        f"Authorization: Bearer {bridge.token}\r\nMcp-Session-Id: x\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    if framing == "length":
+        framed = f"Content-Length: {len(smuggled)}\r\n\r\n".encode() + smuggled
+    else:
+        framed = (
+            b"Transfer-Encoding: chunked\r\n\r\n%x\r\n" % len(smuggled)
+            + smuggled
+            + b"\r\n0\r\n\r\n"
+        )
+    head = (
+        f"{method} /mcp HTTP/1.1\r\nHost: 127.0.0.1:{bridge.port}\r\n"
+        f"Authorization: Bearer {bridge.token}\r\n"
+        "Accept: text/event-stream\r\n"
+    ).encode()
+    statuses = _answers(bridge, head + framed)
+    assert len(statuses) == 1, statuses
+    assert pings(bridge)

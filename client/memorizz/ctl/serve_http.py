@@ -68,7 +68,9 @@ or its media types, a request without the token learns no more than ``401``.
 Then the method (``405``), and a POST's media types as the MCP SDK's server
 checks them: a ``Content-Type`` other than ``application/json`` is ``415``, an
 ``Accept`` that admits neither ``application/json`` nor ``text/event-stream``
-(wildcards count; no ``Accept`` admits both) is ``406``.
+(wildcards count; no ``Accept`` admits both) is ``406``. A GET or DELETE
+with a body beside it (a length other than 0, a transfer coding) is ``400``,
+its connection closed: the body is never read as the next request.
 
 A body that is JSON but that msgspec cannot read for a lone surrogate escape in
 it (``"\\ud800"``: no Unicode character) goes on to the face as it is, which
@@ -375,7 +377,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     # -- methods
 
     def do_GET(self) -> None:
-        if not self._admitted():
+        if not self._admitted() or not self._bodiless():
             return
         session_id = self.headers.get("Mcp-Session-Id")
         if session_id is None:  # 2026-07-28, or a client before initialize
@@ -428,7 +430,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._stream(events, None, started=False)
 
     def do_DELETE(self) -> None:
-        if not self._admitted():
+        if not self._admitted() or not self._bodiless():
             return
         session_id = self.headers.get("Mcp-Session-Id")
         if session_id is None:
@@ -459,6 +461,18 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         # takes one message per line.
         line = body.replace(b"\r", b" ").replace(b"\n", b" ") + b"\n"
         self._post(message, line)
+
+    def _bodiless(self) -> bool:
+        """A GET or DELETE comes without a body (else ``400``, the connection
+        closed): one beside it, left unread, would be read as the next
+        request (what a proxy in front took for this one's body)."""
+        lengths = self.headers.get_all("Content-Length") or []
+        if "Transfer-Encoding" not in self.headers and all(
+            ascii_int(length) == 0 for length in lengths
+        ):
+            return True
+        self._refuse_unread(400, f"a {self.command} takes no body")
+        return False
 
     def _media_types(self) -> bool:
         """A POST's ``Content-Type`` (``415``) and ``Accept`` (``406``), as

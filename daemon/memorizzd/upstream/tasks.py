@@ -9,7 +9,9 @@ tool, and its owner (the caller's role, profile and uid), and shows the
 caller an id of its own (``t_`` and 24 hex digits) instead. So:
 
 * ids never collide across servers, and an id names its server: nothing a
-  caller sends is routed by the server's id;
+  caller sends is routed by the server's id; a server's id given again (its
+  process started again, a replica set's primary handed over) names the new
+  task only: the old one's entry is forgotten;
 * ``tasks/get``, ``tasks/result``, ``tasks/cancel`` reach the task's server
   only for its owner: the same uid on the same socket role and profile
   (through the face or the socket API alike); anyone else is told it does
@@ -116,6 +118,12 @@ class TaskBook:
             send=send,
             caller=caller,
         )
+        reused = self._by_upstream.get((server, upstream_id))
+        if reused is not None and reused in self._tasks:
+            # The server gave this id again: the task it named is gone with its
+            # process (started again, a replica set's primary handed over);
+            # its entry would reach the new task, another caller's perhaps.
+            self.forget(self._tasks[reused])
         self._tasks[entry.id] = entry
         self._by_upstream[(server, upstream_id)] = entry.id
         owned = self._owned.setdefault(entry.owner, OrderedDict())
@@ -154,7 +162,9 @@ class TaskBook:
     def forget(self, entry: TaskEntry) -> None:
         """The server no longer knows the task (expired): drop it."""
         if self._tasks.pop(entry.id, None) is not None:
-            self._by_upstream.pop((entry.server, entry.upstream_id), None)
+            key = (entry.server, entry.upstream_id)
+            if self._by_upstream.get(key) == entry.id:  # not a newer task's
+                del self._by_upstream[key]
             owned = self._owned.get(entry.owner)
             if owned is not None:
                 owned.pop(entry.id, None)
