@@ -324,22 +324,41 @@ class ApprovalBook:
         return found
 
     async def list_for(
-        self, caller: Caller, *, status: str | None, limit: int, own: bool = False
+        self, caller: Caller, *, status: str | None, limit: int
     ) -> list[m.Proposal]:
         """The proposals the caller may see (an operator: every profile's),
-        newest first; ``own``: only those made on its kind of socket (an
-        operator's own, a profile's own)."""
+        newest first."""
         rows = await anyio.to_thread.run_sync(
             partial(
                 self._store.proposals,
                 now=self._now(),
                 status=status,
                 profile=caller.profile,
-                any_profile=caller.role == "operator" and not own,
+                any_profile=caller.role == "operator",
                 limit=limit,
             )
         )
         return [self._as_read(row) for row in rows]
+
+    async def approved_call(
+        self, caller: Caller, server: str, tool: str, arguments_hmac: str
+    ) -> m.Proposal | None:
+        """The caller's newest approved, unused proposal of exactly this call:
+        made by its uid on its kind of socket (the operator's own, or the same
+        profile's), whatever the number of others' (read-only)."""
+        rows = await anyio.to_thread.run_sync(
+            partial(
+                self._store.proposals,
+                now=self._now(),
+                status="approved",
+                profile=caller.profile,
+                any_profile=False,
+                server=server,
+                call=(caller.uid, tool, arguments_hmac),
+                limit=1,
+            )
+        )
+        return self._as_read(rows[0]) if rows else None
 
     async def _read(self, proposal_id: str) -> m.Proposal | None:
         """The proposal as it stands now, read-only (no write transaction)."""

@@ -302,18 +302,7 @@ class Calls:
         """The caller's approved, unused proposal of exactly this call, if any:
         made by its uid on its kind of socket (an operator lists every
         profile's proposals, but runs only its own in place of a new one)."""
-        approved = await self._book.list_for(
-            caller, status="approved", limit=100, own=True
-        )
-        return next(
-            (
-                p
-                for p in approved
-                if (p.server, p.tool, p.arguments_hmac) == (server, tool, read.hmac)
-                and (p.caller_uid, p.caller_profile) == (caller.uid, caller.profile)
-            ),
-            None,
-        )
+        return await self._book.approved_call(caller, server, tool, read.hmac)
 
     async def _relay(
         self,

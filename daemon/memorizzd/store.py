@@ -683,11 +683,13 @@ class Store:
         profile: str | None = None,
         any_profile: bool = True,
         server: str | None = None,
+        call: tuple[int, str, str] | None = None,
         limit: int = 1000,
     ) -> list[ProposalRow]:
         """Newest first, as they stand at ``now`` (read-only, as ``proposal``);
         ``any_profile=False`` keeps ``profile``'s own (None: the operator
-        socket's)."""
+        socket's); ``call``: only those of this caller uid, tool (of
+        ``server``) and arguments HMAC."""
         where: list[str] = []
         args: list[object] = [now]
         if status is not None:
@@ -699,6 +701,9 @@ class Store:
         if server is not None:
             where.append("server = ?")
             args.append(server)
+        if call is not None:
+            where.append("caller_uid = ? AND tool = ? AND arguments_hmac = ?")
+            args.extend(call)
         sql = f"SELECT {_PROPOSAL_AT} FROM proposals"  # noqa: S608 - constant
         if where:
             sql += " WHERE " + " AND ".join(where)
