@@ -179,6 +179,24 @@ def test_memorizzctl_daemon_metrics_prints_the_exposition(
     assert "cannot read the metrics" in capsys.readouterr().err
 
 
+def test_a_client_that_never_sends_a_head_is_closed_and_the_daemon_serves_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # memorizzctl pointed at metrics.sock sends a JSON line, never an HTTP
+    # head: at HEAD_TIMEOUT_S the responder read an unbound ``head`` and the
+    # error took the whole daemon down
+    monkeypatch.setattr("memorizzd.telemetry.http.HEAD_TIMEOUT_S", 0.2)
+    with light_daemon("lite") as harness:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(10)
+            sock.connect(metrics_sock(harness))
+            sock.sendall(b'{"jsonrpc":"2.0","id":1,"method":"servers/list"}\n')
+            assert sock.recv(65536) == b""  # closed unanswered at the timeout
+        assert "memorizz_upstream_state" in scrape(harness)
+        with harness.client() as c:
+            assert [s.name for s in c.list_servers()] == ["lite"]
+
+
 @pytest.mark.parametrize(
     ("listen", "allowed"),
     [

@@ -79,11 +79,17 @@ class MetricsServer:
 
     async def _answer(self, stream: anyio.abc.SocketStream) -> None:
         try:
+            head = None  # a client that never sends its head gets closed
             with anyio.move_on_after(HEAD_TIMEOUT_S):
                 head = await _read_head(stream)
             if head is None:
                 return
-            status, body, content_type = await self._respond(head)
+            try:
+                status, body, content_type = await self._respond(head)
+            except Exception:  # a scrape's failure is this scrape's alone
+                log.exception("metrics: could not answer a scrape")
+                status, body = "500 Internal Server Error", b"see the daemon's log\n"
+                content_type = "text/plain; charset=utf-8"
             lines = [
                 f"HTTP/1.1 {status}",
                 f"Content-Type: {content_type}",
@@ -97,6 +103,8 @@ class MetricsServer:
                 await stream.send(data)
         except (OSError, anyio.BrokenResourceError, anyio.EndOfStream):
             pass  # the scraper went away
+        except Exception:  # a connection must never take the daemon down
+            log.exception("metrics: a connection failed")
         finally:
             self._open -= 1
             await _close(stream)
