@@ -400,8 +400,11 @@ class Broker:
     def _keeper(upstream: Upstream) -> TokenKeeper:
         if upstream.keeper is None:
             raise InvalidParamsError(
-                f"server {upstream.name!r} does not use OAuth (its auth is "
-                f'{upstream.spec.auth!r}); add it with auth = "oauth"',
+                f"server {upstream.name!r} does not use OAuth (its auth is"
+                f' {upstream.spec.auth!r}); to log in, give it auth = "oauth":'
+                f" `memorizzctl mcp remove {upstream.name}`, then"
+                f" `memorizzctl mcp add {upstream.name} --url URL --oauth`"
+                " (a server of the config file: in its [[servers]] entry)",
                 data={"server": upstream.name},
             )
         return upstream.keeper
@@ -615,7 +618,8 @@ class Broker:
             upstream = self._server(p.name)
             if upstream.source == "config":
                 raise PermissionDeniedError(
-                    f"server {p.name!r} is declared in the config file; remove it there",
+                    f"server {p.name!r} is declared in the config file; remove its"
+                    " [[servers]] entry there, then `memorizzctl daemon reload`",
                     reason="read_only_server",
                 )
             if upstream.keeper is not None and upstream.keeper.grant is not None:

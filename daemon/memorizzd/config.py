@@ -405,11 +405,20 @@ def _check_socket_paths(config: Config, where: Path | None) -> None:
         )
         for p in config.profiles
     ]
+    bound: dict[str, str] = {}
     for key, path in paths:
         if (size := len(os.fsencode(path))) > SUN_PATH_MAX:
             raise ConfigError(
                 f"{f'{where}: ' if where else ''}{key}: {path!r} is {size} bytes"
                 f" long; a Unix socket's path may be at most {SUN_PATH_MAX}"
+            )
+        # a socket named mcp.sock met its own face at the bind, and the start
+        # said "another memorizzd is already listening" with none running
+        if (other := bound.setdefault(os.path.normpath(path), key)) != key:
+            raise ConfigError(
+                f"{f'{where}: ' if where else ''}{other} and {key} would both be"
+                f" bound at {path!r}; give each a path of its own (the daemon"
+                " binds mcp.sock and metrics.sock beside the socket)"
             )
 
 

@@ -23,6 +23,7 @@ import pytest
 from memorizz import cli
 from memorizz.api import methods as m
 from memorizz.api.errors import ErrorCode, ProtocolError, RemoteError
+from memorizz.api.paths import default_socket_path
 from memorizz.client import Client
 from memorizz.ctl import args as _args
 from memorizz.ctl import render as _render
@@ -261,6 +262,47 @@ def test_help_exits_0_and_documents_the_exit_codes(
 
 
 @pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        # --prompt's metavar was NAME too, beside the server's NAME
+        (["mcp", "complete"], ["--prompt PROMPT |", "NAME a server's name"]),
+        (["mcp", "tools"], ["NAME a server's name, as `mcp list` shows it"]),
+        (["mcp", "status"], ["NAME a server's name, as `mcp list` shows it (none:"]),
+        (["ping"], ["SERVER a server's name, as `mcp list` shows it (none:"]),
+        (["audit"], ["--server NAME only this server's", "--tool TOOL only this"]),
+    ],
+)
+def test_help_says_what_each_name_names(
+    argv: list[str], shown: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main([*argv, "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    for text in shown:
+        assert text in out
+    assert "--prompt NAME" not in out
+
+
+@pytest.mark.parametrize("env", ["/tmp/mz-help/d.sock", None])
+def test_socket_help_names_the_path_without_it(
+    env: str | None,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """With $MEMORIZZ_SOCKET set, its value was shown as the fallback after
+    it ("default: $MEMORIZZ_SOCKET, else <its own value>")."""
+    if env is None:
+        monkeypatch.delenv("MEMORIZZ_SOCKET", raising=False)
+    else:
+        monkeypatch.setenv("MEMORIZZ_SOCKET", env)
+    assert cli.main(["mcp", "list", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    if env is None:
+        assert f"(default: $MEMORIZZ_SOCKET, else {default_socket_path()})" in out
+    else:
+        assert f"(default: $MEMORIZZ_SOCKET, set to {env})" in out
+
+
+@pytest.mark.parametrize(
     ("argv", "head", "tail"),
     [
         (["mcp", "add", "fs", "--command", "npx", "--", "-y", "--", "x"],
@@ -451,6 +493,18 @@ def test_render_test_result() -> None:
         latency_ms=None,
     )
     assert _render.render_test(bad) == "fs: timeout: no reply in 5s\n"
+    gone = m.ServersTestResult(
+        name="fs",
+        outcome="unreachable",
+        message="connection lost: the server closed its stdout",
+        tool_count=None,
+        latency_ms=None,
+    )
+    assert _render.render_test(gone) == (
+        "fs: unreachable: connection lost: the server closed its stdout; the"
+        " daemon's log says why (a stdio server's stderr and exit status; under"
+        " systemd: `journalctl -u memorizzd`)\n"
+    )
 
 
 def test_render_daemon_status_is_key_value_lines() -> None:
@@ -749,7 +803,7 @@ def test_failed_server_test_exits_1(
     )
     with FakeSocket(path, {"servers/test": as_result(result)}).running():
         assert cli.main(["--socket", str(path), "mcp", "test", "fs"]) == 1
-    assert capsys.readouterr().out == "fs: unreachable: spawn failed\n"
+    assert capsys.readouterr().out.startswith("fs: unreachable: spawn failed; ")
 
 
 def test_a_reply_of_the_wrong_shape_is_one_line_and_exit_1(

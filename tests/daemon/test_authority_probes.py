@@ -429,7 +429,10 @@ def test_every_method_on_every_api_socket(
         else:
             assert answer["error"] == {
                 "code": -32001,
-                "message": f"{method} is not available on this socket",
+                "message": f"{method} is not available on this socket: it is"
+                " for operators, on the operator socket; this agent socket"
+                " (profile 'alpha') serves its servers' tools, resources and"
+                " prompts, and its own proposals",
                 "data": {"reason": "permission_denied"},
             }, (method, answer)
 

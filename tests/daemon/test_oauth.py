@@ -163,8 +163,15 @@ def test_login_on_a_server_without_oauth_is_invalid(base: str) -> None:
                 allow_private_network=True,
             )
         )
-        with pytest.raises(InvalidParamsError, match="does not use OAuth"):
+        with pytest.raises(InvalidParamsError, match="does not use OAuth") as login:
             c.auth_login("plain")
+        with pytest.raises(InvalidParamsError, match="does not use OAuth") as logout:
+            c.auth_logout("plain")
+    # the CLI's way too, not only the config file's (auth = "oauth")
+    for refused in (login, logout):
+        assert "`memorizzctl mcp add plain --url URL --oauth` (a server of" in (
+            refused.value.message
+        )
 
 
 def test_twenty_callers_on_an_expired_token_cause_one_refresh(base: str) -> None:

@@ -119,6 +119,12 @@ def test_errors_have_documented_exit_codes(
     err = capsys.readouterr().err.splitlines()[-1]  # after the usage line
     assert err.startswith("memorizzctl: error: scheme_not_allowed: "), err
     assert err.count("scheme_not_allowed") == 1, err
+    # the daemon's egress refusals name the command line's flag, not only
+    # the spec's field (allow_private_network)
+    for url in ("http://127.0.0.1:9/mcp", "https://10.0.0.1/mcp"):
+        assert daemon.ctl("mcp", "add", "x", "--url", url) == 77
+        err = capsys.readouterr().err
+        assert "--allow-private-network`)" in err, err
 
 
 def test_the_installed_entry_point_runs(daemon: DaemonHarness) -> None:

@@ -131,6 +131,19 @@ def _stdio(name: str, command: str = "/bin/true", extra: str = "") -> str:
             r" may be at most 107$",
             id="socket-too-long",
         ),
+        pytest.param(
+            b'socket = "/tmp/mz-probe/mcp.sock"\n',
+            r": socket and mcp_face would both be bound at '/tmp/mz-probe/mcp\.sock';"
+            r" give each a path of its own \(the daemon binds mcp\.sock and"
+            r" metrics\.sock beside the socket\)$",
+            id="socket-named-as-its-face",  # "another memorizzd is listening"
+        ),
+        pytest.param(
+            b'socket = "/tmp/mz-probe/d.sock"\n'
+            b'[metrics]\nsocket = "/tmp/mz-probe/d.sock"\n',
+            r": socket and metrics\.socket would both be bound at",
+            id="metrics-on-the-socket",
+        ),
     ],
 )
 def test_a_hostile_file_is_one_config_error_that_says_where(

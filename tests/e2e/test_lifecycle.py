@@ -195,6 +195,7 @@ timeout_s = 5
             with pytest.raises(PermissionDeniedError) as err:
                 c.remove_server("fromfile")
             assert err.value.reason == "read_only_server"
+            assert "then `memorizzctl daemon reload`" in err.value.message
             assert c.daemon_status().config_path == str(config)
 
 

@@ -63,6 +63,28 @@ def _one_reply(conn: socket.socket, received: list[bytes]) -> None:
     conn.sendall(line)
 
 
+REFUSAL = (
+    b'{"jsonrpc":"2.0","id":null,"error":{"code":-32001,'
+    b'"message":"uid 1500 may not use this agent socket",'
+    b'"data":{"reason":"permission_denied"}}}\n'
+)
+
+
+def _refuses(conn: socket.socket, received: list[bytes]) -> None:
+    """As memorizzd refuses a peer at accept (an agent socket open to all in
+    its mode, gated on uids in-process): one error line, then close, before
+    reading anything."""
+    conn.sendall(REFUSAL)
+    conn.shutdown(socket.SHUT_RDWR)
+
+
+def _invalid_first(conn: socket.socket, received: list[bytes]) -> None:
+    """An id-less error of the session's own (a line it could not read)."""
+    with conn.makefile("rb") as lines:
+        received.append(lines.readline())
+    conn.sendall(REFUSAL.replace(b"permission_denied", b"invalid_request"))
+
+
 class LineServer:
     """A Unix socket server in a thread, at ``<tempdir>/mcp.sock``: one
     connection, served by ``handler``, then closed."""
@@ -183,6 +205,40 @@ def test_the_server_closing_ends_the_bridge_with_status_0(
         assert proc.stdout.read() == b""
         assert proc.stderr.read() == b""
         proc.stdin.close()
+
+
+@pytest.mark.parametrize("server", [_refuses], indirect=True)
+@pytest.mark.parametrize("mode", ["pump", "hand-over"])
+def test_a_daemon_that_refuses_this_user_is_said_on_stderr_with_status_77(
+    server: LineServer, mode: str
+) -> None:
+    """The daemon's refusal was passed to the client as a reply (pump: exit
+    0), or lost with the hand-over (exit 69, "connection reset by peer")."""
+    env = {k: v for k, v in os.environ.items() if k != "MEMORIZZ_BRIDGE"}
+    if mode == "pump":
+        env["MEMORIZZ_BRIDGE"] = "pump"
+    done = subprocess.run(
+        [MEMORIZZCTL, "mcp", "serve", "--mcp-socket", server.path],
+        input=LINES[0],
+        capture_output=True,  # pipes: what a client gives, so the hand-over
+        env=env,
+        timeout=WAIT_S,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (77, b"")
+    assert done.stderr.decode() == (
+        f"memorizzctl: error: memorizzd refused the connection on {server.path}:"
+        " uid 1500 may not use this agent socket (permission_denied)\n"
+    )
+
+
+@pytest.mark.parametrize("server", [_invalid_first], indirect=True)
+def test_an_error_of_the_session_itself_goes_to_the_client(
+    server: LineServer,
+) -> None:
+    done = _bridge("--mcp-socket", server.path, stdin=b"{}\n")
+    assert (done.returncode, done.stderr) == (0, b"")
+    assert done.stdout == REFUSAL.replace(b"permission_denied", b"invalid_request")
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ Standard library, msgspec and memorizz only.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn, get_args
@@ -113,6 +114,16 @@ class _JsonParser(Parser):
     as_json = True
 
 
+def _socket_help() -> str:
+    """``--socket``'s help, naming the path a command takes without it: the
+    variable's value when it is set, never as if it were the fallback."""
+    if env := os.environ.get("MEMORIZZ_SOCKET"):
+        default = f"$MEMORIZZ_SOCKET, set to {env}"
+    else:
+        default = f"$MEMORIZZ_SOCKET, else {default_socket_path()}"
+    return f"memorizzd's socket (default: {default.replace('%', '%%')})"
+
+
 def _global_options() -> argparse.ArgumentParser:
     # SUPPRESS defaults: a subparser sets an attribute only when the option is
     # given there, so the option may come before or after the command and the
@@ -123,10 +134,7 @@ def _global_options() -> argparse.ArgumentParser:
         metavar="PATH",
         type=socket_path,
         default=argparse.SUPPRESS,
-        help=(
-            "memorizzd's socket (default: $MEMORIZZ_SOCKET, else "
-            f"{default_socket_path().replace('%', '%%')})"
-        ),
+        help=_socket_help(),
     )
     common.add_argument(
         "--json",
@@ -519,20 +527,27 @@ def _mcp(mcp: _Lazy) -> None:
 # --- each command's own arguments ---------------------------------------------------
 
 
+SERVER_HELP = "a server's name, as `mcp list` shows it"
+
+
 def _ping(p: argparse.ArgumentParser) -> None:
-    p.add_argument("server", metavar="SERVER", nargs="?")
+    p.add_argument(
+        "server", metavar="SERVER", nargs="?", help=f"{SERVER_HELP} (none: the daemon)"
+    )
 
 
 def _status(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", metavar="NAME", nargs="?")
+    p.add_argument(
+        "name", metavar="NAME", nargs="?", help=f"{SERVER_HELP} (none: every server)"
+    )
 
 
 def _name(p: argparse.ArgumentParser) -> None:
-    p.add_argument("name", metavar="NAME")
+    p.add_argument("name", metavar="NAME", help=SERVER_HELP)
 
 
 def _server(p: argparse.ArgumentParser) -> None:
-    p.add_argument("server", metavar="NAME")
+    p.add_argument("server", metavar="NAME", help=SERVER_HELP)
 
 
 def _proposal_id(p: argparse.ArgumentParser) -> None:
@@ -675,7 +690,7 @@ def _watch(p: argparse.ArgumentParser) -> None:
 def _complete(p: argparse.ArgumentParser) -> None:
     _server(p)
     ref = p.add_mutually_exclusive_group(required=True)
-    ref.add_argument("--prompt", metavar="NAME", help="an argument of this prompt")
+    ref.add_argument("--prompt", metavar="PROMPT", help="an argument of this prompt")
     ref.add_argument(
         "--resource-template",
         metavar="URI",
@@ -790,8 +805,8 @@ def _serve(p: argparse.ArgumentParser) -> None:
 
 
 def _audit(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--server", metavar="NAME")
-    p.add_argument("--tool", metavar="TOOL")
+    p.add_argument("--server", metavar="NAME", help="only this server's records")
+    p.add_argument("--tool", metavar="TOOL", help="only this tool's records")
     p.add_argument(
         "--outcome",
         metavar="OUTCOME",

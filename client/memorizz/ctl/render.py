@@ -191,9 +191,19 @@ def _tls_hint(result: m.ServersTestResult) -> str:
     return "the TLS handshake failed: check the server's certificate and host name"
 
 
+def _unreachable_hint(result: m.ServersTestResult) -> str:
+    # "the server closed its stdout" alone: why it did (a traceback, an exit
+    # status) is only in the daemon's log
+    return (
+        "the daemon's log says why (a stdio server's stderr and exit status;"
+        " under systemd: `journalctl -u memorizzd`)"
+    )
+
+
 TEST_HINTS: Final[dict[str, Callable[[m.ServersTestResult], str]]] = {
     "authorization_required": _credentials_hint,
     "tls_error": _tls_hint,
+    "unreachable": _unreachable_hint,
 }
 """``servers/test`` outcome -> what to do about it. The daemon answers with
 facts only (``outcome``, ``reason``, ``message``, the server's ``auth`` and

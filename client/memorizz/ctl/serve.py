@@ -18,7 +18,9 @@ Errors go to stderr as ``memorizzctl: error: MSG``, one line each, never to
 stdout (stdout is the protocol, so ``--json`` changes nothing here), with the exit
 statuses of every other command (``memorizz.ctl.exits``): 69 when the socket
 is missing or refuses the connection (which path, and how to start the
-daemon), 77 when this user may not open it.
+daemon), 77 when this user may not open it or the daemon refuses this user
+(an agent socket that admits other uids: its error line, said on stderr
+rather than passed to the client), 75 when it has too many connections.
 
 ``--socket PATH`` / ``$MEMORIZZ_SOCKET`` choose the API socket exactly as for
 every other command, and the bridge opens its sibling ``mcp.sock``, once it
@@ -57,6 +59,7 @@ from memorizz.ctl.exits import (
     EXIT_BROKEN_PIPE,
     EXIT_NOPERM,
     EXIT_OK,
+    EXIT_TEMPFAIL,
     EXIT_UNAVAILABLE,
     UNREACHABLE,
     not_a_socket,
@@ -91,6 +94,11 @@ _STDOUT = 1
 HANDOFF_LINE = b'{"jsonrpc":"2.0","id":"mz-handoff","method":"memorizz/handoff"}\n'
 """memorizzd.rpc.handoff's request (tests/e2e/test_bridge_handoff.py: the same)."""
 HANDOFF_ACK = b'{"jsonrpc":"2.0","id":"mz-handoff","result":{}}\n'
+_REFUSAL_HEAD = b'{"jsonrpc":"2.0","id":null,"error":'
+_REFUSALS = {"permission_denied": EXIT_NOPERM, "overloaded": EXIT_TEMPFAIL}
+"""The reasons the daemon refuses a connection with, at accept, before it
+reads anything (memorizzd.rpc.server): the peer's uid or groups are not the
+socket's, or it has too many connections."""
 _S_IFMT = 0o170000
 _S_IFIFO = 0o010000
 _S_IFSOCK = 0o140000
@@ -186,6 +194,51 @@ def _error(message: str) -> None:
     """``memorizzctl: error: MSG`` on stderr: always there, even with
     ``--json`` (stdout is the protocol)."""
     report(message, reason=UNREACHABLE)
+
+
+class Refused(Exception):
+    """The daemon refused the connection itself: its one error line, then
+    its close. Said on stderr with its exit status."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def check_refusal(data: bytes, path: str) -> None:
+    """Raise ``Refused`` if ``data``, the first bytes the daemon sent, is its
+    refusal of the connection (an error line without an id, for one of
+    ``_REFUSALS``' reasons); anything else is the session's own."""
+    if not data.startswith(_REFUSAL_HEAD):
+        return
+    import msgspec  # only for a refusal: the bridge's path stays small
+
+    try:
+        line = msgspec.json.decode(data.split(b"\n", 1)[0], type=dict[str, object])
+    except msgspec.DecodeError:  # a ValidationError too
+        return
+    error = line.get("error")
+    if not isinstance(error, dict) or not isinstance(error.get("data"), dict):
+        return
+    message, reason = error.get("message"), error["data"].get("reason")
+    if isinstance(message, str) and isinstance(reason, str) and reason in _REFUSALS:
+        raise Refused(
+            f"memorizzd refused the connection on {path}: {message} ({reason})",
+            _REFUSALS[reason],
+        )
+
+
+def _queued(sock: _socket.socket) -> bytes:
+    """What the daemon sent before it closed, without waiting for more."""
+    data = b""
+    while True:
+        try:
+            chunk = sock.recv(_CHUNK, _socket.MSG_DONTWAIT)
+        except OSError:
+            return data
+        if not chunk:
+            return data
+        data += chunk
 
 
 def _answers(path: str) -> bool:
@@ -319,17 +372,23 @@ def _handable(fd: int) -> bool:
     return kind in (_S_IFIFO, _S_IFSOCK)
 
 
-def hand_over(sock: _socket.socket) -> bool:
+def hand_over(sock: _socket.socket, path: str) -> bool:
     """Give stdin and stdout to the daemon; whether it took them (False: pump).
 
     Only pipes and sockets are offered (a terminal or a file is pumped). The
-    daemon's answer is one line on the socket: its ack, or an error."""
+    daemon's answer is one line on the socket: its ack, or an error. Raises
+    ``Refused`` when the daemon refused the connection before it read the
+    request (it may have closed before the request was sent, too)."""
     if os.environ.get("MEMORIZZ_BRIDGE") == "pump":
         return False
     if not (_handable(_STDIN) and _handable(_STDOUT)):
         return False
     fds = _STDIN.to_bytes(4, sys.byteorder) + _STDOUT.to_bytes(4, sys.byteorder)
-    sock.sendmsg([HANDOFF_LINE], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+    try:
+        sock.sendmsg([HANDOFF_LINE], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+    except OSError:
+        check_refusal(_queued(sock), path)
+        raise
     answer = b""
     while not answer.endswith(b"\n"):
         data = sock.recv(1)  # one line, and not a byte of what may follow it
@@ -337,6 +396,7 @@ def hand_over(sock: _socket.socket) -> bool:
             break
         answer += data
     if answer != HANDOFF_ACK:
+        check_refusal(answer, path)
         return False
     # The daemon has them: let go of ours, so the client sees our end close
     # when the daemon's does.
@@ -354,7 +414,10 @@ def bridge(target: Bridge) -> int:
         return connected
     sock = connected
     try:
-        handed = hand_over(sock)
+        handed = hand_over(sock, target.mcp_socket)
+    except Refused as exc:
+        _error(str(exc))
+        return exc.status
     except OSError as exc:
         _error(
             f"connection to memorizzd's MCP socket at {target.mcp_socket} broke: {exc}"
@@ -371,6 +434,7 @@ def bridge(target: Bridge) -> int:
     # sending on it, and a closed descriptor's number could be reused.
     _kept.append(sock)
     _thread.start_new_thread(_requests, (sock,))
+    first = True
     while True:
         try:
             data = sock.recv(_CHUNK)
@@ -382,6 +446,13 @@ def bridge(target: Bridge) -> int:
             return EXIT_UNAVAILABLE
         if not data:
             return EXIT_OK
+        if first:  # a refusal comes before anything else, and only then
+            first = False
+            try:
+                check_refusal(data, target.mcp_socket)
+            except Refused as exc:
+                _error(str(exc))
+                return exc.status
         try:
             _write_all(_STDOUT, data)
         except BrokenPipeError:  # the client closed its end: nothing to say

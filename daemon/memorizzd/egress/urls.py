@@ -100,7 +100,8 @@ def check_url(
     if scheme == "http" and not allow_private_network:
         raise PermissionDeniedError(
             "scheme_not_allowed: http:// is allowed only for a server with "
-            "allow_private_network (an intentional local service); use https://",
+            "allow_private_network (an intentional local service: `memorizzctl"
+            " mcp add NAME --url URL --allow-private-network`); use https://",
             reason="scheme_not_allowed",
         )
     if "#" in rest:
@@ -335,7 +336,8 @@ def _address_refused(detail: str, *, hint: bool = True) -> PermissionDeniedError
     if hint:
         detail += (
             "; set allow_private_network on the server to reach an intentional "
-            "local service"
+            "local service (`memorizzctl mcp add NAME --url URL"
+            " --allow-private-network`)"
         )
     return PermissionDeniedError(
         f"address_not_allowed: {detail}", reason="address_not_allowed"

@@ -253,8 +253,11 @@ async def _revoke(
 def _oauth_url(spec: m.ServerSpec) -> str:
     if spec.auth != "oauth" or spec.url is None:
         raise InvalidParamsError(
-            f"server {spec.name!r} does not use OAuth (its auth is {spec.auth!r}); "
-            'add it with auth = "oauth"',
+            f"server {spec.name!r} does not use OAuth (its auth is {spec.auth!r});"
+            ' to log in, give it auth = "oauth":'
+            f" `memorizzctl mcp remove {spec.name}`, then"
+            f" `memorizzctl mcp add {spec.name} --url URL --oauth`"
+            " (a server of the config file: in its [[servers]] entry)",
             data={"server": spec.name},
         )
     return spec.url

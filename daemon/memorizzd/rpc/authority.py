@@ -43,10 +43,17 @@ def method_allowed(caller: Caller, method: str) -> bool:
     return caller.role in ROLES.get(method, frozenset())
 
 
-def refuse_method(method: str) -> PermissionDeniedError:
-    return PermissionDeniedError(
-        f"{method} is not available on this socket", reason="permission_denied"
-    )
+def refuse_method(method: str, caller: Caller) -> PermissionDeniedError:
+    """An operator's method asked on an agent socket: say whose it is and
+    what this socket serves, so that the caller knows where to go."""
+    message = f"{method} is not available on this socket"
+    if caller.role == "agent":
+        message += (
+            ": it is for operators, on the operator socket; this agent socket"
+            f" (profile {caller.profile!r}) serves its servers' tools, resources"
+            " and prompts, and its own proposals"
+        )
+    return PermissionDeniedError(message, reason="permission_denied")
 
 
 class SocketRule(msgspec.Struct, frozen=True, kw_only=True):

@@ -231,7 +231,7 @@ class Dispatcher:
             if method is None:
                 raise MethodNotFoundError(f"unknown method {request.method[:200]!r}")
             if not method_allowed(caller, method.name):
-                raise refuse_method(method.name)
+                raise refuse_method(method.name, caller)
             try:
                 params = method.decoder.decode(request.params)
             except msgspec.DecodeError as exc:  # a ValidationError, or bytes
