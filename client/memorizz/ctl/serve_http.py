@@ -109,13 +109,14 @@ import msgspec
 from memorizz.api.digits import ascii_int
 from memorizz.ctl.exits import (
     EXIT_ERROR,
+    EXIT_NOPERM,
     EXIT_OK,
     PROG,
     UNREACHABLE,
     UsageError,
     report,
 )
-from memorizz.ctl.serve import Bridge, connect
+from memorizz.ctl.serve import Bridge, Refused, check_refusal, connect
 from memorizz.ctl.session import (
     GONE_POLL_S,
     KEEPALIVE_S,
@@ -125,6 +126,7 @@ from memorizz.ctl.session import (
     Event,
     FaceUnreachableError,
     Message,
+    RefusedError,
     RequestId,
     Session,
     SessionGoneError,
@@ -315,6 +317,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         headers: dict[str, str] | None = None,
     ) -> None:
         self._send(status, _error_body(code, message), headers)
+
+    def _refused(self, refused: RefusedError) -> None:
+        """The daemon refused this user on the socket (or had too many
+        connections): said on stderr, as the stdio bridge says it, and to the
+        client: ``403``, or ``503`` to retry."""
+        _error(str(refused))
+        if refused.status == EXIT_NOPERM:
+            self._refuse(403, str(refused), code=-32001)
+        else:
+            self._refuse(503, str(refused), code=-32603, headers={"Retry-After": "1"})
 
     def _refuse_unread(
         self,
@@ -594,6 +606,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             else:
                 session.send(line)
                 self._send(202)
+        except RefusedError as exc:
+            self._refused(exc)
         except SessionGoneError:
             self._refuse(404, "the session ended")
         except DuplicateIdError:
@@ -612,6 +626,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         session_id, session = opened
         try:
             reply = session.ask(request_id, line)
+        except RefusedError as exc:
+            self.server.sessions.end(session_id)
+            self._refused(exc)
+            return
         except SessionGoneError:  # not a session's end: there never was one
             self._refuse(503, "memorizzd closed the connection", code=-32603)
             return
@@ -810,6 +828,11 @@ def _read_token(path: str) -> bytes:
     return token
 
 
+PROBE_LINE: Final = b'{"jsonrpc":"2.0","id":"mz-probe","method":"ping"}\n'
+"""What the bridge asks at start, to hear whether the daemon admits it."""
+PROBE_S: Final = 5.0
+
+
 def serve(
     bridge: Bridge,
     listen_text: str | None,
@@ -826,7 +849,13 @@ def serve(
     checked = connect(bridge)  # the daemon's there now, or say why not
     if isinstance(checked, int):
         return checked
-    checked.close()
+    try:
+        _admitted(checked, bridge.mcp_socket)
+    except Refused as exc:  # this user, on an agent socket that admits others
+        _error(str(exc))
+        return exc.status
+    finally:
+        checked.close()
     printed = token is None
     if token is None:
         token = secrets.token_urlsafe(32).encode()
@@ -842,6 +871,23 @@ def serve(
             _say(f"bearer token: {token.decode()}")
         server.serve_forever()
     return EXIT_OK
+
+
+def _admitted(sock: _socket.socket, path: str) -> None:
+    """``Refused`` when the daemon refuses this connection (it says so at
+    once, then closes); a ``ping`` it answers, or no word within
+    ``PROBE_S``, is taken as admitted (each session is told again)."""
+    sock.settimeout(PROBE_S)
+    try:
+        sock.sendall(PROBE_LINE)
+        first = sock.recv(1 << 16)
+    except OSError:  # closed at once (its refusal is read below) or silent
+        first = b""
+    if not first:
+        with contextlib.suppress(OSError):
+            sock.setblocking(False)
+            first = sock.recv(1 << 16)
+    check_refusal(first, path)
 
 
 def _media(value: str) -> str:

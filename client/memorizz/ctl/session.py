@@ -31,7 +31,7 @@ import msgspec
 
 from memorizz.api import mcp_meta
 from memorizz.api.digits import ascii_int
-from memorizz.ctl.serve import Bridge, scope_line
+from memorizz.ctl.serve import Bridge, Refused, check_refusal, scope_line
 
 MAX_SESSIONS: Final = 64
 IDLE_S: Final = 600.0
@@ -48,6 +48,9 @@ long for the client to come back for the rest (``Last-Event-ID``)."""
 GONE_POLL_S: Final = 0.5
 """How often a request outside a session looks whether its client closed its
 connection (at 2026-07-28 how a client over HTTP cancels a request)."""
+GONE_READ_S: Final = 1.0
+"""When a write finds the connection closed, how long to wait for the reader
+to read what the daemon sent before its close (a refusal, said as such)."""
 RESUME_WAIT_S: Final = 5.0
 """How long a resumption waits for the stream's old reader to let go."""
 QUIET_METHODS: Final = frozenset(
@@ -146,6 +149,16 @@ decode_outcome = msgspec.json.Decoder(Outcome).decode
 
 class SessionGoneError(Exception):
     """The session's connection is closed: its id is 404 from now on."""
+
+
+class RefusedError(SessionGoneError):
+    """The daemon refused the connection itself (this uid may not use the
+    socket, or it has too many connections): its words, and the bridge's
+    exit status for them (``memorizz.ctl.serve.Refused``)."""
+
+    def __init__(self, refused: Refused) -> None:
+        super().__init__(str(refused))
+        self.status = refused.status
 
 
 class FaceUnreachableError(Exception):
@@ -269,8 +282,12 @@ class Session:
         self,
         sock: _socket.socket,
         on_close: Callable[[Session], None] | None = None,
+        *,
+        where: str,
     ) -> None:
         self.sock = sock
+        self._where = where
+        """mcp.sock's path, as the daemon's refusal is said."""
         self.last_used = time.monotonic()
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
@@ -286,6 +303,9 @@ class Session:
         self._standalone_count = 0
         """The last events of the GET streams, and how many there were."""
         self._closed = False
+        self._refused: Refused | None = None
+        """The daemon's refusal of the connection, if it sent one."""
+        self._reader_done = threading.Event()
         self._on_close = on_close
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -300,11 +320,19 @@ class Session:
     def send(self, line: bytes) -> None:
         with self._send_lock:
             if self._closed:
-                raise SessionGoneError
+                raise self._gone()
             try:
                 self.sock.sendall(line)
             except OSError:
-                raise SessionGoneError from None
+                raise self._gone() from None
+
+    def _gone(self) -> SessionGoneError:
+        """Why the connection is over: the daemon's refusal (``RefusedError``),
+        once the reader has read what came before the close, or its end."""
+        self._reader_done.wait(GONE_READ_S)
+        if self._refused is not None:
+            return RefusedError(self._refused)
+        return SessionGoneError()
 
     def cancel(self, message: Message, line: bytes) -> None:
         """Write the client's ``notifications/cancelled``; the request it
@@ -350,8 +378,10 @@ class Session:
         come back for the rest (``resume``) within ``RESUME_S``."""
         waiter = _Waiter(method, token, streams, next(self._numbers))
         with self._lock:
-            if self._closed:
-                raise SessionGoneError
+            closed = self._closed
+        if closed:
+            raise self._gone()
+        with self._lock:
             if request_id in self._waiting:
                 raise DuplicateIdError
             self._expire_left()
@@ -445,7 +475,7 @@ class Session:
         if waiter.reply is None:
             if waiter.cancelled:
                 return  # its client cancelled it: no answer is owed
-            raise SessionGoneError
+            raise self._gone()
         yield True, waiter.reply, waiter.event_id(waiter.count + 1)
 
     def _expire_left(self) -> None:
@@ -517,6 +547,7 @@ class Session:
                     self._answer(line.rstrip(b"\r"))
         except OSError:
             pass
+        self._reader_done.set()
         with self._lock:
             self._closed = True
             waiting = list(self._waiting.values())
@@ -537,6 +568,12 @@ class Session:
             return
         method = message.method
         if isinstance(method, msgspec.UnsetType):  # a response
+            if message.id is None and self._refused is None:
+                try:
+                    check_refusal(line, self._where)
+                except Refused as refused:  # then the daemon closes
+                    self._refused = refused
+                return
             if isinstance(message.id, int | str):
                 with self._lock:
                     waiter = self._waiting.pop(message.id, None)
@@ -643,7 +680,11 @@ class Sessions:
             if len(self._by_id) >= self.limit and not self._evict_idle():
                 sock.close()
                 return None
-            session = Session(sock, lambda s: self._forget(session_id, s))
+            session = Session(
+                sock,
+                lambda s: self._forget(session_id, s),
+                where=self.bridge.mcp_socket,
+            )
             self._by_id[session_id] = session
         return session_id, session
 
@@ -752,7 +793,11 @@ class Sessionless:
         state = _state(message.params, answer=False)
         with self._lock:
             held = self._held.pop(state, None) if state else None
-        session = held[1] if held is not None else Session(connect(self.bridge))
+        session = (
+            held[1]
+            if held is not None
+            else Session(connect(self.bridge), where=self.bridge.mcp_socket)
+        )
         kept = False
         try:
             for final, event, event_id in session.exchange(
@@ -783,7 +828,7 @@ class Sessionless:
         """A request whose answer is a stream (2026-07-28 ``subscriptions/listen``),
         on a connection of its own, closed when the stream ends or its client
         leaves (the face then ends the stream)."""
-        session = Session(connect(self.bridge))
+        session = Session(connect(self.bridge), where=self.bridge.mcp_socket)
         try:
             yield from session.exchange(
                 request_id,
