@@ -654,9 +654,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             events.close()
 
     def _client_left(self) -> bool:
+        """Whether the client closed its connection (poll, not select: a
+        descriptor past 1024 is one select cannot take)."""
+        poller = select.poll()
+        poller.register(self.connection, select.POLLIN)
         try:
-            readable, _, _ = select.select([self.connection], [], [], 0)
-            return bool(readable) and not self.connection.recv(1, _socket.MSG_PEEK)
+            events = poller.poll(0)
+            if not events:
+                return False
+            if events[0][1] & (select.POLLHUP | select.POLLERR | select.POLLNVAL):
+                return True
+            return not self.connection.recv(1, _socket.MSG_PEEK)
         except OSError:
             return True
 
