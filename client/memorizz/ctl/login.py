@@ -35,6 +35,18 @@ _PAGE: Final = (
 )
 
 
+READ_TIMEOUT_S: Final = 10.0
+"""A connection to the listener silent this long is closed."""
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    """A thread a connection: another local program's connection that says
+    nothing (or drips) cannot hold the browser's callback up."""
+
+    daemon_threads = True
+    block_on_close = False  # closing does not wait for such a connection
+
+
 class CallbackPortError(MemorizzError):
     """The redirect URI's port is taken: the callback would go elsewhere."""
 
@@ -55,6 +67,8 @@ class CallbackListener:
         listener = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
+            timeout = READ_TIMEOUT_S  # a silent peer's thread ends
+
             def do_GET(self) -> None:
                 listener._handle(self)
 
@@ -62,7 +76,7 @@ class CallbackListener:
                 return  # the callback URL holds the code: never printed
 
         host = parts.hostname or "127.0.0.1"
-        self._server = http.server.HTTPServer((host, parts.port or 80), Handler)
+        self._server = _Server((host, parts.port or 80), Handler)
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     def start(self) -> None:
