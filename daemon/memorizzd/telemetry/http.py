@@ -4,12 +4,15 @@ Prometheus scrapes with one plain GET and reads the body to the end, so the
 responder reads one bounded request head (``HEAD_MAX`` bytes, within
 ``HEAD_TIMEOUT_S``), answers it with ``Connection: close`` and closes: no
 keep-alive, no chunking, no body. A Unix socket (``metrics.sock``) and a
-loopback TCP address are served alike. At most ``CONNECTIONS_MAX`` at once;
-past that a connection is closed unanswered.
+loopback TCP address are served alike. At most ``CONNECTIONS_MAX`` at once
+on each listener (so that local processes holding the TCP listener's slots do
+not shut the operators out of ``metrics.sock``); past that a connection is
+closed unanswered.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Final
@@ -26,6 +29,7 @@ HEAD_TIMEOUT_S: Final = 10.0
 WRITE_TIMEOUT_S: Final = 30.0
 CONNECTIONS_MAX: Final = 16
 PATH: Final = "/metrics"
+ALLOW: Final = "GET, HEAD"
 
 Admits = Callable[[anyio.abc.SocketStream], bool]
 """Whether the peer of a connection may read the metrics (a Unix socket's
@@ -50,7 +54,6 @@ class MetricsServer:
         self._snapshot = snapshot
         self._version = version
         self._refresh = refresh
-        self._open = 0
         self._expose: Callable[[], bytes] | None = None
 
     async def serve(
@@ -60,6 +63,7 @@ class MetricsServer:
         *,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
+        answering = _Answering()  # this listener's own: the cap is per listener
         async with listener, anyio.create_task_group() as tg:
             task_status.started()
             while True:
@@ -69,15 +73,17 @@ class MetricsServer:
                     log.warning("metrics: accept failed: %s", exc)
                     await anyio.sleep(0.1)
                     continue
-                if self._open >= CONNECTIONS_MAX or (
+                if answering.count >= CONNECTIONS_MAX or (
                     admits is not None and not admits(stream)
                 ):
                     await _close(stream)
                     continue
-                self._open += 1
-                tg.start_soon(self._answer, stream)
+                answering.count += 1
+                tg.start_soon(self._answer, stream, answering)
 
-    async def _answer(self, stream: anyio.abc.SocketStream) -> None:
+    async def _answer(
+        self, stream: anyio.abc.SocketStream, answering: _Answering
+    ) -> None:
         try:
             head = None  # a client that never sends its head gets closed
             with anyio.move_on_after(HEAD_TIMEOUT_S):
@@ -96,6 +102,8 @@ class MetricsServer:
                 f"Content-Length: {len(body)}",
                 "Connection: close",
             ]
+            if status.startswith("405 "):  # RFC 9110 15.5.6: it MUST say
+                lines.append(f"Allow: {ALLOW}")
             data = ("\r\n".join(lines) + "\r\n\r\n").encode()
             if not head.startswith(b"HEAD "):
                 data += body
@@ -106,7 +114,7 @@ class MetricsServer:
         except Exception:  # a connection must never take the daemon down
             log.exception("metrics: a connection failed")
         finally:
-            self._open -= 1
+            answering.count -= 1
             await _close(stream)
 
     async def _respond(self, head: bytes) -> tuple[str, bytes, str]:
@@ -121,13 +129,31 @@ class MetricsServer:
                 b"only GET /metrics\n",
                 "text/plain; charset=utf-8",
             )
-        if target.split("?", 1)[0] != PATH:
+        if _origin_form(target).split("?", 1)[0] != PATH:
             return "404 Not Found", b"try /metrics\n", "text/plain; charset=utf-8"
         if self._refresh is not None:
             await self._refresh()
         if self._expose is None:
             self._expose = _exposition(self._snapshot, self._version)
         return "200 OK", self._expose(), CONTENT_TYPE
+
+
+@dataclasses.dataclass
+class _Answering:
+    """A listener's connections being answered now."""
+
+    count: int = 0
+
+
+def _origin_form(target: str) -> str:
+    """``target`` as a path (and query): an absolute-form one
+    (``http://127.0.0.1:9464/metrics``, which a server MUST accept: RFC 9112
+    3.2.2) without its scheme and authority."""
+    scheme, sep, rest = target.partition("://")
+    if not sep or scheme.lower() not in ("http", "https"):
+        return target
+    ends = [i for i in map(rest.find, "/?#") if i >= 0]
+    return rest[min(ends) :] if ends else ""
 
 
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
