@@ -3,6 +3,8 @@
 ``initialize``, appends every method it receives to $METHOD_LOG, and lists
 its tools in $PAGES pages (cursors "2", "3", ...). With $CALL_LOG, every
 tools/call appends its ``tag`` argument there (fsynced): a count of executions.
+A tools/call with the argument ``fail`` true answers an ``isError`` result
+written as ``json.dumps`` writes it (``{"isError": true, ...}``).
 
 Faults, each off unless its environment variable is set (SECURITY.md 6.2 #17):
 
@@ -131,6 +133,16 @@ def serve() -> None:
                     f.write(f"{arguments.get('tag', '')}\n")
                     f.flush()
                     os.fsync(f.fileno())
+            if (params.get("arguments") or {}).get("fail"):
+                # an isError result written as json.dumps writes it: spaced,
+                # isError first (a stdio result is relayed byte for byte)
+                message_id = msgspec.json.encode(message["id"]).decode()
+                sys.stdout.write(
+                    f'{{"jsonrpc": "2.0", "id": {message_id}, "result": {{"isError":'
+                    ' true, "content": [{"type": "text", "text": "it failed"}]}}\n'
+                )
+                sys.stdout.flush()
+                continue
             reply(
                 message["id"],
                 {"content": [{"type": "text", "text": "hello from legacy"}]},

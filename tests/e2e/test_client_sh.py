@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from tests.harness import DaemonHarness
+from tests.harness import DaemonHarness, light_daemon
 
 HELD_CALL = '{"server": "t", "name": "gate", "arguments": {"path": "/nonexistent"}, "timeout_s": 0.1}'
 MZ = str(Path(__file__).parents[2] / "clients" / "sh" / "mz")
@@ -72,6 +72,15 @@ def test_a_tools_own_failure_is_printed_and_exits_1(
     assert msgspec.json.decode(done.stdout)["isError"] is True
 
 
+def test_a_failure_written_with_spaces_or_iserror_first_exits_1() -> None:
+    """A stdio server's result is relayed as it wrote it: ``{"isError": true,``
+    (json.dumps' spacing, the member first) is a failure too."""
+    with light_daemon("l") as running:
+        done = mz(running.socket, "call", "l", "hello", '{"fail": true}')
+    assert (done.returncode, done.stderr) == (1, ""), done
+    assert msgspec.json.decode(done.stdout)["isError"] is True
+
+
 @pytest.mark.parametrize(
     ("argv", "code", "stderr"),
     [
@@ -107,6 +116,31 @@ def test_errors_print_the_message_and_reason(
 ) -> None:
     done = mz(shared_stdio_daemon.socket, *argv)
     assert (done.returncode, done.stdout, done.stderr) == (code, "", stderr)
+
+
+def test_no_reply_within_mz_timeout_is_a_timeout_not_an_unreachable_daemon(
+    shared_stdio_daemon: DaemonHarness,
+) -> None:
+    """``$MZ_TIMEOUT`` running out is mz giving up, not the daemon going away:
+    exit 75 (worth retrying), and no advice to start a daemon that is running."""
+    held = HELD_CALL.replace('"timeout_s": 0.1', '"timeout_s": 5')
+    done = subprocess.run(
+        ["/bin/sh", MZ, "raw", "tools/call", held],
+        capture_output=True,
+        text=True,
+        env={
+            **os.environ,
+            "MEMORIZZ_SOCKET": shared_stdio_daemon.socket,
+            "MZ_TIMEOUT": "1",
+        },
+        timeout=60,
+        check=False,
+    )
+    assert (done.returncode, done.stdout) == (75, ""), done
+    assert done.stderr == (
+        "mz: no reply within 1 s (MZ_TIMEOUT); the request may still be running"
+        " in memorizzd\n"
+    )
 
 
 def test_an_unreachable_daemon_exits_69(base_dir: str) -> None:
