@@ -263,6 +263,10 @@ class Broker:
             raise unknown_server(name[:SAID_MAX])
         return self._server(name)
 
+    def server_named(self, name: str) -> Upstream:
+        """Any server by name, whoever asks (``unknown_server`` if none)."""
+        return self._server(name)
+
     def _server(self, name: str) -> Upstream:
         """Any server by name; the answer for one that does not exist says
         back at most ``SAID_MAX`` characters of the name the caller made up."""

@@ -119,6 +119,7 @@ from memorizzd.rpc.dispatch import Relayed, Session, encode_error, unexpected
 from memorizzd.subscribers import UPDATED, Subscribers
 from memorizzd.telemetry import tracing
 from memorizzd.upstream.actor import Upstream
+from memorizzd.upstream.asks import DAEMONS_ERROR
 from memorizzd.upstream.connection import ProgressHandler
 from memorizzd.upstream.jsonrpc import ACKNOWLEDGED
 from memorizzd.upstream.pool import unknown_server
@@ -488,6 +489,9 @@ class FaceDispatcher:
         if route is None:
             return None
         server, tool = route
+        shown = _completed_tool if modern else None
+        if self._typed(server, tool):
+            shown = _fitted_tool if modern else _fitted
         return self._relay.start(
             session,
             request.id,
@@ -495,7 +499,7 @@ class FaceDispatcher:
             tool,
             call.arguments,
             None,
-            shown=_completed_tool if modern else None,
+            shown=shown,
         )
 
     def _warm_route(self, session: Session, name: str) -> tuple[str, str] | None:
@@ -874,9 +878,8 @@ class FaceDispatcher:
                 data={"tool": call.name[:_SAID_MAX]},
             )
         server, tool = route
-        calls = self._broker.tool_calls
         if call.task is not None:  # created at once; the caller polls (tasks/*)
-            return await calls.call(
+            return await self._broker.tool_calls.call(
                 caller,
                 server,
                 tool=tool,
@@ -884,6 +887,25 @@ class FaceDispatcher:
                 timeout_s=None,
                 task=_encoder.encode(call.task),
             )
+        result = await self._run_call(caller, params, call, server, tool)
+        return _fitted(result) if self._typed(server, tool) else result
+
+    def _typed(self, server: str, tool: str) -> bool:
+        """Whether ``server``'s ``tool`` declares an ``outputSchema`` (as its
+        warm listing has it; a cold one: as if it did)."""
+        try:
+            view = self._broker.server_named(server).tools_view
+        except NotFoundError:  # removed meanwhile
+            return True
+        listed = None if view is None else view.tool(tool)
+        return view is None or (listed is not None and listed.output_schema is not None)
+
+    async def _run_call(
+        self, caller: Caller, params: msgspec.Raw, call: _Call, server: str, tool: str
+    ) -> Any:
+        """A routed ``tools/call`` without a task: the upstream's rounds, an
+        approval waited for, or the call."""
+        calls = self._broker.tool_calls
         progress = _progress_to(call)
         session = client_session()
         level = None if session is None else self._levels.get(cast(Session, session))
@@ -1321,16 +1343,43 @@ def _not_run(
         )
     else:
         text = f"This call was not approved: proposal {proposal_id} is {status}."
+    said = {**(facts or {}), "proposal_id": proposal_id, "status": status}
     result = {
         "content": [{"type": "text", "text": text}],
-        "structuredContent": {
-            **(facts or {}),
-            "proposal_id": proposal_id,
-            "status": status,
-        },
+        "structuredContent": said,
         "isError": True,
+        "_meta": {DAEMONS_ERROR: said},
     }
     return msgspec.Raw(_encoder.encode(result))
+
+
+_DAEMONS_ERROR: Final = DAEMONS_ERROR.encode()
+
+
+def _fitted(result: Any) -> Any:
+    """A tool result for a tool that declares an ``outputSchema``: an
+    ``isError`` result of the daemon's own (``DAEMONS_ERROR`` in its
+    ``_meta``: a call not approved, a question its caller could not answer)
+    without its ``structuredContent``, which would not match that schema
+    (clients check it, errors too: the TypeScript SDK's refuses the result);
+    its facts stay in ``_meta``. Anything else, the server's, as it is."""
+    raw = bytes(result) if isinstance(result, msgspec.Raw) else None
+    if raw is not None:
+        if _DAEMONS_ERROR not in raw:
+            return result
+        try:
+            result = msgspec.json.decode(raw)
+        except (msgspec.DecodeError, RecursionError):
+            return msgspec.Raw(raw)
+    if not isinstance(result, dict):
+        return result if raw is None else msgspec.Raw(raw)
+    meta = result.get("_meta")
+    if result.get("isError") is not True or not (
+        isinstance(meta, dict) and DAEMONS_ERROR in meta
+    ):
+        return result if raw is None else msgspec.Raw(raw)
+    fitted = {k: v for k, v in result.items() if k != "structuredContent"}
+    return fitted if raw is None else msgspec.Raw(_encoder.encode(fitted))
 
 
 _request_id: ContextVar[int | str | None] = ContextVar("face_request_id", default=None)
@@ -1368,6 +1417,12 @@ def _answers_asks(capabilities: Mapping[str, Any]) -> bool:
     """Whether a client that declared ``capabilities`` answers an upstream's
     elicitation or sampling requests (then its calls run in a task)."""
     return any(isinstance(capabilities.get(c), dict) for c in ASKED.values())
+
+
+def _fitted_tool(result: msgspec.Raw) -> object:
+    """``_completed_tool`` of a result ``_fitted`` to a typed tool."""
+    fitted = _fitted(result)
+    return _completed("tools/call", fitted)
 
 
 def _completed_tool(result: msgspec.Raw) -> object:

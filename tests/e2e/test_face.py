@@ -237,6 +237,15 @@ def _decide_when_pending(harness: DaemonHarness, approve: bool) -> threading.Thr
     return thread
 
 
+def _daemons_error(result: Any) -> Any:
+    """The facts of a result the daemon made (``_meta["memorizz/error"]``;
+    the SDK's tools declare an output schema, so not ``structuredContent``)."""
+    if not result.is_error:
+        return None
+    assert result.structured_content is None
+    return (result.meta or {})["memorizz/error"]
+
+
 @pytest.mark.parametrize("approve", [True, False])
 def test_a_call_that_asks_waits_for_the_operator(
     faced: DaemonHarness, approve: bool
@@ -250,7 +259,8 @@ def test_a_call_that_asks_waits_for_the_operator(
         (record,) = [t for t in tools.tools if t.name == "alpha__record"]
         assert (record.description or "").startswith("[needs an operator's approval")
         result = await client.call_tool("alpha__record", {"tag": tag})
-        return result.is_error, result.content[0].text, result.structured_content  # type: ignore[union-attr]
+        said = _daemons_error(result)
+        return result.is_error, result.content[0].text, said  # type: ignore[union-attr]
 
     operator = _decide_when_pending(faced, approve)
     try:
@@ -358,7 +368,7 @@ def test_the_same_call_again_runs_the_approved_proposal_once(base_dir: str) -> N
 
         async def call(client: Client) -> Any:
             result = await client.call_tool("record", {"tag": "again"})
-            return result.is_error, result.structured_content
+            return result.is_error, _daemons_error(result)
 
         first, pending = run(harness.socket, call)  # type: ignore[misc]
         assert first
@@ -448,7 +458,7 @@ def test_an_agents_built_in_tools_list_and_resume_its_own_proposals(
             assert {"memorizz__proposals", "memorizz__resume"} <= names
             held = await client.call_tool("annotated_destroy", {})
             listed = await client.call_tool("memorizz__proposals", {})
-            return held.structured_content, listed.structured_content
+            return _daemons_error(held), listed.structured_content
 
         held, listed = run(agent, propose)  # type: ignore[misc]
         proposal_id = held["proposal_id"]

@@ -201,18 +201,22 @@ async def fulfil(call: Call, asked: InputRequired) -> dict[str, msgspec.Raw]:
     return answers
 
 
+DAEMONS_ERROR: Final = "memorizz/error"
+"""The ``_meta`` key of an ``isError`` result the daemon made (not the
+server): its facts, as in ``structuredContent``, which the MCP face leaves out
+for a tool that declares an ``outputSchema`` (face.py ``_fitted``)."""
+
+
 def unanswered(server: str, why: str) -> bytes:
     """The tool result of a call whose server asked for input that its caller
     did not give (an ``isError`` result, with the reason)."""
     text = f"{server} asked for input that the caller did not give: {why}"
+    facts = {"reason": "input_unanswered", "server": server, "message": why}
     return msgspec.json.encode(
         {
             "content": [{"type": "text", "text": text}],
-            "structuredContent": {
-                "reason": "input_unanswered",
-                "server": server,
-                "message": why,
-            },
+            "structuredContent": facts,
             "isError": True,
+            "_meta": {DAEMONS_ERROR: facts},
         }
     )
