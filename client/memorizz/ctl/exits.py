@@ -169,11 +169,33 @@ def report(
         import msgspec  # only for an error, only with --json
 
         body = {"error": {"message": message, "reason": reason, "data": data or {}}}
-        emit(msgspec.json.encode(body).decode() + "\n")
+        emit(msgspec.json.encode(_json_safe(body)).decode() + "\n")
         return
     text = message.rstrip("\n").replace("\n", "\n  ")
     sys.stderr.write(f"{ERROR_PREFIX}{text}\n")
     sys.stderr.flush()
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with every string JSON can carry: a word of the command line
+    that is not UTF-8 (its bytes arrive as lone surrogates) written as the
+    bytes' escapes, as stderr writes them (``caf\\xe9``); msgspec refuses a
+    lone surrogate, and the error line was a traceback."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            try:
+                raw = value.encode("utf-8", "surrogateescape")
+            except UnicodeEncodeError:  # a surrogate no byte stands for
+                return value.encode("utf-8", "backslashreplace").decode()
+            return raw.decode("utf-8", "backslashreplace")
+        return value
+    if isinstance(value, dict):
+        return {_json_safe(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(item) for item in value]
+    return value
 
 
 def error_reason(exc: MemorizzError | OSError) -> str:
