@@ -185,6 +185,7 @@ def test_an_oversize_reply_written_id_last_fails_its_call_at_once(
             big_call(c, server, what, BIG)()
         elapsed = time.monotonic() - started
         assert err.value.reason == "result_too_large"
+        assert err.value.data["server"] == server  # as every upstream error has it
         assert elapsed < AT_ONCE_S, f"{elapsed:.1f} s: at the deadline, not at once"
         assert c.call_tool(server, "echo", {"text": "ok"}).content[0]["text"] == "ok"
         assert c.server_status(server)[0].restarts == 0

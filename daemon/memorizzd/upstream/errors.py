@@ -111,7 +111,7 @@ def rpc_error(
     if code == REQUEST_TIMEOUT:
         return DeadlineExceededError(f"{server}: the request timed out")
     if data == TOO_LARGE_MARKER:
-        return TooLargeError(f"{server}: {message}")
+        return TooLargeError(f"{server}: {message}", data={"server": server})
     return UpstreamError(
         f"{server}: {message}", data={"server": server, "upstream_code": code}
     )

@@ -552,7 +552,9 @@ def translate_mcp_error(exc: MCPError, *, server: str) -> RemoteError | Connecti
         and error.data != TOO_LARGE_MARKER
         and _SSE_TOO_LARGE in exc.message
     ):
-        return TooLargeError(f"{server}: result larger than max_result_bytes")
+        return TooLargeError(
+            f"{server}: result larger than max_result_bytes", data={"server": server}
+        )
     return rpc_error(exc.code, exc.message, error.data, server=server)
 
 
