@@ -814,8 +814,13 @@ class FaceDispatcher:
                 "content": [{"type": "text", "text": text or "no proposals"}],
                 "structuredContent": {"proposals": rows},
             }
-        proposal_id = _decode(arguments, _ResumeArguments).id
-        proposal = await book.get(caller, proposal_id)
+        try:
+            proposal_id = _decode(arguments, _ResumeArguments).id
+            proposal = await book.get(caller, proposal_id)
+        except (InvalidParamsError, NotFoundError) as exc:
+            # its input, not the protocol: a result the model reads and
+            # corrects (MCP 2025-11-25, SEP-1303), not an error its client eats
+            return _refused_input(exc)
         if proposal.status != "approved":
             return _not_run(proposal.id, proposal.status)
         return await self._broker.tool_calls.resume(caller, proposal, timeout_s=None)
@@ -1354,6 +1359,18 @@ def _not_run(
 
 
 _DAEMONS_ERROR: Final = DAEMONS_ERROR.encode()
+
+
+def _refused_input(exc: RemoteError) -> dict[str, Any]:
+    """A built-in tool's input it cannot take (a malformed or unknown id), as
+    a tool result that says why, with the error's reason and data."""
+    said = {"reason": exc.reason, **(exc.data or {})}
+    return {
+        "content": [{"type": "text", "text": exc.message}],
+        "structuredContent": said,
+        "isError": True,
+        "_meta": {DAEMONS_ERROR: said},
+    }
 
 
 def _fitted(result: Any) -> Any:

@@ -477,6 +477,21 @@ def test_an_agents_built_in_tools_list_and_resume_its_own_proposals(
         assert not is_error
         assert text == "destroyed nothing"
 
+        async def resume_badly(client: Client) -> Any:
+            # an unknown id, another's, none: results the model reads (SEP-1303)
+            said = []
+            for arguments in ({"id": "p_nope"}, {"id": 7}, {}):
+                result = await client.call_tool("memorizz__resume", arguments)
+                facts = (result.meta or {})["memorizz/error"]
+                said.append((result.is_error, facts["reason"]))
+            return said
+
+        assert run(agent, resume_badly) == [
+            (True, "not_found"),
+            (True, "invalid_params"),
+            (True, "invalid_params"),
+        ]
+
         async def operator_tools(client: Client) -> set[str]:
             return {t.name for t in (await client.list_tools()).tools}
 
