@@ -128,6 +128,8 @@ export class Client {
     this._nextId = 1;
     this._pending = new Map(); // id -> {resolve, reject}
     this._chunks = [];
+    /** The last hello's params: said again first on every new connection. */
+    this._hello = null;
   }
 
   /** Open the connection now (requests open it when needed). */
@@ -154,6 +156,10 @@ export class Client {
         socket.on("close", () => this._broken(socket, "the daemon closed the connection"));
         this._socket = socket;
         this._connecting = null;
+        // A new connection (the daemon closed an idle one, say) starts without
+        // the capabilities a hello declared on the old one: say it again,
+        // first, so that log lines and asks keep coming.
+        if (this._hello) this._send("daemon/hello", this._hello).catch(() => {});
         resolve(this);
       });
     });
@@ -171,6 +177,10 @@ export class Client {
   /** Send one request (any method of docs/protocol.md) and resolve with its result. */
   async call(method, params = {}) {
     if (!this._socket) await this.connect();
+    return this._send(method, params);
+  }
+
+  _send(method, params) {
     const id = this._nextId++;
     const line = JSON.stringify({ jsonrpc: "2.0", id, method, params });
     if (Buffer.byteLength(line) > MAX_FRAME) {
@@ -181,9 +191,16 @@ export class Client {
     return reply;
   }
 
-  /** Check that both sides speak the same protocol version. */
-  hello(client = `memorizz-node ${VERSION}`, capabilities = {}) {
-    return this.call("daemon/hello", { protocol_version: PROTOCOL_VERSION, client, capabilities });
+  /**
+   * Check that both sides speak the same protocol version, and declare what
+   * this client takes (`{logging: {level}}` for log lines); said again on
+   * every new connection.
+   */
+  async hello(client = `memorizz-node ${VERSION}`, capabilities = {}) {
+    const params = { protocol_version: PROTOCOL_VERSION, client, capabilities };
+    const result = await this.call("daemon/hello", params);
+    this._hello = params;
+    return result;
   }
 
   /** A server's tools (MCP's spelling: name, description, inputSchema, ...). */
@@ -195,9 +212,10 @@ export class Client {
    * Call a tool: resolves with MCP's result ({content, structuredContent?,
    * isError?}); a tool that failed answers isError: true, not an exception.
    */
-  callTool(server, name, args = {}, { timeoutS = null } = {}) {
+  callTool(server, name, args = {}, { timeoutS = null, progressToken = null } = {}) {
     const params = { server, name, arguments: args };
     if (timeoutS !== null) params.timeout_s = timeoutS;
+    if (progressToken !== null) params.progress_token = progressToken;
     return this.call("tools/call", params);
   }
 

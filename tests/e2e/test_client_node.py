@@ -82,6 +82,9 @@ def test_the_node_client_calls_tools_and_pipelines(
     assert seen["gates"] == ["opened"] * 50
     assert seen["echoesMatch"] is True
     assert seen["connections"] == 1
+    # the hello said again first on a new connection: its log lines go on
+    assert seen["heard"] == ["first connection", "second connection"]
+    assert seen["progress"] == [1, 2, 3]  # callTool's progressToken
     assert seen["defaults"] == {
         "env": "/given.sock",
         "root": "/run/memorizzd/memorizzd.sock",

@@ -66,6 +66,23 @@ try {
   const echoes = await Promise.all(texts.map((text) => client.callTool(server, "echo", { text })));
   seen.echoesMatch = echoes.every((r, i) => r.content[0].text === texts[i]);
   seen.connections = connections;
+  // log lines, as the hello asked, on this connection and on the next one
+  // (the hello is said again first when the client connects anew)
+  const heard = [];
+  client.onNotification = (message) => {
+    if (message.method === "notifications/message") heard.push(message.params.data);
+  };
+  await client.hello("node-client-test", { logging: {} });
+  await client.callTool(server, "logged", { text: "first connection" });
+  client.close();
+  await client.callTool(server, "logged", { text: "second connection" });
+  seen.heard = heard;
+  const steps = [];
+  client.onNotification = (message) => {
+    if (message.method === "notifications/progress") steps.push(message.params.progress);
+  };
+  await client.callTool(server, "progressing", { steps: 3 }, { progressToken: "p1" });
+  seen.progress = steps;
   seen.defaults = {
     env: mz.defaultSocketPath({ MEMORIZZ_SOCKET: "/given.sock" }),
     root: mz.defaultSocketPath({}, 0, () => false),
