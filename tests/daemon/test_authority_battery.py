@@ -161,8 +161,9 @@ def test_a_face_call_never_runs_a_proposal_another_profile_made(
         answer = w.ask("tools/call", {"name": shown, "arguments": {"tag": tag}})
     result = answer["result"]
     assert result.get("isError") is True, result
-    assert result["structuredContent"]["status"] == "pending", result
-    assert result["structuredContent"]["proposal_id"] != theirs
+    said = result["_meta"]["memorizz/error"]  # record declares an output schema
+    assert said["status"] == "pending", result
+    assert said["proposal_id"] != theirs
     assert tag not in calls(base)
     assert status_of(battery, theirs) == "approved"
     with Client(agent_socket(base, "beta")) as beta:

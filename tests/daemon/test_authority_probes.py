@@ -281,9 +281,13 @@ def wire(path: str) -> Iterator[Wire]:
 
 
 def reason(answer: dict[str, Any]) -> str | None:
-    """An answer's stable reason (None: a result)."""
+    """An answer's stable reason (None: a result), or that of an ``isError``
+    result the daemon made (``_meta["memorizz/error"]``: a built-in tool's
+    input it could not take)."""
     if "result" in answer:
-        return None
+        result = answer["result"]
+        said = (result.get("_meta") or {}).get("memorizz/error")
+        return said["reason"] if result.get("isError") and said else None
     found: str = answer["error"]["data"]["reason"]
     return found
 
@@ -328,9 +332,10 @@ def same_answer(
 ) -> None:
     """``hidden`` (about ``name``, which exists for someone else) is exactly
     ``missing`` (about ``other``, which exists for nobody), but for the name."""
-    assert "error" in hidden, hidden
-    text = msgspec.json.encode(missing["error"]).decode().replace(other, name)
-    assert msgspec.json.encode(hidden["error"]).decode() == text
+    said = "error" if "error" in missing else "result"  # a tool's isError result
+    assert said in hidden, hidden
+    text = msgspec.json.encode(missing[said]).decode().replace(other, name)
+    assert msgspec.json.encode(hidden[said]).decode() == text
 
 
 # --- the daemon ----------------------------------------------------------------
