@@ -468,7 +468,9 @@ class Broker:
         log.debug("hello from pid %d uid %d: %s", caller.pid, caller.uid, p.client)
         declare(p.capabilities)  # this connection's client answers these
         return m.DaemonHelloResult(
-            protocol_version=PROTOCOL_VERSION, daemon_version=__version__
+            protocol_version=PROTOCOL_VERSION,
+            daemon_version=__version__,
+            servers=[u.name for u in self.in_scope(caller)],
         )
 
     async def daemon_status(

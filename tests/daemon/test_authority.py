@@ -20,6 +20,7 @@ import pytest
 from memorizz import Client
 from memorizz.api.errors import NotFoundError, PermissionDeniedError, UnavailableError
 from memorizz.api.methods import METHODS
+from memorizz.cli import main as ctl_main
 from memorizzd.caller import Caller
 from memorizzd.config import ConfigError, Limits, Profile, load
 from memorizzd.listeners import activated_sockets, close_all, open_all
@@ -425,3 +426,26 @@ def test_agent_directories_are_reachable_whatever_the_umask(base_dir: str) -> No
     finally:
         anyio.run(close_all, opened)
     assert not os.path.exists(agent_socket(base_dir, "alpha"))
+
+
+def test_hello_names_the_servers_this_socket_serves_its_caller(
+    profiled: DaemonHarness, shared_base: str
+) -> None:
+    """How an agent learns what it may call: the hello names its profile's
+    servers (``servers/list`` stays the operator's); the operator's, all."""
+    with profiled.client() as operator:
+        assert operator.hello().servers == ["t", "u"]
+    for profile, expected in (("alpha", ["t"]), ("beta", ["u"]), ("tight", ["t"])):
+        with Client(agent_socket(shared_base, profile)) as agent:
+            assert agent.hello().servers == expected, profile
+
+
+def test_mcp_list_on_an_agent_socket_prints_its_servers_names(
+    profiled: DaemonHarness, shared_base: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``memorizzctl mcp list`` as an agent: the names, not a refusal."""
+    path = agent_socket(shared_base, "beta")
+    assert ctl_main(["--socket", path, "mcp", "list"]) == 0
+    assert capsys.readouterr().out == "u\n"
+    assert ctl_main(["--socket", path, "--json", "mcp", "list"]) == 0
+    assert msgspec.json.decode(capsys.readouterr().out) == {"servers": ["u"]}

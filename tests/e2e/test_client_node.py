@@ -56,7 +56,11 @@ def test_the_node_client_calls_tools_and_pipelines(
     seen: dict[str, Any] = msgspec.json.decode(out)
 
     assert seen["socketPath"] == stdio_daemon.socket
-    assert seen["hello"] == {"protocol_version": 1, "daemon_version": "0.1.0"}
+    assert seen["hello"] == {
+        "protocol_version": 1,
+        "daemon_version": "0.1.0",
+        "servers": ["t"],
+    }
     assert {"echo", "fail", "gate"} <= set(seen["tools"])
     assert seen["echo"]["content"] == [{"type": "text", "text": "hi from node"}]
     # a tool's own failure is a result, not an exception

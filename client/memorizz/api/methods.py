@@ -502,6 +502,10 @@ class DaemonHelloParams(Params, kw_only=True, frozen=True):
 class DaemonHelloResult(Result, kw_only=True):
     protocol_version: int
     daemon_version: str
+    servers: list[str] = []
+    """The servers this socket serves its caller, by name, as they stand at
+    the hello (an operator's: every one; an agent's: its profile's): how an
+    agent learns what it may call (``servers/list`` is the operator's)."""
 
 
 class DaemonStatusParams(Params, kw_only=True, frozen=True):

@@ -26,7 +26,9 @@ import msgspec
 from memorizz.api import methods as m
 from memorizz.api.errors import (
     DaemonUnreachableError,
+    PermissionDeniedError,
     ProtocolError,
+    RemoteError,
     SocketPermissionError,
 )
 from memorizz.client import Client
@@ -85,7 +87,24 @@ def _show(args: argparse.Namespace, result: m.Result, text: str) -> None:
 
 
 def cmd_mcp_list(client: Client, args: argparse.Namespace) -> int:
-    servers = client.list_servers()
+    try:
+        servers = client.list_servers()
+    except PermissionDeniedError as exc:
+        if exc.reason != "permission_denied":
+            raise
+        # an agent socket: the names of its servers, as daemon/hello gives
+        # them (the details are the operator's); a socket that refused this
+        # user (and closed) is said as it refused
+        try:
+            names = client.hello().servers
+        except (RemoteError, DaemonUnreachableError):
+            raise exc from None
+        emit(
+            to_json({"servers": names})
+            if args.json
+            else "".join(f"{n}\n" for n in names)
+        )
+        return EXIT_OK
     _show(args, m.ServersListResult(servers=servers), render_servers(servers))
     return EXIT_OK
 
