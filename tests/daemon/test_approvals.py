@@ -340,7 +340,9 @@ def test_the_cli_shows_and_decides_proposals(
     trail = capsys.readouterr().out
     assert "proposal" in trail.splitlines()[0].lower()
     assert other in trail
-    assert approvals.ctl("--socket", agent_socket(shared, "alpha"), "mcp", "status") == 77
+    assert (
+        approvals.ctl("--socket", agent_socket(shared, "alpha"), "mcp", "status") == 77
+    )
     assert calls(shared).count("x") == 1
     assert "y" not in calls(shared)
 
