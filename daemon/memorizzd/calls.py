@@ -170,8 +170,10 @@ class Calls:
                     read = self._auditor.call_arguments(_encode(value), value)
                 verdict = {"risk": decided.risk, "decision": decided.decision}
                 if decided.decision == "ask" and not decided.blocked:
-                    approved = (
-                        await self._approved(caller, upstream.name, tool, read)
+                    approved = (  # its own, of exactly this call
+                        await self._book.approved_call(
+                            caller, upstream.name, tool, read.hmac
+                        )
                         if reuse_approved
                         else None
                     )
@@ -295,14 +297,6 @@ class Calls:
             )
         finally:
             self._running -= 1
-
-    async def _approved(
-        self, caller: Caller, server: str, tool: str, read: CallArguments
-    ) -> m.Proposal | None:
-        """The caller's approved, unused proposal of exactly this call, if any:
-        made by its uid on its kind of socket (an operator lists every
-        profile's proposals, but runs only its own in place of a new one)."""
-        return await self._book.approved_call(caller, server, tool, read.hmac)
 
     async def _relay(
         self,

@@ -119,7 +119,7 @@ from memorizzd.rpc.dispatch import Relayed, Session, encode_error, unexpected
 from memorizzd.subscribers import UPDATED, Subscribers
 from memorizzd.telemetry import tracing
 from memorizzd.upstream.actor import Upstream
-from memorizzd.upstream.asks import DAEMONS_ERROR
+from memorizzd.upstream.asks import DAEMONS_ERROR, daemons_error
 from memorizzd.upstream.connection import ProgressHandler
 from memorizzd.upstream.jsonrpc import ACKNOWLEDGED
 from memorizzd.upstream.pool import unknown_server
@@ -488,9 +488,9 @@ class FaceDispatcher:
         route = self._warm_route(session, call.name)
         if route is None:
             return None
-        server, tool = route
+        server, tool, typed = route
         shown = _completed_tool if modern else None
-        if self._typed(server, tool):
+        if typed:
             shown = _fitted_tool if modern else _fitted
         return self._relay.start(
             session,
@@ -502,13 +502,21 @@ class FaceDispatcher:
             shown=shown,
         )
 
-    def _warm_route(self, session: Session, name: str) -> tuple[str, str] | None:
-        """``_route`` from the warm listings only (None: one is cold)."""
+    def _warm_route(self, session: Session, name: str) -> tuple[str, str, bool] | None:
+        """``_route`` from the warm listings only (None: one is cold), and
+        whether the tool declares an ``outputSchema`` (``_typed``, from the
+        same listings)."""
         upstreams = self._scope_of(session)
         views = [(u.name, u.tools_view) for u in upstreams if u.connected]
         if any(view is None for _, view in views):
             return None
-        return self._routes_of(upstreams, views, session.caller).get(name)
+        route = self._routes_of(upstreams, views, session.caller).get(name)
+        if route is None:
+            return None
+        server, tool = route
+        view = next(view for each, view in views if each == server)
+        listed = None if view is None else view.tool(tool)
+        return server, tool, listed is not None and listed.output_schema is not None
 
     def opened(self, session: Session) -> None:
         self._sessions.add(session)
@@ -1349,13 +1357,7 @@ def _not_run(
     else:
         text = f"This call was not approved: proposal {proposal_id} is {status}."
     said = {**(facts or {}), "proposal_id": proposal_id, "status": status}
-    result = {
-        "content": [{"type": "text", "text": text}],
-        "structuredContent": said,
-        "isError": True,
-        "_meta": {DAEMONS_ERROR: said},
-    }
-    return msgspec.Raw(_encoder.encode(result))
+    return msgspec.Raw(_encoder.encode(daemons_error(text, said)))
 
 
 _DAEMONS_ERROR: Final = DAEMONS_ERROR.encode()
@@ -1364,13 +1366,7 @@ _DAEMONS_ERROR: Final = DAEMONS_ERROR.encode()
 def _refused_input(exc: RemoteError) -> dict[str, Any]:
     """A built-in tool's input it cannot take (a malformed or unknown id), as
     a tool result that says why, with the error's reason and data."""
-    said = {"reason": exc.reason, **(exc.data or {})}
-    return {
-        "content": [{"type": "text", "text": exc.message}],
-        "structuredContent": said,
-        "isError": True,
-        "_meta": {DAEMONS_ERROR: said},
-    }
+    return daemons_error(exc.message, {"reason": exc.reason, **(exc.data or {})})
 
 
 def _fitted(result: Any) -> Any:
@@ -1380,23 +1376,31 @@ def _fitted(result: Any) -> Any:
     without its ``structuredContent``, which would not match that schema
     (clients check it, errors too: the TypeScript SDK's refuses the result);
     its facts stay in ``_meta``. Anything else, the server's, as it is."""
-    raw = bytes(result) if isinstance(result, msgspec.Raw) else None
-    if raw is not None:
-        if _DAEMONS_ERROR not in raw:
-            return result
-        try:
-            result = msgspec.json.decode(raw)
-        except (msgspec.DecodeError, RecursionError):
-            return msgspec.Raw(raw)
+    if not isinstance(result, msgspec.Raw):
+        return _unstructured(result)
+    if _DAEMONS_ERROR not in bytes(result):  # the relayed bytes, looked at only
+        return result
+    try:
+        decoded = msgspec.json.decode(result)
+    except (msgspec.DecodeError, RecursionError):
+        return result
+    fitted = _unstructured(decoded)
+    return result if fitted is decoded else msgspec.Raw(_encoder.encode(fitted))
+
+
+def _unstructured(result: Any) -> Any:
+    """``result`` without ``structuredContent`` if it is a daemon's ``isError``
+    result (``DAEMONS_ERROR`` in its ``_meta``); else ``result`` itself."""
     if not isinstance(result, dict):
-        return result if raw is None else msgspec.Raw(raw)
+        return result
     meta = result.get("_meta")
-    if result.get("isError") is not True or not (
-        isinstance(meta, dict) and DAEMONS_ERROR in meta
+    if not (
+        result.get("isError") is True
+        and isinstance(meta, dict)
+        and DAEMONS_ERROR in meta
     ):
-        return result if raw is None else msgspec.Raw(raw)
-    fitted = {k: v for k, v in result.items() if k != "structuredContent"}
-    return fitted if raw is None else msgspec.Raw(_encoder.encode(fitted))
+        return result
+    return {k: v for k, v in result.items() if k != "structuredContent"}
 
 
 _request_id: ContextVar[int | str | None] = ContextVar("face_request_id", default=None)

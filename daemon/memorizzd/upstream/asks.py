@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import Final
+from typing import Any, Final
 
 import anyio
 import msgspec
@@ -207,16 +207,21 @@ server): its facts, as in ``structuredContent``, which the MCP face leaves out
 for a tool that declares an ``outputSchema`` (face.py ``_fitted``)."""
 
 
+def daemons_error(text: str, facts: dict[str, Any]) -> dict[str, Any]:
+    """An ``isError`` tool result the daemon makes: ``text`` for the model,
+    ``facts`` (``reason`` and the rest) in ``structuredContent`` and under
+    ``DAEMONS_ERROR`` in ``_meta``."""
+    return {
+        "content": [{"type": "text", "text": text}],
+        "structuredContent": facts,
+        "isError": True,
+        "_meta": {DAEMONS_ERROR: facts},
+    }
+
+
 def unanswered(server: str, why: str) -> bytes:
     """The tool result of a call whose server asked for input that its caller
     did not give (an ``isError`` result, with the reason)."""
     text = f"{server} asked for input that the caller did not give: {why}"
     facts = {"reason": "input_unanswered", "server": server, "message": why}
-    return msgspec.json.encode(
-        {
-            "content": [{"type": "text", "text": text}],
-            "structuredContent": facts,
-            "isError": True,
-            "_meta": {DAEMONS_ERROR: facts},
-        }
-    )
+    return msgspec.json.encode(daemons_error(text, facts))
