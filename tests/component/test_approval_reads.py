@@ -19,12 +19,11 @@ from pathlib import Path
 
 import anyio
 
-from memorizzd.approvals import ApprovalBook, arguments_ref
-from memorizzd.audit import Auditor
+from memorizzd.approvals import arguments_ref
 from memorizzd.caller import Caller
-from memorizzd.store import ProposalRow, Store
-from memorizzd.vault import FernetCredentialStore, VaultError, keys_for
-from tests.component.wiring import proposal_row
+from memorizzd.store import ProposalRow
+from memorizzd.vault import VaultError
+from tests.component.wiring import proposal_row, stored_book
 
 OPERATOR = Caller(pid=1, uid=0, gid=0, socket="/op.sock", role="operator")
 AGENT = Caller(
@@ -50,11 +49,13 @@ def test_approval_reads_answer_while_another_connection_holds_the_write_lock(
     base_dir: str,
 ) -> None:
     state = os.path.join(base_dir, "state")
-    store = Store(state)
-    try:
-        vault = FernetCredentialStore.open(store, keys_for(store, state))
-        auditor = Auditor(store, b"k" * 32, mirror_to_journal=False)
-        book = ApprovalBook(store, vault, auditor, ttl_s=60.0)
+    with stored_book(base_dir, ttl_s=60.0) as booked:
+        store, vault, auditor, book = (
+            booked.store,
+            booked.vault,
+            booked.auditor,
+            booked.book,
+        )
 
         def stored_proposal(tag: str, expires_at: float) -> ProposalRow:
             """A pending proposal of AGENT's, its arguments in the vault."""
@@ -113,5 +114,3 @@ def test_approval_reads_answer_while_another_connection_holds_the_write_lock(
             assert vault.get(arguments_ref(live.id)) == '{"tag":"live"}'
 
         anyio.run(scenario)
-    finally:
-        store.close()

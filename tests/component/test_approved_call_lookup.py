@@ -16,12 +16,9 @@ import time
 import anyio
 import msgspec
 
-from memorizzd.approvals import ApprovalBook, arguments_ref, schema_hash
-from memorizzd.audit import Auditor
+from memorizzd.approvals import arguments_ref, schema_hash
 from memorizzd.caller import Caller
-from memorizzd.store import Store
-from memorizzd.vault import FernetCredentialStore, keys_for
-from tests.component.wiring import components, proposal_row, wired_config
+from tests.component.wiring import components, proposal_row, stored_book, wired_config
 from tests.peers import calls
 
 OTHERS = 150
@@ -38,12 +35,8 @@ OPERATOR = Caller(pid=1, uid=1000, gid=0, socket="/op.sock", role="operator")
 def test_a_callers_approved_call_is_found_behind_many_of_another_uids(
     base_dir: str,
 ) -> None:
-    state = os.path.join(base_dir, "state")
-    store = Store(state)
-    try:
-        vault = FernetCredentialStore.open(store, keys_for(store, state))
-        auditor = Auditor(store, b"k" * 32, mirror_to_journal=False)
-        book = ApprovalBook(store, vault, auditor, ttl_s=60.0)
+    with stored_book(base_dir, ttl_s=60.0) as booked:
+        store, auditor, book = booked.store, booked.auditor, booked.book
         now = time.time()
         mine = proposal_row(
             auditor, "mine", status="approved", created=now - 10, expires_at=now + 60
@@ -76,8 +69,6 @@ def test_a_callers_approved_call_is_found_behind_many_of_another_uids(
             assert await book.approved_call(ALPHA, "t", "record", other) is None
 
         anyio.run(scenario)
-    finally:
-        store.close()
 
 
 def test_a_face_call_runs_its_approved_proposal_behind_many_of_another_uids(

@@ -11,17 +11,14 @@ kept its approval across a schema change.
 
 from __future__ import annotations
 
-import os
 import time
 
 import anyio
 
 from memorizz.api import methods as m
-from memorizzd.approvals import ApprovalBook, arguments_ref, schema_hash
-from memorizzd.audit import Auditor
-from memorizzd.store import ProposalRow, Store
-from memorizzd.vault import FernetCredentialStore, keys_for
-from tests.component.wiring import proposal_row
+from memorizzd.approvals import arguments_ref, schema_hash
+from memorizzd.store import ProposalRow
+from tests.component.wiring import proposal_row, stored_book
 
 LATER = 1_001
 """Later, closed proposals of the same server: one more than a listing page."""
@@ -32,12 +29,13 @@ NEW_SCHEMA = {"type": "object", "properties": {"tag": {"type": "integer"}}}
 def test_a_schema_change_reaches_an_open_proposal_behind_a_thousand_later_ones(
     base_dir: str,
 ) -> None:
-    state = os.path.join(base_dir, "state")
-    store = Store(state)
-    try:
-        vault = FernetCredentialStore.open(store, keys_for(store, state))
-        auditor = Auditor(store, b"k" * 32, mirror_to_journal=False)
-        book = ApprovalBook(store, vault, auditor, ttl_s=3600.0)
+    with stored_book(base_dir, ttl_s=3600.0) as booked:
+        store, vault, auditor, book = (
+            booked.store,
+            booked.vault,
+            booked.auditor,
+            booked.book,
+        )
         now = time.time()
 
         def row(tag: str, status: str, created: float) -> ProposalRow:
@@ -65,5 +63,3 @@ def test_a_schema_change_reaches_an_open_proposal_behind_a_thousand_later_ones(
             assert (await book.get_any(old.id)).status == "invalidated"
 
         anyio.run(scenario)
-    finally:
-        store.close()

@@ -9,8 +9,8 @@ stdio). The fixtures (``c``, ``base``) are in this package's conftest.py.
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,6 +89,32 @@ async def components(config: Config) -> AsyncIterator[Components]:
                 tg.cancel_scope.cancel()
     finally:
         await anyio.to_thread.run_sync(store.close)
+
+
+@dataclass
+class Booked:
+    """The approval book over the real store, vault and audit trail."""
+
+    store: Store
+    vault: FernetCredentialStore
+    auditor: Auditor
+    book: ApprovalBook
+
+
+@contextmanager
+def stored_book(base: str, *, ttl_s: float) -> Iterator[Booked]:
+    """``Booked`` in ``base``/state (an audit key of the test's), the store
+    closed at the end."""
+    state = os.path.join(base, "state")
+    store = Store(state)
+    try:
+        vault = FernetCredentialStore.open(store, keys_for(store, state))
+        auditor = Auditor(store, b"k" * 32, mirror_to_journal=False)
+        yield Booked(
+            store, vault, auditor, ApprovalBook(store, vault, auditor, ttl_s=ttl_s)
+        )
+    finally:
+        store.close()
 
 
 def wired_config(base: str) -> Config:
