@@ -3,7 +3,10 @@
 Prometheus scrapes with one plain GET and reads the body to the end, so the
 responder reads one bounded request head (``HEAD_MAX`` bytes, within
 ``HEAD_TIMEOUT_S``), answers it with ``Connection: close`` and closes: no
-keep-alive, no chunking, no body. A Unix socket (``metrics.sock``) and a
+keep-alive, no chunking, no body. It closes as RFC 9112 9.6 asks: its side
+first, then what the client sent past the request is read and dropped
+(``_linger``) until the client closes too, so that those bytes, unread at the
+close, do not make the client's socket report a reset after its answer. A Unix socket (``metrics.sock``) and a
 loopback TCP address are served alike. At most ``CONNECTIONS_MAX`` at once
 on each listener (so that local processes holding the TCP listener's slots do
 not shut the operators out of ``metrics.sock``); past that a connection is
@@ -28,6 +31,12 @@ HEAD_MAX: Final = 8192
 HEAD_TIMEOUT_S: Final = 10.0
 WRITE_TIMEOUT_S: Final = 30.0
 CONNECTIONS_MAX: Final = 16
+LINGER_S: Final = 2.0
+"""At most this long reading what a client sent past its request (``_linger``)."""
+LINGER_IDLE_S: Final = 0.5
+"""... and at most this long for each more piece of it."""
+LINGER_MAX: Final = 1 << 20
+"""... and at most this many bytes of it."""
 PATH: Final = "/metrics"
 ALLOW: Final = "GET, HEAD"
 
@@ -109,6 +118,7 @@ class MetricsServer:
                 data += body
             with anyio.move_on_after(WRITE_TIMEOUT_S):
                 await stream.send(data)
+                await _linger(stream)
         except (OSError, anyio.BrokenResourceError, anyio.EndOfStream):
             pass  # the scraper went away
         except Exception:  # a connection must never take the daemon down
@@ -182,6 +192,27 @@ async def _read_head(stream: anyio.abc.SocketStream) -> bytes | None:
         except anyio.EndOfStream:
             return None
     return head
+
+
+async def _linger(stream: anyio.abc.SocketStream) -> None:
+    """Half-close, then read and drop what the client still sends (a request
+    pipelined behind the first, a body) until it closes, bounded by
+    ``LINGER_S``, ``LINGER_IDLE_S`` and ``LINGER_MAX``. A well-behaved
+    scraper closes as soon as it has read the answer: this ends at once."""
+    try:
+        await stream.send_eof()
+    except RuntimeError:  # uvloop's word for a transport the peer reset: gone
+        return
+    dropped = 0
+    with anyio.move_on_after(LINGER_S):
+        while dropped <= LINGER_MAX:
+            with anyio.move_on_after(LINGER_IDLE_S) as idle:
+                try:
+                    dropped += len(await stream.receive(HEAD_MAX))
+                except anyio.EndOfStream:
+                    return
+            if idle.cancelled_caught:
+                return
 
 
 async def _close(stream: anyio.abc.SocketStream) -> None:
