@@ -98,7 +98,7 @@ from memorizz.api.errors import (
     NotFoundError,
     RemoteError,
 )
-from memorizz.api.protocol import Reply, Request
+from memorizz.api.protocol import ErrorObject, Reply, Request
 from memorizzd import __version__, rounds, uri_templates
 from memorizzd.broker import Broker
 from memorizzd.caller import Caller
@@ -121,6 +121,7 @@ from memorizzd.telemetry import tracing
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.asks import DAEMONS_ERROR, daemons_error
 from memorizzd.upstream.connection import ProgressHandler
+from memorizzd.upstream.errors import URL_ELICITATION_REQUIRED
 from memorizzd.upstream.jsonrpc import ACKNOWLEDGED
 from memorizzd.upstream.pool import unknown_server
 
@@ -655,7 +656,7 @@ class FaceDispatcher:
             if result is rounds.ANSWERED:
                 return b""  # answered already (an input-required result)
         except RemoteError as exc:
-            return encode_error(request.id, exc.to_wire())
+            return encode_error(request.id, _face_error(exc))
         except Exception as exc:  # noqa: BLE001 - the boundary: unexpected() logs it
             error = unexpected(exc, f"face: {request.method}", request.id)
             return encode_error(request.id, error.to_wire())
@@ -1361,6 +1362,25 @@ def _not_run(
 
 
 _DAEMONS_ERROR: Final = DAEMONS_ERROR.encode()
+
+
+def _face_error(exc: RemoteError) -> ErrorObject:
+    """``exc`` as the face's error: the socket API's, but an upstream's URL
+    elicitation required error (-32042) keeps its code and its ``data``
+    (``elicitations``), which MCP's clients act on (open the URL, retry)."""
+    wire = exc.to_wire()
+    upstream = exc.data.get("upstream_data")
+    if (
+        exc.reason == "upstream_error"
+        and exc.data.get("upstream_code") == URL_ELICITATION_REQUIRED
+        and isinstance(upstream, dict)
+    ):
+        ours = {k: v for k, v in (wire.data or {}).items() if k != "upstream_data"}
+        data = {**upstream, **ours}
+        return ErrorObject(
+            code=URL_ELICITATION_REQUIRED, message=wire.message, data=data
+        )
+    return wire
 
 
 def _refused_input(exc: RemoteError) -> dict[str, Any]:

@@ -24,6 +24,9 @@ CONNECTION_CLOSED: Final = -32000
 REQUEST_TIMEOUT: Final = -32001
 METHOD_NOT_FOUND: Final = -32601
 """JSON-RPC's code for a method the server does not have."""
+URL_ELICITATION_REQUIRED: Final = -32042
+"""MCP's code for a request that waits for the user to open a URL first;
+its ``data.elicitations`` say which (the MCP face passes it on as it is)."""
 
 
 class ConnectionLost(Exception):
@@ -112,9 +115,10 @@ def rpc_error(
         return DeadlineExceededError(f"{server}: the request timed out")
     if data == TOO_LARGE_MARKER:
         return TooLargeError(f"{server}: {message}", data={"server": server})
-    return UpstreamError(
-        f"{server}: {message}", data={"server": server, "upstream_code": code}
-    )
+    said: dict[str, Any] = {"server": server, "upstream_code": code}
+    if data is not None:  # the server's own details (MCP's error ``data``)
+        said["upstream_data"] = data
+    return UpstreamError(f"{server}: {message}", data=said)
 
 
 def not_honored(server: str, uri: str) -> UpstreamError:
