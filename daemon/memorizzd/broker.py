@@ -48,7 +48,7 @@ from memorizzd.calllife import (
 )
 from memorizzd.calls import Calls, ProgressReport, progress_to_client
 from memorizzd.config import Config
-from memorizzd.egress.urls import check_server_url
+from memorizzd.egress.urls import check_server_url, without_userinfo
 from memorizzd.execution import resolve_command
 from memorizzd.names import exposed_names, renamed
 from memorizzd.presets import preset_tools
@@ -536,7 +536,7 @@ class Broker:
             args=list(spec.args),
             env_keys=sorted(spec.env),
             cwd=spec.cwd,
-            url=spec.url,
+            url=_listed_url(spec),
             timeout_s=spec.timeout_s,
             max_result_bytes=spec.max_result_bytes,
             protocol=spec.protocol,
@@ -905,3 +905,13 @@ def _progress_to(token: m.ProgressToken | None) -> ProgressHandler | None:
         return _encoder.encode(m.ProgressNotification(params=params)) + b"\n"
 
     return progress_to_client(note)
+
+
+def _listed_url(spec: m.ServerSpec) -> str | None:
+    """A server's URL as ``servers/list`` shows it: none for a built-in
+    bridge (its tenant URL is a secret, as ``servers/add`` keeps it), and
+    without user information (``https://user:password@host``, refused at
+    connect, but written so in a config file)."""
+    if spec.transport == "builtin" or spec.url is None:
+        return None
+    return without_userinfo(spec.url)

@@ -224,7 +224,7 @@ class _Relayed:
             self._end(error=self.upstream.lost(self._connection, str(exc)))
             return
         except RemoteError as exc:
-            self._end(error=exc)
+            self._end(error=self.upstream.scrubbed(exc))
             return
         self._end(result=result)
 
@@ -242,7 +242,7 @@ class _Relayed:
         except ConnectionLost as exc:
             self._end(error=self.upstream.lost(self._connection, str(exc)))
         except RemoteError as exc:
-            self._end(error=exc)
+            self._end(error=self.upstream.scrubbed(exc))
         except BaseException:  # cancelled: only a shutdown cancels this task
             # (a caller's cancel or departure ends the call first): audited
             # as shut_down() audits it, failed, and the caller told why

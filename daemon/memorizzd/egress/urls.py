@@ -136,7 +136,7 @@ def _scheme(url: str) -> tuple[str, str]:
     if match is None or _HOST_PORT.fullmatch(url, match.end()):
         # No scheme, or "host:port/..." (a scheme to RFC 3986, a typo to people).
         raise InvalidParamsError(
-            f"{_shown(url)} is not an absolute URL (https://host/path)"
+            f"{_shown_url(url)} is not an absolute URL (https://host/path)"
         )
     scheme = match.group(1).lower()
     if scheme not in DEFAULT_PORTS:
@@ -145,7 +145,7 @@ def _scheme(url: str) -> tuple[str, str]:
             reason="scheme_not_allowed",
         )
     if not url.startswith("//", match.end()):
-        raise InvalidParamsError(f"{_shown(url)} has no //host after {scheme}:")
+        raise InvalidParamsError(f"{_shown_url(url)} has no //host after {scheme}:")
     return scheme, url[match.end() + 2 :]
 
 
@@ -346,6 +346,21 @@ def _address_refused(detail: str, *, hint: bool = True) -> PermissionDeniedError
 
 def _shown(text: str) -> str:
     return repr(text[:100])
+
+
+_USERINFO: Final = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.-]*:)?(?://)?)[^/?#]*@")
+
+
+def without_userinfo(url: str) -> str:
+    """``url`` with what precedes an ``@`` before its path (user
+    information, a password perhaps) shown as ``[redacted]``; well-formed or
+    not (``https:u:pw@host``, ``u:pw@host``)."""
+    return _USERINFO.sub(r"\1[redacted]@", url)
+
+
+def _shown_url(url: str) -> str:
+    """A malformed URL as an error shows it (``without_userinfo``)."""
+    return _shown(without_userinfo(url))
 
 
 def check_server_url(spec: ServerSpec, *, allowlist: Sequence[str]) -> None:

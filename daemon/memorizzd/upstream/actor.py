@@ -35,6 +35,7 @@ from memorizzd.upstream.connection import Connection, ProgressHandler, ToolResul
 from memorizzd.upstream.diagnostics import diagnose
 from memorizzd.upstream.errors import ConnectionLost, Unsent
 from memorizzd.upstream.jsonrpc import JsonRpcSession
+from memorizzd.upstream.redact import scrub_error
 from memorizzd.upstream.replicas import ReplicaSet
 from memorizzd.upstream.retry import LOST_SENDS, RetryBudget, busy_wait, lost_wait
 from memorizzd.upstream.supervisor import Supervisor
@@ -218,6 +219,9 @@ class Upstream(Supervisor):
                 return result
         except TimeoutError:
             raise self.no_answer(timeout_s) from None
+        except RemoteError as exc:  # the server may quote its secrets back
+            self.scrubbed(exc)  # in place
+            raise
         finally:
             if sent:  # requests refused before reaching the server are not stats
                 self.request_ended(started, ok=ok)
@@ -277,6 +281,10 @@ class Upstream(Supervisor):
             + ("" if safe else " (it may have run; not sent again)"),
             data={"server": self.name, "retry_after_s": 0.5},
         )
+
+    def scrubbed(self, exc: RemoteError) -> RemoteError:
+        """``exc`` without this server's secrets in it (``redact.py``)."""
+        return scrub_error(exc, self.hidden)
 
     def no_answer(self, timeout_s: float) -> DeadlineExceededError:
         """A request's deadline passed (the health loop probes the session)."""

@@ -48,6 +48,7 @@ from memorizzd.upstream import errors
 from memorizzd.upstream.connection import Connection
 from memorizzd.upstream.jsonrpc import MODERN, Launch, open_session
 from memorizzd.upstream.logs import LogSink, tell
+from memorizzd.upstream.redact import scrub
 from memorizzd.upstream.replicas import Care, ReplicaSet, open_replicas
 from memorizzd.upstream.stdio import (
     InterpreterNotFoundError,
@@ -58,7 +59,7 @@ from memorizzd.upstream.stdio import (
 from memorizzd.upstream.subscriptions import Subscriptions
 from memorizzd.upstream.tools import ToolCache, ToolsListener
 from memorizzd.vault import CredentialStore, VaultError, resolve_secrets
-from memorizzd.vault.server_secrets import ServerSecrets
+from memorizzd.vault.server_secrets import HIDDEN_MIN, ServerSecrets
 
 if TYPE_CHECKING:
     from memorizzd.oauth.keeper import TokenKeeper
@@ -169,6 +170,9 @@ class Supervisor:
         """While such a probe runs: set when it has its answer."""
         self._handshake_next = False
         """The next auto-mode connect uses the handshake era (the probe timed out)."""
+        self._hidden: tuple[str, ...] = ()
+        """The secret values sent at the last connect (``ServerSecrets.hidden``):
+        cut out of what the server says back (``redact.py``)."""
         self.keeper: TokenKeeper | None = None
         """OAuth servers: the grant and its refresher."""
         if spec.auth == "oauth" and spec.transport != "stdio":
@@ -233,10 +237,14 @@ class Supervisor:
                 await self._connect_and_serve()
             except Exception as exc:  # noqa: BLE001 - the supervision boundary
                 if self._stopping:
-                    log.debug("%s: the session ended with an error: %s", self.name, exc)
+                    log.debug(
+                        "%s: the session ended with an error: %s",
+                        self.name,
+                        scrub(str(exc), self.hidden),
+                    )
                     return
                 if not self._dead.is_set():  # else _mark_dead said why
-                    self.last_error = _describe_failure(exc)
+                    self.last_error = scrub(_describe_failure(exc), self.hidden)
                     self.last_failure = self._failure_kind(exc)
                 log.warning(
                     "%s: connection failed: %s",
@@ -259,6 +267,17 @@ class Supervisor:
             else:  # a login ends the wait: connect with the new grant at once
                 with anyio.move_on_after(delay):
                     await self.keeper.wait_installed()
+
+    @property
+    def hidden(self) -> tuple[str, ...]:
+        """What must never be shown of what the server says back: the secrets
+        sent at the last connect and, for OAuth, the grant's tokens."""
+        grant = self.keeper.grant if self.keeper is not None else None
+        if grant is None:
+            return self._hidden
+        tokens = (grant.access_token, grant.refresh_token, grant.client_secret)
+        found = {t for t in tokens if t and len(t) >= HIDDEN_MIN} | set(self._hidden)
+        return tuple(sorted(found, key=len, reverse=True))
 
     def _failure_kind(self, exc: BaseException) -> errors.FailureKind:
         if self.spec.transport in ("stdio", "builtin"):
@@ -366,6 +385,7 @@ class Supervisor:
         secrets = await anyio.to_thread.run_sync(
             resolve_secrets, self.spec, self._vault
         )
+        self._hidden = secrets.hidden()
         async with self._open(mode, secrets) as client:
             handshake.deadline = math.inf
             self._handshake_next = False
@@ -394,7 +414,11 @@ class Supervisor:
             try:
                 await self._tools.refresh(client, server_name=self.server_name)
             except RemoteError as exc:
-                log.info("%s: no tool listing at connect: %s", self.name, exc.message)
+                log.info(
+                    "%s: no tool listing at connect: %s",
+                    self.name,
+                    scrub(exc.message, self.hidden),
+                )
             except TimeoutError:
                 log.info("%s: no tool listing at connect: it timed out", self.name)
             self.last_error = None
@@ -444,6 +468,7 @@ class Supervisor:
                 mode=mode,
                 on_notification=self._on_notification,
                 roots=tuple(spec.roots),
+                hidden=self._hidden,
             )
             if len(self._processes) > 1:
                 return open_replicas(launch, self._processes, self._care())
@@ -474,7 +499,7 @@ class Supervisor:
             set_lost=self._mark_dead,
             relist=self._tools_changed,
             listen=self._watch_tool_changes,
-            describe=_describe_failure,
+            describe=lambda exc: scrub(_describe_failure(exc), self._hidden),
             back=self._replica_back,
         )
 
@@ -663,6 +688,7 @@ class Supervisor:
 
     def _mark_dead(self, reason: str) -> None:
         if not self._dead.is_set():
+            reason = scrub(reason, self.hidden)
             self.last_error = reason
             self.last_failure = "unreachable"
             log.warning(

@@ -9,6 +9,8 @@ inline value when there is one, else asks the vault.
 
 from __future__ import annotations
 
+from urllib.parse import quote
+
 import msgspec
 
 from memorizz.api.methods import ServerSpec
@@ -72,6 +74,27 @@ class ServerSecrets(msgspec.Struct, frozen=True):
 
     def __repr__(self) -> str:
         return f"ServerSecrets(headers={sorted(self.headers)}, env={sorted(self.env)})"
+
+    def hidden(self) -> tuple[str, ...]:
+        """The values a server may quote back that must never be shown (in an
+        error, ``last_error`` or a log line): each header value (the bearer
+        token alone too) and secret env value, as sent and %-encoded, longest
+        first. Values shorter than ``HIDDEN_MIN`` are left: cutting them out
+        would garble the text and hide next to nothing."""
+        found: set[str] = set()
+        for name, value in self.headers.items():
+            found.add(value)
+            if name.lower() == "authorization":
+                found.add(value.partition(" ")[2].strip())
+        found.update(self.env.values())
+        found |= {quote(value, safe="") for value in found}
+        return tuple(
+            sorted((v for v in found if len(v) >= HIDDEN_MIN), key=len, reverse=True)
+        )
+
+
+HIDDEN_MIN = 4
+"""The shortest secret value ``ServerSecrets.hidden`` cuts out of text."""
 
 
 def extract_secrets(spec: ServerSpec) -> dict[str, str]:
