@@ -19,6 +19,8 @@ from typing import Any, Final
 import anyio
 from anyio.abc import TaskStatus
 
+from memorizzd.redact import LogScrubber
+
 
 @functools.cache
 def _optional(module: str) -> Any:
@@ -147,6 +149,7 @@ def setup_logging(level: str, formatter: logging.Formatter | None = None) -> Non
             formatter
             or logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
         )
+    handler.addFilter(LogScrubber())  # a server's secrets, quoted back by it
     root.handlers[:] = [handler]
     for noisy in ("httpx2", "httpcore2", "mcp", "uvicorn"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))

@@ -30,12 +30,12 @@ from memorizz.api.presets import instructions_of
 from memorizzd.config import Config
 from memorizzd.loop import deadline_at, now
 from memorizzd.policy import ToolsView, ToolVerdict
+from memorizzd.redact import scrub_error
 from memorizzd.store import Store
 from memorizzd.upstream.connection import Connection, ProgressHandler, ToolResult
 from memorizzd.upstream.diagnostics import diagnose
 from memorizzd.upstream.errors import ConnectionLost, Unsent
 from memorizzd.upstream.jsonrpc import JsonRpcSession
-from memorizzd.upstream.redact import scrub_error
 from memorizzd.upstream.replicas import ReplicaSet
 from memorizzd.upstream.retry import LOST_SENDS, RetryBudget, busy_wait, lost_wait
 from memorizzd.upstream.supervisor import Supervisor

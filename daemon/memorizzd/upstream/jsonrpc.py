@@ -77,7 +77,6 @@ from memorizzd.upstream.errors import (
     not_honored,
     rpc_error,
 )
-from memorizzd.upstream.redact import scrub
 from memorizzd.upstream.stdio import LogBudget, StdioPipes, StdioProcess, stdio_pipes
 
 log = logging.getLogger("memorizzd.upstream.jsonrpc")
@@ -348,7 +347,6 @@ class JsonRpcSession:
         on_notification: NotificationHandler | None = None,
         roots: tuple[str, ...] = (),
         max_result_bytes: int = m.DEFAULT_MAX_RESULT_BYTES,
-        hidden: tuple[str, ...] = (),
     ) -> None:
         self._pipes = pipes
         self._server = server
@@ -357,8 +355,6 @@ class JsonRpcSession:
         self._on_notification = on_notification
         self._roots = roots
         """The server's configured roots (declared in the handshake era)."""
-        self._hidden = hidden
-        """Its secret values, cut out of what it says before that is logged."""
         self._ids = itertools.count(1)
         self._waiting: dict[int | str, Answered] = {}
         self._closed: str | None = None
@@ -715,10 +711,7 @@ class JsonRpcSession:
             await self._request("subscriptions/listen", params, request_id=stream)
         except (RemoteError, ConnectionLost) as exc:
             if self._resource_stream == stream or stream in self._acks:
-                said = scrub(str(exc), self._hidden)
-                log.info(
-                    "%s: resource listen stream %s: %s", self._server, stream, said
-                )
+                log.info("%s: resource listen stream %s: %s", self._server, stream, exc)
         finally:
             if (acked := self._acks.pop(stream, None)) is not None:
                 acked.set()  # refused before its acknowledgement
@@ -781,7 +774,7 @@ class JsonRpcSession:
             log.info(
                 "%s: no answer to server/discover (%s); trying initialize",
                 self._server,
-                scrub(str(exc), self._hidden) or "timed out",
+                str(exc) or "timed out",
             )
         try:
             await self._initialize()
@@ -997,8 +990,7 @@ class JsonRpcSession:
         if message.id is None:
             error = message.error
             said = "no error" if error is None else f"{error.code} {error.message}"
-            said = scrub(said, self._hidden)[:300]
-            log.info("%s: an error without an id: %s", self._server, said)
+            log.info("%s: an error without an id: %s", self._server, said[:300])
             return
         waiter = self._waiting.pop(message.id, None)
         if waiter is None:
@@ -1117,8 +1109,6 @@ class Launch:
     mode: str
     on_notification: NotificationHandler | None = None
     roots: tuple[str, ...] = ()
-    hidden: tuple[str, ...] = ()
-    """Secret values cut out of the server's stderr before it is logged."""
 
     @property
     def max_message_bytes(self) -> int:
@@ -1139,7 +1129,6 @@ async def open_session(
             cwd=launch.cwd,
             max_message_bytes=launch.max_message_bytes,
             process_info=process,
-            hidden=launch.hidden,
         ) as pipes,
         anyio.create_task_group() as tg,
     ):
@@ -1149,7 +1138,6 @@ async def open_session(
             on_notification=launch.on_notification,
             roots=launch.roots,
             max_result_bytes=launch.max_result_bytes,
-            hidden=launch.hidden,
         )
         session._tasks = tg
 

@@ -47,7 +47,6 @@ import anyio
 from memorizzd.egress.oversize import OversizeMessage
 from memorizzd.loop import Inbox, Outbox, call_later, now
 from memorizzd.upstream.errors import ConnectionLost
-from memorizzd.upstream.redact import scrub
 
 log = logging.getLogger("memorizzd.upstream.stdio")
 stderr_log = logging.getLogger("memorizzd.upstream.stderr")
@@ -394,7 +393,6 @@ async def stdio_pipes(
     cwd: str | None,
     max_message_bytes: int,
     process_info: StdioProcess,
-    hidden: tuple[str, ...] = (),
 ) -> AsyncIterator[StdioPipes]:
     executable = shutil.which(argv[0], path=env.get("PATH"))
     if executable is None:
@@ -425,8 +423,7 @@ async def stdio_pipes(
         budget = LogBudget(STDERR_LINES_PER_S, 1.0, not_logged)
 
         def emit(text: str) -> None:
-            if budget.take():  # a server that prints its secret env: not logged
-                text = scrub(text, hidden)
+            if budget.take():
                 stderr_log.info("%s: %s", name, text, extra={"MEMORIZZ_SERVER": name})
 
         try:

@@ -42,13 +42,13 @@ from memorizz.api import methods as m
 from memorizz.api.errors import DeadlineExceededError, RemoteError
 from memorizzd.config import Config
 from memorizzd.loop import Clock, now
+from memorizzd.redact import hold, scrub
 from memorizzd.store import Negotiated, Store, StoreError
 from memorizzd.stored import fingerprint
 from memorizzd.upstream import errors
 from memorizzd.upstream.connection import Connection
 from memorizzd.upstream.jsonrpc import MODERN, Launch, open_session
 from memorizzd.upstream.logs import LogSink, tell
-from memorizzd.upstream.redact import scrub
 from memorizzd.upstream.replicas import Care, ReplicaSet, open_replicas
 from memorizzd.upstream.stdio import (
     InterpreterNotFoundError,
@@ -172,7 +172,9 @@ class Supervisor:
         """The next auto-mode connect uses the handshake era (the probe timed out)."""
         self._hidden: tuple[str, ...] = ()
         """The secret values sent at the last connect (``ServerSecrets.hidden``):
-        cut out of what the server says back (``redact.py``)."""
+        cut out of what the server says back (``redact.py``); the log's
+        filter asks ``hidden`` of every supervisor alive."""
+        hold(self)
         self.keeper: TokenKeeper | None = None
         """OAuth servers: the grant and its refresher."""
         if spec.auth == "oauth" and spec.transport != "stdio":
@@ -237,11 +239,7 @@ class Supervisor:
                 await self._connect_and_serve()
             except Exception as exc:  # noqa: BLE001 - the supervision boundary
                 if self._stopping:
-                    log.debug(
-                        "%s: the session ended with an error: %s",
-                        self.name,
-                        scrub(str(exc), self.hidden),
-                    )
+                    log.debug("%s: the session ended with an error: %s", self.name, exc)
                     return
                 if not self._dead.is_set():  # else _mark_dead said why
                     self.last_error = scrub(_describe_failure(exc), self.hidden)
@@ -414,11 +412,7 @@ class Supervisor:
             try:
                 await self._tools.refresh(client, server_name=self.server_name)
             except RemoteError as exc:
-                log.info(
-                    "%s: no tool listing at connect: %s",
-                    self.name,
-                    scrub(exc.message, self.hidden),
-                )
+                log.info("%s: no tool listing at connect: %s", self.name, exc.message)
             except TimeoutError:
                 log.info("%s: no tool listing at connect: it timed out", self.name)
             self.last_error = None
@@ -468,7 +462,6 @@ class Supervisor:
                 mode=mode,
                 on_notification=self._on_notification,
                 roots=tuple(spec.roots),
-                hidden=self._hidden,
             )
             if len(self._processes) > 1:
                 return open_replicas(launch, self._processes, self._care())

@@ -1,0 +1,77 @@
+"""The daemon's log filter (``memorizzd.redact.LogScrubber``, on the handler
+``setup_logging`` installs): whatever module logs a server's secret, quoted
+back by the server, the line says ``[redacted]`` instead, in the message and
+in a traceback, in both log formats. The end-to-end view (the real daemon,
+servers that quote their secrets back) is tests/e2e/test_secret_leak_battery.py."""
+
+from __future__ import annotations
+
+import io
+import logging
+from collections.abc import Iterator
+
+import msgspec
+import pytest
+
+from memorizzd.redact import REDACTED, LogScrubber, hold
+from memorizzd.telemetry.logs import formatter
+
+CANARY = "sk-canary-7f3a9c1e5b"
+
+
+class _Server:
+    """A holder of secrets, as a supervisor is."""
+
+    def __init__(self, *values: str) -> None:
+        self.hidden = values
+
+
+@pytest.fixture(params=["text", "json"])
+def logged(
+    request: pytest.FixtureRequest,
+) -> Iterator[tuple[logging.Logger, io.StringIO]]:
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(formatter(request.param))
+    handler.addFilter(LogScrubber())
+    logger = logging.getLogger(f"memorizzd.test_log_scrubber.{request.param}")
+    logger.propagate = False
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    try:
+        yield logger, out
+    finally:
+        logger.removeHandler(handler)
+
+
+def test_a_held_secret_is_cut_out_of_messages_and_tracebacks(
+    logged: tuple[logging.Logger, io.StringIO],
+) -> None:
+    logger, out = logged
+    server = _Server(CANARY, "short")
+    hold(server)  # as each supervisor does, for as long as it lives
+    logger.info("%s: no answer (%s)", "demo", f"invalid token Bearer {CANARY}")
+    logger.warning(f"formatted in place: {CANARY}")  # noqa: G004 - what a careless line does
+    try:
+        raise RuntimeError(f"the server said {CANARY}")
+    except RuntimeError:
+        logger.exception("demo: the session failed")
+    text = out.getvalue()
+    assert CANARY not in text, text
+    assert text.count(REDACTED) >= 3, text
+    assert "the server said" in text  # the traceback is kept, cleaned
+
+
+def test_lines_without_secrets_pass_as_they_are(
+    logged: tuple[logging.Logger, io.StringIO],
+) -> None:
+    logger, out = logged
+    server = _Server(CANARY)
+    hold(server)
+    logger.info("%s: connected (%d tools)", "demo", 3)
+    line = out.getvalue().strip()
+    if line.startswith("{"):
+        assert msgspec.json.decode(line)["message"] == "demo: connected (3 tools)"
+    else:
+        assert line.endswith("demo: connected (3 tools)"), line
+    assert REDACTED not in line
