@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import weakref
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -68,8 +69,10 @@ class TaskEntry:
     """The server's own id, sent only to that server."""
     tool: str
     owner: Owner
-    send: Send | None
-    """The creating connection (status notifications), while it lasts."""
+    sender: Callable[[], Send | None]
+    """The creating connection's send (status notifications), while it
+    lasts: held weakly (``_weakly``), so that a task outliving its connection
+    (a ``--task`` call's connection closes at once) does not keep it."""
     caller: Caller
     """Who created it: a status reaches its connection only while the server
     is in its scope (``TaskBook.sees``)."""
@@ -77,6 +80,23 @@ class TaskEntry:
 
 def owner_of(caller: Caller) -> Owner:
     return (caller.role, caller.profile, caller.uid)
+
+
+def _none() -> Send | None:
+    return None
+
+
+def _weakly(send: Send | None) -> Callable[[], Send | None]:
+    """``send`` for as long as its connection lives: a connection's bound
+    method is held weakly (the book keeps a task until its owner's cap
+    pushes it out, which is long after its connection closed: a strong
+    reference kept every such connection, its socket object and buffers,
+    alive); any other callable as it is."""
+    if send is None:
+        return _none
+    if hasattr(send, "__self__") and hasattr(send, "__func__"):
+        return weakref.WeakMethod(send)
+    return lambda: send
 
 
 class TaskBook:
@@ -115,7 +135,7 @@ class TaskBook:
             upstream_id=upstream_id,
             tool=tool,
             owner=owner_of(caller),
-            send=send,
+            sender=_weakly(send),
             caller=caller,
         )
         reused = self._by_upstream.get((server, upstream_id))
@@ -208,14 +228,15 @@ class TaskBook:
             return
         found = self._by_upstream.get((server, upstream_id)) if upstream_id else None
         entry = None if found is None else self._tasks.get(found)
-        if entry is None or entry.send is None:
+        send = None if entry is None else entry.sender()
+        if entry is None or send is None:
             return
         if not self._visible(entry.caller, server):
             return  # out of its creator's scope since (a reload): not a word
         line = {"jsonrpc": "2.0", "method": STATUS, "params": self.shown(entry, task)}
         with anyio.move_on_after(STATUS_SEND_S):
             try:
-                await entry.send(_encoder.encode(line) + b"\n")
+                await send(_encoder.encode(line) + b"\n")
             except Exception:  # the connection is gone: it hears no more
                 log.debug("%s: a task's status not delivered", server, exc_info=True)
-                entry.send = None
+                entry.sender = _none
