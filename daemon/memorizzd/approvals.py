@@ -83,6 +83,7 @@ from memorizz.api.errors import (
 from memorizzd import stored
 from memorizzd.audit import Auditor, CallArguments
 from memorizzd.caller import Caller
+from memorizzd.calllife import abandonable
 from memorizzd.store import ProposalRow, StorageFullError, Store, StoreError
 from memorizzd.telemetry.metrics import approval_decided, approval_proposed
 from memorizzd.vault import CredentialStore, VaultError
@@ -591,13 +592,17 @@ class ApprovalBook:
     async def wait(
         self, caller: Caller, proposal_id: str, timeout_s: float
     ) -> m.Proposal:
-        """Return once the proposal is no longer pending, or after ``timeout_s``."""
+        """Return once the proposal is no longer pending, or after ``timeout_s``.
+        A waiter whose client leaves stops waiting (``abandonable``): it has
+        done nothing yet, and the proposal stays for the operator (the face's
+        call held for approval would otherwise run, once approved, for a
+        client that is gone, and use up the approval its retry needs)."""
         proposal = await self.get(caller, proposal_id)
         if proposal.status != "pending":
             return proposal
         changed = self._changed.setdefault(proposal_id, anyio.Event())
         until_expiry = max(0.0, proposal.expires_at - self._now()) + 0.05
-        with anyio.move_on_after(min(timeout_s, until_expiry)):
+        with abandonable(), anyio.move_on_after(min(timeout_s, until_expiry)):
             await changed.wait()
         return await self.get(caller, proposal_id)
 

@@ -20,7 +20,8 @@ on the call's connection, its response line handed back (``answered``).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Final
 from weakref import WeakKeyDictionary
@@ -127,6 +128,24 @@ def mark_abortable(abortable: bool) -> None:
     life = current.get()
     if life is not None:
         life.set_abortable(abortable)
+
+
+@contextmanager
+def abandonable() -> Iterator[None]:
+    """Within it, the running request may be abandoned with its client: it
+    waits and has done nothing a client's departure would cut short (a call
+    held for the operator's approval, an ``approvals/wait``). A client gone
+    already ends it at once. On the way out the request is as it was."""
+    life = current.get()
+    if life is None:
+        yield
+        return
+    before = life.abortable
+    life.set_abortable(True)
+    try:
+        yield
+    finally:
+        life.abortable = before  # restoring never cancels
 
 
 def client_aborted() -> bool:

@@ -543,15 +543,13 @@ def test_face_calls_awaiting_approval_whose_clients_leave_are_released(
     base_dir: str,
 ) -> None:
     """A face call decided ``ask`` waits for the operator; its client leaves.
-    The call waits on (``face_approval_wait_s``: if the operator approves
-    meanwhile, it runs, and is audited), then ends; its proposal stays for
-    the operator, and what waits on it until it is decided: then nothing is
-    left. (Here the wait is short; by default it is 50 s, for which each
-    such call keeps its connection.)"""
+    The call ends with it, long before ``face_approval_wait_s``; its proposal
+    stays for the operator, and what waits on it until it is decided: then
+    nothing is left."""
     config = daemon_config(
         base_dir,
         servers=[stdio_spec("t"), light_spec("l")],
-        face_approval_wait_s=0.2,
+        face_approval_wait_s=30.0,
     )
     with DaemonHarness.running(config) as harness:
         harness.wait_ready("t")
@@ -587,6 +585,40 @@ def test_face_calls_awaiting_approval_whose_clients_leave_are_released(
         assert len(proposals) == N + 5
         assert grown(before, after) == {}
         assert harness.daemon.book._changed == {}
+
+
+def test_a_held_face_call_whose_client_left_does_not_run_when_approved(
+    base_dir: str,
+) -> None:
+    """A face call held for the operator has sent nothing upstream: when its
+    client leaves, it ends (it does not wait out ``face_approval_wait_s`` to
+    run, once approved, for nobody, using up the approval). The proposal
+    stays; approved, the agent's retry (same tool, same arguments) runs it,
+    once."""
+    calls_log = os.path.join(base_dir, "calls.log")
+    config = daemon_config(
+        base_dir,
+        servers=[stdio_spec("t", env={"CALL_LOG": calls_log}), light_spec("l")],
+        face_approval_wait_s=30.0,
+    )
+    call = request(1, "tools/call", name="t__record", arguments={"tag": "left"})
+    with DaemonHarness.running(config) as harness:
+        harness.wait_ready("t")
+        session = face_session(harness)
+        session.send(call, request("p", "ping"))
+        assert "result" in session.reply("p")
+        session.close()
+        settled(harness)  # the held call ended with its client
+        with harness.client() as c:
+            (proposal,) = c.list_approvals(status="pending")
+            c.approve(proposal.id)
+        assert not os.path.exists(calls_log)
+        again = face_session(harness)
+        again.send(call)
+        reply = again.reply(1)
+        again.close()
+        assert reply["result"].get("isError") is not True, reply
+        assert Path(calls_log).read_text().splitlines() == ["left"]
 
 
 # --- tasks -------------------------------------------------------------------------
