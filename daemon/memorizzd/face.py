@@ -384,9 +384,12 @@ class FaceDispatcher:
         self._sessions: set[Session] = set()
         """The open connections of every face socket (told of list changes)."""
         self._levels: dict[Session, int] = {}
+        """Sessions that asked for log messages, and from which level on."""
         self._narrowed: dict[Session, str] = {}
         """Sessions that chose one server (``memorizz/scope``): its names unchanged."""
-        """Sessions that asked for log messages, and from which level on."""
+        self._emptied: set[Session] = set()
+        """Sessions that chose two servers in turn: they see none (a scope is
+        only ever narrowed)."""
         self._clients: dict[Session, dict[str, Any]] = {}
         """What each session's client declared in ``initialize`` (it is asked
         an upstream's elicitation and sampling requests only if it can)."""
@@ -432,16 +435,20 @@ class FaceDispatcher:
         (``memorizz/scope``: a session may narrow its scope, never widen it)."""
         found = self._broker.in_scope(session.caller)
         chosen = self._narrowed.get(session)
-        return found if chosen is None else [u for u in found if u.name == chosen]
+        if chosen is None:
+            return found
+        if session in self._emptied:
+            return []
+        return [u for u in found if u.name == chosen]
 
     def _sees(self, session: Session, server: str) -> bool:
         """Whether the session may hear of ``server`` now: in its caller's
         scope (``Broker.sees``, which the socket API asks too) and in the one
         server it chose, if it chose one (``memorizz/scope``)."""
         chosen = self._narrowed.get(session)
-        return (chosen is None or chosen == server) and self._broker.sees(
-            session.caller, server
-        )
+        if chosen is not None and (chosen != server or session in self._emptied):
+            return False
+        return self._broker.sees(session.caller, server)
 
     def _in_scope(self, caller: Caller) -> list[Upstream]:
         """The running request's session's servers (``_scope_of``); a session
@@ -538,6 +545,7 @@ class FaceDispatcher:
         self._sessions.discard(session)
         self._levels.pop(session, None)
         self._narrowed.pop(session, None)
+        self._emptied.discard(session)
         self._clients.pop(session, None)
         self._subscribers.closed(session)  # the last holder's unsubscribe follows
 
@@ -634,7 +642,14 @@ class FaceDispatcher:
                 chosen = msgspec.json.decode(request.params, type=_Scope)
             except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
                 return True
+            # Only ever narrowed: the bridge's choice is the first, and what
+            # its client sends after it (through the pipes, over HTTP) must
+            # not move the session to another server: another name leaves it
+            # nothing (what the two have in common), said under the last name.
+            previous = self._narrowed.get(session)
             self._narrowed[session] = chosen.server
+            if previous not in (None, chosen.server):
+                self._emptied.add(session)
             return True
         if request.method == "notifications/cancelled":
             try:

@@ -422,6 +422,9 @@ class _Connection:
         self.offering = server.handoff
         """Until the first line that is not the bridge's: descriptors are taken."""
         self.offered: list[int] = []
+        self.offer_cut = False
+        """More descriptors came than a hand-over takes (the kernel closed
+        those past two): the offer is refused, whatever the two are."""
         self.pipes: Pipes | None = None
         """The client's stdio, once a bridge handed it over (handoff.py)."""
 
@@ -591,14 +594,16 @@ class _Connection:
         """``_receive``, taking the descriptors a bridge may send along."""
         while True:
             try:
-                data, ancdata, _, _ = self.raw.recvmsg(
+                data, ancdata, flags, _ = self.raw.recvmsg(
                     _READ, ANCILLARY_SPACE, RECV_FLAGS
                 )
             except BlockingIOError:
                 await anyio.wait_readable(self.raw)
                 continue
             fds = received_fds(ancdata)
-            if self.offered:  # one hand-over per connection
+            if flags & socket.MSG_CTRUNC:  # more than two: "exactly two" is not met
+                self.offer_cut = True
+            if self.offered or self.offer_cut:  # one hand-over per connection
                 close_all(fds)
             else:
                 self.offered = fds
@@ -616,9 +621,10 @@ class _Connection:
         if line.strip() != HANDOFF_LINE:
             close_all(fds)
             return False
-        pipes = None if rest else Pipes.take(fds)
+        refuse = bool(rest) or self.offer_cut
+        pipes = None if refuse else Pipes.take(fds)
         if pipes is None:
-            if rest:
+            if refuse:
                 close_all(fds)
             refused = InvalidRequestError(
                 "memorizz/handoff takes the client's stdin and stdout (two pipes or"
