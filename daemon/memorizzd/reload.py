@@ -349,6 +349,9 @@ class Reloader:
         # A proposal never outlives its profile: a removed one's open proposals
         # end now, before a profile of the same name could be added again.
         await self._book.profiles_in_force(new_profiles.keys(), caps=open_caps(config))
+        self._broker.tool_calls.tasks.profiles_in_force(
+            new_profiles.keys()
+        )  # and tasks
         # Then what takes time; the config in force is already the new one.
         for name in result.servers_stopped:
             self._pool.retire(name)

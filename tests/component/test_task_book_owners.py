@@ -11,7 +11,9 @@ results lost to them), the operator's included.
 from __future__ import annotations
 
 import msgspec
+import pytest
 
+from memorizz.api.errors import InvalidParamsError
 from memorizzd.caller import Caller
 from memorizzd.upstream import tasks
 from memorizzd.upstream.tasks import TaskBook
@@ -38,3 +40,21 @@ def test_a_flood_of_one_owners_tasks_forgets_only_its_own_oldest() -> None:
     assert [e.id for e in book.mine(OTHER)] == [theirs]
     kept = tasks.MAX_TASKS_PER_OWNER
     assert [e.id for e in book.mine(FLOOD)] == flood[-kept:]  # its newest
+
+
+def test_a_removed_profiles_tasks_are_forgotten_at_the_reload() -> None:
+    """A reload that removes profile ``a`` forgets its tasks, as it ends its
+    proposals: a profile ``a`` added later (same uid) is another profile and
+    never reaches them. Other profiles' tasks and the operator's stay."""
+    book = TaskBook()
+    gone = _create(book, FLOOD, "a-1")
+    theirs = _create(book, OTHER, "b-1")
+    operators = _create(book, OPERATOR, "op-1")
+    book.profiles_in_force(["b"])
+    with pytest.raises(InvalidParamsError):
+        book.get(FLOOD, gone)  # the new "a", same uid as the old one
+    assert book.mine(FLOOD) == []
+    assert book.get(OTHER, theirs).upstream_id == "b-1"
+    assert book.get(OPERATOR, operators).upstream_id == "op-1"
+    again = _create(book, FLOOD, "a-1")  # the server's id, given again: no clash
+    assert book.get(FLOOD, again).upstream_id == "a-1"

@@ -890,7 +890,9 @@ def test_a_narrowing_reload_takes_tasks_and_built_in_tools_from_open_connections
     gamma. On the same connections, at once: the task is answered as one
     never made (get, result, cancel), is not listed, and its cancel never
     reaches the server; ``tk``'s tools and the built-ins are unknown tools.
-    A reload that gives ``tk`` back shows the task still working."""
+    A reload that gives ``tk`` back shows the task still working. A reload
+    that removes gamma, and one that adds a gamma again (the same uid): the
+    new profile never reaches the old one's tasks."""
     exe = node("the reload probe's task server")
     os.chmod(base_dir, 0o755)  # noqa: S103 - the agents directory lives below
     config_file = Path(base_dir, "memorizzd.toml")
@@ -969,6 +971,33 @@ def test_a_narrowing_reload_takes_tasks_and_built_in_tools_from_open_connections
             cancelled = api.ask("tasks/cancel", {"task_id": task_id}, "end")
             assert cancelled["result"]["status"] == "cancelled"
             assert "result" in face.ask("ping", {}, "alive")
+            again = api.ask(
+                "tools/call",
+                {
+                    "server": "tk",
+                    "name": "hold",
+                    "arguments": {},
+                    "task": {"ttl": 60000},
+                },
+            )["result"]["task"]["taskId"]
         finally:
             api.close()
             face.close()
+        # A profile removed, then one of the same name added: another profile,
+        # which never reaches the old one's tasks (nor its proposals).
+        profile = doc.pop("profiles")
+        config_file.write_text(_toml(doc), encoding="utf-8")
+        with h.client() as operator:
+            assert operator.daemon_reload().profiles_removed == ["gamma"]
+        doc["profiles"] = profile
+        config_file.write_text(_toml(doc), encoding="utf-8")
+        with h.client() as operator:
+            assert operator.daemon_reload().profiles_added == ["gamma"]
+        api = Wire.to(gamma)
+        try:
+            for method in ("tasks/get", "tasks/result", "tasks/cancel"):
+                unknown = api.ask(method, {"task_id": again}, "new")
+                assert reason(unknown) == "invalid_params", unknown
+            assert api.ask("tasks/list", {}, "tl")["result"]["tasks"] == []
+        finally:
+            api.close()

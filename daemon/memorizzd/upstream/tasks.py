@@ -34,7 +34,7 @@ import logging
 import secrets
 import weakref
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -178,6 +178,16 @@ class TaskBook:
 
     def _visible(self, caller: Caller, server: str) -> bool:
         return self._sees is None or self._sees(caller, server)
+
+    def profiles_in_force(self, names: Iterable[str]) -> None:
+        """A reload's profiles: the tasks of a removed one are forgotten, as
+        its proposals are (``ApprovalBook.profiles_in_force``). A profile of
+        the same name added later is another profile, and never inherits
+        them (the owner is role, profile and uid: the same uid would)."""
+        kept = set(names)
+        for owner in [o for o in self._owned if o[1] is not None and o[1] not in kept]:
+            for task_id in list(self._owned.get(owner, ())):
+                self.forget(self._tasks[task_id])
 
     def forget(self, entry: TaskEntry) -> None:
         """The server no longer knows the task (expired): drop it."""
