@@ -100,6 +100,7 @@ from memorizz.api.errors import (
 )
 from memorizz.api.protocol import ErrorObject, Reply, Request
 from memorizzd import __version__, rounds, uri_templates
+from memorizzd.approvals import not_found
 from memorizzd.broker import Broker
 from memorizzd.caller import Caller
 from memorizzd.calllife import (
@@ -817,8 +818,11 @@ class FaceDispatcher:
     async def _builtin_call(
         self, caller: Caller, key: str, arguments: msgspec.Raw
     ) -> Any:
-        """``memorizz__proposals`` and ``memorizz__resume`` (an agent's own proposals)."""
+        """``memorizz__proposals`` and ``memorizz__resume``: an agent's own
+        proposals, on the servers of the session's scope (a session narrowed
+        to one server, ``memorizz/scope``, sees and resumes that one's only)."""
         book = self._broker.book
+        seen = {u.name for u in self._in_scope(caller)}
         if key == "proposals":
             proposals = await book.list_for(caller, status=None, limit=50)
             rows = [
@@ -830,6 +834,7 @@ class FaceDispatcher:
                     "expires_at": p.expires_at,
                 }
                 for p in proposals
+                if p.server in seen
             ]
             text = "\n".join(
                 f"{r['id']} {r['status']} {r['server']}/{r['tool']}" for r in rows
@@ -841,6 +846,8 @@ class FaceDispatcher:
         try:
             proposal_id = _decode(arguments, _ResumeArguments).id
             proposal = await book.get(caller, proposal_id)
+            if proposal.server not in seen:  # as if it were not there
+                raise not_found(proposal_id)
         except (InvalidParamsError, NotFoundError) as exc:
             # its input, not the protocol: a result the model reads and
             # corrects (MCP 2025-11-25, SEP-1303), not an error its client eats

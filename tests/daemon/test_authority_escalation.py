@@ -661,6 +661,40 @@ def test_a_proposal_runs_only_with_the_arguments_approved(
     assert status_of(world, said["proposal_id"]) == "pending"
 
 
+def test_built_in_tools_keep_to_a_narrowed_scope(
+    world: DaemonHarness, base: str
+) -> None:
+    """A session narrowed to ``t2`` sees and resumes its own proposals on
+    ``t2`` only: alpha's approved ``record`` on ``t`` is not listed there,
+    and ``memorizz__resume`` of it is answered as an id nobody has; the
+    session of alpha's whole scope runs it, once."""
+    alpha = agent_socket(base, "alpha")
+    tag = f"narrowed-{secrets.token_hex(4)}"
+    theirs = propose(alpha, tag)
+    with world.client() as operator:
+        assert operator.approve(theirs).status == "approved"
+    missing = "p_" + secrets.token_hex(12)
+    with opened(session(face_of(alpha), via="socket", scope="t2")) as w:
+        listed = w.ask("tools/call", {"name": "memorizz__proposals"}, "list")
+        assert theirs not in msgspec.json.encode(listed).decode(), listed
+        hidden = w.ask(
+            "tools/call", {"name": "memorizz__resume", "arguments": {"id": theirs}}
+        )
+        absent = w.ask(
+            "tools/call", {"name": "memorizz__resume", "arguments": {"id": missing}}
+        )
+        assert msgspec.json.encode(hidden).decode().replace(theirs, missing) == (
+            msgspec.json.encode(absent).decode()
+        )
+    assert tag not in calls(base)
+    with opened(session(face_of(alpha), via="socket")) as w:
+        ran = w.ask(
+            "tools/call", {"name": "memorizz__resume", "arguments": {"id": theirs}}
+        )
+        assert ran["result"]["content"][0]["text"] == f"recorded {tag}", ran
+    assert calls(base).count(tag) == 1
+
+
 @needs_root
 def test_a_face_reruns_an_approved_call_only_for_the_uid_that_made_it(
     world: DaemonHarness, base: str
