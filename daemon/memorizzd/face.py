@@ -292,12 +292,15 @@ class _Listen:
     """One 2026-07-28 listen stream of a session: the list changes and the
     resources (server, URI) it takes, every frame stamped with its id."""
 
-    __slots__ = ("changes", "ended", "id", "resources")
+    __slots__ = ("changes", "ended", "holds", "id", "resources")
 
     def __init__(self, request_id: int | str, changes: frozenset[str]) -> None:
         self.id = request_id
         self.changes = changes
         self.resources: set[tuple[str, str]] = set()
+        self.holds: set[Upstream] = set()
+        """The servers it holds subscriptions of: released when it ends, in
+        scope or not by then (a reload may have taken one out of it)."""
         self.ended = anyio.Event()
         """Set when its socket stops: the stream ends with its result."""
 
@@ -542,7 +545,7 @@ class FaceDispatcher:
 
     def closed(self, session: Session) -> None:
         for listen in self._listens.pop(session, {}).values():
-            self._let_go(listen, session.caller)
+            self._let_go(listen)
         self._sessions.discard(session)
         self._levels.pop(session, None)
         self._narrowed.pop(session, None)
@@ -1124,7 +1127,7 @@ class FaceDispatcher:
         finally:
             held = self._listens.get(session, {})
             if held.pop(request_id, None) is not None:
-                self._let_go(listen, caller)
+                self._let_go(listen)
             if not held:
                 self._listens.pop(session, None)
         return {"_meta": {mcp_meta.SUBSCRIPTION_ID: request_id}}
@@ -1140,16 +1143,16 @@ class FaceDispatcher:
         except RemoteError:
             return False
         listen.resources.add((owner.name, uri))
+        listen.holds.add(owner)
         return True
 
-    def _let_go(self, listen: _Listen, caller: Caller) -> None:
+    def _let_go(self, listen: _Listen) -> None:
         """A listen stream ended: its resources are held no more (the last
         holder's unsubscribe follows, ``subscriptions.py``)."""
-        servers = {server for server, _ in listen.resources}
         listen.resources.clear()
-        for upstream in self._broker.in_scope(caller):
-            if upstream.name in servers:
-                upstream.subscriptions.release(listen)
+        for upstream in listen.holds:  # those a reload took out of scope too
+            upstream.subscriptions.release(listen)
+        listen.holds.clear()
 
     async def _owner_of(self, caller: Caller, uri: str) -> Upstream:
         """The server a URI goes to: the first, by name, that lists it; else

@@ -369,3 +369,57 @@ def test_a_reload_that_removes_a_profile_ends_only_its_listen_streams(
 
         anyio.run(work)
     assert ended == ["bot ended", "operator heard a change"]
+
+
+def test_a_stream_lets_go_of_a_server_a_reload_took_out_of_its_scope(
+    base_dir: str,
+) -> None:
+    """bot's stream holds ``feat://watched`` (feat subscribes upstream); a
+    reload takes feat out of bot's profile, the connection staying open;
+    when the stream ends, feat hears the unsubscribe all the same (a stream
+    let go only of the servers still in its scope: feat stayed subscribed
+    for good)."""
+    config_file = Path(base_dir, "memorizzd.toml")
+    subs = os.path.join(base_dir, "subs.log")
+    feat = _server("feat", str(Path(features_server.__file__)), protocol="legacy")
+    feat["args"] = [*feat["args"], "stdio"]
+    feat["env"] = {"SUB_LOG": subs}
+    profile = {"name": "bot", "servers": ["alpha", "feat"], "uids": [os.getuid()]}
+    doc = _doc(
+        base_dir,
+        servers=[_server("alpha", MCP_SERVER), feat],
+        profiles=[profile],
+    )
+    _write(config_file, doc)
+
+    def logged() -> list[str]:
+        return Path(subs).read_text().splitlines() if os.path.exists(subs) else []
+
+    with DaemonHarness.running(load(str(config_file))) as h:
+        h.wait_ready("alpha")
+        h.wait_ready("feat")
+        with h.client() as c:
+            bot_socket = c.daemon_status().agent_sockets["bot"]
+
+        async def work() -> None:
+            params = StdioServerParameters(
+                command=MEMORIZZCTL, args=["--socket", bot_socket, "mcp", "serve"]
+            )
+            async with Client(stdio_client(params), mode="auto", cache=None) as client:
+                async with client.listen(resource_subscriptions=[WATCHED]) as stream:
+                    assert stream.honored.resource_subscriptions == [WATCHED]
+                    assert logged() == [f"subscribe {WATCHED}"]
+                    _write(
+                        config_file,
+                        {**doc, "profiles": [{**profile, "servers": ["alpha"]}]},
+                    )
+                    await anyio.to_thread.run_sync(_reload, h)
+                tools = await client.list_tools()  # the session goes on
+                assert "change_tools" in [t.name for t in tools.tools]  # alpha's alone
+
+        anyio.run(work)
+        wait_until(
+            lambda: logged() == [f"subscribe {WATCHED}", f"unsubscribe {WATCHED}"],
+            timeout=10,
+            what=f"feat unsubscribed: {logged()}",
+        )
