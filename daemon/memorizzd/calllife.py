@@ -55,6 +55,12 @@ ABORTABLE_METHODS: Final = frozenset(
 )
 """Methods without effects: abandoned when their client goes away.
 ``tools/call`` is decided per call (see ``mark_abortable``)."""
+UNCANCELLABLE_METHODS: Final = frozenset({"initialize"})
+"""Requests a ``notifications/cancelled`` does not stop: MCP's cancellation
+utility says "The ``initialize`` request MUST NOT be cancelled by clients",
+and a receiver MAY ignore a cancellation of a request that cannot be
+cancelled. It is answered, as the Python SDK's servers answer it: a client
+that waits for its answer is not left waiting."""
 
 
 class CallLife:
@@ -64,6 +70,7 @@ class CallLife:
         "abortable",
         "aborted",
         "asker",
+        "cancellable",
         "gone",
         "log_level",
         "reason",
@@ -85,6 +92,7 @@ class CallLife:
         """Sends a line to the request's client, unasked (the MCP face's
         progress notifications); None where the protocol sends nothing."""
         self.abortable = method in ABORTABLE_METHODS
+        self.cancellable = method not in UNCANCELLABLE_METHODS
         self.gone = False
         self.aborted = False
         self.reason = "client_gone"
@@ -100,7 +108,10 @@ class CallLife:
     def cancel(self) -> None:
         """The client asked to stop (MCP's ``notifications/cancelled``): the
         request is cancelled whatever its effects (its upstream request is
-        cancelled too, and decides what that means), and no reply is sent."""
+        cancelled too, and decides what that means), and no reply is sent;
+        one of ``UNCANCELLABLE_METHODS`` goes on, and is answered."""
+        if not self.cancellable:
+            return
         self.aborted = True
         self.reason = "cancelled"
         self.scope.cancel()

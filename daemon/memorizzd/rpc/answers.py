@@ -13,7 +13,7 @@ as a response only once it failed to be one.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
@@ -28,7 +28,10 @@ that means it: one that does answers only its own requests)."""
 
 
 class _Response(msgspec.Struct):
-    id: int | str | None = None
+    id: Any = None
+    """Any: a response is never answered, whatever its id (one that is not an
+    integer nor a string, ``2.5`` or ``true``, answers nothing of ours and
+    is dropped: ``calllife.answered`` reads only those)."""
     method: str | None = None
     result: msgspec.Raw = msgspec.Raw(b"")
     error: msgspec.Raw = msgspec.Raw(b"")

@@ -17,9 +17,10 @@ face's too).
 
 from __future__ import annotations
 
+import decimal
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final, Protocol
+from typing import Any, Final, Literal, Protocol
 
 import msgspec
 
@@ -86,6 +87,21 @@ class _IdProbe(msgspec.Struct):
 
 
 _id_decoder: Final = msgspec.json.Decoder(_IdProbe)
+
+
+class _NumberIdRequest(msgspec.Struct):
+    """A request whose id is not an integer nor a string, kept as written."""
+
+    jsonrpc: Literal["2.0"]
+    method: str
+    id: msgspec.Raw
+    params: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+_number_id_decoder: Final = msgspec.json.Decoder(_NumberIdRequest)
+_INTEGRAL_DIGITS_MAX: Final = 64
+"""An id written as a float (``1.0``, ``1e2``) is read as an integer of at
+most this many digits (``1e999999999`` is not worth its memory)."""
 
 
 class _Method:
@@ -290,6 +306,8 @@ def _decode_request(line: bytes) -> Request:
     try:
         request = _request_decoder.decode(line)
     except msgspec.ValidationError as exc:
+        if (whole := _integral_id_request(line)) is not None:
+            return whole
         request_id = _probe_id(line)
         error = InvalidRequestError(f"not a JSON-RPC 2.0 request: {exc}")
         raise _WithId(error, request_id) from None
@@ -336,9 +354,57 @@ def _probe_id(line: bytes) -> RequestId | None:
         found = _id_decoder.decode(line).id
     except (msgspec.DecodeError, RecursionError, ValueError):
         return None
+    if isinstance(found, float):
+        return _integral_id_request_id(line)
     return (
         found if isinstance(found, int | str) and not isinstance(found, bool) else None
     )
+
+
+def _integral(written: bytes) -> int | None:
+    """An id written as a number with no fractional part (``1.0``, ``1e2``,
+    ``-0.0``) is an integer: MCP's schema types a request id ``["string",
+    "integer"]``, and JSON Schema's ``integer`` is any number whose
+    fractional part is zero. Answered as that integer (the same JSON number,
+    as server-everything answers it); ``1.5`` is no integer. Read from the
+    text, exactly: a float would take ``9007199254740993.0`` for ...992."""
+    try:
+        number = decimal.Decimal(written.decode("ascii"))
+    except (UnicodeDecodeError, decimal.InvalidOperation):
+        return None
+    if not number.is_finite() or number.adjusted() >= _INTEGRAL_DIGITS_MAX:
+        return None
+    if number != number.to_integral_value():
+        return None
+    return int(number)
+
+
+def _integral_id_request(line: bytes) -> Request | None:
+    """The request on a line that ``Request`` refused only for its id being
+    an integral float (``_integral``); None for anything else."""
+    try:
+        found = _number_id_decoder.decode(line)
+    except (msgspec.DecodeError, RecursionError, ValueError):
+        return None
+    request_id = _integral(bytes(found.id))
+    if request_id is None:
+        return None
+    return Request(
+        jsonrpc="2.0", method=found.method, id=request_id, params=found.params
+    )
+
+
+class _RawId(msgspec.Struct):
+    id: msgspec.Raw = msgspec.Raw(b"null")
+
+
+def _integral_id_request_id(line: bytes) -> int | None:
+    """The id of a line whose id is a number written as a float, if that
+    number is an integer (``_integral``): its error is answered under it."""
+    try:
+        return _integral(bytes(msgspec.json.decode(line, type=_RawId).id))
+    except (msgspec.DecodeError, RecursionError, ValueError):
+        return None
 
 
 class _WithId(InvalidRequestError):
