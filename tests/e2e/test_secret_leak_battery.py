@@ -32,6 +32,8 @@ counts on that), and is not searched here.
 from __future__ import annotations
 
 import base64
+import contextlib
+import io
 import os
 import secrets
 import signal
@@ -50,6 +52,7 @@ import msgspec
 import pytest
 
 from memorizz.api.methods import ServerSpec
+from memorizz.cli import main as ctl_main
 from tests.harness import (
     DaemonProcess,
     rmtree,
@@ -259,17 +262,15 @@ class World:
         self.script = os.path.join(daemon.base, "leaky_stdio.py")
         Path(self.script).write_text(LEAKY_STDIO, encoding="utf-8")
 
-    def ctl(self, *argv: str, stdin: str | None = None) -> str:
-        """``memorizzctl --socket ... ARGV``: its stdout and stderr."""
-        done = subprocess.run(
-            [MEMORIZZCTL, "--socket", self.daemon.socket, *argv],
-            capture_output=True,
-            text=True,
-            input=stdin,
-            timeout=60,
-            check=False,
-        )
-        return done.stdout + done.stderr
+    def ctl(self, *argv: str) -> str:
+        """``memorizzctl --socket ... ARGV``: its stdout and stderr. Run in
+        this process (``memorizz.cli.main``, the console script's own
+        function): a battery of hundreds of commands would spend most of its
+        time starting interpreters."""
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            ctl_main(["--socket", self.daemon.socket, *argv])
+        return out.getvalue() + err.getvalue()
 
     def both(self, *argv: str) -> str:
         """``ARGV`` plain and with ``--json``."""
