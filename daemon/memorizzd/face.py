@@ -512,6 +512,7 @@ class FaceDispatcher:
             call.arguments,
             None,
             shown=shown,
+            error_shown=_face_error,
         )
 
     def _warm_route(self, session: Session, name: str) -> tuple[str, str, bool] | None:

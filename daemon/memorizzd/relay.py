@@ -33,7 +33,13 @@ import msgspec
 
 from memorizz.api import methods as m
 from memorizz.api.errors import RemoteError, UnavailableError
-from memorizz.api.protocol import Request, RequestId, error_line, result_line
+from memorizz.api.protocol import (
+    ErrorObject,
+    Request,
+    RequestId,
+    error_line,
+    result_line,
+)
 from memorizzd.audit import CallArguments, outcome_for
 from memorizzd.caller import Caller
 from memorizzd.calllife import declared_by
@@ -93,11 +99,14 @@ class WarmRelay:
         arguments: msgspec.Raw,
         timeout_s: float | None,
         shown: Callable[[msgspec.Raw], object] | None = None,
+        error_shown: Callable[[RemoteError], ErrorObject] | None = None,
     ) -> _Relayed | None:
         """Relay one call of a front that found it plain (the socket API's
         above, the MCP face's ``FaceDispatcher.relay``); None: it cannot be
         relayed now. ``shown``: the result as the front's protocol shows it
-        (default: the server's bytes, as they are)."""
+        (default: the server's bytes, as they are); ``error_shown``: an
+        error, as the front answers it when it runs the call in a task
+        (default: the socket API's ``to_wire``)."""
         if tracing.enabled:
             return None
         calls = self._calls
@@ -134,6 +143,7 @@ class WarmRelay:
             started,
             upstream.timeout_for(timeout_s),
             shown,
+            error_shown,
         )
         begun = client.start_call(tool, read.raw, relayed)
         if begun is None:
@@ -155,6 +165,7 @@ class _Relayed:
         "_rid",
         "_sent",
         "client",
+        "error_shown",
         "over",
         "read",
         "relay",
@@ -181,9 +192,11 @@ class _Relayed:
         started: float,
         timeout_s: float,
         shown: Callable[[msgspec.Raw], object] | None,
+        error_shown: Callable[[RemoteError], ErrorObject] | None = None,
     ) -> None:
         self.relay = relay
         self.shown = shown
+        self.error_shown = error_shown
         self.session = session
         self.request_id = request_id
         self.upstream = upstream
@@ -312,7 +325,10 @@ class _Relayed:
         elif error is not None:
             fields["outcome"] = outcome_for(error.reason)
             fields["reason"] = error.reason
-            line = error_line(self.request_id, error.to_wire())
+            wire = (
+                error.to_wire() if self.error_shown is None else self.error_shown(error)
+            )
+            line = error_line(self.request_id, wire)
         elif told is not None:  # cut off: failed, and the caller told why
             fields["outcome"], fields["reason"] = "failed", aborted
             line = error_line(self.request_id, told.to_wire())

@@ -37,6 +37,7 @@ import itertools
 import os
 import re
 import shutil
+import socket
 import struct
 import sys
 from collections.abc import Callable, Iterator
@@ -58,6 +59,7 @@ from memorizz.api import methods as m
 from memorizz.api.errors import RemoteError
 from memorizz.api.methods import ServerSpec
 from memorizzd import __version__
+from memorizzd.listeners import face_socket_path
 from tests.e2e.test_reference_servers import (
     EVERYTHING,
     FILESYSTEM,
@@ -915,3 +917,44 @@ def _small_face_view(
 
 
 _TINY_PNG = b"iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+
+
+def test_a_url_elicitation_required_error_passes_on_the_warm_relay_too(
+    world: World,
+) -> None:
+    """A client that declares nothing takes the face's warm relay (no task
+    per call): its URL elicitation required error is the same -32042 with
+    the server's ``elicitations`` as on the task path (above)."""
+    path = face_socket_path(world.daemon.socket)
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.settimeout(20)
+        sock.connect(path)
+        replies = sock.makefile("rb")
+
+        def send(message: dict[str, Any]) -> None:
+            sock.sendall(msgspec.json.encode({"jsonrpc": "2.0", **message}) + b"\n")
+
+        def answer(request_id: int) -> dict[str, Any]:
+            while True:
+                found: dict[str, Any] = msgspec.json.decode(replies.readline())
+                if found.get("id") == request_id:
+                    return found
+
+        send({"method": "memorizz/scope", "params": {"server": "ev_stdio"}})
+        init = {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "bare", "version": "0"},
+        }
+        send({"id": 1, "method": "initialize", "params": init})
+        assert "result" in answer(1)
+        send({"method": "notifications/initialized"})
+        _, arguments = ASKING["url_elicit_error"]
+        call = {"name": "trigger-url-elicitation", "arguments": arguments()}
+        send({"id": 2, "method": "tools/call", "params": call})
+        error = answer(2)["error"]
+    assert error["code"] == -32042, error
+    assert error["data"]["reason"] == "upstream_error"
+    data = types.ErrorData(**error)
+    [prerequisite] = UrlElicitationRequiredError.from_error(data).elicitations
+    assert prerequisite.url == "https://modelcontextprotocol.io"
