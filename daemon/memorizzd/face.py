@@ -828,7 +828,8 @@ class FaceDispatcher:
         book = self._broker.book
         seen = {u.name for u in self._in_scope(caller)}
         if key == "proposals":
-            proposals = await book.list_for(caller, status=None, limit=50)
+            # the newest 50 in scope (a profile's open ones are capped far below)
+            proposals = await book.list_for(caller, status=None, limit=1000)
             rows = [
                 {
                     "id": p.id,
@@ -839,7 +840,7 @@ class FaceDispatcher:
                 }
                 for p in proposals
                 if p.server in seen
-            ]
+            ][:50]
             text = "\n".join(
                 f"{r['id']} {r['status']} {r['server']}/{r['tool']}" for r in rows
             )

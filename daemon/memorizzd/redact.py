@@ -17,14 +17,20 @@ stdio server that prints its environment to stderr. Two places cut them out:
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
 import weakref
+from collections.abc import Iterable
 from typing import Any, Final, Protocol
 
 from memorizz.api.errors import RemoteError
 
 REDACTED: Final = "[redacted]"
 """What a server's own secret, quoted back by it, is shown as."""
+HIDDEN_MIN: Final = 4
+"""The shortest secret value cut out of text: cutting out shorter ones would
+garble the text and hide next to nothing."""
 
 
 class Holder(Protocol):
@@ -35,11 +41,30 @@ class Holder(Protocol):
 
 
 _holders: weakref.WeakSet[Any] = weakref.WeakSet()
+_generation = 0
+"""Counts the changes of what the holders hold (``changed``)."""
 
 
 def hold(holder: Holder) -> None:
     """Keep ``holder``'s secrets out of the log for as long as it lives."""
     _holders.add(holder)
+    changed()
+
+
+def changed() -> None:
+    """A holder's secrets changed (a connect, a grant refreshed): the log's
+    filter reads them all again at its next record."""
+    global _generation
+    _generation += 1
+
+
+def ordered(values: Iterable[str]) -> tuple[str, ...]:
+    """Secret values as ``scrub`` takes them: each once, longest first (a
+    value inside another is cut out after it), none shorter than
+    ``HIDDEN_MIN``."""
+    return tuple(
+        sorted({v for v in values if len(v) >= HIDDEN_MIN}, key=len, reverse=True)
+    )
 
 
 def scrub(text: str, hidden: tuple[str, ...]) -> str:
@@ -75,21 +100,44 @@ def scrub_error(exc: RemoteError, hidden: tuple[str, ...]) -> RemoteError:
 
 class LogScrubber(logging.Filter):
     """A handler's filter: each record's message (and traceback) without the
-    secrets of any live ``Holder``. Nothing is dropped."""
+    secrets of any live ``Holder``. Nothing is dropped, and a log call never
+    fails for it. The holders' values are read again, into one pattern, only
+    when they changed (``changed``, a holder gone): a record costs a search."""
 
     _format = logging.Formatter()
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._seen: tuple[int, int] | None = None
+        self._pattern: re.Pattern[str] | None = None
+
     def filter(self, record: logging.LogRecord) -> bool:
-        found = {value for holder in list(_holders) for value in holder.hidden}
-        if not found:
-            return True
-        hidden = tuple(sorted(found, key=len, reverse=True))
+        with contextlib.suppress(Exception):  # a bad record: the handler's to say
+            self._scrub(record)
+        return True
+
+    def _current(self) -> re.Pattern[str] | None:
+        seen = (_generation, len(_holders))
+        if seen != self._seen:
+            try:
+                values = ordered(v for holder in tuple(_holders) for v in holder.hidden)
+            except RuntimeError:  # the set changed as another thread read it
+                return self._pattern  # the last one, until the next record
+            self._pattern = (
+                re.compile("|".join(map(re.escape, values))) if values else None
+            )
+            self._seen = seen
+        return self._pattern
+
+    def _scrub(self, record: logging.LogRecord) -> None:
+        pattern = self._current()
+        if pattern is None:
+            return
         message = record.getMessage()
-        if (cleaned := scrub(message, hidden)) != message:
-            record.msg, record.args = cleaned, None
+        if pattern.search(message):
+            record.msg, record.args = pattern.sub(REDACTED, message), None
         if record.exc_info and not record.exc_text:
             record.exc_text = self._format.formatException(record.exc_info)
         if record.exc_text:
-            record.exc_text = scrub(record.exc_text, hidden)
+            record.exc_text = pattern.sub(REDACTED, record.exc_text)
             record.exc_info = None  # each formatter shows exc_text instead
-        return True

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
-from memorizzd.redact import REDACTED, LogScrubber, hold
+from memorizzd.redact import REDACTED, LogScrubber, changed, hold
 from memorizzd.telemetry.logs import formatter
 
 CANARY = "sk-canary-7f3a9c1e5b"
@@ -75,3 +75,31 @@ def test_lines_without_secrets_pass_as_they_are(
     else:
         assert line.endswith("demo: connected (3 tools)"), line
     assert REDACTED not in line
+
+
+def test_secrets_that_change_are_read_again(
+    logged: tuple[logging.Logger, io.StringIO],
+) -> None:
+    """The filter reads the holders' values again when one says they changed
+    (``changed``: a connect, a grant refreshed), not at every record."""
+    logger, out = logged
+    server = _Server("first-secret-value")
+    hold(server)
+    logger.info("said: first-secret-value")
+    server.hidden = ("second-secret-value",)
+    changed()
+    logger.info("said: second-secret-value")
+    text = out.getvalue()
+    assert "first-secret-value" not in text
+    assert "second-secret-value" not in text, text
+    assert text.count(REDACTED) == 2
+
+
+def test_a_record_the_filter_cannot_read_still_reaches_the_handler() -> None:
+    """A record whose arguments do not fit its format: the filter lets it
+    through (the handler says what is wrong with it), never raises into the
+    code that logged."""
+    server = _Server(CANARY)
+    hold(server)
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "%d", ("nan",), None)
+    assert LogScrubber().filter(record) is True

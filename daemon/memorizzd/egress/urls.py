@@ -58,6 +58,7 @@ from memorizzd.egress.addresses import (
     describe,
     metadata_endpoint,
 )
+from memorizzd.redact import REDACTED
 
 URL_MAX: Final = 4096
 DEFAULT_PORTS: Final = {"https": 443, "http": 80}
@@ -355,7 +356,7 @@ def without_userinfo(url: str) -> str:
     """``url`` with what precedes an ``@`` before its path (user
     information, a password perhaps) shown as ``[redacted]``; well-formed or
     not (``https:u:pw@host``, ``u:pw@host``)."""
-    return _USERINFO.sub(r"\1[redacted]@", url)
+    return _USERINFO.sub(rf"\1{REDACTED}@", url)
 
 
 def _shown_url(url: str) -> str:

@@ -33,12 +33,12 @@ from memorizzd.oauth.mcp_sdk import (
     OAuthClientMetadata,
     OAuthToken,
 )
+from memorizzd.redact import ordered, scrub
 
 if TYPE_CHECKING:
     from memorizzd.oauth.dpop import Dpop
 
 MAX_DESCRIPTION: Final = 200
-REDACTED: Final = "[redacted]"
 _SECRET_FIELDS: Final = frozenset(
     {
         "code",
@@ -466,8 +466,8 @@ def _oauth_error(
     then printable characters only."""
     said = description if isinstance(description, str) else ""
     return EndpointError(
-        printable(_redact(error, secrets), 64) or "bad_response",
-        printable(_redact(said, secrets)),
+        printable(scrub(error, secrets), 64) or "bad_response",
+        printable(scrub(said, secrets)),
     )
 
 
@@ -483,13 +483,7 @@ def _secrets_of(
     basic = headers.get("Authorization", "")
     if basic.startswith("Basic "):
         found.add(basic.removeprefix("Basic "))
-    return tuple(sorted(found, key=len, reverse=True))
-
-
-def _redact(text: str, secrets: tuple[str, ...]) -> str:
-    for secret in secrets:
-        text = text.replace(secret, REDACTED)
-    return text
+    return ordered(found)
 
 
 def printable(text: str, limit: int = MAX_DESCRIPTION) -> str:

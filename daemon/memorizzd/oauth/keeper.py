@@ -32,6 +32,7 @@ import logging
 import math
 import random
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Final, Literal, Protocol
 from urllib.parse import urlsplit
@@ -48,6 +49,7 @@ from memorizz.api.errors import (
     RemoteError,
     UnavailableError,
 )
+from memorizzd import redact
 from memorizzd.egress.client import hardened_client
 from memorizzd.egress.transport import ChallengeError
 from memorizzd.egress.urls import normalise_host
@@ -63,6 +65,9 @@ from memorizzd.vault import CredentialStore, VaultError
 from memorizzd.vault.stores import resolve_value
 
 log = logging.getLogger("memorizzd.oauth")
+
+RETIRED_KEPT: Final = 4
+"""Tokens of replaced grants still cut out of what a server says (two grants' worth)."""
 
 EXPIRED_SLACK_S: Final = 1.0
 """A token this close to its expiry is treated as expired (in-flight time)."""
@@ -185,6 +190,10 @@ class TokenKeeper:
         self._clock = clock
         self.grant: Grant | None = None
         self.generation = 0
+        self.retired: deque[str] = deque(maxlen=RETIRED_KEPT)
+        """The tokens of the grants replaced last: a request sent with one may
+        be answered after a refresh, and what it quotes back is still cut
+        out (``Supervisor.hidden``)."""
         self.last_refresh: float | None = None
         self.refreshes = 0
         self.last_refresh_error: str | None = None
@@ -263,8 +272,11 @@ class TokenKeeper:
         self._publish(None)
 
     def _publish(self, grant: Grant | None) -> None:
+        if (old := self.grant) is not None:
+            self.retired.extend(t for t in (old.access_token, old.refresh_token) if t)
         self.grant = grant
         self.generation += 1
+        redact.changed()
         if self.logged_in:
             self._logged_in.set()
         elif self._logged_in.is_set():

@@ -42,7 +42,7 @@ from memorizz.api import methods as m
 from memorizz.api.errors import DeadlineExceededError, RemoteError
 from memorizzd.config import Config
 from memorizzd.loop import Clock, now
-from memorizzd.redact import hold, scrub
+from memorizzd.redact import changed, hold, ordered, scrub
 from memorizzd.store import Negotiated, Store, StoreError
 from memorizzd.stored import fingerprint
 from memorizzd.upstream import errors
@@ -59,7 +59,7 @@ from memorizzd.upstream.stdio import (
 from memorizzd.upstream.subscriptions import Subscriptions
 from memorizzd.upstream.tools import ToolCache, ToolsListener
 from memorizzd.vault import CredentialStore, VaultError, resolve_secrets
-from memorizzd.vault.server_secrets import HIDDEN_MIN, ServerSecrets
+from memorizzd.vault.server_secrets import ServerSecrets
 
 if TYPE_CHECKING:
     from memorizzd.oauth.keeper import TokenKeeper
@@ -270,12 +270,16 @@ class Supervisor:
     def hidden(self) -> tuple[str, ...]:
         """What must never be shown of what the server says back: the secrets
         sent at the last connect and, for OAuth, the grant's tokens."""
-        grant = self.keeper.grant if self.keeper is not None else None
-        if grant is None:
+        keeper = self.keeper
+        if keeper is None:
             return self._hidden
-        tokens = (grant.access_token, grant.refresh_token, grant.client_secret)
-        found = {t for t in tokens if t and len(t) >= HIDDEN_MIN} | set(self._hidden)
-        return tuple(sorted(found, key=len, reverse=True))
+        grant = keeper.grant
+        tokens = (
+            ()
+            if grant is None
+            else (grant.access_token, grant.refresh_token, grant.client_secret or "")
+        )
+        return ordered((*self._hidden, *tokens, *keeper.retired))
 
     def _failure_kind(self, exc: BaseException) -> errors.FailureKind:
         if self.spec.transport in ("stdio", "builtin"):
@@ -384,6 +388,7 @@ class Supervisor:
             resolve_secrets, self.spec, self._vault
         )
         self._hidden = secrets.hidden()
+        changed()
         async with self._open(mode, secrets) as client:
             handshake.deadline = math.inf
             self._handshake_next = False
@@ -492,7 +497,7 @@ class Supervisor:
             set_lost=self._mark_dead,
             relist=self._tools_changed,
             listen=self._watch_tool_changes,
-            describe=lambda exc: scrub(_describe_failure(exc), self._hidden),
+            describe=lambda exc: scrub(_describe_failure(exc), self.hidden),
             back=self._replica_back,
         )
 

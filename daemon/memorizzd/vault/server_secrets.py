@@ -9,11 +9,13 @@ inline value when there is one, else asks the vault.
 
 from __future__ import annotations
 
-from urllib.parse import quote
+import contextlib
+from urllib.parse import quote, urlsplit
 
 import msgspec
 
 from memorizz.api.methods import ServerSpec
+from memorizzd.redact import ordered
 from memorizzd.vault.protocol import CredentialStore
 from memorizzd.vault.stores import resolve_value
 
@@ -78,23 +80,20 @@ class ServerSecrets(msgspec.Struct, frozen=True):
     def hidden(self) -> tuple[str, ...]:
         """The values a server may quote back that must never be shown (in an
         error, ``last_error`` or a log line): each header value (the bearer
-        token alone too) and secret env value, as sent and %-encoded, longest
-        first. Values shorter than ``HIDDEN_MIN`` are left: cutting them out
-        would garble the text and hide next to nothing."""
+        token alone too), secret env value and a built-in bridge's tenant URL
+        (and host), as sent and %-encoded (``redact.ordered``)."""
         found: set[str] = set()
         for name, value in self.headers.items():
             found.add(value)
             if name.lower() == "authorization":
                 found.add(value.partition(" ")[2].strip())
         found.update(self.env.values())
+        if self.url:  # a built-in bridge's tenant URL, and its host name
+            found.add(self.url)
+            with contextlib.suppress(ValueError):
+                found.add(urlsplit(self.url).hostname or "")
         found |= {quote(value, safe="") for value in found}
-        return tuple(
-            sorted((v for v in found if len(v) >= HIDDEN_MIN), key=len, reverse=True)
-        )
-
-
-HIDDEN_MIN = 4
-"""The shortest secret value ``ServerSecrets.hidden`` cuts out of text."""
+        return ordered(found)
 
 
 def extract_secrets(spec: ServerSpec) -> dict[str, str]:
