@@ -63,7 +63,7 @@ def ordered(values: Iterable[str]) -> tuple[str, ...]:
     value inside another is cut out after it), none shorter than
     ``HIDDEN_MIN``."""
     return tuple(
-        sorted({v for v in values if len(v) >= HIDDEN_MIN}, key=len, reverse=True)
+        sorted({v for v in values if v and len(v) >= HIDDEN_MIN}, key=len, reverse=True)
     )
 
 

@@ -257,7 +257,7 @@ async def exchange_token(
     if response.status_code != 200:
         raise _error_of(response, "token exchange", _secrets_of(form, headers, auth))
     try:
-        answer = msgspec.json.decode(response.content, type=_Exchanged)
+        answer = msgspec.json.decode(_unmarked(response.content), type=_Exchanged)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         raise EndpointError(
             "bad_response", "the token exchange answer is not a token exchange response"
@@ -305,7 +305,7 @@ def _token_of(
 ) -> Token:
     """A Bearer token, or a DPoP-bound one when a proof was sent."""
     try:
-        raw = msgspec.json.decode(content)
+        raw = msgspec.json.decode(_unmarked(content))
         if (
             isinstance(raw, dict)
             and "access_token" not in raw
@@ -338,6 +338,16 @@ def _token_of(
             "the token endpoint issued an empty or malformed access token",
         )
     return token
+
+
+_BOM: Final = b"\xef\xbb\xbf"
+
+
+def _unmarked(content: bytes) -> bytes:
+    """The body without a leading UTF-8 byte order mark, which a JSON parser
+    may ignore (RFC 8259 §8.1) and some servers send: a token answer is not
+    thrown away for it (a refresh that rotated would cost the grant)."""
+    return content.removeprefix(_BOM)
 
 
 def _visible(token: str) -> bool:
@@ -375,7 +385,7 @@ async def register(
     if response.status_code not in (200, 201):
         raise _error_of(response, "registration")
     try:
-        raw = msgspec.json.decode(response.content)
+        raw = msgspec.json.decode(_unmarked(response.content))
         if isinstance(raw, dict):
             raw.pop("issuer", None)  # our binding, never the server's word
         return OAuthClientInformationFull.model_validate(raw)
@@ -449,7 +459,7 @@ def _error_of(
     response: httpx2.Response, endpoint: str, secrets: tuple[str, ...] = ()
 ) -> EndpointError:
     try:
-        body = msgspec.json.decode(response.content, type=_ErrorBody)
+        body = msgspec.json.decode(_unmarked(response.content), type=_ErrorBody)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         kind = "server_error" if response.status_code >= 500 else "bad_response"
         return EndpointError(

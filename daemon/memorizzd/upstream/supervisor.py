@@ -277,7 +277,11 @@ class Supervisor:
         tokens = (
             ()
             if grant is None
-            else (grant.access_token, grant.refresh_token, grant.client_secret or "")
+            else (
+                grant.access_token,
+                grant.refresh_token or "",
+                grant.client_secret or "",
+            )
         )
         return ordered((*self._hidden, *tokens, *keeper.retired))
 
