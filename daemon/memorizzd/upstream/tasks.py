@@ -183,7 +183,8 @@ class TaskBook:
         """A reload's profiles: the tasks of a removed one are forgotten, as
         its proposals are (``ApprovalBook.profiles_in_force``). A profile of
         the same name added later is another profile, and never inherits
-        them (the owner is role, profile and uid: the same uid would)."""
+        them (the owner is role, profile and uid: the same uid would). They
+        are not cancelled upstream: each ends there by its own ``ttl``."""
         kept = set(names)
         for owner in [o for o in self._owned if o[1] is not None and o[1] not in kept]:
             for task_id in list(self._owned.get(owner, ())):
