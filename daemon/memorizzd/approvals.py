@@ -225,6 +225,10 @@ class ApprovalBook:
         self._to_drop: set[str] = set()
         """Proposals whose arguments a full disk kept from being deleted
         (over, or never stored): ``run`` deletes them."""
+        self._capping: dict[str, anyio.Lock] = {}
+        """One lock per capped profile, held from its count of open proposals
+        to the new one's row (``propose``): concurrent calls each counting
+        before any of them stored its proposal all fitted under the cap."""
 
     # --- time -------------------------------------------------------------------
 
@@ -400,8 +404,37 @@ class ApprovalBook:
         ``not_approved`` (invalidated) when the caller's profile has left the
         config since its call began; ``overloaded`` (nothing stored) when its
         profile has ``limits.max_open_proposals`` open already."""
+        profile = caller.profile
+        cap = None if profile is None else self._caps.get(profile)
+        store = partial(
+            self._propose,
+            caller,
+            server=server,
+            tool=tool,
+            arguments=arguments,
+            risk=risk,
+            schema=schema,
+            cap=cap,
+        )
+        if profile is None or cap is None:
+            return await store()
+        # The count and the row in one step per profile: else concurrent calls
+        # each counted the same open proposals, and every one was stored.
+        async with self._capping.setdefault(profile, anyio.Lock()):
+            return await store()
+
+    async def _propose(
+        self,
+        caller: Caller,
+        *,
+        server: str,
+        tool: str,
+        arguments: CallArguments,
+        risk: m.Risk,
+        schema: dict[str, Any] | None,
+        cap: int | None,
+    ) -> m.Proposal:
         now = self._now()
-        cap = None if caller.profile is None else self._caps.get(caller.profile)
         if cap is not None:
             held = await anyio.to_thread.run_sync(
                 partial(

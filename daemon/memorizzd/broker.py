@@ -124,6 +124,8 @@ class Broker:
         }
         self._started = time.monotonic()
         self._changing = anyio.Lock()
+        """Held while the set of servers changes: servers/add, servers/remove
+        and a reload (``changing``), so that none sees another half done."""
         self.reload: Callable[[Caller], Awaitable[m.DaemonReloadResult]] | None = None
         """``daemon/reload``'s work (``memorizzd.reload``, set once it runs)."""
         self.last_reload: m.ReloadStatus | None = None
@@ -209,6 +211,14 @@ class Broker:
     def scoped(self, caller: Caller, name: str) -> Upstream:
         """The caller's server ``name`` (``unknown_server`` outside its scope)."""
         return self._get(caller, name)
+
+    @property
+    def changing(self) -> anyio.Lock:
+        """The lock a reload holds too while it changes the servers: a
+        servers/add between its check and its start, or one landing between a
+        reload's retiring a server and invalidating its proposals, saw half of
+        the other (a refused add that stayed stored; proposals inherited)."""
+        return self._changing
 
     @property
     def book(self) -> ApprovalBook:

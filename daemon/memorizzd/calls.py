@@ -190,9 +190,11 @@ class Calls:
                         schema=None if listed is None else listed.input_schema,
                     )
                     verdict["proposal_id"] = proposal.id
-                    if upstream.name not in self._pool:
+                    if not self._pool.holds(upstream):
                         # removed while the call was on its way, after
                         # server_removed swept its proposals: this one too
+                        # (and if one of the same name was added since, it
+                        # is another server, which must not inherit it)
                         await self._book.invalidate(proposal, SERVER_GONE, owe=True)
                         raise not_approved(await self._book.get_any(proposal.id))
                     raise approval_required(proposal)

@@ -238,7 +238,8 @@ class Reloader:
                 f"MONOTONIC_USEC={time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000}"
             )
             try:
-                result = await self._reload()
+                async with self._broker.changing:  # not beside servers/add, remove
+                    result = await self._reload()
             except NoConfigFileError as exc:
                 message = str(exc)
                 log.error("reload refused: %s", message)

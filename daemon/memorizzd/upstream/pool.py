@@ -103,6 +103,11 @@ class Pool:
     def __contains__(self, name: str) -> bool:
         return name in self._upstreams
 
+    def holds(self, upstream: Upstream) -> bool:
+        """Whether ``upstream`` is still the pool's server of its name (not
+        removed, nor removed and another added under its name)."""
+        return self._upstreams.get(upstream.name) is upstream
+
     async def start(
         self,
         spec: m.ServerSpec,

@@ -223,6 +223,10 @@ class Supervisor:
             self._publish(None)
             self._set_state("stopped")
             self._stopped.set()
+            # No session comes any more: a call waiting for one (made while it
+            # connected, then the server was removed) is answered now, not
+            # when connect_wait_s has passed.
+            self._ready.set()
 
     async def _supervise(self) -> None:
         failures = 0
@@ -704,7 +708,7 @@ class Supervisor:
 
     async def wait_ready(self) -> None:
         """Return once the session is ready (the caller bounds the wait)."""
-        while self._current() is None:
+        while self._current() is None and not self._stopped.is_set():
             await self._ready.wait()
 
     def _current(self) -> Connection | None:
