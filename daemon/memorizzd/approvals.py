@@ -208,6 +208,8 @@ class ApprovalBook:
         self._seen_mono = 0.0
         self._behind = False
         self._changed: dict[str, anyio.Event] = {}
+        self._waiters: dict[str, int] = {}
+        """How many ``wait`` on each proposal (its event goes with the last)."""
         self._new = anyio.Event()
         """Wakes ``run``: a new proposal, or a read found one due."""
         self._swept_until = -math.inf
@@ -629,15 +631,27 @@ class ApprovalBook:
         A waiter whose client leaves stops waiting (``abandonable``): it has
         done nothing yet, and the proposal stays for the operator (the face's
         call held for approval would otherwise run, once approved, for a
-        client that is gone, and use up the approval its retry needs)."""
-        proposal = await self.get(caller, proposal_id)
-        if proposal.status != "pending":
-            return proposal
+        client that is gone, and use up the approval its retry needs).
+
+        The waiter is counted in before the proposal is read: a decision that
+        lands while it reads wakes it (counted in after, it slept to its
+        timeout). The last waiter out takes the event away (spent or not), so
+        waits on ids that never change (decided, unknown) keep nothing."""
         changed = self._changed.setdefault(proposal_id, anyio.Event())
-        until_expiry = max(0.0, proposal.expires_at - self._now()) + 0.05
-        with abandonable(), anyio.move_on_after(min(timeout_s, until_expiry)):
-            await changed.wait()
-        return await self.get(caller, proposal_id)
+        self._waiters[proposal_id] = self._waiters.get(proposal_id, 0) + 1
+        try:
+            proposal = await self.get(caller, proposal_id)
+            if proposal.status != "pending":
+                return proposal
+            until_expiry = max(0.0, proposal.expires_at - self._now()) + 0.05
+            with abandonable(), anyio.move_on_after(min(timeout_s, until_expiry)):
+                await changed.wait()
+            return await self.get(caller, proposal_id)
+        finally:
+            if left := self._waiters.pop(proposal_id) - 1:
+                self._waiters[proposal_id] = left
+            else:  # nobody waits on it now: no event is needed
+                self._changed.pop(proposal_id, None)
 
     # --- expiry, schema changes, profiles and servers gone, leftovers -----------
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import anyio
 
+from memorizz.api.errors import NotFoundError
 from memorizzd.approvals import arguments_ref
 from memorizzd.caller import Caller
 from memorizzd.store import ProposalRow
@@ -112,5 +113,44 @@ def test_approval_reads_answer_while_another_connection_holds_the_write_lock(
             else:
                 raise AssertionError("the expired proposal's arguments are kept")
             assert vault.get(arguments_ref(live.id)) == '{"tag":"live"}'
+
+        anyio.run(scenario)
+
+
+def test_waits_that_end_keep_nothing_and_a_decision_wakes_every_waiter(
+    base_dir: str,
+) -> None:
+    """Waits on an unknown id, on a decided proposal and ones that time out
+    leave the book holding nothing for them (an agent looping on
+    ``approvals/wait`` with made-up ids cost a dict entry each); three
+    waiters of one proposal all wake at its approval, at once."""
+    with stored_book(base_dir, ttl_s=60.0) as booked:
+        now = time.time()
+        row = proposal_row(booked.auditor, "w", created=now, expires_at=now + 60.0)
+        booked.vault.put(arguments_ref(row.id), '{"tag":"w"}')
+        booked.store.insert_proposal(row)
+        book = booked.book
+
+        async def scenario() -> None:
+            for i in range(50):
+                with contextlib.suppress(NotFoundError):
+                    await book.wait(AGENT, f"p_{i:024x}", 1.0)
+            assert (await book.wait(AGENT, row.id, 0.01)).status == "pending"
+            assert book._changed == {}
+            woken: list[str] = []
+
+            async def waiter() -> None:
+                woken.append((await book.wait(AGENT, row.id, 30.0)).status)
+
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(3):
+                        tg.start_soon(waiter)
+                    await anyio.wait_all_tasks_blocked()
+                    await book.approve(OPERATOR, row.id, label=None)
+            assert woken == ["approved"] * 3
+            assert (await book.wait(AGENT, row.id, 1.0)).status == "approved"
+            assert book._changed == {}
+            assert book._waiters == {}
 
         anyio.run(scenario)
