@@ -38,6 +38,7 @@ from memorizz.api import methods as m
 from memorizz.api.errors import InvalidParamsError
 from memorizzd.caller import Caller
 from memorizzd.loop import call_later
+from memorizzd.redact import OURS_ONLY
 from memorizzd.spool import Spool
 from memorizzd.state_dir import create_private_file, fsync_dir
 from memorizzd.store import AuditRow, StorageFullError, Store, StoreError
@@ -384,6 +385,7 @@ class Auditor:
                 "MEMORIZZ_CALLER_PID": record.caller_pid,
                 "MEMORIZZ_PROFILE": record.caller_profile or "operator",
                 "MEMORIZZ_PROPOSAL": record.proposal_id or "",
+                OURS_ONLY: True,  # names, reasons, ids: no server's words
             },
         )
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
-from memorizzd.redact import REDACTED, LogScrubber, changed, hold
+from memorizzd.redact import OURS_ONLY, REDACTED, LogScrubber, changed, hold
 from memorizzd.telemetry.logs import formatter
 
 CANARY = "sk-canary-7f3a9c1e5b"
@@ -103,3 +103,22 @@ def test_a_record_the_filter_cannot_read_still_reaches_the_handler() -> None:
     hold(server)
     record = logging.LogRecord("x", logging.INFO, __file__, 1, "%d", ("nan",), None)
     assert LogScrubber().filter(record) is True
+
+
+def test_the_audit_mirror_is_left_unscanned_and_everything_else_is_not(
+    logged: tuple[logging.Logger, io.StringIO],
+) -> None:
+    """The audit trail's mirror (one line per call under journald) is built
+    from names, reasons and ids, and says so (``OURS_ONLY``): it is not
+    scanned, which keeps the filter off the hot path; a line without the mark
+    is scanned, whatever logger says it."""
+    logger, out = logged
+    server = _Server(CANARY)
+    hold(server)
+    # (a marked line is trusted as it is: here, to show that it was not scanned)
+    logger.info("audit: #1 tools/call t/%s ok", CANARY, extra={OURS_ONLY: True})
+    logger.info("audit: %s", f"quoted {CANARY}")
+    lines = out.getvalue().splitlines()
+    assert f"t/{CANARY} ok" in lines[0]
+    assert CANARY not in lines[1]
+    assert REDACTED in lines[1]
