@@ -58,6 +58,10 @@ log = logging.getLogger("memorizzd.upstream")
 OUT: Final = 1 << 30
 """Added to the load of a replica out of the rotation (lost, starting again):
 never the least busy while any other is in."""
+PROBED: Final = 1 << 20
+"""Added to the load of a replica while its health probe waits for its answer:
+a call goes to it only when every replica in the rotation is being probed (a
+frozen one, probed after a call on it timed out, is not sent the next)."""
 EXIT_WAIT_S: Final = 0.5
 """How long a lost replica's exit is waited for, so that its code is told."""
 _SAID_BY_EXIT: Final = ("closed its stdout", "lost its connection")
@@ -249,15 +253,26 @@ class ReplicaSet:
         """Every replica in the rotation, together (the caller bounds the wait)."""
         await self.check(None, quiet_s=None)
 
-    async def check(self, timeout_s: float | None, *, quiet_s: float | None) -> None:
+    async def check(
+        self,
+        timeout_s: float | None,
+        *,
+        quiet_s: float | None,
+        vouched: Callable[[], None] | None = None,
+    ) -> None:
         """Probe, together, each replica in the rotation (with ``quiet_s``:
         each that has not answered within it), each within ``timeout_s``.
         One that fails is lost (started again alone); when none is left in
-        the rotation, the first failure is raised (the set is lost)."""
+        the rotation, the first failure is raised (the set is lost). While
+        its probe waits, a replica is sent no call that another could take
+        (``PROBED``); ``vouched`` is called once one replica has answered
+        (the requests held for the verdict may go: to that one)."""
         now = anyio.current_time()
         failed: list[BaseException] = []
+        busy = self._busy
 
         async def probe(at: int, session: JsonRpcSession) -> None:
+            busy[at] += PROBED
             try:
                 with anyio.fail_after(timeout_s):
                     await session.probe()
@@ -267,6 +282,10 @@ class ReplicaSet:
                 self._lose(at, session, f"failed its health probe: {said}")
             else:
                 self._answered[at] = anyio.current_time()
+                if vouched is not None:
+                    vouched()
+            finally:
+                busy[at] -= PROBED
 
         async with anyio.create_task_group() as tg:
             for at, session in enumerate(self._sessions):

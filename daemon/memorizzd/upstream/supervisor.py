@@ -561,9 +561,13 @@ class Supervisor:
                 if suspect:
                     self._check, self._checking = anyio.Event(), anyio.Event()
                 if replicas is not None:
+                    # the requests held for the verdict go as soon as one
+                    # replica answers: to it, not to one still being probed
+                    checking = self._checking
                     await replicas.check(
                         self._config.health_timeout_s,
                         quiet_s=None if suspect else interval,
+                        vouched=None if checking is None else checking.set,
                     )
                 else:
                     with anyio.fail_after(self._config.health_timeout_s):
