@@ -143,8 +143,11 @@ export class Client {
         const why = err.code === "EACCES"
           ? "permission denied: ask for the memorizzd operators group, or use your agent socket"
           : `${err.message}; is memorizzd running? set MEMORIZZ_SOCKET to its socket`;
+        // memorizzctl's reasons for the same failures (docs/protocol.md, "Errors");
+        // the system's error code (ENOENT, ECONNREFUSED, ...) is data.errno
         reject(new DaemonUnreachableError(`cannot reach memorizzd at ${this.socketPath}: ${why}`, {
-          reason: err.code ?? null,
+          reason: err.code === "EACCES" ? "socket_permission_denied" : "daemon_unreachable",
+          data: { socket: this.socketPath, errno: err.code ?? null },
         }));
       };
       socket.once("error", failed);
@@ -266,7 +269,10 @@ export class Client {
     if (socket !== this._socket) return; // an earlier connection's last words
     this._socket = null;
     this._chunks = [];
-    this._failAll(new DaemonUnreachableError(`connection to memorizzd at ${this.socketPath} broke: ${why}`));
+    this._failAll(new DaemonUnreachableError(`connection to memorizzd at ${this.socketPath} broke: ${why}`, {
+      reason: "daemon_unreachable",
+      data: { socket: this.socketPath },
+    }));
   }
 
   _failAll(error) {

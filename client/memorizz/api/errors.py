@@ -241,11 +241,17 @@ class LoginError(RemoteError):
 
 
 class DaemonUnreachableError(MemorizzError, ConnectionError):
-    """The client could not reach the daemon's socket (client side only)."""
+    """The client could not reach the daemon's socket, or the connection broke
+    (client side only). ``reason``: memorizzctl's (and the Node.js client's)
+    word for it, never the daemon's."""
+
+    reason: ClassVar[str] = "daemon_unreachable"
 
 
 class SocketPermissionError(DaemonUnreachableError, PermissionError):
     """The socket exists but this user may not connect to it (client side only)."""
+
+    reason: ClassVar[str] = "socket_permission_denied"
 
 
 class ProtocolError(MemorizzError):

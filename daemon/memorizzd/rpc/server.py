@@ -83,6 +83,14 @@ _ACCEPT_BACKOFF_MAX_S: Final = 1.0
 _LOG_EVERY_S: Final = 10.0
 _SHED_PER_ROUND: Final = 64
 _HANGUP_POLL_S: Final = 0.1
+_REFUSED_LINGER_S: Final = 1.0
+"""A refused connection, its one line said and its writing side shut, is read
+(and what comes dropped) for at most this long, then closed: a client that
+writes its request before it reads sees the refusal, not a broken pipe."""
+_REFUSED_IDLE_S: Final = 0.2
+"""... and no longer than this after the last bytes it sent."""
+_REFUSED_LINGERING_MAX: Final = 64
+"""At most this many refused connections linger at once; past it, closed at once."""
 _EXHAUSTED: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
@@ -209,6 +217,8 @@ class SocketServer:
         self.by_uid: dict[int, int] = {}
         self.in_flight = 0
         self.refused = 0
+        self.lingering = 0
+        """Refused connections being read out (``_linger_refused``)."""
         """Connections refused (rule or caps) since start."""
         self.shed = 0
         """Connections shed because the process had no descriptor to spare."""
@@ -300,13 +310,41 @@ class SocketServer:
             )
         if error is not None:
             self.refused += 1
-            _refuse(raw, error)
+            said = _refuse(raw, error)
+            if said and self.lingering < _REFUSED_LINGERING_MAX:
+                self.lingering += 1
+                connections.start_soon(self._linger_refused, stream)
+            else:
+                _close_now(raw)
             if self._on_refused is not None:
                 connections.start_soon(self._on_refused, caller, error)
             return
         self.connections += 1
         self.by_uid[caller.uid] = self.by_uid.get(caller.uid, 0) + 1
         connections.start_soon(self._connection, stream, raw, caller)
+
+    async def _linger_refused(self, stream: anyio.abc.SocketStream) -> None:
+        """Read what a refused client still writes (its first request, most
+        likely), dropping it, until it closes or goes quiet, then close: closed
+        with that request unread, its write fails (EPIPE) and a client that
+        writes before it reads never reads why (``_REFUSED_LINGER_S``). Nothing
+        it sends is looked at."""
+        try:
+            with anyio.move_on_after(_REFUSED_LINGER_S):
+                while True:
+                    with anyio.move_on_after(_REFUSED_IDLE_S) as idle:
+                        await stream.receive(_READ)
+                    if idle.cancelled_caught:
+                        break
+        except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+            pass
+        finally:
+            self.lingering -= 1
+            with (
+                anyio.CancelScope(shield=True),
+                suppress(OSError, RuntimeError, anyio.BrokenResourceError),
+            ):
+                await stream.aclose()  # RuntimeError: uvloop's word for a reset peer
 
     async def drain(self) -> None:
         """Stop reading new requests on every connection; wait until none is in flight."""
@@ -351,13 +389,20 @@ def _too_many(what: str, limit: int) -> UnavailableError:
     )
 
 
-def _refuse(raw: socket.socket, error: RemoteError) -> None:
-    """One error line, sent without waiting, then close at once.
-
-    On a Unix stream socket the line stays readable by the peer even though
-    the close may reset it: Linux delivers queued data before the reset."""
-    with suppress(OSError):
+def _refuse(raw: socket.socket, error: RemoteError) -> bool:
+    """One error line, sent without waiting, and the writing side shut;
+    whether the connection may linger (``_linger_refused``: the line went)."""
+    try:
         raw.send(encode_error(None, error.to_wire()), socket.MSG_DONTWAIT)
+        raw.shutdown(socket.SHUT_WR)
+    except OSError:
+        return False
+    return True
+
+
+def _close_now(raw: socket.socket) -> None:
+    """Close at once (on a Unix stream socket the line sent stays readable by
+    the peer: Linux delivers queued data before the reset)."""
     with suppress(OSError):
         raw.shutdown(socket.SHUT_RDWR)
     raw.close()
