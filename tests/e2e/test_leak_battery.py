@@ -235,13 +235,15 @@ def after_settling(
     slack: int = SLACK,
 ) -> Counter[str]:
     """The census once nothing grew past the slack (but what ``keep``
-    names), or after ``SETTLE_S`` (a future that a cancelled wait leaves,
-    the loop lets go of within a fraction of a second: a lag, not a leak)."""
+    names) and no child is a zombie, or after ``SETTLE_S``: a future that a
+    cancelled wait leaves, the loop lets go of within a fraction of a second;
+    a server a reload removed is stopped in the background, and between its
+    exit and the daemon's reaping it is a zombie (a lag, not a leak)."""
     found = [census(harness)]
 
     def level() -> bool:
         grew = grown(before, found[0], slack)
-        if all(key in keep for key in grew):
+        if all(key in keep for key in grew) and found[0]["zombies"] == 0:
             return True
         found[0] = census(harness)
         return False
