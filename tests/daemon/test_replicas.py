@@ -80,8 +80,10 @@ def test_the_primary_replica_that_dies_hands_over_to_another(
     becomes the primary: the set is not replaced, the other replica serves on
     (its process the same), and the dead one is started again alone. Before,
     the primary's death replaced the whole set: every call in flight on the
-    others failed, and none was served until the set had started again."""
-    daemon.add(stdio_spec("pool", replicas=2))
+    others failed, and none was served until the set had started again.
+    ``servers/status`` shows the primary's pid (spawned, not forked by the
+    zygote: the process is the server's own)."""
+    daemon.add(stdio_spec("pool", replicas=2, spawn=True))
     upstream = daemon.daemon.pool.get("pool")
     first, second = _pids(daemon, "pool")
     assert first != second
@@ -94,11 +96,15 @@ def test_the_primary_replica_that_dies_hands_over_to_another(
         assert "pid" in {t.name for t in c.list_tools("pool", refresh=True)}
         (status,) = c.server_status("pool")
     assert status.state == "ready"
+    assert status.pid == second  # the primary's, not the dead first's
     wait_until(lambda: _pid(daemon, "pool") != second, what="the first back")
     again, other = _pids(daemon, "pool")
     assert again not in (first, second)
     assert other == second  # never replaced
     assert upstream.state == "ready"
+    with daemon.client() as c:
+        (status,) = c.server_status("pool")
+    assert status.pid == second  # the heir stays the primary
 
 
 def test_a_set_with_no_replica_left_is_replaced(daemon: DaemonHarness) -> None:

@@ -544,6 +544,13 @@ class Upstream(Supervisor):
             return None
         return instructions_of(self.spec) or self.server_instructions
 
+    def _pid(self) -> int | None:
+        """The server's process: a replica set's primary (the heir after a
+        hand-over), else the one process; None for a remote server."""
+        if isinstance(client := self._client, ReplicaSet):
+            return client.primary_pid
+        return self._process.pid if self._process is not None else None
+
     def status(self) -> m.ServerStatus:
         latencies = list(self._latencies)
         state = self.state
@@ -560,7 +567,7 @@ class Upstream(Supervisor):
             state=state,
             since=self.since,
             last_error=last_error,
-            pid=self._process.pid if self._process and self.state == "ready" else None,
+            pid=self._pid() if self.state == "ready" else None,
             protocol_version=self.protocol_version,
             server_name=self.server_name,
             server_version=self.server_version,

@@ -136,6 +136,12 @@ class ReplicaSet:
     def _primary(self) -> JsonRpcSession:
         return self._sessions[self._first]
 
+    @property
+    def primary_pid(self) -> int | None:
+        """The primary's process (``servers/status``): after a hand-over,
+        the heir's, not the first replica's."""
+        return self._processes[self._first].pid
+
     # --- the requests ------------------------------------------------------
 
     async def _on(self, at: int, op: Callable[[JsonRpcSession], Awaitable[T]]) -> T:
