@@ -26,12 +26,14 @@ MAX_RETRY_AFTER_S: Final = 3600.0
 """A hint is never more than this, whatever the server says."""
 
 
-def retry_after_s(value: str | None, *, now: float | None = None) -> float:
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
     """``Retry-After`` (RFC 9110 §10.2.3: delta-seconds or an HTTP-date) in
-    seconds from now, within [0, MAX_RETRY_AFTER_S]; the default if absent or
-    unreadable."""
+    seconds from now, at most MAX_RETRY_AFTER_S (a date already past: 0);
+    None when absent or unreadable (a negative number, a fraction, a date
+    without its zone, any other text). Shared by every reader of the header
+    (``retry_after_s`` here, the OAuth token endpoint's answers)."""
     if not value:
-        return DEFAULT_RETRY_AFTER_S
+        return None
     value = value.strip()[:64]
     delta = ascii_int(value, max_digits=64)
     if delta is not None:
@@ -40,11 +42,18 @@ def retry_after_s(value: str | None, *, now: float | None = None) -> float:
         try:
             when = email.utils.parsedate_to_datetime(value)
         except (TypeError, ValueError, IndexError, OverflowError):
-            return DEFAULT_RETRY_AFTER_S
+            return None
         if when.tzinfo is None:  # an HTTP-date is GMT; a naive one is not one
-            return DEFAULT_RETRY_AFTER_S
+            return None
         seconds = when.timestamp() - (time.time() if now is None else now)
     return min(max(seconds, 0.0), MAX_RETRY_AFTER_S)
+
+
+def retry_after_s(value: str | None, *, now: float | None = None) -> float:
+    """``Retry-After`` in seconds from now, within [0, MAX_RETRY_AFTER_S]
+    (``parse_retry_after``); the default if absent or unreadable."""
+    seconds = parse_retry_after(value, now=now)
+    return DEFAULT_RETRY_AFTER_S if seconds is None else seconds
 
 
 def busy_error(response: httpx2.Response) -> UnavailableError | None:

@@ -6,7 +6,9 @@ Client authentication (RFC 6749 §2.3, OAuth 2.1 §2.4): ``client_secret_basic``
 body) or ``none`` (the id in the body). Every request sends the
 RFC 8707 ``resource``. An error answer becomes ``EndpointError`` carrying the
 OAuth ``error`` code (``invalid_grant`` is how callers tell a dead grant from
-a passing failure), a 200 whose body is an error too (some servers answer so).
+a passing failure), a 200 whose body is an error too (some servers answer so);
+one to a 429 or 503 carries its ``Retry-After`` (``retry_after_s``), which the
+keeper honours.
 A token answer is parsed strictly but for ``expires_in``: a lifetime that is
 not a usable number (``"an hour"``, ``-5``) is unknown, never a reason to
 throw away a token response, least of all one that rotated the refresh token.
@@ -27,6 +29,7 @@ import httpx2
 import msgspec
 from pydantic import ValidationError
 
+from memorizzd.egress.busy import BUSY_STATUSES, parse_retry_after
 from memorizzd.oauth import jws
 from memorizzd.oauth.mcp_sdk import (
     OAuthClientInformationFull,
@@ -66,13 +69,19 @@ class EndpointError(Exception):
 
     ``error`` is the OAuth error code (``invalid_grant``, ``invalid_client``,
     ...) or, for a transport failure or an unreadable answer, ``unreachable``
-    / ``bad_response`` / ``server_error``.
+    / ``bad_response`` / ``server_error``. ``retry_after_s``: how long a
+    429 or 503 answer asked the client to wait (its ``Retry-After``, RFC 9110
+    §10.2.3, in seconds from when it was read); None when it did not say, or
+    said nothing readable, and for any other answer.
     """
 
-    def __init__(self, error: str, description: str) -> None:
+    def __init__(
+        self, error: str, description: str, *, retry_after_s: float | None = None
+    ) -> None:
         super().__init__(f"{error}: {description}" if description else error)
         self.error = error
         self.description = description
+        self.retry_after_s = retry_after_s
 
     @property
     def final(self) -> bool:
@@ -462,10 +471,14 @@ def _error_of(
         body = msgspec.json.decode(_unmarked(response.content), type=_ErrorBody)
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
         kind = "server_error" if response.status_code >= 500 else "bad_response"
-        return EndpointError(
+        error = EndpointError(
             kind, f"the {endpoint} endpoint answered {response.status_code}"
         )
-    return _oauth_error(body.error, body.error_description, secrets)
+    else:
+        error = _oauth_error(body.error, body.error_description, secrets)
+    if response.status_code in BUSY_STATUSES:
+        error.retry_after_s = parse_retry_after(response.headers.get("retry-after"))
+    return error
 
 
 def _oauth_error(

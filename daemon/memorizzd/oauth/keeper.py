@@ -19,6 +19,10 @@
   ``login_required`` (in the vault too, so a restart does not try again) and
   callers get ``authorization_required`` / ``login_required`` at once.
   Transient failures are retried with backoff while the token still lives.
+* A token endpoint that answers 429 or 503 with ``Retry-After`` is asked
+  nothing more until that wait is over (at most ``RETRY_MAX_S``), by the
+  refresher or for any caller: callers get ``server_unavailable`` with what
+  is left of it as ``retry_after_s`` (SECURITY.md item 16).
 * A token goes only to the origin of the resource it was issued for (MCP:
   never to another server; RFC 8707 audience). A request elsewhere, which
   means the server's URL changed under its grant (a config file edited, the
@@ -73,10 +77,14 @@ EXPIRED_SLACK_S: Final = 1.0
 """A token this close to its expiry is treated as expired (in-flight time)."""
 REFRESH_TIMEOUT_S: Final = 30.0
 RETRY_MAX_S: Final = 60.0
+"""The longest wait between two attempts: the ceiling of the backoff, and the
+cap on a token endpoint's ``Retry-After`` (one that asks for two minutes, or
+a day, is asked again after a minute)."""
 CALLER_RETRY_GAP_S: Final = 1.0
 """A caller waiting for a token may cut a failed refresh's backoff short, but
 not below this: refresh attempts stay at most one a second whatever the rate
-of calls (an authorization server having trouble is not hammered by them)."""
+of calls (an authorization server having trouble is not hammered by them).
+A ``Retry-After`` the token endpoint asked for is never cut short."""
 MAX_STEP_UPS: Final = 2
 """Step-up logins that may ask one server for the same widened scope (bounded)."""
 FORCED_HOLD_S: Final = 60.0
@@ -205,6 +213,10 @@ class TokenKeeper:
         """A refresh is asked for, to replace the grant of this generation."""
         self._failed_at = -math.inf
         """When (monotonic) the last refresh attempt failed."""
+        self._held_until = -math.inf
+        """Until when (monotonic) the token endpoint asked not to be asked
+        again (its ``Retry-After``, at most ``RETRY_MAX_S``): no attempt
+        before then, whoever asks."""
         self._forced: tuple[int, float] | None = None
         """The generation a 401 made us refresh to, and when (monotonic)."""
         self._kick = anyio.Event()
@@ -400,7 +412,8 @@ class TokenKeeper:
         (a refresh is asked for if none is under way); raise if it failed."""
         if self.generation != seen_generation:
             return
-        wait = self._failed_at + CALLER_RETRY_GAP_S - time.monotonic()
+        now = time.monotonic()
+        wait = max(self._failed_at + CALLER_RETRY_GAP_S, self._held_until) - now
         if wait > 0 and self.logged_in:  # failed just now: not asked again yet
             raise self._refresh_failed(wait)
         done = self._done
@@ -410,13 +423,19 @@ class TokenKeeper:
         if self.generation == seen_generation or not self.logged_in:
             if not self.logged_in:
                 raise self.login_required_error()
-            raise self._refresh_failed(CALLER_RETRY_GAP_S)
+            held = self._held_until - time.monotonic()
+            raise self._refresh_failed(max(CALLER_RETRY_GAP_S, held))
 
     def _refresh_failed(self, retry_after_s: float) -> UnavailableError:
+        """``server_unavailable``; ``retry_after_s``: when a caller may ask
+        again (never zero: a wait about to end is a millisecond)."""
         return UnavailableError(
             f"server {self.server!r}: the token refresh failed: "
             f"{self.last_refresh_error}",
-            data={"server": self.server, "retry_after_s": round(retry_after_s, 3)},
+            data={
+                "server": self.server,
+                "retry_after_s": max(0.001, round(retry_after_s, 3)),
+            },
         )
 
     # --- the refresher ----------------------------------------------------------
@@ -464,12 +483,17 @@ class TokenKeeper:
             done.set()
             if ok or (not self.logged_in and self._machine is None):
                 failures, self._failed_at = 0, -math.inf
+                self._held_until = -math.inf
                 continue
             failures += 1
             self._failed_at = time.monotonic()
-            delay = min(RETRY_MAX_S, 2.0**failures) * random.uniform(0.5, 1.0)  # noqa: S311
+            backoff = min(RETRY_MAX_S, 2.0**failures) * random.uniform(0.5, 1.0)  # noqa: S311
+            held = max(0.0, self._held_until - self._failed_at)
+            delay = max(backoff, held)
             with anyio.move_on_after(delay):
-                await anyio.sleep(min(delay, CALLER_RETRY_GAP_S))
+                # The token endpoint's Retry-After is waited out whoever asks;
+                # the rest of the backoff a caller may cut short, after a gap.
+                await anyio.sleep(max(held, min(delay, CALLER_RETRY_GAP_S)))
                 await self._wait_for_request()
 
     @property
@@ -514,7 +538,7 @@ class TokenKeeper:
                 if exc.final:
                     await self._mark_login_required(grant, str(exc))
                 else:
-                    self._failed(str(exc))
+                    self._failed(str(exc), exc.retry_after_s)
                 return False
             except TimeoutError:
                 self._failed("the token endpoint did not answer in time")
@@ -559,7 +583,7 @@ class TokenKeeper:
                     async with self._http() as http:
                         fresh = await machine.acquire(http, previous, self.dpop)
             except EndpointError as exc:
-                self._failed(str(exc))
+                self._failed(str(exc), exc.retry_after_s)
                 return False
             except TimeoutError:
                 self._failed("the token endpoint did not answer in time")
@@ -599,10 +623,25 @@ class TokenKeeper:
             return False
         return True
 
-    def _failed(self, why: str) -> None:
+    def _failed(self, why: str, retry_after_s: float | None = None) -> None:
+        """A passing failure; ``retry_after_s``: the token endpoint's
+        ``Retry-After`` (a 429 or 503), waited out before the next attempt,
+        at most ``RETRY_MAX_S``. Without one, the backoff alone decides."""
         self.last_refresh_error = why
         oauth_refreshed(self.server, "failed")
-        log.warning("%s: token refresh failed (will retry): %s", self.server, why)
+        held = None if retry_after_s is None else min(retry_after_s, RETRY_MAX_S)
+        if not held:
+            self._held_until = -math.inf
+            log.warning("%s: token refresh failed (will retry): %s", self.server, why)
+            return
+        self._held_until = time.monotonic() + held
+        log.warning(
+            "%s: token refresh failed (Retry-After %g s: will retry in %g s): %s",
+            self.server,
+            round(retry_after_s or 0.0, 1),
+            round(held, 1),
+            why,
+        )
 
     async def _mark_login_required(self, grant: Grant, why: str) -> None:
         self.last_refresh_error = why
