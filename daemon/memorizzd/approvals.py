@@ -66,6 +66,7 @@ import pwd
 import secrets
 import time
 from collections.abc import Callable, Collection, Mapping
+from contextlib import nullcontext
 from functools import partial
 from typing import Any, Final, NamedTuple
 
@@ -408,98 +409,80 @@ class ApprovalBook:
         profile has ``limits.max_open_proposals`` open already."""
         profile = caller.profile
         cap = None if profile is None else self._caps.get(profile)
-        store = partial(
-            self._propose,
-            caller,
-            server=server,
-            tool=tool,
-            arguments=arguments,
-            risk=risk,
-            schema=schema,
-            cap=cap,
-        )
-        if profile is None or cap is None:
-            return await store()
         # The count and the row in one step per profile: else concurrent calls
         # each counted the same open proposals, and every one was stored.
-        async with self._capping.setdefault(profile, anyio.Lock()):
-            return await store()
-
-    async def _propose(
-        self,
-        caller: Caller,
-        *,
-        server: str,
-        tool: str,
-        arguments: CallArguments,
-        risk: m.Risk,
-        schema: dict[str, Any] | None,
-        cap: int | None,
-    ) -> m.Proposal:
-        now = self._now()
-        if cap is not None:
-            held = await anyio.to_thread.run_sync(
-                partial(
-                    self._store.count_open_proposals, profile=caller.profile, now=now
+        capping = (
+            nullcontext()
+            if profile is None or cap is None
+            else self._capping.setdefault(profile, anyio.Lock())
+        )
+        async with capping:
+            now = self._now()
+            if cap is not None:
+                held = await anyio.to_thread.run_sync(
+                    partial(
+                        self._store.count_open_proposals,
+                        profile=caller.profile,
+                        now=now,
+                    )
                 )
+                if held >= cap:
+                    raise UnavailableError(
+                        f"profile {caller.profile!r} has {held} proposals open"
+                        f" (limits.max_open_proposals = {cap}): an operator decides"
+                        " some, or they expire, before it may propose more",
+                        reason="overloaded",
+                        data={"server": server, "retry_after_s": 60.0},
+                    )
+            proposal = m.Proposal(
+                id="p_" + secrets.token_hex(12),
+                status="pending",
+                server=server,
+                tool=tool,
+                risk=risk,
+                argument_keys=arguments.keys,
+                arguments_hmac=arguments.hmac,
+                schema_hash=schema_hash(schema),
+                created=now,
+                expires_at=now + self._ttl_s,
+                caller_uid=caller.uid,
+                caller_user=user_name(caller.uid),
+                caller_pid=caller.pid,
+                caller_profile=caller.profile,
             )
-            if held >= cap:
-                raise UnavailableError(
-                    f"profile {caller.profile!r} has {held} proposals open"
-                    f" (limits.max_open_proposals = {cap}): an operator decides"
-                    " some, or they expire, before it may propose more",
-                    reason="overloaded",
-                    data={"server": server, "retry_after_s": 60.0},
-                )
-        proposal = m.Proposal(
-            id="p_" + secrets.token_hex(12),
-            status="pending",
-            server=server,
-            tool=tool,
-            risk=risk,
-            argument_keys=arguments.keys,
-            arguments_hmac=arguments.hmac,
-            schema_hash=schema_hash(schema),
-            created=now,
-            expires_at=now + self._ttl_s,
-            caller_uid=caller.uid,
-            caller_user=user_name(caller.uid),
-            caller_pid=caller.pid,
-            caller_profile=caller.profile,
-        )
-        # The arguments first, with the book's time (one write): a proposal row
-        # never points at nothing. The vault's put writes its canary with the
-        # first secret it ever holds.
-        await anyio.to_thread.run_sync(
-            self._vault.put_many,
-            {
-                arguments_ref(proposal.id): msgspec.json.encode(
-                    arguments.value
-                ).decode(),
-                CLOCK_REF: repr(now),
-            },
-        )
-        try:
+            # The arguments first, with the book's time (one write): a proposal row
+            # never points at nothing. The vault's put writes its canary with the
+            # first secret it ever holds.
             await anyio.to_thread.run_sync(
-                self._store.insert_proposal, stored.proposal_row(proposal)
+                self._vault.put_many,
+                {
+                    arguments_ref(proposal.id): msgspec.json.encode(
+                        arguments.value
+                    ).decode(),
+                    CLOCK_REF: repr(now),
+                },
             )
-        except StoreError:  # a full disk: no proposal, and its arguments go
-            await self._drop_arguments(proposal.id)
-            raise
-        self._new.set()
-        approval_proposed(server)
-        log.info(
-            "proposal %s: %s/%s by uid %d (%s)",
-            proposal.id,
-            server,
-            tool,
-            caller.uid,
-            caller.profile or "operator socket",
-        )
-        if self._gone(caller.profile):  # a reload removed it while the call ran
-            await self.invalidate(proposal, PROFILE_GONE, owe=True)
-            raise not_approved(await self._reread(proposal))
-        return proposal
+            try:
+                await anyio.to_thread.run_sync(
+                    self._store.insert_proposal, stored.proposal_row(proposal)
+                )
+            except StoreError:  # a full disk: no proposal, and its arguments go
+                await self._drop_arguments(proposal.id)
+                raise
+            self._new.set()
+            approval_proposed(server)
+            log.info(
+                "proposal %s: %s/%s by uid %d (%s)",
+                proposal.id,
+                server,
+                tool,
+                caller.uid,
+                caller.profile or "operator socket",
+            )
+            if self._gone(caller.profile):  # a reload removed it while the call ran
+                await self.invalidate(proposal, PROFILE_GONE, owe=True)
+                raise not_approved(await self._reread(proposal))
+            return proposal
 
     async def approve(
         self, caller: Caller, proposal_id: str, *, label: str | None
