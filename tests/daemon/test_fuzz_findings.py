@@ -23,6 +23,7 @@ from memorizz.api.protocol import Request
 from memorizzd import calllife, calls, face
 from memorizzd.caller import Caller
 from memorizzd.config import ConfigError, load
+from memorizzd.egress.client import HardenedClient
 from memorizzd.oauth import discovery, endpoints, machine
 from memorizzd.oauth.mcp_sdk import OAuthClientMetadata
 from memorizzd.rpc.dispatch import Dispatcher
@@ -157,7 +158,12 @@ def _serving(documents: dict[str, bytes]) -> httpx2.AsyncClient:
             200, content=body, headers={"content-type": "application/json"}
         )
 
-    return httpx2.AsyncClient(transport=httpx2.MockTransport(answer))
+    # the daemon's client class and policy, its network the documents above
+    return HardenedClient(
+        allowlist=(),
+        allow_private_network=False,
+        transport=httpx2.MockTransport(answer),
+    )
 
 
 def _as_metadata(extra: bytes = b"") -> bytes:

@@ -55,7 +55,7 @@ def hardened_client(
     network: Network | None = None,
     wrap: Callable[[httpx2.AsyncBaseTransport], httpx2.AsyncBaseTransport]
     | None = None,
-) -> httpx2.AsyncClient:
+) -> HardenedClient:
     """An HTTP client for one upstream, under the egress policy.
 
     ``bearer``: an OAuth token source for every request. ``challenges=False``

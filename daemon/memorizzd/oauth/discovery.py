@@ -108,7 +108,7 @@ def _param(header: str, name: str) -> str | None:
 
 
 async def challenge_of(
-    http: httpx2.AsyncClient, server_url: str, transport: str
+    http: HardenedClient, server_url: str, transport: str
 ) -> Challenge | None:
     """Ask the MCP endpoint without a token; its challenge, if it sends one.
 
@@ -142,7 +142,7 @@ async def challenge_of(
 
 
 async def discover(
-    http: httpx2.AsyncClient,
+    http: HardenedClient,
     server_url: str,
     challenge: Challenge | None,
     *,
@@ -255,14 +255,11 @@ def check_authorization_endpoint(url: str) -> None:
         )
 
 
-def check_endpoint(http: httpx2.AsyncClient, url: str, what: str) -> None:
+def check_endpoint(http: HardenedClient, url: str, what: str) -> None:
     """An endpoint of the authorization server (``what``), judged by the
     egress policy of ``http`` without a connection; refused with the reason
     (``host_not_allowed``, ``address_not_allowed``, ``scheme_not_allowed``
-    ...) and the words a request to it would get. A client that is not the
-    hardened one (a test's) has no policy to ask."""
-    if not isinstance(http, HardenedClient):
-        return
+    ...) and the words a request to it would get."""
     try:
         http.check(url)
     except RemoteError as exc:
@@ -282,7 +279,7 @@ class _Issuer(msgspec.Struct):
 
 
 async def _documents(
-    http: httpx2.AsyncClient,
+    http: HardenedClient,
     urls: list[str],
     kind: type[M],
     what: str,
@@ -320,7 +317,7 @@ def _first_problem(exc: ValidationError) -> str:
 
 
 async def _resource_metadata(
-    http: httpx2.AsyncClient, server_url: str, hinted: str | None
+    http: HardenedClient, server_url: str, hinted: str | None
 ) -> ProtectedResourceMetadata | None:
     expected = resource_url_from_server_url(server_url)
     mismatched: str | None = None
@@ -356,7 +353,7 @@ def _fallback_metadata(origin: str) -> OAuthMetadata:
 
 
 async def _server_metadata(
-    http: httpx2.AsyncClient, urls: list[str], issuer: str
+    http: HardenedClient, urls: list[str], issuer: str
 ) -> tuple[OAuthMetadata, str, tuple[str, ...]] | None:
     """The metadata and its ``issuer`` exactly as the document writes it (what
     an authorization response's ``iss`` is compared with, RFC 9207 §2.4)."""

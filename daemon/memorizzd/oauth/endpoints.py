@@ -30,6 +30,7 @@ import msgspec
 from pydantic import ValidationError
 
 from memorizzd.egress.busy import BUSY_STATUSES, parse_retry_after
+from memorizzd.egress.client import HardenedClient
 from memorizzd.oauth import jws
 from memorizzd.oauth.mcp_sdk import (
     OAuthClientInformationFull,
@@ -144,7 +145,7 @@ class _ErrorBody(msgspec.Struct):
 
 
 async def exchange_code(
-    http: httpx2.AsyncClient,
+    http: HardenedClient,
     token_endpoint: str,
     auth: ClientAuth,
     *,
@@ -165,7 +166,7 @@ async def exchange_code(
 
 
 async def refresh(
-    http: httpx2.AsyncClient,
+    http: HardenedClient,
     token_endpoint: str,
     auth: ClientAuth,
     *,
@@ -185,7 +186,7 @@ async def refresh(
 
 
 async def client_credentials(
-    http: httpx2.AsyncClient,
+    http: HardenedClient,
     token_endpoint: str,
     auth: ClientAuth,
     *,
@@ -204,7 +205,7 @@ JWT_BEARER: Final = "urn:ietf:params:oauth:grant-type:jwt-bearer"
 
 
 async def jwt_bearer(
-    http: httpx2.AsyncClient,
+    http: HardenedClient,
     token_endpoint: str,
     auth: ClientAuth,
     *,
@@ -232,7 +233,7 @@ class _Exchanged(msgspec.Struct):
 
 
 async def exchange_token(
-    http: httpx2.AsyncClient,
+    http: HardenedClient,
     token_endpoint: str,
     auth: ClientAuth | None,
     *,
@@ -283,7 +284,7 @@ async def exchange_token(
 
 
 async def _token_request(
-    http: httpx2.AsyncClient,
+    http: HardenedClient,
     url: str,
     auth: ClientAuth,
     form: dict[str, str],
@@ -384,7 +385,7 @@ def _lifetime(value: object) -> int | None:
 
 
 async def register(
-    http: httpx2.AsyncClient, url: str, metadata: OAuthClientMetadata
+    http: HardenedClient, url: str, metadata: OAuthClientMetadata
 ) -> OAuthClientInformationFull:
     """RFC 7591 dynamic client registration."""
     body = metadata.model_dump(by_alias=True, mode="json", exclude_none=True)
@@ -405,7 +406,7 @@ async def register(
 
 
 async def revoke(
-    http: httpx2.AsyncClient,
+    http: HardenedClient,
     url: str,
     auth: ClientAuth,
     *,
@@ -424,7 +425,7 @@ async def revoke(
         raise _error_of(response, "revocation", _secrets_of(form, headers, auth))
 
 
-async def get_json(http: httpx2.AsyncClient, url: str) -> httpx2.Response:
+async def get_json(http: HardenedClient, url: str) -> httpx2.Response:
     """A metadata GET (the caller reads status and body)."""
     return await _send(
         http,
@@ -435,7 +436,7 @@ async def get_json(http: httpx2.AsyncClient, url: str) -> httpx2.Response:
 
 
 async def _send(
-    http: httpx2.AsyncClient, method: str, url: str, **kwargs: object
+    http: HardenedClient, method: str, url: str, **kwargs: object
 ) -> httpx2.Response:
     """One request and its whole answer within the client's read timeout
     (``deadline_of``): httpx's timeouts are per read, so a server that drips
@@ -459,7 +460,7 @@ async def _send(
         ) from None
 
 
-def deadline_of(http: httpx2.AsyncClient) -> float | None:
+def deadline_of(http: HardenedClient) -> float | None:
     """How long one request to an authorization server may take, whole."""
     return http.timeout.read
 

@@ -54,7 +54,7 @@ from memorizz.api.errors import (
     UnavailableError,
 )
 from memorizzd import redact
-from memorizzd.egress.client import hardened_client
+from memorizzd.egress.client import HardenedClient, hardened_client
 from memorizzd.egress.transport import ChallengeError
 from memorizzd.egress.urls import normalise_host
 from memorizzd.oauth import endpoints
@@ -145,7 +145,7 @@ def refresh_margin(lifetime: float) -> float:
 
 def http_client_for(
     spec: m.ServerSpec, allowlist: tuple[str, ...] | list[str]
-) -> httpx2.AsyncClient:
+) -> HardenedClient:
     """The hardened client for a server's authorization server: the same egress
     policy as the server itself, answers read rather than raised."""
     return hardened_client(
@@ -174,7 +174,7 @@ class Acquirer(Protocol):
     grant_type: m.OAuthGrantType
 
     def acquire(
-        self, http: httpx2.AsyncClient, previous: Grant | None, dpop: Dpop
+        self, http: HardenedClient, previous: Grant | None, dpop: Dpop
     ) -> Awaitable[Grant]: ...
 
 
@@ -184,7 +184,7 @@ class TokenKeeper:
         server: str,
         *,
         vault: CredentialStore,
-        http: Callable[[], httpx2.AsyncClient],
+        http: Callable[[], HardenedClient],
         clock: Callable[[], float] = time.time,
         machine: Acquirer | None = None,
     ) -> None:

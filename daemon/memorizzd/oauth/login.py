@@ -27,12 +27,12 @@ from typing import Final
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import anyio
-import httpx2
 from pydantic import AnyUrl, ValidationError
 
 from memorizz.api import methods as m
 from memorizz.api.errors import InvalidParamsError, LoginError
 from memorizz.api.spec import redirect_uri_ok
+from memorizzd.egress.client import HardenedClient
 from memorizzd.oauth import endpoints
 from memorizzd.oauth.discovery import (
     AuthorizationServer,
@@ -175,7 +175,7 @@ def select_scope(
 
 
 async def client_identity(
-    http: httpx2.AsyncClient,
+    http: HardenedClient,
     spec: m.ServerSpec,
     authz: AuthorizationServer,
     *,
@@ -292,7 +292,7 @@ def callback_params(callback_url: str) -> dict[str, str]:
 
 
 async def finish(
-    http: httpx2.AsyncClient,
+    http: HardenedClient,
     login: PendingLogin,
     params: dict[str, str],
     dpop: Dpop | None = None,

@@ -17,10 +17,10 @@ import time
 from collections.abc import Callable
 
 import anyio
-import httpx2
 import msgspec
 
 from memorizz.api import methods as m
+from memorizzd.egress.client import HardenedClient
 from memorizzd.oauth import endpoints
 from memorizzd.oauth.discovery import challenge_of, discover, scope_to_ask
 from memorizzd.oauth.dpop import Dpop
@@ -57,7 +57,7 @@ class ClientCredentials:
         self._vault = vault
 
     async def acquire(
-        self, http: httpx2.AsyncClient, previous: Grant | None, dpop: Dpop
+        self, http: HardenedClient, previous: Grant | None, dpop: Dpop
     ) -> Grant:
         """A new grant (not yet stored); ``EndpointError`` if refused.
 
@@ -120,7 +120,7 @@ class ClientCredentials:
 
     async def _token(
         self,
-        http: httpx2.AsyncClient,
+        http: HardenedClient,
         token_endpoint: str,
         auth: ClientAuth,
         *,
@@ -180,7 +180,7 @@ class JwtBearer(ClientCredentials):
 
     async def _token(
         self,
-        http: httpx2.AsyncClient,
+        http: HardenedClient,
         token_endpoint: str,
         auth: ClientAuth,
         *,
@@ -249,7 +249,7 @@ class TokenExchange(JwtBearer):
 
     async def _token(
         self,
-        http: httpx2.AsyncClient,
+        http: HardenedClient,
         token_endpoint: str,
         auth: ClientAuth,
         *,
@@ -318,7 +318,7 @@ class _IdpMetadata(msgspec.Struct):
 
 
 async def _idp_token_endpoint(
-    http: httpx2.AsyncClient, issuer: str | None
+    http: HardenedClient, issuer: str | None
 ) -> tuple[str, list[str] | None]:
     """The identity provider's token endpoint and client authentication
     methods, from its metadata (RFC 8414 and OpenID Connect discovery URLs,

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from typing import Literal
 
 import anyio
-import httpx2
 import msgspec
 
 from memorizz.api import methods as m
@@ -22,6 +21,7 @@ from memorizz.api.errors import (
     LoginError,
     RemoteError,
 )
+from memorizzd.egress.client import HardenedClient
 from memorizzd.oauth import endpoints
 from memorizzd.oauth.discovery import challenge_of, discover
 from memorizzd.oauth.endpoints import ClientAuth, EndpointError
@@ -231,7 +231,7 @@ class OAuthService:
 
 
 async def _revoke(
-    http: httpx2.AsyncClient, url: str, auth: ClientAuth, token: str, hint: str
+    http: HardenedClient, url: str, auth: ClientAuth, token: str, hint: str
 ) -> None:
     """RFC 7009 with the client's token endpoint method; a server that refuses
     HTTP Basic there (the MCP SDK 2.3's revocation route reads the secret only
