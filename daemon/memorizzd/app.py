@@ -273,6 +273,7 @@ async def running_daemon(
                                 sockets=sockets,
                                 api_servers=partial(stored.servers, store),
                                 admit=admit,
+                                background=connections,
                             )
                             broker.reload = reloader.reload
                             for item, each in zip(listening, servers, strict=True):

@@ -23,11 +23,15 @@ steps, each once:
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any, Final
 
+import anyio
+import anyio.abc
 import msgspec
 
 from memorizz.api import methods as m
@@ -55,9 +59,15 @@ from memorizzd.telemetry.tracing import TraceContext
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
 from memorizzd.upstream.pool import Pool
-from memorizzd.upstream.tasks import TaskBook
+from memorizzd.upstream.tasks import TaskBook, TaskEntry
+
+log = logging.getLogger("memorizzd.calls")
 
 _encode = msgspec.json.encode
+
+CANCEL_FORGOTTEN_S: Final = 10.0
+"""How long the daemon tries to cancel one server's forgotten tasks (a
+removed profile's: ``Calls.cancel_forgotten``), all of them together."""
 
 
 class Calls:
@@ -419,14 +429,93 @@ class Calls:
             )
         try:
             if method == "tasks/result":
+                entry.heard({"status": "completed"})  # answered: it has ended
                 return self.tasks.payload(entry, raw)
-            shown: dict[str, Any] = self.tasks.shown(entry, msgspec.json.decode(raw))
+            task = msgspec.json.decode(raw)
+            entry.heard(task)
+            shown: dict[str, Any] = self.tasks.shown(entry, task)
         except RecursionError:  # read where it arrived, too deep here
             raise UpstreamError(
                 f"{entry.server}: the server's answer is nested too deeply",
                 data={"server": entry.server},
             ) from None
         return shown
+
+    def cancel_forgotten(
+        self, entries: list[TaskEntry], *, why: str, background: anyio.abc.TaskGroup
+    ) -> None:
+        """Cancel upstream the tasks the book forgot with their profile (a
+        reload removed it: ``TaskBook.profiles_in_force``), best effort, in
+        ``background``: each server's on the session it runs on now (taken
+        here, before the reload retires or replaces it: a retired server's
+        drain waits for them), one after another, all within
+        ``CANCEL_FORGOTTEN_S``; a server that is slow, down or gone costs the
+        reload nothing. Each is audited as the daemon's ``tasks/cancel``
+        (socket ``memorizzd``), with ``why`` as its reason."""
+        by_server: dict[str, list[TaskEntry]] = {}
+        for entry in entries:
+            by_server.setdefault(entry.server, []).append(entry)
+        for server, batch in by_server.items():
+            if server not in self._pool:
+                log.debug("%s: gone, %d tasks not cancelled", server, len(batch))
+                continue
+            log.debug("%s: cancelling %d tasks (%s)", server, len(batch), why)
+            background.start_soon(self._cancel_all, self._pool.get(server), batch, why)
+
+    async def _cancel_all(
+        self, upstream: Upstream, batch: list[TaskEntry], why: str
+    ) -> None:
+        daemon = Caller(
+            pid=os.getpid(), uid=os.getuid(), gid=os.getgid(), socket="memorizzd"
+        )
+        deadline = anyio.current_time() + CANCEL_FORGOTTEN_S
+        cancelled = 0
+        for entry in batch:
+            started = time.time()
+            if anyio.current_time() >= deadline:  # out of time: the rest are not sent
+                outcome = "timeout"
+            else:
+                outcome = await self._cancel_one(upstream, entry, deadline)
+            cancelled += outcome == "ok"
+            self.audit(
+                daemon,
+                "tasks/cancel",
+                started,
+                entry.server,
+                entry.tool,
+                None,
+                outcome=outcome,
+                reason=why,
+                refusal=False,
+            )
+        log.info(
+            "%s: %d of %d tasks cancelled (%s)",
+            upstream.name,
+            cancelled,
+            len(batch),
+            why,
+        )
+
+    @staticmethod
+    async def _cancel_one(upstream: Upstream, entry: TaskEntry, deadline: float) -> str:
+        """One forgotten task's ``tasks/cancel``: its audit outcome; never raises
+        (but a cancellation: the daemon stopping)."""
+        params = {"taskId": entry.upstream_id}
+        try:
+            await upstream.request(
+                lambda client: client.task_request("tasks/cancel", params),
+                deadline=min(deadline, upstream.deadline_for(None)),
+                safe=False,
+            )
+        except RemoteError as exc:
+            log.debug("%s: task %s not cancelled: %s", entry.server, entry.id, exc)
+            return outcome_for(exc.reason)
+        except Exception:  # never into the task group (it is the daemon's)
+            log.debug(
+                "%s: task %s not cancelled", entry.server, entry.id, exc_info=True
+            )
+            return "failed"
+        return "ok"
 
     async def task_list(self, caller: Caller) -> list[dict[str, Any]]:
         """The caller's tasks, each as its server says it is now (``tasks/get``);

@@ -27,7 +27,13 @@ the difference, without dropping what did not change.
   open too: a server dropped from the list is gone for them at once.
   A removed profile's open proposals (pending, approved) are invalidated
   (``ApprovalBook.profiles_in_force``): one of the same name added later is
-  another profile, and never inherits them.
+  another profile, and never inherits them. Its tasks are forgotten
+  (``TaskBook.profiles_in_force``), and those not known to have ended are
+  cancelled upstream (``Calls.cancel_forgotten``: in the background, bounded,
+  best effort, audited as the daemon's ``tasks/cancel`` with reason
+  ``profile_removed``; the reload never waits for them). A profile that only
+  loses a server keeps its tasks there, hidden from it and running: a reload
+  that gives the server back shows them again.
 * ``RESTART_KEYS`` are not applied: the result and the log name them.
 
 An invalid file (TOML, validation, a command the execution policy refuses, a
@@ -97,6 +103,8 @@ SIGNAL_CALLER: Final = Caller(
     pid=os.getpid(), uid=os.geteuid(), gid=os.getegid(), socket="SIGHUP"
 )
 """Who a SIGHUP's reload is, in the audit trail: the daemon itself."""
+PROFILE_REMOVED: Final = "profile_removed"
+"""The audit reason of the daemon's ``tasks/cancel`` of a removed profile's task."""
 
 
 class Sockets:
@@ -211,8 +219,12 @@ class Reloader:
         sockets: Sockets,
         api_servers: Callable[[], list[m.ServerSpec]],
         admit: Callable[[m.ServerSpec, Config], Admission],
+        background: anyio.abc.TaskGroup,
     ) -> None:
         self.config = config
+        self._background = background
+        """Where a reload leaves what it does not wait for (the upstream cancels
+        of a removed profile's tasks)."""
         self._load = load
         self._admitted = {a.spec.name: a for a in admitted}
         self._pool = pool
@@ -350,9 +362,14 @@ class Reloader:
         # A proposal never outlives its profile: a removed one's open proposals
         # end now, before a profile of the same name could be added again.
         await self._book.profiles_in_force(new_profiles.keys(), caps=open_caps(config))
-        self._broker.tool_calls.tasks.profiles_in_force(
-            new_profiles.keys()
-        )  # and tasks
+        # And its tasks: forgotten, and cancelled upstream, on the sessions they
+        # run on (taken now, before a server is retired or replaced below).
+        calls = self._broker.tool_calls
+        forgotten = calls.tasks.profiles_in_force(new_profiles.keys())
+        if forgotten:
+            calls.cancel_forgotten(
+                forgotten, why=PROFILE_REMOVED, background=self._background
+            )
         # Then what takes time; the config in force is already the new one.
         for name in result.servers_stopped:
             self._pool.retire(name)

@@ -21,6 +21,16 @@ caller an id of its own (``t_`` and 24 hex digits) instead. So:
   created the task (a face session or a socket connection), its task id
   rewritten, and no other.
 
+A reload that removes a profile forgets its tasks (``profiles_in_force``),
+and the daemon cancels upstream each one not known to have ended
+(``Calls.cancel_forgotten``: best effort, in the background, bounded): no
+one can reach them any more, and an operator who removes a profile expects
+its agents' work to stop. A reload that only narrows a profile's servers
+forgets nothing and cancels nothing: the tasks on a server it no longer sees
+are hidden from it (``get``, ``mine``, ``noticed``) and run on, and a reload
+that gives the server back shows them again. Each entry keeps the last
+status the server gave (``TaskEntry.status``) for that.
+
 The book lives in memory: tasks do not survive a daemon restart (their
 servers' processes do not either, for stdio servers). It holds at most
 ``MAX_TASKS_PER_OWNER`` of one owner's (past it, that owner's oldest is
@@ -52,6 +62,8 @@ MAX_TASKS_PER_OWNER: Final = 1_000
 STATUS_SEND_S: Final = 1.0
 """How long one status notification may take to reach its connection."""
 STATUS: Final = "notifications/tasks/status"
+TERMINAL: Final = frozenset({"completed", "failed", "cancelled"})
+"""MCP's task statuses a task never leaves."""
 
 Owner = tuple[str | None, str | None, int]
 """Who may use a task: the caller's role, profile and uid."""
@@ -76,6 +88,23 @@ class TaskEntry:
     caller: Caller
     """Who created it: a status reaches its connection only while the server
     is in its scope (``TaskBook.sees``)."""
+    status: str | None = None
+    """The last status the server gave (its ``CreateTaskResult``, a status
+    notification, a ``tasks/get`` or ``tasks/cancel`` answer; ``completed``
+    once ``tasks/result`` answered); None: it gave none. One in ``TERMINAL``
+    is never replaced."""
+
+    @property
+    def ended(self) -> bool:
+        """Whether the task is known to have ended (nothing to cancel)."""
+        return self.status in TERMINAL
+
+    def heard(self, task: Any) -> None:
+        """A task object from its server (``Task``): its status, if it says
+        one, unless the task has ended already (a late, stale word)."""
+        status = task.get("status") if isinstance(task, dict) else None
+        if isinstance(status, str) and not self.ended:
+            self.status = status
 
 
 def owner_of(caller: Caller) -> Owner:
@@ -138,6 +167,7 @@ class TaskBook:
             sender=_weakly(send),
             caller=caller,
         )
+        entry.heard(result.get("task"))
         reused = self._by_upstream.get((server, upstream_id))
         if reused is not None and reused in self._tasks:
             # The server gave this id again: the task it named is gone with its
@@ -179,16 +209,26 @@ class TaskBook:
     def _visible(self, caller: Caller, server: str) -> bool:
         return self._sees is None or self._sees(caller, server)
 
-    def profiles_in_force(self, names: Iterable[str]) -> None:
+    def profiles_in_force(self, names: Iterable[str]) -> list[TaskEntry]:
         """A reload's profiles: the tasks of a removed one are forgotten, as
         its proposals are (``ApprovalBook.profiles_in_force``). A profile of
         the same name added later is another profile, and never inherits
-        them (the owner is role, profile and uid: the same uid would). They
-        are not cancelled upstream: each ends there by its own ``ttl``."""
+        them (the owner is role, profile and uid: the same uid would).
+
+        The forgotten tasks not known to have ended are returned: no caller
+        can reach them any more, so the reload cancels them upstream
+        (``Calls.cancel_forgotten``) rather than let them run for nobody
+        until their ``ttl``. A profile that stays keeps all its tasks, those
+        on a server it no longer sees too (hidden, not cancelled)."""
         kept = set(names)
+        running: list[TaskEntry] = []
         for owner in [o for o in self._owned if o[1] is not None and o[1] not in kept]:
             for task_id in list(self._owned.get(owner, ())):
-                self.forget(self._tasks[task_id])
+                entry = self._tasks[task_id]
+                self.forget(entry)
+                if not entry.ended:
+                    running.append(entry)
+        return running
 
     def forget(self, entry: TaskEntry) -> None:
         """The server no longer knows the task (expired): drop it."""
@@ -239,8 +279,11 @@ class TaskBook:
             return
         found = self._by_upstream.get((server, upstream_id)) if upstream_id else None
         entry = None if found is None else self._tasks.get(found)
-        send = None if entry is None else entry.sender()
-        if entry is None or send is None:
+        if entry is None:
+            return
+        entry.heard(task)  # whoever hears it: a reload cancels by it
+        send = entry.sender()
+        if send is None:
             return
         if not self._visible(entry.caller, server):
             return  # out of its creator's scope since (a reload): not a word
