@@ -7,6 +7,7 @@ client's tests (tests/client/) run without loading the daemon.
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -80,6 +81,21 @@ def shared_stdio_daemon() -> Iterator[DaemonHarness]:
             yield harness
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def sdk_kept_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon's entry point (``memorizzd.__main__.main``), run in this
+    process by a test (``--check-config``), installs the guard that keeps
+    the MCP SDK's server side out of the daemon's process for good
+    (``memorizzd/sdk_client_side.py``); every later test in the worker that
+    runs an SDK server here would then fail (``ServerSideNotLoaded``), or
+    not, by how xdist happened to group the modules. The pytest process
+    keeps the whole SDK: the guard is tested in fresh interpreters
+    (tests/daemon/test_sdk_client_side.py)."""
+    module = sys.modules.get("memorizzd.sdk_client_side")
+    if module is not None:
+        monkeypatch.setattr(module, "install", lambda: False)
 
 
 @pytest.fixture(autouse=True)

@@ -14,10 +14,12 @@ import math
 import os
 import re
 import stat
+import sys
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Final, Literal
+from types import MappingProxyType
+from typing import Final, Literal, NamedTuple
 from urllib.parse import urlsplit
 
 import msgspec
@@ -220,20 +222,129 @@ class Config(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 SEPARATOR_OK: Final = re.compile(r"[A-Za-z0-9_-]{1,3}")
 """A face's separator between a server's name and a tool's."""
-_POSITIVE: Final = (
-    "connect_wait_s",
-    "backoff_initial_s",
-    "backoff_max_s",
-    "health_interval_s",
-    "health_timeout_s",
-    "max_in_flight_per_server",
-    "max_in_flight_per_connection",
-    "list_page_limit",
-    "approval_ttl_s",
-    "upstream_request_wait_s",
+
+YEAR_S: Final = 365 * 86400.0
+"""The longest duration a setting takes (31,536,000 s). Every deadline and
+expiry made from one stays a time the clock and the calendar hold: a
+proposal's ``expires_at``, written as a time of day in the reply that stores
+it (``approval_ttl_s = 1e20`` made every proposal an internal error:
+``time.gmtime`` overflows past year 3e9), a drain's, a backoff's, a
+connection's deadline."""
+COUNT_MAX: Final = 1_000_000
+"""The largest count a setting takes: far past what a host serves at once
+(connections are file descriptors; each open proposal holds its arguments in
+the state database), and a number every use of it holds. A count of more
+than 308 digits is no float either: it broke the range checks themselves
+(``OverflowError``)."""
+
+
+class Bound(NamedTuple):
+    """The range of one numeric setting: a finite number, above 0 (or 0 too,
+    with ``zero``), at most ``most``."""
+
+    most: float
+    unit: str
+    """How ``most`` is shown: ``" s (365 days)"`` after a duration's."""
+    zero: bool = False
+
+
+_DURATION: Final = Bound(YEAR_S, " s (365 days)")
+_COUNT: Final = Bound(COUNT_MAX, "")
+BOUNDS: Final[Mapping[str, Bound]] = MappingProxyType(
+    {
+        "connect_wait_s": _DURATION,
+        "backoff_initial_s": _DURATION,
+        "backoff_max_s": _DURATION,
+        "health_interval_s": _DURATION,
+        "health_timeout_s": _DURATION,
+        "drain_timeout_s": _DURATION._replace(zero=True),  # 0: no drain
+        "approval_ttl_s": _DURATION,
+        "face_approval_wait_s": _DURATION._replace(zero=True),  # "pending" at once
+        "upstream_request_wait_s": _DURATION,
+        "max_in_flight_per_server": _COUNT,
+        "max_in_flight_per_connection": _COUNT,
+        "list_page_limit": _COUNT,
+        "limits.max_connections": _COUNT,
+        "limits.max_connections_per_uid": _COUNT,
+        "limits.max_in_flight": _COUNT,
+        "limits.max_request_bytes": Bound(MAX_FRAME, " bytes (1 MiB)"),
+        "limits.max_open_proposals": _COUNT,
+        "limits.first_frame_timeout_s": _DURATION,
+        "limits.write_timeout_s": _DURATION,
+        "limits.idle_timeout_s": _DURATION,
+    }
 )
-_NOT_NEGATIVE: Final = ("drain_timeout_s", "face_approval_wait_s")
-"""Settings that may be 0: no drain; the face answers "still pending" at once."""
+"""Every numeric setting of the file but a server's (``check_server_spec``
+bounds ``timeout_s``, ``max_result_bytes`` and ``replicas``), by key:
+``limits.*`` are each profile's. One check applies them all
+(``_check_numbers``), at start, ``--check-config`` and every reload."""
+
+
+def shown(value: float) -> str:
+    """A number as an error message shows it: a float in at most 15 digits
+    (``31536000``, ``1e+300``), an integer of more than 38 digits by its size
+    only (an integer of TOML may have thousands, more than ``str`` writes)."""
+    if not isinstance(value, int):
+        return f"{value:.15g}"
+    if value.bit_length() <= 127:
+        return str(value)
+    digits = int(value.bit_length() * math.log10(2)) + 1
+    return f"an integer of about {digits} digits"
+
+
+def range_error(
+    key: str, value: float, bound: Bound, *, above_zero: str = "greater than 0"
+) -> str | None:
+    """What is wrong with ``value`` for ``key`` (as the message names it),
+    if anything."""
+    if not isinstance(value, int) and not math.isfinite(value):
+        # nan passes no range check; inf breaks every deadline and expiry
+        # made from it (a proposal's expires_at, the drain's deadline)
+        return f"{key} must be a finite number, not {value}"
+    if bound.zero and value < 0:
+        return f"{key} must not be negative"
+    if not bound.zero and not value > 0:
+        return f"{key} must be {above_zero}"
+    if value > bound.most:
+        return (
+            f"{key} must be at most {shown(bound.most)}{bound.unit}, not {shown(value)}"
+        )
+    return None
+
+
+_OUT_OF_RANGE: Final = re.compile(
+    r"Number out of range - at `\$\.(?:profiles\[\d+\]\.)?(?P<key>[a-z_.]+)`"
+)
+"""msgspec's word for an integer too large for a float (more than 308 digits)."""
+
+
+def _with_bound(message: str) -> str:
+    """msgspec's message, with the setting's maximum when it says a number is
+    out of range (a float cannot hold it)."""
+    found = _OUT_OF_RANGE.fullmatch(message)
+    bound = None if found is None else BOUNDS.get(found["key"])
+    if bound is None:
+        return message
+    return f"{message}: at most {shown(bound.most)}{bound.unit}"
+
+
+def _check_numbers(config: Config, where: Path | None) -> None:
+    """``BOUNDS``, on the top-level settings and each profile's limits."""
+    for key, bound in BOUNDS.items():
+        table, _, name = key.rpartition(".")
+        if not table:
+            found = [(key, getattr(config, key))]
+        else:
+            found = [
+                (f"profile {p.name!r}: {key}", getattr(p.limits, name))
+                for p in config.profiles
+            ]
+        for label, value in found:
+            error = range_error(
+                label, value, bound, above_zero="> 0" if table else "greater than 0"
+            )
+            if error is not None:
+                raise ConfigError(f"{where}: {error}")
 
 
 def systemd_directory(kind: str) -> str | None:
@@ -303,7 +414,7 @@ def load(
         try:
             config = msgspec.convert(raw, Config)
         except msgspec.ValidationError as exc:
-            raise ConfigError(f"{config_path}: {exc}") from None
+            raise ConfigError(f"{config_path}: {_with_bound(str(exc))}") from None
         config.servers = [
             msgspec.convert(msgspec.to_builtins(s), ServerSpec) for s in servers
         ]
@@ -316,19 +427,7 @@ def load(
             systemd_directory("RUNTIME") or default_runtime_dir(), "memorizzd.sock"
         )
     )
-    for key in (*_POSITIVE, *_NOT_NEGATIVE):
-        if not math.isfinite(value := getattr(config, key)):
-            # nan passes no range check; inf breaks every deadline and expiry
-            # made from it (a proposal's expires_at, the drain's deadline)
-            raise ConfigError(
-                f"{config_path}: {key} must be a finite number, not {value}"
-            )
-    for key in _POSITIVE:
-        if not getattr(config, key) > 0:
-            raise ConfigError(f"{config_path}: {key} must be greater than 0")
-    for key in _NOT_NEGATIVE:
-        if getattr(config, key) < 0:
-            raise ConfigError(f"{config_path}: {key} must not be negative")
+    _check_numbers(config, config_path)
     stores = config.credentials.stores
     if "vault" not in stores or len(set(stores)) != len(stores):
         raise ConfigError(
@@ -461,6 +560,11 @@ def _read_toml(path: Path) -> dict[str, object]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: {exc}") from None
+    except ValueError:  # int() of a decimal integer past its digits' limit
+        raise ConfigError(
+            f"{path}: an integer of more than {sys.get_int_max_str_digits()}"
+            " digits (no setting takes one)"
+        ) from None
     except RecursionError:  # tomllib parses nested arrays and tables recursively
         raise ConfigError(
             f"{path}: arrays or inline tables nested too deeply"
@@ -563,7 +667,7 @@ def gid_of(group: int | str) -> int:
     out of range (chown would raise OverflowError, at start or mid-reload)."""
     if isinstance(group, int):
         if not 0 <= group <= GID_MAX:
-            raise ValueError(f"gid {group} is out of range (0..{GID_MAX})")
+            raise ValueError(f"gid {shown(group)} is out of range (0..{GID_MAX})")
         return group
     try:
         return grp.getgrnam(group).gr_gid
@@ -572,7 +676,8 @@ def gid_of(group: int | str) -> int:
 
 
 def _check_access(config: Config, where: Path | None) -> None:
-    """Profiles: valid distinct names, positive limits; every group resolves."""
+    """Profiles: valid distinct names; every group resolves (the limits'
+    ranges: ``BOUNDS``)."""
     try:
         for group in config.operators.groups:
             _gid(group, "operators.groups")
@@ -598,29 +703,6 @@ def _check_access(config: Config, where: Path | None) -> None:
                 _gid(group, f"profile {name!r}: gids")
             if profile.socket_group is not None:
                 _gid(profile.socket_group, f"profile {name!r}: socket_group")
-            limits = profile.limits
-            for key in (
-                "max_connections",
-                "max_connections_per_uid",
-                "max_in_flight",
-                "max_request_bytes",
-                "max_open_proposals",
-                "first_frame_timeout_s",
-                "write_timeout_s",
-                "idle_timeout_s",
-            ):
-                value = getattr(limits, key)
-                if not math.isfinite(value):  # inf: a timeout that never fires
-                    raise ValueError(
-                        f"profile {name!r}: limits.{key} must be a finite number,"
-                        f" not {value}"
-                    )
-                if not value > 0:
-                    raise ValueError(f"profile {name!r}: limits.{key} must be > 0")
-            if limits.max_request_bytes > MAX_FRAME:
-                raise ValueError(
-                    f"profile {name!r}: limits.max_request_bytes must be <= {MAX_FRAME}"
-                )
     except ValueError as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
