@@ -4,7 +4,10 @@ HTTP upstream that answers 429/503 with ``Retry-After``, a listener that
 accepts and never answers, requests that hang, responses cut mid-way, a
 server that forgets its sessions (404) and SSE streams dropped mid-response;
 and in front of an HTTP server of ours, a relay that breaks one connection
-mid-stream (``cutting_proxy``).
+mid-stream (``cutting_proxy``). And the ASGI plumbing of every test
+middleware (this module's, tests/oauth_world.py's, the batteries' own): a
+request's body read and handed on (``read_body``, ``replaying``), an app's
+answer captured (``captured``), an answer sent in one go (``respond``).
 
     python tests/faults.py drip RATE -- CMD ARG...   # stdio: CMD's big lines at RATE bytes/s
 
@@ -24,7 +27,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,7 +91,8 @@ def _decoded(body: bytes) -> _Call | None:
         return None
 
 
-async def _read_body(receive: Receive) -> bytes:
+async def read_body(receive: Receive) -> bytes:
+    """A request's whole body."""
     chunks: list[bytes] = []
     while True:
         message = await receive()
@@ -97,7 +101,7 @@ async def _read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
-def _replaying(body: bytes, receive: Receive) -> Receive:
+def replaying(body: bytes, receive: Receive) -> Receive:
     """A ``receive`` that hands the app the body already read, then the rest."""
     replayed = False
 
@@ -109,6 +113,31 @@ def _replaying(body: bytes, receive: Receive) -> Receive:
         return {"type": "http.request", "body": body, "more_body": False}
 
     return replay
+
+
+async def captured(app: App, scope: Scope, receive: Receive) -> tuple[int, bytes]:
+    """What ``app`` answers (status, body), not yet sent."""
+    messages: list[Message] = []
+
+    async def capture(message: Message) -> None:
+        messages.append(message)
+
+    await app(scope, receive, capture)
+    body = b"".join(m.get("body", b"") for m in messages[1:])
+    return messages[0]["status"], body
+
+
+async def respond(
+    send: Send,
+    status: int,
+    body: bytes = b"",
+    headers: Iterable[tuple[bytes, bytes]] = (),
+) -> None:
+    """One answer: ``status``, ``headers`` and a ``Content-Length``, ``body``."""
+    length = (b"content-length", str(len(body)).encode())
+    start = {"type": "http.response.start", "status": status}
+    await send({**start, "headers": [*headers, length]})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _wait_disconnect(receive: Receive) -> None:
@@ -163,9 +192,9 @@ class _PostFault:
             if scope["type"] != "http" or scope["method"] != "POST":
                 await app(scope, receive, send)
                 return
-            body = await _read_body(receive)
+            body = await read_body(receive)
             to = fault if hit(body) else app
-            await to(scope, _replaying(body, receive), send)
+            await to(scope, replaying(body, receive), send)
 
         return wrapped
 
@@ -236,7 +265,7 @@ class Hang(_PostFault):
             if scope["method"] != "POST":
                 await app(scope, receive, send)
                 return
-            body = await _read_body(receive)
+            body = await read_body(receive)
             if self._arrived(body) and (self.times is None or self.seen <= self.times):
                 if self.accept:
                     await send({"type": "http.response.start", "status": 202})
@@ -244,7 +273,7 @@ class Hang(_PostFault):
                     return
                 await _wait_disconnect(receive)
                 return
-            await app(scope, _replaying(body, receive), send)
+            await app(scope, replaying(body, receive), send)
 
         return wrapped
 
@@ -394,9 +423,9 @@ class SessionLoss(_PostFault):
             if scope["method"] != "POST":
                 await app(scope, receive, noting)
                 return
-            body = await _read_body(receive)
+            body = await read_body(receive)
             self._arrived(body)
-            await app(scope, _replaying(body, receive), noting)
+            await app(scope, replaying(body, receive), noting)
 
         return wrapped
 
@@ -426,9 +455,9 @@ class DropStream(_PostFault):
                         self.resumed += 1
                 await app(scope, receive, send)
                 return
-            body = await _read_body(receive)
+            body = await read_body(receive)
             if not self._arrived(body) or self.dropped:
-                await app(scope, _replaying(body, receive), send)
+                await app(scope, replaying(body, receive), send)
                 return
             self.dropped += 1
             pending = bytearray()  # the first event, until it is whole
@@ -451,7 +480,7 @@ class DropStream(_PostFault):
                 if not self.abrupt:
                     await send({"type": "http.response.body", "body": b""})
 
-            await app(scope, _replaying(body, receive), dropping)
+            await app(scope, replaying(body, receive), dropping)
 
         return wrapped
 

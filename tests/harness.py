@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 
 from memorizz import Client
@@ -96,6 +97,33 @@ def node_http(script: str, purpose: str) -> Iterator[str]:
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def node_client(
+    script: str, plan: dict[str, Any], *, timeout: float = 60.0
+) -> dict[str, Any]:
+    """Run the TypeScript SDK client ``script`` (in tests/node) with ``plan``
+    (JSON, its one argument): what it says on its last line of stdout, a
+    JSON object; its run must have ended with exit 0 (else that line's
+    ``error`` and its stderr say why). ``timeout`` bounds a hung client."""
+    done = subprocess.run(
+        [
+            node("the TypeScript SDK client"),
+            script,
+            msgspec.json.encode(plan).decode(),
+        ],
+        cwd=NODE_DIR,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    lines = done.stdout.splitlines()
+    assert lines, f"no output (exit {done.returncode}): {done.stderr}"
+    seen: dict[str, Any] = msgspec.json.decode(lines[-1])
+    assert done.returncode == 0, f"{seen.get('error')}: {done.stderr}"
+    return seen
 
 
 MCP_SERVER = str(TESTS / "mcp_server.py")
@@ -213,6 +241,28 @@ def light_spec(name: str, **overrides: Any) -> ServerSpec:
     return stdio_spec(name, **{"args": [LEGACY_SERVER], **overrides})
 
 
+TASK_SERVER = str(NODE_DIR / "task_server.mjs")
+"""A server on the TypeScript SDK with tasks (task-required and -optional tools)."""
+
+
+def task_spec(name: str = "tasks") -> ServerSpec:
+    """``TASK_SERVER`` over stdio, run by ``node`` (skipped without it, failed
+    under CI)."""
+    exe = node("the TypeScript SDK's task server")
+    return stdio_spec(name, command=exe, args=[TASK_SERVER], cwd=str(NODE_DIR))
+
+
+@contextlib.contextmanager
+def task_server(transport: str, name: str = "tasks") -> Iterator[ServerSpec]:
+    """``TASK_SERVER`` as the daemon reaches it over ``transport``: ``stdio``
+    (``task_spec``) or ``streamable_http`` (served by ``node_http`` meanwhile)."""
+    if transport == "stdio":
+        yield task_spec(name)
+        return
+    with node_http(TASK_SERVER, "the TypeScript SDK's task server over HTTP") as url:
+        yield http_spec(name, url, "streamable_http")
+
+
 def http_spec(name: str, url: str, transport: str, **overrides: Any) -> ServerSpec:
     """An HTTP server entry for a loopback test server (``allow_private_network``)."""
     fields: dict[str, Any] = {
@@ -244,16 +294,71 @@ def tempdir_fixture() -> Any:
     return tempdir
 
 
+TIMINGS: dict[str, float] = {
+    "backoff_initial_s": 0.05,
+    "backoff_max_s": 0.5,
+    "drain_timeout_s": 5.0,
+}
+"""A test daemon's reconnect backoff and drain bound: short, tests wait on them."""
+
+
 def daemon_config(base: str, **overrides: Any) -> Config:
     fields: dict[str, Any] = {
         "socket": os.path.join(base, "d.sock"),
         "state_dir": os.path.join(base, "state"),
-        "backoff_initial_s": 0.05,
-        "backoff_max_s": 0.5,
-        "drain_timeout_s": 5.0,
+        **TIMINGS,
     }
     fields.update(overrides)
     return Config(**fields)
+
+
+def config_doc(base: str, **fields: Any) -> dict[str, Any]:
+    """What ``daemon_config`` sets, as a config file's document
+    (``config_toml``), ``fields`` added (``servers``: ``stdio_entry`` each)."""
+    return {
+        "socket": os.path.join(base, "d.sock"),
+        "state_dir": os.path.join(base, "state"),
+        **TIMINGS,
+        **fields,
+    }
+
+
+def config_toml(doc: dict[str, Any]) -> str:
+    """A config file: top-level values, then tables, then arrays of tables."""
+
+    def value_of(v: object) -> str:
+        if isinstance(v, dict):  # an inline table
+            return "{" + ", ".join(f"{k} = {value_of(x)}" for k, x in v.items()) + "}"
+        return msgspec.json.encode(v).decode()  # strings, numbers, lists, booleans
+
+    def table(value: dict[str, Any]) -> list[str]:
+        return [f"{k} = {value_of(v)}" for k, v in value.items()]
+
+    def tables(value: object) -> bool:
+        return isinstance(value, list) and bool(value) and isinstance(value[0], dict)
+
+    lines = table(
+        {k: v for k, v in doc.items() if not isinstance(v, dict) and not tables(v)}
+    )
+    for key, value in doc.items():
+        if isinstance(value, dict):
+            lines += [f"[{key}]", *table(value)]
+        elif tables(value):
+            for item in value:
+                lines += [f"[[{key}]]", *table(item)]
+    return "\n".join(lines) + "\n"
+
+
+def stdio_entry(spec: ServerSpec) -> dict[str, Any]:
+    """A stdio server's ``[[servers]]`` entry in a config document."""
+    entry: dict[str, Any] = {
+        "name": spec.name,
+        "transport": "stdio",
+        "command": spec.command,
+        "args": list(spec.args),
+        "env": dict(spec.env),
+    }
+    return entry | ({"cwd": spec.cwd} if spec.cwd else {})
 
 
 @dataclass
@@ -299,13 +404,18 @@ class DaemonHarness:
 
 
 @contextlib.contextmanager
-def http_bridge(api_socket: str) -> Iterator[tuple[str, str]]:
+def http_bridge(
+    api_socket: str, *, token: str | None = None, said: list[str] | None = None
+) -> Iterator[tuple[str, str]]:
     """``memorizzctl mcp serve --transport streamable-http`` on a loopback
     port in front of the face beside ``api_socket``; yields its URL and
-    bearer token (read from a 0600 token file)."""
-    token = secrets.token_urlsafe(24)
+    bearer token (``token``, else a random one, read from a 0600 token file).
+    ``said``, if given, gets all the bridge printed (stderr, then stdout)
+    once it stopped (SIGTERM)."""
+    token = secrets.token_urlsafe(24) if token is None else token
     token_file = os.path.join(os.path.dirname(api_socket), "bridge-token")
-    with open(os.open(token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+    with open(os.open(token_file, flags, 0o600), "w", encoding="utf-8") as f:
         f.write(token)
     memorizzctl = str(Path(sys.executable).with_name("memorizzctl"))
     proc = subprocess.Popen(
@@ -313,9 +423,10 @@ def http_bridge(api_socket: str) -> Iterator[tuple[str, str]]:
          "--transport", "streamable-http", "--listen", "127.0.0.1:0",
          "--token-file", token_file],
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL if said is None else subprocess.PIPE,
         stderr=subprocess.PIPE,
     )  # fmt: skip
+    first = ""
     try:
         assert proc.stderr is not None
         first = proc.stderr.readline().decode()
@@ -323,9 +434,14 @@ def http_bridge(api_socket: str) -> Iterator[tuple[str, str]]:
         yield first.rsplit(" ", 1)[1].strip(), token
     finally:
         proc.terminate()
-        proc.wait()
-        if proc.stderr is not None:
-            proc.stderr.close()
+        try:
+            out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            raise
+        if said is not None:
+            said += [first + err.decode(), out.decode()]
 
 
 @contextlib.contextmanager
@@ -339,6 +455,18 @@ def daemon_process(
     finally:
         if process.running:
             process.stop()
+
+
+@contextlib.contextmanager
+def no_errors_logged(process: DaemonProcess) -> Iterator[None]:
+    """What runs inside adds no traceback and no ``ERROR`` or ``CRITICAL``
+    line to ``process``'s log."""
+    before = len(process.log())
+    yield
+    added = process.log()[before:]
+    assert "Traceback" not in added, added
+    assert " ERROR " not in added, added
+    assert " CRITICAL " not in added, added
 
 
 @contextlib.contextmanager
@@ -440,6 +568,19 @@ def serve_http(
 
     with serve_asgi(make_app, port) as base:
         yield base + ("/mcp" if kind == "streamable_http" else "/sse")
+
+
+def scraped(path: str) -> bytes:
+    """``GET /metrics`` on the metrics Unix socket ``path``: the whole answer
+    (read until the daemon closes the connection)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        sock.connect(path)
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        return answer
 
 
 def rmtree(path: str) -> None:

@@ -48,6 +48,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from pydantic import AnyHttpUrl, AnyUrl
 
+from tests.faults import captured, read_body, replaying, respond
 from tests.harness import serve_asgi
 
 PRE_CLIENT_ID = "memorizz-preregistered"
@@ -344,13 +345,7 @@ def _scope_gate(app: Any, provider: TestAuthorizationServer, base: str) -> Any:
         if scope["type"] != "http" or scope["method"] != "POST":
             await app(scope, receive, send)
             return
-        chunks: list[bytes] = []
-        while True:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        body = b"".join(chunks)
+        body = await read_body(receive)
         if _calls_admin(body) and not _has_admin(scope, provider):
             provider.scope_refusals += 1
             await send(
@@ -362,54 +357,13 @@ def _scope_gate(app: Any, provider: TestAuthorizationServer, base: str) -> Any:
             )
             await send({"type": "http.response.body", "body": b""})
             return
-        replayed = False
-
-        async def replay() -> dict[str, Any]:
-            nonlocal replayed
-            if replayed:
-                return dict(await receive())
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await app(scope, replay, send)
+        await app(scope, replaying(body, receive), send)
 
     return gated
 
 
-async def _body(receive: Any) -> bytes:
-    chunks: list[bytes] = []
-    while True:
-        message = await receive()
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(chunks)
-
-
-def _replaying(body: bytes, receive: Any) -> Any:
-    replayed = False
-
-    async def replay() -> dict[str, Any]:
-        nonlocal replayed
-        if replayed:
-            return dict(await receive())
-        replayed = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return replay
-
-
 async def _respond(send: Any, status: int, body: bytes, content_type: bytes) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", content_type),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    await respond(send, status, body, [(b"content-type", content_type)])
 
 
 def _faults(app: Any, provider: TestAuthorizationServer) -> Any:
@@ -421,12 +375,12 @@ def _faults(app: Any, provider: TestAuthorizationServer) -> Any:
             return
         path, method = scope["path"], scope["method"]
         if path == "/token" and method == "POST":
-            body = await _body(receive)
+            body = await read_body(receive)
             form = {k: v[0] for k, v in parse_qs(body.decode()).items()}
             provider.token_forms.append(form)
             grant_type = form.get("grant_type", "")
             provider.token_posts.append(grant_type)
-            replay = _replaying(body, receive)
+            replay = replaying(body, receive)
             if grant_type == "refresh_token" and provider.lose_refresh_responses:
                 provider.lose_refresh_responses -= 1
 
@@ -439,7 +393,7 @@ def _faults(app: Any, provider: TestAuthorizationServer) -> Any:
             await app(scope, replay, send)
             return
         if path == "/.well-known/oauth-authorization-server" and provider.advertise_iss:
-            status, body = await _captured(app, scope, receive)
+            status, body = await captured(app, scope, receive)
             doc = msgspec.json.decode(body)
             doc["authorization_response_iss_parameter_supported"] = True
             await _respond(send, status, msgspec.json.encode(doc), b"application/json")
@@ -451,18 +405,6 @@ def _faults(app: Any, provider: TestAuthorizationServer) -> Any:
         await app(scope, receive, send)
 
     return faulty
-
-
-async def _captured(app: Any, scope: dict[str, Any], receive: Any) -> tuple[int, bytes]:
-    """What ``app`` answers (status, body), not yet sent."""
-    captured: list[dict[str, Any]] = []
-
-    async def capture(message: dict[str, Any]) -> None:
-        captured.append(message)
-
-    await app(scope, receive, capture)
-    body = b"".join(m.get("body", b"") for m in captured[1:])
-    return captured[0]["status"], body
 
 
 def _content_type(body: bytes) -> bytes:
@@ -540,7 +482,7 @@ async def _get(
         await app(scope, receive, send)
         return
     moved = dict(scope, path=target, raw_path=target.encode())
-    status, body = await _captured(app, moved, receive)
+    status, body = await captured(app, moved, receive)
     if status == 200 and edit is not None:
         body = msgspec.json.encode(edit(msgspec.json.decode(body)))
     await _respond(send, status, body, _content_type(body))
@@ -554,8 +496,8 @@ async def _post(
     send: Any,
 ) -> None:
     path = scope["path"]
-    body = await _body(receive)
-    replay = _replaying(body, receive)
+    body = await read_body(receive)
+    replay = replaying(body, receive)
     if path == "/register":
         provider.register_bodies.append(msgspec.json.decode(body))
         await app(scope, replay, send)
@@ -574,7 +516,7 @@ async def _post(
     if edit is None:
         await app(scope, replay, send)
         return
-    status, content = await _captured(app, scope, replay)
+    status, content = await captured(app, scope, replay)
     if status == 200:
         content = edit(form.get("grant_type", ""), msgspec.json.decode(content))
     await _respond(send, status, content, _content_type(content))

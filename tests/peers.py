@@ -3,6 +3,10 @@ runs one function and sends its outcome back through a pipe.
 
 The daemon sees the child's real credentials (SO_PEERCRED, SO_PEERGROUPS):
 nothing here is faked. Needs root (``needs_root`` skips otherwise).
+
+And the world the authority batteries (tests/daemon/test_authority_*.py)
+share: a daemon with profiles (``profiles_config``), its agent sockets, the
+``record`` calls that ran, the optional task server ``tk``.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import msgspec
 import pytest
 
 from memorizz.api.errors import MemorizzError, RemoteError
+from memorizz.api.methods import ServerSpec
 from memorizzd.config import Config, Operators, Profile
-from tests.harness import daemon_config, stdio_spec
+from tests.harness import daemon_config, stdio_spec, task_spec
 
 NOBODY = 65534
 ME = os.getuid()
@@ -102,3 +107,14 @@ def calls(base: str) -> list[str]:
             return f.read().split()
     except FileNotFoundError:
         return []
+
+
+def optional_task_spec() -> ServerSpec | None:
+    """``tk``, tests/node/task_server.mjs (``tests.harness.task_spec``), for a
+    module's daemon whose other probes need no node: None where node is not
+    installed (``tests.harness.node`` skips), and the task probes skip; under
+    CI=true a missing node fails the module instead."""
+    try:
+        return task_spec("tk")
+    except pytest.skip.Exception:
+        return None

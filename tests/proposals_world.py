@@ -17,7 +17,7 @@ import pytest
 from memorizz import Client
 from memorizz.api.errors import ApprovalRequiredError
 from memorizz.api.methods import Proposal, ServerSpec
-from tests.harness import stdio_spec
+from tests.harness import DaemonHarness, stdio_spec
 from tests.peers import agent_socket
 
 
@@ -68,13 +68,27 @@ def write_config(
     return str(path)
 
 
-def propose(c: Client, server: str, tag: str, *, tool: str = "record") -> str:
-    """Call ``tool`` (``record``, with the tag; any other with ``text``) on
-    ``server``: the id of the proposal it makes."""
+def propose(c: Client | str, server: str, tag: str, *, tool: str = "record") -> str:
+    """Call ``tool`` on ``server`` (``record``, and tests/legacy_server.py's
+    ``hello``, with the tag as ``tag``; any other with it as ``text``), on
+    ``c`` or on a connection of its own to the socket ``c``: the id of the
+    proposal it makes."""
+    if isinstance(c, str):
+        with Client(c) as own:
+            return propose(own, server, tag, tool=tool)
+    arguments = {"tag": tag} if tool in ("record", "hello") else {"text": tag}
     with pytest.raises(ApprovalRequiredError) as asked:
-        c.call_tool(server, tool, {"tag": tag} if tool == "record" else {"text": tag})
+        c.call_tool(server, tool, arguments)
     proposal_id = asked.value.data["proposal_id"]
     assert isinstance(proposal_id, str)
+    return proposal_id
+
+
+def approved(harness: DaemonHarness, c: Client | str, server: str, tag: str) -> str:
+    """``propose`` (``record``), then the operator approves it: its id."""
+    proposal_id = propose(c, server, tag)
+    with harness.client() as operator:
+        assert operator.approve(proposal_id).status == "approved"
     return proposal_id
 
 
@@ -85,6 +99,12 @@ def agent(base: str, profile: str) -> Client:
 def shown(operator: Client) -> dict[str, Proposal]:
     """Every proposal, as the operator sees it."""
     return {p.id: p for p in operator.list_approvals(limit=1000)}
+
+
+def status_of(harness: DaemonHarness, proposal_id: str) -> str:
+    """A proposal's status, as the operator lists it."""
+    with harness.client() as operator:
+        return shown(operator)[proposal_id].status
 
 
 def invalidations(operator: Client) -> set[tuple[str | None, str | None, str]]:

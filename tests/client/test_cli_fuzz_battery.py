@@ -47,6 +47,7 @@ from memorizz.ctl.exits import (
     EXIT_USAGE,
 )
 from memorizz.ctl.parser import _Lazy, build_parser
+from tests.unix_server import UnixServer
 
 CTL_EXE = Path(sys.executable).with_name("memorizzctl")
 DOCUMENTED = {
@@ -341,45 +342,28 @@ LIES = [
 it closes the connection."""
 
 
-class Liar:
+class Liar(UnixServer):
     """A Unix socket that answers each request line with a seeded lie."""
 
     def __init__(self, path: str, seed: int) -> None:
-        self.path = path
+        super().__init__(path)
         self._rng = random.Random(seed)  # noqa: S311 - seeded on purpose
-        self._stop = threading.Event()
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(path)
-        self._listener.listen(16)
-        self._listener.settimeout(0.05)
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
+        self.start()
 
-    def _serve(self) -> None:
-        while not self._stop.is_set():
+    def serve(self, conn: socket.socket) -> None:
+        conn.settimeout(2)
+        try:
+            request = conn.makefile("rb").readline(1 << 22)
             try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            with conn:
-                conn.settimeout(2)
-                try:
-                    request = conn.makefile("rb").readline(1 << 22)
-                    try:
-                        ident = msgspec.json.decode(request).get("id", 1)
-                    except (msgspec.DecodeError, AttributeError):
-                        ident = 1
-                    lie = self._rng.choice(LIES)
-                    if b"%(id)s" in lie:
-                        lie = lie % {b"id": str(ident).encode()}
-                    conn.sendall(lie)
-                except OSError:
-                    continue
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-        self._listener.close()
+                ident = msgspec.json.decode(request).get("id", 1)
+            except (msgspec.DecodeError, AttributeError):
+                ident = 1
+            lie = self._rng.choice(LIES)
+            if b"%(id)s" in lie:
+                lie = lie % {b"id": str(ident).encode()}
+            conn.sendall(lie)
+        except OSError:
+            return
 
 
 @pytest.fixture

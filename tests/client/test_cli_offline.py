@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +27,7 @@ from memorizz.client import Client
 from memorizz.ctl import args as _args
 from memorizz.ctl import render as _render
 from memorizz.ctl import text as _text
+from tests.unix_server import UnixServer
 
 DAEMON_ONLY = {"anyio", "uvloop", "mcp", "cryptography", "systemd", "memorizzd"}
 
@@ -46,43 +46,30 @@ def missing_socket(socket_dir: Path) -> str:
 # --- a canned-reply socket ----------------------------------------------------
 
 
-class FakeSocket:
+class FakeSocket(UnixServer):
     """Answer ``method`` with ``replies[method]`` (a ``result`` or an ``error``)."""
 
     def __init__(self, path: Path, replies: dict[str, dict[str, Any]]) -> None:
-        self.path = path
+        super().__init__(str(path))
         self.replies = replies
         self.requests: list[dict[str, Any]] = []
-        self._stop = threading.Event()
-        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._listener.bind(str(path))
-        self._listener.listen()
-        self._listener.settimeout(0.05)
-        self._thread = threading.Thread(target=self._serve, daemon=True)
 
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._listener.accept()
-            except TimeoutError:
-                continue
-            with conn, conn.makefile("rb") as lines:
-                for line in lines:
-                    request = msgspec.json.decode(line)
-                    self.requests.append(request)
-                    reply = {"jsonrpc": "2.0", "id": request["id"]}
-                    reply.update(self.replies[request["method"]])
-                    conn.sendall(msgspec.json.encode(reply) + b"\n")
+    def serve(self, conn: socket.socket) -> None:
+        with conn.makefile("rb") as lines:
+            for line in lines:
+                request = msgspec.json.decode(line)
+                self.requests.append(request)
+                reply = {"jsonrpc": "2.0", "id": request["id"]}
+                reply.update(self.replies[request["method"]])
+                conn.sendall(msgspec.json.encode(reply) + b"\n")
 
     @contextmanager
     def running(self) -> Iterator[FakeSocket]:
-        self._thread.start()
+        self.start()
         try:
             yield self
         finally:
-            self._stop.set()
-            self._thread.join(timeout=5)
-            self._listener.close()
+            self.close()
 
 
 def error_reply(code: int, message: str, reason: str) -> dict[str, Any]:

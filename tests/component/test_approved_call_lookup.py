@@ -17,7 +17,9 @@ import anyio
 import msgspec
 
 from memorizzd.approvals import arguments_ref, schema_hash
+from memorizzd.audit import Auditor
 from memorizzd.caller import Caller
+from memorizzd.store import Store
 from tests.component.wiring import components, proposal_row, stored_book, wired_config
 from tests.peers import calls
 
@@ -32,6 +34,20 @@ BETA = msgspec.structs.replace(ALPHA, profile="beta", socket="/beta.sock")
 OPERATOR = Caller(pid=1, uid=1000, gid=0, socket="/op.sock", role="operator")
 
 
+def _others(store: Store, auditor: Auditor, now: float, uid: int) -> None:
+    """``OTHERS`` approved proposals of ``uid``'s in profile ``alpha``, each
+    newer than the caller's (made ``now - 10``)."""
+    for n in range(OTHERS):
+        other = proposal_row(
+            auditor,
+            f"other{n}",
+            status="approved",
+            created=now - 5 + n / 1000,
+            expires_at=now + 60,
+        )
+        store.insert_proposal(msgspec.structs.replace(other, caller_uid=uid))
+
+
 def test_a_callers_approved_call_is_found_behind_many_of_another_uids(
     base_dir: str,
 ) -> None:
@@ -42,17 +58,7 @@ def test_a_callers_approved_call_is_found_behind_many_of_another_uids(
             auditor, "mine", status="approved", created=now - 10, expires_at=now + 60
         )
         store.insert_proposal(mine)
-        for n in range(OTHERS):  # newer than mine, of the same profile
-            other = proposal_row(
-                auditor,
-                f"other{n}",
-                status="approved",
-                created=now - 5 + n / 1000,
-                expires_at=now + 60,
-            )
-            store.insert_proposal(
-                msgspec.structs.replace(other, caller_uid=ALPHA_OTHER_UID.uid)
-            )
+        _others(store, auditor, now, ALPHA_OTHER_UID.uid)
         digest = auditor.digest({"tag": "mine"})
 
         async def scenario() -> None:
@@ -102,17 +108,7 @@ def test_a_face_call_runs_its_approved_proposal_behind_many_of_another_uids(
                 wired.book._vault.put, arguments_ref(mine.id), '{"tag":"mine"}'
             )
             store.insert_proposal(mine)
-            for n in range(OTHERS):
-                other = proposal_row(
-                    auditor,
-                    f"other{n}",
-                    status="approved",
-                    created=now - 5 + n / 1000,
-                    expires_at=now + 60,
-                )
-                store.insert_proposal(
-                    msgspec.structs.replace(other, caller_uid=caller.uid + 1)
-                )
+            _others(store, auditor, now, caller.uid + 1)
             await wired.broker.tool_calls.call(
                 caller,
                 "t",

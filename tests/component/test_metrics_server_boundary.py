@@ -12,24 +12,13 @@ timeout) ended the server's task group, and with it the daemon.
 from __future__ import annotations
 
 import os
-import socket
 
 import anyio
 import pytest
 
 from memorizzd.telemetry.http import MetricsServer
 from memorizzd.telemetry.metrics import Snapshot
-
-
-def _get(path: str) -> bytes:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(10)
-        sock.connect(path)
-        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        answer = b""
-        while chunk := sock.recv(65536):
-            answer += chunk
-        return answer
+from tests.harness import scraped
 
 
 def test_a_failing_scrape_is_answered_500_and_the_server_serves_on(
@@ -47,10 +36,10 @@ def test_a_failing_scrape_is_answered_500_and_the_server_serves_on(
         listener = await anyio.create_unix_listener(path)
         async with anyio.create_task_group() as tg:
             await tg.start(server.serve, listener)
-            first = await anyio.to_thread.run_sync(_get, path)
+            first = await anyio.to_thread.run_sync(scraped, path)
             assert first.startswith(b"HTTP/1.1 500 "), first
             failing[0] = False
-            second = await anyio.to_thread.run_sync(_get, path)
+            second = await anyio.to_thread.run_sync(scraped, path)
             assert second.startswith(b"HTTP/1.1 200 OK"), second
             tg.cancel_scope.cancel()
 

@@ -17,21 +17,16 @@ import pytest
 from memorizz.api.errors import InvalidParamsError
 from memorizzd.caller import Caller
 from memorizzd.upstream.tasks import TaskBook
+from tests.component.wiring import task_made
 
 ALICE = Caller(pid=2, uid=1000, gid=1000, socket="/a.sock", profile="a", role="agent")
 BOB = Caller(pid=3, uid=1001, gid=1001, socket="/b.sock", profile="b", role="agent")
 
 
-def _created(book: TaskBook, caller: Caller, upstream_id: str) -> str:
-    raw = msgspec.json.encode({"task": {"taskId": upstream_id, "status": "working"}})
-    entry, _ = book.created(caller, "s", "tool", raw, None)
-    return entry.id
-
-
 def test_an_old_task_whose_id_the_server_gave_again_is_unknown() -> None:
     book = TaskBook()
-    old = _created(book, ALICE, "1")
-    new = _created(book, BOB, "1")  # the server's new process, its first task
+    old = task_made(book, ALICE, "1")
+    new = task_made(book, BOB, "1")  # the server's new process, its first task
     with pytest.raises(InvalidParamsError):
         book.get(ALICE, old)  # else Alice's tasks/get would ask for Bob's task
     assert book.mine(ALICE) == []

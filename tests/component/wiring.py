@@ -25,6 +25,7 @@ from memorizzd.caller import Caller, Handler
 from memorizzd.config import Config, Profile
 from memorizzd.store import ProposalRow, Store
 from memorizzd.upstream.pool import Pool, running_pool
+from memorizzd.upstream.tasks import TaskBook
 from memorizzd.vault import FernetCredentialStore, keys_for
 from tests.harness import daemon_config, stdio_spec
 
@@ -155,3 +156,11 @@ def proposal_row(
         caller_pid=2,
         caller_profile="alpha",
     )
+
+
+def task_made(book: TaskBook, caller: Caller, upstream_id: str) -> str:
+    """The daemon's id of a task ``caller`` made on server ``s``'s ``tool``,
+    which the server calls ``upstream_id`` (working)."""
+    raw = msgspec.json.encode({"task": {"taskId": upstream_id, "status": "working"}})
+    entry, _ = book.created(caller, "s", "tool", raw, None)
+    return entry.id

@@ -15,15 +15,10 @@ import pytest
 from memorizz import Client
 from memorizz.api.errors import ConflictError
 from tests import proposals_world as pw
-from tests.harness import DaemonHarness, rmtree, short_tempdir, stdio_spec, wait_until
+from tests.harness import DaemonHarness, stdio_spec, tempdir_fixture, wait_until
 from tests.peers import agent_socket, profiles_config
 
-
-@pytest.fixture(scope="module")
-def shared() -> Iterator[str]:
-    path = short_tempdir()
-    yield path
-    rmtree(path)
+shared = tempdir_fixture()
 
 
 @pytest.fixture(scope="module")

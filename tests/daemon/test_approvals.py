@@ -25,16 +25,11 @@ from memorizz.api.errors import (
 )
 from memorizz.api.methods import Proposal
 from memorizzd.vault import CANARY_REF
-from tests.harness import DaemonHarness, rmtree, short_tempdir, wait_until
+from tests.harness import DaemonHarness, tempdir_fixture, wait_until
 from tests.peers import ME, ME_NAME, agent_socket, calls, profiles_config
 
-
-@pytest.fixture(scope="module")
-def shared() -> Iterator[str]:
-    """One daemon for the module; each test uses tags and ids of its own."""
-    path = short_tempdir()
-    yield path
-    rmtree(path)
+shared = tempdir_fixture()
+"""One daemon for the module; each test uses tags and ids of its own."""
 
 
 @pytest.fixture(scope="module")

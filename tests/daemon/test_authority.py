@@ -30,20 +30,14 @@ from memorizzd.rpc.dispatch import Dispatcher
 from tests.harness import (
     DAEMON_EXE,
     DaemonHarness,
-    rmtree,
-    short_tempdir,
     stdio_spec,
+    tempdir_fixture,
     wait_until,
 )
 from tests.peers import ME, NOBODY, agent_socket, as_user, needs_root, profiles_config
 from tests.process import empty_config
 
-
-@pytest.fixture(scope="module")
-def shared_base() -> Iterator[str]:
-    path = short_tempdir()
-    yield path
-    rmtree(path)
+shared_base = tempdir_fixture()
 
 
 @pytest.fixture(scope="module")

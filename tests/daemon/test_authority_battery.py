@@ -17,7 +17,6 @@ import contextlib
 import io
 import os
 import secrets
-import socket
 import stat
 from collections.abc import Iterator
 from functools import partial
@@ -28,11 +27,10 @@ import pytest
 
 from memorizz import Client
 from memorizz.api import mcp_meta
-from memorizz.api.errors import ApprovalRequiredError
 from memorizz.cli import main as ctl_main
 from memorizzd.config import Profile
-from memorizzd.listeners import face_socket_path
-from tests.harness import INITIALIZE, DaemonHarness, stdio_spec, tempdir_fixture
+from tests import proposals_world as pw
+from tests.harness import DaemonHarness, stdio_spec, tempdir_fixture
 from tests.peers import (
     ME,
     NOBODY,
@@ -42,63 +40,7 @@ from tests.peers import (
     needs_root,
     profiles_config,
 )
-
-READ_S = 10.0
-"""Every answer here comes at once; a probe that waits this long is a hang."""
-
-
-class Wire:
-    """One raw connection: lines out, decoded lines in (notifications kept)."""
-
-    def __init__(self, path: str) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.settimeout(READ_S)
-        self.sock.connect(path)
-        self.buffer = b""
-        self.notes: list[dict[str, Any]] = []
-        if path.endswith("mcp.sock"):
-            self.ask("initialize", INITIALIZE["params"], "init")
-
-    def ask(self, method: str, params: Any, request_id: object = 1) -> dict[str, Any]:
-        message = {"jsonrpc": "2.0", "id": request_id, "method": method}
-        self.sock.sendall(msgspec.json.encode({**message, "params": params}) + b"\n")
-        while True:
-            while b"\n" not in self.buffer:
-                chunk = self.sock.recv(1 << 16)
-                if not chunk:
-                    raise EOFError("the daemon closed the connection")
-                self.buffer += chunk
-            line, self.buffer = self.buffer.split(b"\n", 1)
-            found: dict[str, Any] = msgspec.json.decode(line)
-            if "method" not in found:
-                assert found.get("id") == request_id, found
-                return found
-            self.notes.append(found)
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-@contextlib.contextmanager
-def wire(path: str) -> Iterator[Wire]:
-    w = Wire(path)
-    try:
-        yield w
-    finally:
-        w.close()
-
-
-def face_of(api_socket: str) -> str:
-    return face_socket_path(api_socket)
-
-
-def propose(path: str, tag: str) -> str:
-    with Client(path) as c, pytest.raises(ApprovalRequiredError) as asked:
-        c.call_tool("t", "record", {"tag": tag})
-    found = asked.value.data["proposal_id"]
-    assert isinstance(found, str)
-    return found
-
+from tests.wire import face_of, session, wire
 
 base = tempdir_fixture()
 
@@ -128,12 +70,6 @@ def battery(base: str) -> Iterator[DaemonHarness]:
         yield harness
 
 
-def status_of(harness: DaemonHarness, proposal_id: str) -> str:
-    with harness.client() as operator:
-        [found] = [p for p in operator.list_approvals() if p.id == proposal_id]
-        return found.status
-
-
 # --- the face's reuse of an approved proposal ------------------------------------
 
 
@@ -146,11 +82,9 @@ def test_a_face_call_never_runs_a_proposal_another_profile_made(
     on the operator's face or on another profile's face, making the same call,
     gets a proposal of its own; beta's stays approved, and beta runs it, once."""
     tag = f"beta-{secrets.token_hex(4)}"
-    theirs = propose(agent_socket(base, "beta"), tag)
-    with battery.client() as operator:
-        assert operator.approve(theirs).status == "approved"
+    theirs = pw.approved(battery, agent_socket(base, "beta"), "t", tag)
     path = face_of(battery.socket if face == "operator" else agent_socket(base, face))
-    with wire(path) as w:
+    with contextlib.closing(session(path)) as w:
         tools = w.ask("tools/list", {}, "tools")["result"]["tools"]
         [shown] = [
             t["name"]
@@ -165,7 +99,7 @@ def test_a_face_call_never_runs_a_proposal_another_profile_made(
     assert said["status"] == "pending", result
     assert said["proposal_id"] != theirs
     assert tag not in calls(base)
-    assert status_of(battery, theirs) == "approved"
+    assert pw.status_of(battery, theirs) == "approved"
     with Client(agent_socket(base, "beta")) as beta:
         assert beta.resume(theirs).content[0]["text"] == f"recorded {tag}"
     assert calls(base).count(tag) == 1
@@ -271,12 +205,7 @@ def test_the_modern_face_hides_another_profiles_server_as_a_missing_one(
     """A 2026-07-28 client of alpha's face (no initialize) that names what
     only beta reaches (server ``u``) is answered as for a name nobody has,
     and ``server/discover`` says nothing of ``u``."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(READ_S)
-    sock.connect(face_of(agent_socket(base, "alpha")))
-    w = Wire.__new__(Wire)
-    w.sock, w.buffer, w.notes = sock, b"", []
-    with contextlib.closing(w):
+    with wire(face_of(agent_socket(base, "alpha"))) as w:
         found = w.ask("server/discover", _stamp({}))["result"]
         assert "u" not in msgspec.json.encode(found).decode().split('"')
         for method, params, name in (
@@ -290,23 +219,9 @@ def test_the_modern_face_hides_another_profiles_server_as_a_missing_one(
             ("memorizz/scope", {"server": "u"}, "u"),
         ):
             if method == "memorizz/scope":  # narrowed to beta's server
-                w.sock.sendall(
-                    msgspec.json.encode(
-                        {"jsonrpc": "2.0", "method": method, "params": params}
-                    )
-                    + b"\n"
-                )
+                w.note(method, params)
                 hidden = w.ask("tools/list", _stamp({}), "h")
-                w.sock.sendall(
-                    msgspec.json.encode(
-                        {
-                            "jsonrpc": "2.0",
-                            "method": method,
-                            "params": {"server": "zzu"},
-                        }
-                    )
-                    + b"\n"
-                )
+                w.note(method, {"server": "zzu"})
                 absent = w.ask("tools/list", _stamp({}), "h")
             else:
                 swapped = msgspec.json.decode(

@@ -23,13 +23,11 @@ daemon to serve on after it.
 
 from __future__ import annotations
 
-import array
 import contextlib
 import hashlib
 import os
 import secrets
 import select
-import shutil
 import socket
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,21 +36,20 @@ from typing import Any
 import msgspec
 import pytest
 
-from memorizz import Client
 from memorizz.api import mcp_meta
-from memorizz.api.errors import ApprovalRequiredError
-from memorizz.api.methods import ServerSpec
 from memorizz.api.protocol import PROTOCOL_VERSION
 from memorizzd.config import Profile, load
-from memorizzd.listeners import face_socket_path
 from memorizzd.rpc.handoff import HANDOFF_ACK, HANDOFF_LINE
+from tests import proposals_world as pw
 from tests.harness import (
     INITIALIZE,
-    NODE_DIR,
     DaemonHarness,
+    config_doc,
+    config_toml,
     light_spec,
-    node,
+    stdio_entry,
     stdio_spec,
+    task_spec,
     tempdir_fixture,
 )
 from tests.peers import (
@@ -62,166 +59,16 @@ from tests.peers import (
     as_user,
     calls,
     needs_root,
+    optional_task_spec,
     profiles_config,
 )
+from tests.wire import READ_S, Wire, face_of, reason, request, rights, session
 
-READ_S = 10.0
-"""Every answer here comes at once; a probe that waits this long is a hang."""
 STRANGER = 4001
 """A uid no socket admits."""
 
 
-# --- raw connections ------------------------------------------------------------
-
-
-class Wire:
-    """One connection (or a handed-over pair of pipes): raw lines out,
-    decoded lines in; lines that answer no request are kept in ``notes``."""
-
-    def __init__(
-        self, sock: socket.socket | None, out: int = -1, inp: int = -1
-    ) -> None:
-        self.sock = sock
-        if sock is not None:
-            sock.settimeout(READ_S)
-        self.out, self.inp = out, inp
-        """Pipes after a hand-over: requests written to ``out``, replies read
-        from ``inp`` (-1: the socket)."""
-        self.buffer = b""
-        self.notes: list[dict[str, Any]] = []
-
-    @classmethod
-    def to(cls, path: str) -> Wire:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(path)
-        return cls(sock)
-
-    def write(self, data: bytes) -> None:
-        if self.out >= 0:
-            os.write(self.out, data)
-        else:
-            assert self.sock is not None
-            self.sock.sendall(data)
-
-    def _read(self) -> bytes:
-        if self.inp < 0:
-            assert self.sock is not None
-            return self.sock.recv(1 << 16)  # a timeout (a hang) fails the probe
-        ready, _, _ = select.select([self.inp], [], [], READ_S)
-        if not ready:
-            raise TimeoutError("no answer on the handed-over pipe")
-        return os.read(self.inp, 1 << 16)
-
-    def line(self) -> bytes:
-        while b"\n" not in self.buffer:
-            chunk = self._read()
-            if not chunk:
-                raise EOFError("the daemon closed the connection")
-            self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        return line
-
-    def reply(self) -> dict[str, Any]:
-        while True:
-            found: dict[str, Any] = msgspec.json.decode(self.line())
-            if "method" not in found:
-                return found
-            self.notes.append(found)
-
-    def ask(self, method: str, params: Any, request_id: object = 1) -> dict[str, Any]:
-        self.write(request(method, params, request_id) + b"\n")
-        answer = self.reply()
-        assert answer.get("id") == request_id, answer
-        return answer
-
-    def note(self, method: str, params: Any) -> None:
-        message = {"jsonrpc": "2.0", "method": method, "params": params}
-        self.write(msgspec.json.encode(message) + b"\n")
-
-    def close(self) -> None:
-        for fd in (self.out, self.inp):
-            if fd >= 0:
-                os.close(fd)
-        self.out = self.inp = -1
-        if self.sock is not None:
-            self.sock.close()
-
-
-def request(method: str, params: Any, request_id: object = 1) -> bytes:
-    message = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
-    return msgspec.json.encode(message)
-
-
-def scope_line(server: str) -> bytes:
-    message = {
-        "jsonrpc": "2.0",
-        "method": "memorizz/scope",
-        "params": {"server": server},
-    }
-    return msgspec.json.encode(message) + b"\n"
-
-
-def face_of(api_socket: str) -> str:
-    return face_socket_path(api_socket)
-
-
-def _rights(fds: list[int]) -> list[tuple[int, int, bytes]]:
-    return [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
-
-
-def handed_over(path: str, *, scope: str | None = None) -> Wire:
-    """What ``memorizzctl mcp serve [--server SCOPE]`` does, by hand: on a
-    connection to the face ``path``, the scope line (if any), then the
-    hand-over with two pipes; the session's traffic then runs on the pipes,
-    whose other ends this process (the MCP client) keeps."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(READ_S)
-    sock.connect(path)
-    if scope is not None:
-        sock.sendall(scope_line(scope))
-    requests_r, requests_w = os.pipe()
-    replies_r, replies_w = os.pipe()
-    sock.sendmsg([HANDOFF_LINE + b"\n"], _rights([requests_r, replies_w]))
-    os.close(requests_r)
-    os.close(replies_w)
-    got = b""
-    while not got.endswith(b"\n"):
-        chunk = sock.recv(1 << 10)
-        assert chunk, "the daemon closed the connection at the hand-over"
-        got += chunk
-    assert got == HANDOFF_ACK, got
-    return Wire(sock, out=requests_w, inp=replies_r)
-
-
-def session(path: str, *, via: str, scope: str | None = None) -> Wire:
-    """A face session, initialized: on the socket itself or handed over."""
-    if via == "handoff":
-        w = handed_over(path, scope=scope)
-    else:
-        w = Wire.to(path)
-        if scope is not None:
-            w.write(scope_line(scope))
-    w.ask("initialize", INITIALIZE["params"], "init")
-    return w
-
-
-@contextlib.contextmanager
-def opened(w: Wire) -> Iterator[Wire]:
-    try:
-        yield w
-    finally:
-        w.close()
-
-
-def reason(answer: dict[str, Any]) -> str | None:
-    """An answer's stable reason (None: a result), or that of an ``isError``
-    result the daemon made (``_meta["memorizz/error"]``)."""
-    if "result" in answer:
-        result = answer["result"]
-        said = (result.get("_meta") or {}).get("memorizz/error")
-        return said["reason"] if result.get("isError") and said else None
-    found: str = answer["error"]["data"]["reason"]
-    return found
+# --- answers ------------------------------------------------------------------
 
 
 def _unzz(value: Any) -> Any:
@@ -248,20 +95,6 @@ def names(answer: dict[str, Any]) -> list[str]:
     return sorted(t["name"] for t in answer["result"]["tools"])
 
 
-def propose(path: str, tag: str) -> str:
-    with Client(path) as c, pytest.raises(ApprovalRequiredError) as asked:
-        c.call_tool("t", "record", {"tag": tag})
-    found = asked.value.data["proposal_id"]
-    assert isinstance(found, str)
-    return found
-
-
-def status_of(harness: DaemonHarness, proposal_id: str) -> str:
-    with harness.client() as operator:
-        [found] = [p for p in operator.list_approvals() if p.id == proposal_id]
-        return found.status
-
-
 def eof_within(read_end: int, seconds: float = 5.0) -> bool:
     """Whether every write end of the pipe ``read_end`` was closed within
     ``seconds``: a descriptor the daemon installed and kept would hold one
@@ -273,24 +106,12 @@ def eof_within(read_end: int, seconds: float = 5.0) -> bool:
 # --- the daemon ------------------------------------------------------------------
 
 
-def _task_server() -> ServerSpec | None:
-    exe = shutil.which("node")
-    if (
-        exe is None
-        or not (NODE_DIR / "node_modules/@modelcontextprotocol/sdk").is_dir()
-    ):
-        return None
-    return stdio_spec(
-        "tk", command=exe, args=[str(NODE_DIR / "task_server.mjs")], cwd=str(NODE_DIR)
-    )
-
-
 base = tempdir_fixture()
 
 
 @pytest.fixture(scope="module")
 def world(base: str) -> Iterator[DaemonHarness]:
-    tasks = _task_server()
+    tasks = optional_task_spec()
     extra = [] if tasks is None else ["tk"]
     config = profiles_config(
         base,
@@ -340,7 +161,7 @@ def test_a_scope_once_chosen_is_never_widened(
     changes nothing. Nothing reaches ``t``."""
     path = face_of(agent_socket(base, "alpha") if who == "alpha" else world.socket)
     tag = f"widened-{secrets.token_hex(4)}"
-    with opened(session(path, via=via, scope="t2")) as w:
+    with contextlib.closing(session(path, via=via, scope="t2")) as w:
         assert names(w.ask("tools/list", {}, "l1")) == (
             ["hello", "memorizz__proposals", "memorizz__resume"]
             if who == "alpha"
@@ -361,7 +182,7 @@ def test_a_scope_once_chosen_is_never_widened(
         w.note("memorizz/scope", {"server": "t2"})  # and back: still nothing
         assert reason(w.ask("tools/list", {}, "l3")) == "unknown_server"
         assert "result" in w.ask("ping", {}, "still")
-    with opened(session(path, via=via, scope="t2")) as w:
+    with contextlib.closing(session(path, via=via, scope="t2")) as w:
         w.note("memorizz/scope", {"server": "t2"})  # the same name: unchanged
         called = w.ask("tools/call", {"name": "hello", "arguments": {"tag": tag}})
         assert called["result"]["content"][0]["text"] == "hello from legacy"
@@ -378,7 +199,7 @@ def test_a_scope_line_cannot_undo_a_narrowing_by_any_spelling(
     method spelled otherwise) leave a narrowed session as it was; none
     reaches ``t``."""
     path = face_of(agent_socket(base, "alpha"))
-    with opened(session(path, via="socket", scope="t2")) as w:
+    with contextlib.closing(session(path, via="socket", scope="t2")) as w:
         for params in (
             {},
             {"server": None},
@@ -424,7 +245,7 @@ def test_what_a_caller_claims_to_be_changes_nothing(
     server nobody has."""
     alpha = agent_socket(base, "alpha")
     mine = ["t", "t2"]
-    with opened(Wire.to(alpha)) as w:
+    with contextlib.closing(Wire.to(alpha)) as w:
         for i in range(2):
             hello = w.ask(
                 "daemon/hello",
@@ -453,7 +274,7 @@ def test_what_a_caller_claims_to_be_changes_nothing(
         "memorizz/tool": "hello",
         "memorizz/profile": "beta",
     }
-    with opened(session(face, via="socket")) as w:
+    with contextlib.closing(session(face, via="socket")) as w:
         again = {
             **INITIALIZE["params"],
             "clientInfo": {"name": "memorizzctl", "version": "0"},
@@ -536,7 +357,9 @@ def test_no_spelling_of_another_profiles_name_reaches_it(
     combining marks, the separator doubled or moved, the face's renamed form,
     a path, a list, a wildcard: on alpha's face and socket each is answered
     exactly as a name nobody has, and ``x`` never hears a call."""
-    with opened(session(face_of(agent_socket(base, "alpha")), via="socket")) as w:
+    with contextlib.closing(
+        session(face_of(agent_socket(base, "alpha")), via="socket")
+    ) as w:
         for name in FACE_SPOOFS:
             for method, params in (
                 ("tools/call", {"name": name, "arguments": {"tag": "spoof"}}),
@@ -554,7 +377,7 @@ def test_no_spelling_of_another_profiles_name_reaches_it(
                 assert reason(missing) == "invalid_params", (method, missing)
                 same_answer(hidden, missing)
         assert "result" in w.ask("ping", {}, "still")
-    with opened(Wire.to(agent_socket(base, "alpha"))) as w:
+    with contextlib.closing(Wire.to(agent_socket(base, "alpha"))) as w:
         for server in SERVER_SPOOFS:
             for method, params in (
                 ("tools/call", {"server": server, "name": "hello", "arguments": {}}),
@@ -596,10 +419,8 @@ def test_a_proposal_runs_only_with_the_arguments_approved(
     nobody's resume, and an approval is nothing an agent can give."""
     alpha = agent_socket(base, "alpha")
     first, second = (f"approved-{secrets.token_hex(4)}" for _ in range(2))
-    theirs = propose(alpha, first)
-    with world.client() as operator:
-        assert operator.approve(theirs).status == "approved"
-    with opened(session(face_of(alpha), via="socket")) as w:
+    theirs = pw.approved(world, alpha, "t", first)
+    with contextlib.closing(session(face_of(alpha), via="socket")) as w:
         other = _face_record(w, first + "-other")
         said = other["_meta"]["memorizz/error"]
         assert (said["status"], said["reason"]) == ("pending", "approval_required")
@@ -624,7 +445,7 @@ def test_a_proposal_runs_only_with_the_arguments_approved(
             "list",
         )["result"]
         assert first not in msgspec.json.encode(listed).decode()  # no values shown
-    with opened(Wire.to(alpha)) as w:
+    with contextlib.closing(Wire.to(alpha)) as w:
         assert reason(w.ask("approvals/approve", {"id": said["proposal_id"]})) == (
             "permission_denied"
         )
@@ -643,10 +464,8 @@ def test_a_proposal_runs_only_with_the_arguments_approved(
         assert reason(again) == "not_approved"
         assert again["error"]["data"]["status"] == "consumed"
     # through the face's built-in tool, extra arguments are not read either
-    built_in = propose(alpha, second)
-    with world.client() as operator:
-        assert operator.approve(built_in).status == "approved"
-    with opened(session(face_of(alpha), via="socket")) as w:
+    built_in = pw.approved(world, alpha, "t", second)
+    with contextlib.closing(session(face_of(alpha), via="socket")) as w:
         ran = w.ask(
             "tools/call",
             {
@@ -658,7 +477,7 @@ def test_a_proposal_runs_only_with_the_arguments_approved(
     assert (calls(base).count(first), calls(base).count(second)) == (1, 1)
     assert "smuggled" not in calls(base)
     assert _ran(base, "x.log") == []
-    assert status_of(world, said["proposal_id"]) == "pending"
+    assert pw.status_of(world, said["proposal_id"]) == "pending"
 
 
 def test_built_in_tools_keep_to_a_narrowed_scope(
@@ -670,11 +489,9 @@ def test_built_in_tools_keep_to_a_narrowed_scope(
     session of alpha's whole scope runs it, once."""
     alpha = agent_socket(base, "alpha")
     tag = f"narrowed-{secrets.token_hex(4)}"
-    theirs = propose(alpha, tag)
-    with world.client() as operator:
-        assert operator.approve(theirs).status == "approved"
+    theirs = pw.approved(world, alpha, "t", tag)
     missing = "p_" + secrets.token_hex(12)
-    with opened(session(face_of(alpha), via="socket", scope="t2")) as w:
+    with contextlib.closing(session(face_of(alpha), via="socket", scope="t2")) as w:
         listed = w.ask("tools/call", {"name": "memorizz__proposals"}, "list")
         assert theirs not in msgspec.json.encode(listed).decode(), listed
         hidden = w.ask(
@@ -687,7 +504,7 @@ def test_built_in_tools_keep_to_a_narrowed_scope(
             msgspec.json.encode(absent).decode()
         )
     assert tag not in calls(base)
-    with opened(session(face_of(alpha), via="socket")) as w:
+    with contextlib.closing(session(face_of(alpha), via="socket")) as w:
         ran = w.ask(
             "tools/call", {"name": "memorizz__resume", "arguments": {"id": theirs}}
         )
@@ -705,13 +522,11 @@ def test_a_face_reruns_an_approved_call_only_for_the_uid_that_made_it(
     face call then runs it, once."""
     alpha = agent_socket(base, "alpha")
     tag = f"uid-{secrets.token_hex(4)}"
-    theirs = propose(alpha, tag)
-    with world.client() as operator:
-        assert operator.approve(theirs).status == "approved"
+    theirs = pw.approved(world, alpha, "t", tag)
     face = face_of(alpha)
 
     def call_it() -> dict[str, Any]:
-        with opened(session(face, via="socket")) as w:
+        with contextlib.closing(session(face, via="socket")) as w:
             return _face_record(w, tag)
 
     outcome = as_user(call_it, uid=NOBODY)
@@ -720,7 +535,7 @@ def test_a_face_reruns_an_approved_call_only_for_the_uid_that_made_it(
     assert said["status"] == "pending", said
     assert said["proposal_id"] != theirs
     assert tag not in calls(base)
-    assert status_of(world, theirs) == "approved"
+    assert pw.status_of(world, theirs) == "approved"
     assert call_it()["content"][0]["text"] == f"recorded {tag}"
     assert calls(base).count(tag) == 1
     with world.client() as operator:
@@ -734,11 +549,9 @@ def test_built_in_tools_exist_only_where_the_profile_names_them(
     ``memorizz__proposals`` and ``memorizz__resume`` there are unknown tools,
     answered as names nobody has, and never run alpha's proposal."""
     tag = f"builtin-{secrets.token_hex(4)}"
-    theirs = propose(agent_socket(base, "alpha"), tag)
-    with world.client() as operator:
-        assert operator.approve(theirs).status == "approved"
+    theirs = pw.approved(world, agent_socket(base, "alpha"), "t", tag)
     for path in (face_of(agent_socket(base, "beta")), face_of(world.socket)):
-        with opened(session(path, via="socket")) as w:
+        with contextlib.closing(session(path, via="socket")) as w:
             assert not {n for n in names(w.ask("tools/list", {})) if "memorizz" in n}
             for tool in ("memorizz__proposals", "memorizz__resume"):
                 params = {"name": tool, "arguments": {"id": theirs}}
@@ -746,7 +559,7 @@ def test_built_in_tools_exist_only_where_the_profile_names_them(
                 missing = w.ask("tools/call", {**params, "name": "zz" + tool}, "m")
                 same_answer(hidden, missing)
     assert tag not in calls(base)
-    assert status_of(world, theirs) == "approved"
+    assert pw.status_of(world, theirs) == "approved"
     with world.client() as operator:
         operator.cancel_approval(theirs)
 
@@ -764,7 +577,7 @@ def _offer_on(path: str, first: bytes, fds: list[int]) -> dict[str, Any]:
         if first:
             w.write(first)
             w.reply()
-        sock.sendmsg([HANDOFF_LINE + b"\n"], _rights(fds))
+        sock.sendmsg([HANDOFF_LINE + b"\n"], rights(fds))
         found = w.reply()
         w.write(request("ping", {}, "after") + b"\n")  # and it goes on serving
         assert w.reply()["id"] == "after"
@@ -817,7 +630,7 @@ def test_a_refused_peers_descriptors_are_never_taken(
         sock.settimeout(READ_S)
         sock.connect(face)
         with contextlib.suppress(OSError):  # refused: perhaps closed already
-            sock.sendmsg([HANDOFF_LINE + b"\n"], _rights([w, w]))
+            sock.sendmsg([HANDOFF_LINE + b"\n"], rights([w, w]))
         got = b""
         with contextlib.suppress(OSError):
             while chunk := sock.recv(1 << 10):
@@ -834,7 +647,9 @@ def test_a_refused_peers_descriptors_are_never_taken(
     finally:
         os.chmod(face, before & 0o7777)
     assert outcome == ("ok", ["permission_denied", True]), outcome
-    with opened(session(face, via="socket")) as w:  # the operator is served on
+    with contextlib.closing(
+        session(face, via="socket")
+    ) as w:  # the operator is served on
         assert "result" in w.ask("ping", {}, "p")
 
 
@@ -865,7 +680,7 @@ def test_a_handed_over_socket_lends_its_creator_no_identity(
         sock.settimeout(READ_S)
         sock.connect(face)
         sock.sendmsg(
-            [HANDOFF_LINE + b"\n"], _rights([daemon_end.fileno(), daemon_end.fileno()])
+            [HANDOFF_LINE + b"\n"], rights([daemon_end.fileno(), daemon_end.fileno()])
         )
         assert sock.recv(1 << 10) == HANDOFF_ACK
         daemon_end.close()
@@ -891,29 +706,11 @@ def test_a_handed_over_socket_lends_its_creator_no_identity(
 # --- 6. a reload that narrows a profile, on the connections it had ---------------------
 
 
-def _toml(doc: dict[str, Any]) -> str:
-    """A config file: top-level values, then tables, then arrays of tables."""
-
-    def value(v: object) -> str:
-        if isinstance(v, dict):
-            return "{" + ", ".join(f"{k} = {value(x)}" for k, x in v.items()) + "}"
-        return msgspec.json.encode(v).decode()
-
-    def tables(v: object) -> bool:
-        return isinstance(v, list) and bool(v) and isinstance(v[0], dict)
-
-    lines = [f"{k} = {value(v)}" for k, v in doc.items() if not tables(v)]
-    for key, v in doc.items():
-        if tables(v):
-            for item in v:
-                lines += [f"[[{key}]]", *(f"{k} = {value(x)}" for k, x in item.items())]
-    return "\n".join(lines) + "\n"
-
-
-def _entry(spec: ServerSpec) -> dict[str, Any]:
-    entry = {"name": spec.name, "transport": "stdio", "command": spec.command}
-    entry |= {"args": list(spec.args), "env": dict(spec.env)}
-    return entry | ({"cwd": spec.cwd} if spec.cwd else {})
+def _hold(api: Wire) -> str:
+    """The id of a task of ``tk``'s ``hold`` (it runs until cancelled)."""
+    params = {"server": "tk", "name": "hold", "arguments": {}, "task": {"ttl": 60000}}
+    task_id: str = api.ask("tools/call", params)["result"]["task"]["taskId"]
+    return task_id
 
 
 def test_a_narrowing_reload_takes_tasks_and_built_in_tools_from_open_connections(
@@ -927,21 +724,13 @@ def test_a_narrowing_reload_takes_tasks_and_built_in_tools_from_open_connections
     A reload that gives ``tk`` back shows the task still working. A reload
     that removes gamma, and one that adds a gamma again (the same uid): the
     new profile never reaches the old one's tasks."""
-    exe = node("the reload probe's task server")
     os.chmod(base_dir, 0o755)  # noqa: S103 - the agents directory lives below
     config_file = Path(base_dir, "memorizzd.toml")
-    tk = stdio_spec(
-        "tk", command=exe, args=[str(NODE_DIR / "task_server.mjs")], cwd=str(NODE_DIR)
-    )
-    doc: dict[str, Any] = {
-        "socket": os.path.join(base_dir, "d.sock"),
-        "state_dir": os.path.join(base_dir, "state"),
-        "agents_dir": os.path.join(base_dir, "agents"),
-        "backoff_initial_s": 0.05,
-        "backoff_max_s": 0.5,
-        "drain_timeout_s": 5.0,
-        "servers": [_entry(light_spec("s1")), _entry(tk)],
-        "profiles": [
+    doc = config_doc(
+        base_dir,
+        agents_dir=os.path.join(base_dir, "agents"),
+        servers=[stdio_entry(light_spec("s1")), stdio_entry(task_spec("tk"))],
+        profiles=[
             {
                 "name": "gamma",
                 "servers": ["s1", "tk"],
@@ -949,12 +738,12 @@ def test_a_narrowing_reload_takes_tasks_and_built_in_tools_from_open_connections
                 "face_tools": ["proposals", "resume"],
             }
         ],
-    }
-    config_file.write_text(_toml(doc), encoding="utf-8")
+    )
+    config_file.write_text(config_toml(doc), encoding="utf-8")
 
     def reload(servers: list[str], face_tools: list[str]) -> None:
         doc["profiles"][0] |= {"servers": servers, "face_tools": face_tools}
-        config_file.write_text(_toml(doc), encoding="utf-8")
+        config_file.write_text(config_toml(doc), encoding="utf-8")
         with h.client() as operator:
             assert operator.daemon_reload().profiles_changed == ["gamma"]
 
@@ -964,16 +753,7 @@ def test_a_narrowing_reload_takes_tasks_and_built_in_tools_from_open_connections
         gamma = agent_socket(base_dir, "gamma")
         api, face = Wire.to(gamma), session(face_of(gamma), via="socket")
         try:
-            made = api.ask(
-                "tools/call",
-                {
-                    "server": "tk",
-                    "name": "hold",
-                    "arguments": {},
-                    "task": {"ttl": 60000},
-                },
-            )
-            task_id = made["result"]["task"]["taskId"]
+            task_id = _hold(api)
             missing = "t_" + secrets.token_hex(12)
             assert "tk__hold" in names(face.ask("tools/list", {}, "l0"))
             reload(["s1"], [])
@@ -1005,26 +785,18 @@ def test_a_narrowing_reload_takes_tasks_and_built_in_tools_from_open_connections
             cancelled = api.ask("tasks/cancel", {"task_id": task_id}, "end")
             assert cancelled["result"]["status"] == "cancelled"
             assert "result" in face.ask("ping", {}, "alive")
-            again = api.ask(
-                "tools/call",
-                {
-                    "server": "tk",
-                    "name": "hold",
-                    "arguments": {},
-                    "task": {"ttl": 60000},
-                },
-            )["result"]["task"]["taskId"]
+            again = _hold(api)
         finally:
             api.close()
             face.close()
         # A profile removed, then one of the same name added: another profile,
         # which never reaches the old one's tasks (nor its proposals).
         profile = doc.pop("profiles")
-        config_file.write_text(_toml(doc), encoding="utf-8")
+        config_file.write_text(config_toml(doc), encoding="utf-8")
         with h.client() as operator:
             assert operator.daemon_reload().profiles_removed == ["gamma"]
         doc["profiles"] = profile
-        config_file.write_text(_toml(doc), encoding="utf-8")
+        config_file.write_text(config_toml(doc), encoding="utf-8")
         with h.client() as operator:
             assert operator.daemon_reload().profiles_added == ["gamma"]
         api = Wire.to(gamma)

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import shutil
 import socket
 from collections.abc import Callable, Iterator
 from functools import partial
@@ -38,18 +37,19 @@ import pytest
 
 from memorizz import Client
 from memorizz.api import methods as m
-from memorizz.api.errors import ApprovalRequiredError
-from memorizz.api.methods import METHODS, ServerSpec
+from memorizz.api.methods import METHODS
 from memorizz.api.protocol import PROTOCOL_VERSION
 from memorizzd.config import Profile, load
-from memorizzd.listeners import face_socket_path
 from memorizzd.rpc.authority import ROLES
+from tests import proposals_world as pw
 from tests.harness import (
     INITIALIZE,
-    NODE_DIR,
     DaemonHarness,
+    config_doc,
+    config_toml,
     features_spec,
     light_spec,
+    stdio_entry,
     stdio_spec,
     tempdir_fixture,
     wait_until,
@@ -61,11 +61,21 @@ from tests.peers import (
     as_user,
     calls,
     needs_root,
+    optional_task_spec,
     profiles_config,
 )
+from tests.wire import (
+    READ_S,
+    Wire,
+    connected,
+    face_of,
+    is_face,
+    reason,
+    request,
+    session,
+    wire,
+)
 
-READ_S = 10.0
-"""Every answer here comes at once; a probe that waits this long is a hang."""
 MISSING_SERVER = "zz-missing"
 MISSING_PROPOSAL = "p_" + "0" * 24
 MISSING_TASK = "t_" + "0" * 24
@@ -202,129 +212,22 @@ FACE_EXPECTED: dict[str, str | None] = {
 """What the face answers its probes (a result where not named)."""
 
 
-# --- a raw JSON-RPC connection ------------------------------------------------
-
-
-class Wire:
-    """One connection: raw lines out, decoded lines in. Lines that answer no
-    request (notifications) are kept in ``notes``."""
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.sock.settimeout(READ_S)
-        self.buffer = b""
-        self.notes: list[dict[str, Any]] = []
-
-    @classmethod
-    def to(cls, path: str) -> Wire:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.connect(path)
-        return cls(sock)
-
-    def send(self, *lines: bytes) -> None:
-        self.sock.sendall(b"".join(line + b"\n" for line in lines))
-
-    def line(self) -> bytes:
-        while b"\n" not in self.buffer:
-            chunk = self.sock.recv(1 << 16)  # a timeout (a hang) fails the probe
-            if not chunk:
-                raise EOFError("the daemon closed the connection")
-            self.buffer += chunk
-        line, self.buffer = self.buffer.split(b"\n", 1)
-        return line
-
-    def reply(self) -> dict[str, Any]:
-        """The next line that answers a request."""
-        while True:
-            found: dict[str, Any] = msgspec.json.decode(self.line())
-            if "method" not in found:
-                return found
-            self.notes.append(found)
-
-    def ask(self, method: str, params: Any, request_id: object = 1) -> dict[str, Any]:
-        self.send(request(method, params, request_id))
-        answer = self.reply()
-        assert answer.get("id") == request_id, answer
-        return answer
-
-    def closed(self, within: float = READ_S) -> bool:
-        """Whether the daemon closes the connection (EOF or a reset) within
-        ``within`` seconds; what it still had to say first is read and dropped."""
-        self.sock.settimeout(within)
-        try:
-            while self.sock.recv(1 << 16):
-                pass
-        except ConnectionResetError:
-            return True
-        except TimeoutError:
-            return False
-        finally:
-            self.sock.settimeout(READ_S)
-        return True
-
-    def close(self) -> None:
-        self.sock.close()
-
-
-def request(method: str, params: Any, request_id: object = 1) -> bytes:
-    message = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
-    return msgspec.json.encode(message)
-
-
-@contextlib.contextmanager
-def wire(path: str) -> Iterator[Wire]:
-    connection = Wire.to(path)
-    try:
-        yield connection
-    finally:
-        connection.close()
-
-
-def reason(answer: dict[str, Any]) -> str | None:
-    """An answer's stable reason (None: a result), or that of an ``isError``
-    result the daemon made (``_meta["memorizz/error"]``: a built-in tool's
-    input it could not take)."""
-    if "result" in answer:
-        result = answer["result"]
-        said = (result.get("_meta") or {}).get("memorizz/error")
-        return said["reason"] if result.get("isError") and said else None
-    found: str = answer["error"]["data"]["reason"]
-    return found
+# --- answers ----------------------------------------------------------------
 
 
 def sweep(path: str, probes: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """Every probe on one connection, in turn: the answers by method."""
-    with wire(path) as w:
-        if path.endswith("mcp.sock"):
-            w.ask("initialize", INITIALIZE["params"], "init")
+    with contextlib.closing(connected(path)) as w:
         return {
             method: w.ask(method, params, i)
             for i, (method, params) in enumerate(probes.items())
         }
 
 
-def _face(path: str) -> Wire:
-    w = Wire.to(path)
-    w.ask("initialize", INITIALIZE["params"], "init")
-    return w
-
-
-def _note(method: str, params: dict[str, Any]) -> bytes:
-    return msgspec.json.encode({"jsonrpc": "2.0", "method": method, "params": params})
-
-
 def _drain(w: Wire) -> list[dict[str, Any]]:
     """What ``w`` was sent unasked so far (a ping's answer marks the end)."""
     w.ask("ping", {}, "drain")
     return w.notes
-
-
-def _propose(c: Client, server: str, tag: str) -> str:
-    with pytest.raises(ApprovalRequiredError) as asked:
-        c.call_tool(server, "record", {"tag": tag})
-    proposal_id = asked.value.data["proposal_id"]
-    assert isinstance(proposal_id, str)
-    return proposal_id
 
 
 def same_answer(
@@ -341,25 +244,12 @@ def same_answer(
 # --- the daemon ----------------------------------------------------------------
 
 
-def _task_server() -> ServerSpec | None:
-    """tests/node/task_server.mjs, if node and the SDK are installed."""
-    node = shutil.which("node")
-    if (
-        node is None
-        or not (NODE_DIR / "node_modules/@modelcontextprotocol/sdk").is_dir()
-    ):
-        return None
-    return stdio_spec(
-        "tk", command=node, args=[str(NODE_DIR / "task_server.mjs")], cwd=str(NODE_DIR)
-    )
-
-
 base = tempdir_fixture()
 
 
 @pytest.fixture(scope="module")
 def probed(base: str) -> Iterator[DaemonHarness]:
-    tasks = _task_server()
+    tasks = optional_task_spec()
     extra = [] if tasks is None else ["tk"]
     config = profiles_config(
         base,
@@ -390,14 +280,9 @@ def probed(base: str) -> Iterator[DaemonHarness]:
 
 
 def needs_tasks(harness: DaemonHarness) -> None:
+    """Skip without ``tk`` (no node here; under CI ``optional_task_spec`` failed)."""
     if "tk" not in harness.daemon.pool:
-        if os.environ.get("CI"):
-            pytest.fail("CI must run the task probes (scripts/bootstrap installs node)")
         pytest.skip("node or tests/node's SDK is not installed")
-
-
-def face_of(api_socket: str) -> str:
-    return face_socket_path(api_socket)
 
 
 def every_socket(probed: DaemonHarness, base: str) -> tuple[str, ...]:
@@ -471,8 +356,7 @@ def test_an_operator_method_is_refused_alike_whatever_it_names(
     """On an agent socket an operator's method is refused before its params
     are read: a real server, proposal or audit row and a missing one, valid
     params and garbage, all get the one answer."""
-    with Client(agent_socket(base, "beta")) as beta:
-        real = _propose(beta, "u", f"real-{secrets.token_hex(4)}")
+    real = pw.propose(agent_socket(base, "beta"), "u", f"real-{secrets.token_hex(4)}")
     with probed.client() as operator:
         row = operator.audit(limit=1).records[0].id
     variants: dict[str, list[Any]] = {
@@ -632,8 +516,7 @@ def test_another_profiles_proposal_is_a_missing_one(
     on its socket or its face's built-in tools) can neither see, wait for,
     cancel nor run it, and is answered as for an id never made."""
     tag = f"theirs-{secrets.token_hex(4)}"
-    with Client(agent_socket(base, "beta")) as beta:
-        theirs = _propose(beta, "u", tag)
+    theirs = pw.propose(agent_socket(base, "beta"), "u", tag)
     missing = "p_" + secrets.token_hex(12)
     for state in ("pending", "approved"):
         if state == "approved":
@@ -664,11 +547,9 @@ def test_another_profiles_proposal_is_a_missing_one(
 
 def _task_answers(path: str, theirs: str, missing: str) -> dict[str, Any]:
     """Every tasks method with ``theirs`` and ``missing``, on a socket or a face."""
-    face = path.endswith("mcp.sock")
+    face = is_face(path)
     found: dict[str, Any] = {}
-    with wire(path) as w:
-        if face:
-            w.ask("initialize", INITIALIZE["params"], "init")
+    with contextlib.closing(connected(path)) as w:
         for task_id in (theirs, missing):
             for method in ("tasks/get", "tasks/result", "tasks/cancel"):
                 params = {"taskId": task_id} if face else {"task_id": task_id}
@@ -781,7 +662,7 @@ def test_another_profiles_resources_prompts_and_completions_are_missing_ones(
     alpha_face = face_of(agent_socket(base, "alpha"))
 
     def probe() -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        with contextlib.closing(_face(alpha_face)) as w:
+        with contextlib.closing(session(alpha_face)) as w:
             return [
                 (
                     w.ask(method, params),
@@ -799,16 +680,16 @@ def test_another_profiles_resources_prompts_and_completions_are_missing_ones(
             assert reason(absent) in ("not_found", "invalid_params"), (method, absent)
             same_answer(hidden, absent, name, "zz" + name)
     # beta's own face reaches them (the probes were about scope)
-    with contextlib.closing(_face(face_of(agent_socket(base, "beta")))) as w:
+    with contextlib.closing(session(face_of(agent_socket(base, "beta")))) as w:
         for method, params, _ in FACE_FOREIGN[:4]:
             assert "result" in w.ask(method, params), (method, params)
     # a listen stream honors none of it, as for a URI nobody lists
-    with contextlib.closing(_face(alpha_face)) as w:
+    with contextlib.closing(session(alpha_face)) as w:
         wanted = {"resourceSubscriptions": ["feat://watched", "zz://watched"]}
         w.send(request("subscriptions/listen", {"notifications": wanted}, "listen"))
         honored = msgspec.json.decode(w.line())["params"]["notifications"]
         assert honored["resourceSubscriptions"] == []
-        w.send(_note("notifications/cancelled", {"requestId": "listen"}))
+        w.note("notifications/cancelled", {"requestId": "listen"})
         assert "result" in w.ask("ping", {}, "after")
     # memorizz/scope narrows; naming another profile's server is answered
     # exactly as naming a server nobody has: unknown_server, for everything
@@ -820,8 +701,8 @@ def test_another_profiles_resources_prompts_and_completions_are_missing_ones(
     ]
     narrowed: dict[str, list[dict[str, Any]]] = {}
     for server in ("u", "zzu"):
-        with contextlib.closing(_face(alpha_face)) as w:
-            w.send(_note("memorizz/scope", {"server": server}))
+        with contextlib.closing(session(alpha_face)) as w:
+            w.note("memorizz/scope", {"server": server})
             narrowed[server] = [w.ask(method, params) for method, params in asked]
     for hidden, absent in zip(narrowed["u"], narrowed["zzu"], strict=True):
         assert reason(absent) == "unknown_server", absent
@@ -835,8 +716,8 @@ def test_log_messages_and_resource_updates_stay_in_scope(
     bring it beta's servers' messages: alpha's session is asked first, beta's
     hears them (so alpha's turn had passed), alpha's hears nothing."""
     secret = f"beta-only-{secrets.token_hex(4)}"
-    alpha = _face(face_of(agent_socket(base, "alpha")))
-    beta = _face(face_of(agent_socket(base, "beta")))
+    alpha = session(face_of(agent_socket(base, "alpha")))
+    beta = session(face_of(agent_socket(base, "beta")))
     try:
         for w in (alpha, beta):
             assert "result" in w.ask("logging/setLevel", {"level": "debug"})
@@ -873,8 +754,8 @@ def test_a_cancel_naming_another_connections_request_cancels_nothing(
         path = agent_socket(base, "alpha")
         if kind == "face":
             path = face_of(path)
-        victim = _face(path) if kind == "face" else Wire.to(path)
-        other = _face(path) if kind == "face" else Wire.to(path)
+        victim = session(path) if kind == "face" else Wire.to(path)
+        other = session(path) if kind == "face" else Wire.to(path)
         try:
             if kind == "face":
                 tools = victim.ask("tools/list", {}, "tools")["result"]["tools"]
@@ -891,7 +772,7 @@ def test_a_cancel_naming_another_connections_request_cancels_nothing(
             else:
                 params = {"server": "t", "name": "slow", "arguments": {"seconds": 0.5}}
                 victim.send(request("tools/call", params, 7))
-            other.send(_note("notifications/cancelled", {"requestId": 7}))
+            other.note("notifications/cancelled", {"requestId": 7})
             assert "result" in other.ask("ping", {}, "after")  # the cancel was read
             answer = victim.reply()
             assert answer["id"] == 7
@@ -989,10 +870,8 @@ def test_an_id_in_flight_cannot_be_reused(probed: DaemonHarness, base: str) -> N
     refused (its id named) and the first runs on to its own answer."""
     api = agent_socket(base, "alpha")
     for path in (api, face_of(api)):
-        with contextlib.closing(
-            _face(path) if path.endswith("mcp.sock") else Wire.to(path)
-        ) as w:
-            if path.endswith("mcp.sock"):
+        with contextlib.closing(connected(path)) as w:
+            if is_face(path):
                 tools = w.ask("tools/list", {}, "tools")["result"]["tools"]
                 [slow] = [
                     t["name"]
@@ -1057,7 +936,7 @@ def test_very_long_names_on_the_face_get_short_answers(
     probed: DaemonHarness, base: str
 ) -> None:
     long = "x" * LONG
-    with contextlib.closing(_face(face_of(agent_socket(base, "alpha")))) as w:
+    with contextlib.closing(session(face_of(agent_socket(base, "alpha")))) as w:
         for method, params in (
             (long, {}),
             ("tools/call", {"name": long, "arguments": {}}),
@@ -1153,42 +1032,6 @@ def test_a_passed_descriptor_keeps_the_identity_it_connected_with(
     assert (record.caller_uid, record.caller_pid) == (NOBODY, child[1])
 
 
-def _toml(doc: dict[str, Any]) -> str:
-    """A config file: top-level values, then tables, then arrays of tables."""
-
-    def value_of(v: object) -> str:
-        if isinstance(v, dict):  # an inline table
-            return "{" + ", ".join(f"{k} = {value_of(x)}" for k, x in v.items()) + "}"
-        return msgspec.json.encode(v).decode()  # strings, numbers, lists, booleans
-
-    def table(value: dict[str, Any]) -> list[str]:
-        return [f"{k} = {value_of(v)}" for k, v in value.items()]
-
-    def tables(value: object) -> bool:
-        return isinstance(value, list) and bool(value) and isinstance(value[0], dict)
-
-    lines = table(
-        {k: v for k, v in doc.items() if not isinstance(v, dict) and not tables(v)}
-    )
-    for key, value in doc.items():
-        if isinstance(value, dict):
-            lines += [f"[{key}]", *table(value)]
-        elif tables(value):
-            for item in value:
-                lines += [f"[[{key}]]", *table(item)]
-    return "\n".join(lines) + "\n"
-
-
-def _server_entry(spec: ServerSpec) -> dict[str, Any]:
-    return {
-        "name": spec.name,
-        "transport": "stdio",
-        "command": spec.command,
-        "args": list(spec.args),
-        "env": dict(spec.env),
-    }
-
-
 def _handed(path: str, uid: int) -> Wire:
     """A connection ``uid`` made to ``path`` (an MCP face's initialized),
     handed to this process: the daemon knows it as ``uid``'s."""
@@ -1199,7 +1042,7 @@ def _handed(path: str, uid: int) -> Wire:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.connect(path)
             w = Wire(sock)
-            if path.endswith("mcp.sock"):
+            if is_face(path):
                 w.ask("initialize", INITIALIZE["params"], "init")
             else:
                 w.ask("ping", {})
@@ -1223,25 +1066,19 @@ def test_a_reload_takes_away_what_it_takes_away(base_dir: str) -> None:
     os.chmod(base_dir, 0o755)  # noqa: S103 - children under other uids traverse it
     config_file = Path(base_dir, "memorizzd.toml")
     log = os.path.join(base_dir, "calls.log")
-    servers = [
-        _server_entry(stdio_spec(n, env={"CALL_LOG": log})) for n in ("s1", "s2")
-    ]
-    servers.append(_server_entry(features_spec("s3")) | {"protocol": "legacy"})
-    doc: dict[str, Any] = {
-        "socket": os.path.join(base_dir, "d.sock"),
-        "state_dir": os.path.join(base_dir, "state"),
-        "agents_dir": os.path.join(base_dir, "agents"),
-        "backoff_initial_s": 0.05,
-        "backoff_max_s": 0.5,
-        "drain_timeout_s": 5.0,
-        "operators": {"uids": [4100]},
-        "servers": servers,
-        "profiles": [
+    servers = [stdio_entry(stdio_spec(n, env={"CALL_LOG": log})) for n in ("s1", "s2")]
+    servers.append(stdio_entry(features_spec("s3")) | {"protocol": "legacy"})
+    doc = config_doc(
+        base_dir,
+        agents_dir=os.path.join(base_dir, "agents"),
+        operators={"uids": [4100]},
+        servers=servers,
+        profiles=[
             {"name": "gamma", "servers": ["s1"], "uids": [ME]},
             {"name": "delta", "servers": ["s1", "s2", "s3"], "uids": [ME, NOBODY]},
         ],
-    }
-    config_file.write_text(_toml(doc), encoding="utf-8")
+    )
+    config_file.write_text(config_toml(doc), encoding="utf-8")
     with DaemonHarness.running(load(str(config_file))) as h:
         for name in ("s1", "s2", "s3"):
             h.wait_ready(name)
@@ -1249,7 +1086,7 @@ def test_a_reload_takes_away_what_it_takes_away(base_dir: str) -> None:
         os.chmod(h.socket, 0o666)  # noqa: S103 - let the in-process check decide
         held = {
             "gamma api": Wire.to(gamma),
-            "gamma face": _face(face_of(gamma)),
+            "gamma face": session(face_of(gamma)),
             "delta api, nobody": _handed(delta, NOBODY),
             "delta face, nobody": _handed(face_of(delta), NOBODY),
             "operator, uid 4100": _handed(h.socket, 4100),
@@ -1259,17 +1096,16 @@ def test_a_reload_takes_away_what_it_takes_away(base_dir: str) -> None:
         assert "result" in held["operator, uid 4100"].ask("servers/list", {})
         staying = Wire.to(delta)
         # delta's face subscribes to s3's resource first, the operator's after
-        subscribed, watching = _face(face_of(delta)), _face(face_of(h.socket))
+        subscribed, watching = session(face_of(delta)), session(face_of(h.socket))
         for w in (subscribed, watching):
             assert "result" in w.ask("resources/subscribe", {"uri": "feat://watched"})
-        with Client(delta) as c:
-            proposal = _propose(c, "s2", "narrowed")
+        proposal = pw.propose(delta, "s2", "narrowed")
         with h.client() as operator:
             assert operator.approve(proposal).status == "approved"
         try:
             doc["operators"] = {"uids": []}
             doc["profiles"] = [{"name": "delta", "servers": ["s1"], "uids": [ME]}]
-            config_file.write_text(_toml(doc), encoding="utf-8")
+            config_file.write_text(config_toml(doc), encoding="utf-8")
             with h.client() as operator:
                 done = operator.daemon_reload()
             assert (done.profiles_removed, done.profiles_changed) == (
@@ -1330,13 +1166,13 @@ def test_every_name_another_face_shows_is_unknown_on_this_one(
     alpha's face, an unknown tool, as that name with a prefix nobody has."""
     foreign: set[str] = set()
     for path in (face_of(probed.socket), face_of(agent_socket(base, "beta"))):
-        with contextlib.closing(_face(path)) as w:
+        with contextlib.closing(session(path)) as w:
             for tool in w.ask("tools/list", {}, "tools")["result"]["tools"]:
                 if tool.get("_meta", {}).get("memorizz/server") not in ("t", "tk"):
                     foreign.add(tool["name"])
     assert {"u__echo", "feat__touch", "u__t__hello"} <= foreign
     forged = {*foreign, "u__t__echo", "t__u__echo", "u__t__u__echo", "__u__echo"}
-    with contextlib.closing(_face(face_of(agent_socket(base, "alpha")))) as w:
+    with contextlib.closing(session(face_of(agent_socket(base, "alpha")))) as w:
         for name in sorted(forged):
             hidden = w.ask("tools/call", {"name": name, "arguments": {}})
             absent = w.ask("tools/call", {"name": "zz" + name, "arguments": {}})

@@ -33,6 +33,7 @@ from memorizz.client import Client
 from memorizzd.oauth.grant import load_grant
 from memorizzd.oauth.keeper import CALLER_RETRY_GAP_S, TokenKeeper
 from tests.daemon.test_oauth import login, oauth_spec, wait_state
+from tests.faults import captured, read_body, replaying, respond
 from tests.harness import DaemonHarness, daemon_config, serve_asgi, stdio_spec
 from tests.oauth_world import (
     TestAuthorizationServer,
@@ -85,7 +86,7 @@ class Edge:
                     extra = (
                         [(b"www-authenticate", challenge.encode())] if challenge else []
                     )
-                    await _send(send, (status, extra, b""))
+                    await respond(send, status, b"", extra)
                     return
             await app(scope, receive, send)
 
@@ -94,57 +95,25 @@ class Edge:
     async def _token(
         self, app: Any, scope: dict[str, Any], receive: Any, send: Any
     ) -> None:
-        chunks: list[bytes] = []
-        while True:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        body = b"".join(chunks)
+        body = await read_body(receive)
         form = {k: v[0] for k, v in parse_qs(body.decode()).items()}
         grant_type = form.get("grant_type", "")
         self.token_posts.append(grant_type)
         answer = self.token_answer(form) if self.token_answer else None
         if answer is not None:
             self.provider.token_forms.append(form)  # its secrets, for the checks
-            await _send(send, answer)
+            status, headers, content = answer
+            await respond(send, status, content, headers)
             return
-        replayed = False
-
-        async def replay() -> dict[str, Any]:
-            nonlocal replayed
-            if replayed:
-                return dict(await receive())
-            replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
+        replay = replaying(body, receive)
         if self.token_rewrite is None:
             await app(scope, replay, send)
             return
-        captured: list[dict[str, Any]] = []
-
-        async def capture(message: dict[str, Any]) -> None:
-            captured.append(message)
-
-        await app(scope, replay, capture)
-        status = captured[0]["status"]
-        content = b"".join(m.get("body", b"") for m in captured[1:])
+        status, content = await captured(app, scope, replay)
         content_type = b"application/json"
         if status == 200:
             content_type, content = self.token_rewrite(grant_type, content)
-        await _send(send, (status, [(b"content-type", content_type)], content))
-
-
-async def _send(send: Any, answer: Answer) -> None:
-    status, headers, body = answer
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [*headers, (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+        await respond(send, status, content, [(b"content-type", content_type)])
 
 
 @contextlib.contextmanager
@@ -223,15 +192,15 @@ def no_secret_in(world: TestAuthorizationServer, *texts: str) -> None:
             assert secret not in text
 
 
-def rewrite(grant_types: tuple[str, ...], edit: Callable[[dict[str, Any]], Any]) -> Any:
-    """A ``token_rewrite`` that edits the JSON answer to those grant types."""
+def refreshes_edited(edit: Callable[[dict[str, Any]], Any]) -> Any:
+    """A world's ``token_edit`` that edits the answers to a refresh."""
 
-    def rewritten(grant_type: str, body: bytes) -> tuple[bytes, bytes]:
-        if grant_type not in grant_types:
-            return b"application/json", body
-        return b"application/json", msgspec.json.encode(edit(msgspec.json.decode(body)))
+    def edited(grant_type: str, answer: dict[str, Any]) -> bytes:
+        return msgspec.json.encode(
+            edit(answer) if grant_type == "refresh_token" else answer
+        )
 
-    return rewritten
+    return edited
 
 
 # --- token_type, refresh_token, scope, unknown fields -----------------------------------
@@ -272,7 +241,7 @@ def test_token_type_spellings_missing_members_and_extras_are_taken(
             assert first is not None
             assert first.scope == "mcp admin"
             for edit in edits:
-                edge.token_rewrite = rewrite(("refresh_token",), edit)
+                world.token_edit = refreshes_edited(edit)
                 expire(world, keeper)
                 echo(c)
             grant = keeper.grant
@@ -289,7 +258,7 @@ def test_token_type_spellings_missing_members_and_extras_are_taken(
             )
             other_served(c)
         assert edge.token_posts.count("refresh_token") == 4
-        edge.token_rewrite = None
+        world.token_edit = None
         with daemon(base_dir) as (d, c):  # the stored grant, after a restart
             d.wait_ready("cal")
             auth = c.server_status("cal")[0].auth

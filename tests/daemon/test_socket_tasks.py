@@ -24,22 +24,12 @@ from memorizz.api.errors import InvalidParamsError, MethodNotFoundError
 from memorizzd.config import Profile
 from memorizzd.listeners import agent_socket_path
 from tests.harness import (
-    NODE_DIR,
     DaemonHarness,
     daemon_config,
-    http_spec,
-    node_http,
     short_tempdir,
     stdio_spec,
+    task_server,
 )
-from tests.harness import node as harness_node
-
-TASK_SERVER = str(NODE_DIR / "task_server.mjs")
-
-
-def task_spec(name: str = "tasks") -> m.ServerSpec:
-    node = harness_node("the TypeScript SDK's task server")
-    return stdio_spec(name, command=node, args=[TASK_SERVER], cwd=str(NODE_DIR))
 
 
 @pytest.fixture(scope="module", params=["stdio", "streamable_http"])
@@ -47,15 +37,8 @@ def harness(request: pytest.FixtureRequest) -> Iterator[DaemonHarness]:
     """The task server over stdio (our JSON-RPC client), or over Streamable
     HTTP (the SDK's client, whose 2.3 release has no tasks API: the daemon
     sends ``tasks/*`` through its session as raw requests)."""
-    with contextlib.ExitStack() as stack:
-        if request.param == "stdio":
-            spec = task_spec()
-        else:
-            url = stack.enter_context(
-                node_http(TASK_SERVER, "the TypeScript SDK's task server over HTTP")
-            )
-            spec = http_spec("tasks", url, "streamable_http")
-        yield stack.enter_context(_running(spec))
+    with task_server(request.param) as spec, _running(spec) as running:
+        yield running
 
 
 @contextlib.contextmanager

@@ -19,8 +19,7 @@ import pytest
 from memorizz import cli
 from memorizzd.config import Profile
 from memorizzd.listeners import agent_socket_path
-from tests.daemon.test_socket_tasks import task_spec
-from tests.harness import DaemonHarness, daemon_config, short_tempdir
+from tests.harness import DaemonHarness, daemon_config, short_tempdir, task_spec
 
 
 @pytest.fixture(scope="module")

@@ -19,17 +19,13 @@ points that matter, start it again, and check what it finds.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import os
 import signal
 import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import msgspec
 import psutil
 import pytest
 from mcp.server.auth.provider import AccessToken, RefreshToken
@@ -37,10 +33,10 @@ from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 
 from memorizz.api import methods as m
 from memorizz.api.errors import AuthRequiredError, MemorizzError
-from memorizz.client import Client
 from memorizzd.audit import load_key
 from tests.harness import DaemonProcess, daemon_process, stdio_spec, wait_until
 from tests.oauth_world import TestAuthorizationServer, browser, serve_protected
+from tests.trials import all_records, digest
 
 CALLERS = 8
 ACKNOWLEDGED_BEFORE_THE_KILL = 300
@@ -57,22 +53,6 @@ def _dead(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:  # and reaped already
         return True
-
-
-def _all_records(c: Client) -> list[m.AuditRecord]:
-    records: list[m.AuditRecord] = []
-    before: int | None = None
-    while True:
-        page = c.audit(before_id=before, limit=1000)
-        records += page.records
-        if page.next_before_id is None:
-            return records
-        before = page.next_before_id
-
-
-def _digest(key: bytes, arguments: dict[str, Any]) -> str:
-    canonical = msgspec.json.Encoder(order="sorted").encode(arguments)
-    return hmac.new(key, canonical, hashlib.sha256).hexdigest()
 
 
 def test_sigkill_under_audit_load_loses_no_acknowledged_record_and_tears_none(
@@ -113,7 +93,7 @@ def test_sigkill_under_audit_load_loses_no_acknowledged_record_and_tears_none(
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
 
     with daemon_process(base_dir) as d, d.client() as c:  # the stale socket replaced
-        records = _all_records(c)
+        records = all_records(c)
         calls = [r for r in records if r.action == "tools/call"]
         ids = [r.id for r in records]
         assert ids == sorted(set(ids), reverse=True)  # unique, newest first
@@ -125,13 +105,13 @@ def test_sigkill_under_audit_load_loses_no_acknowledged_record_and_tears_none(
             assert r.caller_uid == os.getuid()
         key = load_key(state)
         recorded = {r.arguments_hmac for r in calls}
-        missing = [t for t in acked if _digest(key, {"text": t}) not in recorded]
+        missing = [t for t in acked if digest(key, {"text": t}) not in recorded]
         assert missing == []
         assert len(calls) >= len(acked)  # plus calls whose reply the kill ate
         d.wait_ready("t")
         c.call_tool("t", "echo", {"text": "after"})
         (latest,) = c.audit(limit=1).records
-        assert latest.arguments_hmac == _digest(key, {"text": "after"})
+        assert latest.arguments_hmac == digest(key, {"text": "after"})
         assert latest.id > ids[0]
 
 

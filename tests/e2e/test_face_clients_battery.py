@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -35,6 +34,7 @@ from tests.harness import (
     DaemonHarness,
     daemon_config,
     http_bridge,
+    node_client,
     short_tempdir,
     stdio_spec,
     wait_until,
@@ -77,24 +77,8 @@ def bridge(harness: DaemonHarness) -> Iterator[tuple[str, str]]:
 
 
 def _ts(target: dict[str, Any], *steps: str, **plan: Any) -> dict[str, Any]:
-    done = subprocess.run(
-        [
-            harness_node("the TypeScript SDK client"),
-            CLIENT,
-            msgspec.json.encode({**target, **plan, "steps": list(steps)}).decode(),
-        ],
-        cwd=NODE_DIR,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-    )
-    lines = done.stdout.splitlines()
-    assert lines, f"no output (exit {done.returncode}): {done.stderr}"
-    seen: dict[str, Any] = msgspec.json.decode(lines[-1])
-    assert done.returncode == 0, f"{seen.get('error')}: {done.stderr}"
-    return seen
+    plan = {**target, **plan, "steps": list(steps)}
+    return node_client(CLIENT, plan, timeout=RUN_TIMEOUT_S)
 
 
 def _direct() -> dict[str, Any]:

@@ -14,39 +14,28 @@ from __future__ import annotations
 
 import contextlib
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 
-from memorizz.api import methods as m
 from memorizzd.config import Profile
 from memorizzd.listeners import agent_socket_path
 from tests.harness import (
     NODE_DIR,
     DaemonHarness,
     daemon_config,
-    http_spec,
-    node_http,
+    node_client,
     short_tempdir,
-    stdio_spec,
+    task_server,
 )
-from tests.harness import node as harness_node
 
 MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 CLIENT = str(NODE_DIR / "face_tasks_client.mjs")
-TASK_SERVER = str(NODE_DIR / "task_server.mjs")
 RUN_TIMEOUT_S = 60.0
 """A bound on a hung client only, far above its usual run (about a second)."""
-
-
-def task_spec() -> m.ServerSpec:
-    node = harness_node("the TypeScript SDK's task server")
-    return stdio_spec("tasks", command=node, args=[TASK_SERVER], cwd=str(NODE_DIR))
 
 
 @pytest.fixture(scope="module", params=["stdio", "streamable_http"])
@@ -58,13 +47,7 @@ def transport(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="module")
 def faced(transport: str) -> Iterator[DaemonHarness]:
     with contextlib.ExitStack() as stack:
-        if transport == "stdio":
-            spec = task_spec()
-        else:
-            url = stack.enter_context(
-                node_http(TASK_SERVER, "the TypeScript SDK's task server over HTTP")
-            )
-            spec = http_spec("tasks", url, "streamable_http")
+        spec = stack.enter_context(task_server(transport))
         config = daemon_config(
             short_tempdir(),
             servers=[spec],
@@ -77,16 +60,7 @@ def faced(transport: str) -> Iterator[DaemonHarness]:
 
 def run_client(socket: str) -> dict[str, Any]:
     plan = {"memorizzctl": MEMORIZZCTL, "socket": socket}
-    done = subprocess.run(
-        [harness_node("the TypeScript SDK client"), CLIENT, msgspec.json.encode(plan)],
-        capture_output=True,
-        cwd=NODE_DIR,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-    )
-    assert done.returncode == 0, done.stdout.decode() + done.stderr.decode()
-    seen: dict[str, Any] = msgspec.json.decode(done.stdout.splitlines()[-1])
-    return seen
+    return node_client(CLIENT, plan, timeout=RUN_TIMEOUT_S)
 
 
 def test_the_typescript_client_runs_tools_as_tasks_through_the_face(

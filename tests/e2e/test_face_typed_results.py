@@ -15,13 +15,11 @@ the light server's tool without one (``require_approval``), each held for
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 
 from tests.harness import (
@@ -29,11 +27,11 @@ from tests.harness import (
     DaemonHarness,
     daemon_config,
     light_spec,
+    node_client,
     rmtree,
     short_tempdir,
     stdio_spec,
 )
-from tests.harness import node as harness_node
 
 MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 CLIENT = str(NODE_DIR / "face_typed_call.mjs")
@@ -56,18 +54,7 @@ def harness() -> Iterator[DaemonHarness]:
 
 def _call(harness: DaemonHarness, tool: str) -> dict[str, Any]:
     plan = {"memorizzctl": MEMORIZZCTL, "socket": harness.socket, "tool": tool}
-    done = subprocess.run(
-        [harness_node("the TypeScript SDK client"), CLIENT, msgspec.json.encode(plan)],
-        cwd=NODE_DIR,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    seen: dict[str, Any] = msgspec.json.decode(done.stdout.splitlines()[-1])
-    return seen
+    return node_client(CLIENT, plan, timeout=RUN_TIMEOUT_S)
 
 
 def test_a_call_not_approved_of_a_typed_tool_reaches_the_typescript_client(

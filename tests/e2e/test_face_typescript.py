@@ -11,7 +11,6 @@ tools, gets a prompt, reads a resource and prints one JSON line of what it saw.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,21 +25,15 @@ from tests.harness import (
     NODE_DIR,
     DaemonHarness,
     daemon_config,
+    node_client,
     short_tempdir,
     stdio_spec,
-)
-from tests.harness import (
-    node as harness_node,
 )
 
 MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 FACE_CLIENT = str(NODE_DIR / "face_client.mjs")
 RUN_TIMEOUT_S = 60.0
 """A bound on a hung client only, far above its usual run (well under 1 s)."""
-
-
-def node() -> str:
-    return harness_node("the TypeScript SDK client")
 
 
 @pytest.fixture(scope="module")
@@ -95,20 +88,7 @@ class Seen(msgspec.Struct, frozen=True, rename="camel"):
 def typescript_client(api_socket: str, **plan: Any) -> Seen:
     """Run tests/node/face_client.mjs against the face beside ``api_socket``."""
     plan = {"memorizzctl": MEMORIZZCTL, "socket": api_socket, **plan}
-    done = subprocess.run(
-        [node(), FACE_CLIENT, msgspec.json.encode(plan).decode()],
-        cwd=NODE_DIR,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        check=False,
-    )
-    lines = done.stdout.splitlines()
-    assert lines, f"no output (exit {done.returncode}): {done.stderr}"
-    seen = msgspec.json.decode(lines[-1], type=Seen)
-    assert done.returncode == 0, f"{seen.error}: {done.stderr}"
-    return seen
+    return msgspec.convert(node_client(FACE_CLIENT, plan, timeout=RUN_TIMEOUT_S), Seen)
 
 
 def test_the_typescript_sdk_client_uses_every_server_through_the_bridge(

@@ -11,18 +11,22 @@ holds no traceback nor error line.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import sys
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import msgspec
 import pytest
 
-from tests.harness import FEATURES_SERVER, LEGACY_SERVER, configured_daemon
+from tests import wire
+from tests.harness import (
+    FEATURES_SERVER,
+    LEGACY_SERVER,
+    configured_daemon,
+    no_errors_logged,
+)
 from tests.peers import ME
 from tests.process import DaemonProcess
 
@@ -82,12 +86,8 @@ def face(request: pytest.FixtureRequest, daemon: DaemonProcess) -> str:
 @pytest.fixture(autouse=True)
 def clean_log(daemon: DaemonProcess) -> Iterator[None]:
     """No traceback and no error line in the daemon's log from this case."""
-    before = len(daemon.log())
-    yield
-    added = daemon.log()[before:]
-    assert "Traceback" not in added, added
-    assert " ERROR " not in added, added
-    assert " CRITICAL " not in added, added
+    with no_errors_logged(daemon):
+        yield
 
 
 def session(path: str, *lines: bytes) -> list[dict[str, Any]]:
@@ -96,18 +96,8 @@ def session(path: str, *lines: bytes) -> list[dict[str, Any]]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(READ_S)
         sock.connect(path)
-
-        def write() -> None:
-            with contextlib.suppress(OSError):
-                sock.sendall(b"".join(line + b"\n" for line in lines))
-                sock.shutdown(socket.SHUT_WR)
-
-        writer = threading.Thread(target=write, daemon=True)
-        writer.start()
-        received = b""
-        while chunk := sock.recv(1 << 16):
-            received += chunk
-        writer.join(READ_S)
+        whole = b"".join(line + b"\n" for line in lines)
+        received = wire.exchange(sock, whole, reset_is_close=False)
     decoded = [msgspec.json.decode(line) for line in received.splitlines()]
     return [m for m in decoded if "method" not in m]
 
@@ -124,6 +114,14 @@ def answer(replies: list[dict[str, Any]], request_id: object) -> dict[str, Any]:
 
 def error_of(reply: dict[str, Any]) -> tuple[int, str]:
     return reply["error"]["code"], reply["error"]["data"]["reason"]
+
+
+def _invalid_params_and_served_on(face: str, method: str, params: object) -> None:
+    """``method`` with ``params`` is answered ``-32602`` under its id, and the
+    session serves on."""
+    replies = session(face, INIT, request(7, method, params), PING)
+    assert error_of(answer(replies, 7)) == (-32602, "invalid_params"), replies
+    assert "result" in answer(replies, "after")
 
 
 COMPLETE_REF = {"type": "ref/prompt", "name": "feat__pick"}
@@ -175,9 +173,7 @@ def test_params_of_the_wrong_type_are_invalid_params(
     """Each is the client's error, ``-32602`` under its id: the face checks
     what it forwards (a completion's ``argument`` went on to the server
     unchecked, and came back as the server's ``upstream_error``)."""
-    replies = session(face, INIT, request(7, method, params), PING)
-    assert error_of(answer(replies, 7)) == (-32602, "invalid_params"), replies
-    assert "result" in answer(replies, "after")
+    _invalid_params_and_served_on(face, method, params)
 
 
 def test_a_wellformed_completion_still_goes_to_its_server(face: str) -> None:
@@ -345,9 +341,7 @@ def test_what_the_socket_api_refuses_the_face_refuses(
     5,000), and a ``clientInfo`` that is not MCP's ``Implementation`` (a name
     and a version, strings; ``5`` was taken): ``invalid_params`` under the
     request's id, and the session serves on."""
-    replies = session(face, INIT, request(7, method, params), PING)
-    assert error_of(answer(replies, 7)) == (-32602, "invalid_params"), replies
-    assert "result" in answer(replies, "after")
+    _invalid_params_and_served_on(face, method, params)
 
 
 def test_a_token_at_the_cap_and_a_client_info_with_more_members_are_served(

@@ -27,6 +27,7 @@ import pytest
 
 from memorizzd.config import Metrics
 from memorizzd.telemetry.http import CONNECTIONS_MAX
+from tests import wire
 from tests.harness import DaemonHarness, light_daemon, wait_until
 from tests.peers import NOBODY, as_user, needs_root
 
@@ -130,30 +131,7 @@ def exchange(
     what was read counts as closed). Read while writing: the daemon may
     answer, or close, before the last piece."""
     with listener.connect() as sock:
-
-        def write() -> None:
-            with contextlib.suppress(OSError):  # closed by the daemon: allowed
-                for piece in pieces:
-                    sock.sendall(piece)
-                    if gap:
-                        _pause.wait(gap)
-                if shut:
-                    sock.shutdown(socket.SHUT_WR)
-
-        writer = threading.Thread(target=write, daemon=True)
-        writer.start()
-        received = b""
-        while True:
-            try:
-                chunk = sock.recv(1 << 16)
-            except ConnectionResetError:
-                break
-            if not chunk:
-                break
-            received += chunk
-        writer.join(READ_S)
-        assert not writer.is_alive()
-    return received
+        return wire.exchange(sock, *pieces, gap=gap, shut=shut)
 
 
 @dataclass

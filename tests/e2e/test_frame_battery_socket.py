@@ -22,7 +22,8 @@ import msgspec
 import pytest
 
 from memorizz.api.protocol import MAX_FRAME
-from tests.harness import LEGACY_SERVER, configured_daemon
+from tests import wire
+from tests.harness import LEGACY_SERVER, configured_daemon, no_errors_logged
 from tests.peers import ME
 from tests.process import DaemonProcess
 
@@ -62,12 +63,8 @@ def path(request: pytest.FixtureRequest, daemon: DaemonProcess) -> str:
 @pytest.fixture(autouse=True)
 def clean_log(daemon: DaemonProcess) -> Iterator[None]:
     """No traceback and no error line in the daemon's log from this case."""
-    before = len(daemon.log())
-    yield
-    added = daemon.log()[before:]
-    assert "Traceback" not in added, added
-    assert " ERROR " not in added, added
-    assert " CRITICAL " not in added, added
+    with no_errors_logged(daemon):
+        yield
 
 
 def exchange(path: str, *pieces: bytes) -> list[dict[str, Any]]:
@@ -78,25 +75,7 @@ def exchange(path: str, *pieces: bytes) -> list[dict[str, Any]]:
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(READ_S)
         sock.connect(path)
-
-        def write() -> None:
-            with contextlib.suppress(OSError):  # closed by the daemon: allowed
-                for piece in pieces:
-                    sock.sendall(piece)
-                sock.shutdown(socket.SHUT_WR)
-
-        writer = threading.Thread(target=write, daemon=True)
-        writer.start()
-        received = b""
-        while True:
-            try:
-                chunk = sock.recv(1 << 16)
-            except ConnectionResetError:
-                break
-            if not chunk:
-                break
-            received += chunk
-        writer.join(READ_S)
+        received = wire.exchange(sock, *pieces)
     assert not received or received.endswith(b"\n"), received[-200:]
     return [msgspec.json.decode(line) for line in received.splitlines()]
 

@@ -35,12 +35,9 @@ every test here skips, as tests/e2e/test_kill_trials.py does.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import os
 import shutil
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -54,12 +51,12 @@ import pytest
 
 from memorizz import Client
 from memorizz.api.errors import (
-    ApprovalRequiredError,
     ConflictError,
     RemoteError,
     UnavailableError,
 )
 from memorizzd.audit import load_key
+from tests import proposals_world as pw
 from tests.harness import (
     LEGACY_SERVER,
     DaemonProcess,
@@ -67,6 +64,7 @@ from tests.harness import (
     wait_until,
 )
 from tests.peers import ME, agent_socket
+from tests.trials import digest, face_call
 
 SECRET = "s3cret-full-disk-7f2c"  # noqa: S105 - a test value
 """A server's secret: it must never reach an error or the daemon's log."""
@@ -167,14 +165,6 @@ def _refused(work: Callable[[], object]) -> RemoteError:
     return error
 
 
-def _propose(c: Client, server: str, tag: str) -> str:
-    with pytest.raises(ApprovalRequiredError) as asked:
-        c.call_tool(server, "hello", {"tag": tag})
-    proposal_id = asked.value.data["proposal_id"]
-    assert isinstance(proposal_id, str)
-    return proposal_id
-
-
 def _rows(state: str, sql: str) -> list[tuple[Any, ...]]:
     uri = f"file:{Path(state, 'state.db')}?mode=ro"
     with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
@@ -207,41 +197,9 @@ def _no_traceback_nor_secret(d: DaemonProcess) -> str:
     return said
 
 
-def _digest(key: bytes, arguments: dict[str, Any]) -> str:
-    """An audit record's ``arguments_hmac`` for ``arguments``."""
-    canonical = msgspec.json.Encoder(order="sorted").encode(arguments)
-    return hmac.new(key, canonical, hashlib.sha256).hexdigest()
-
-
 def _names(d: DaemonProcess) -> list[str]:
     with d.client() as c:
         return sorted(s.name for s in c.list_servers())
-
-
-def _face_call(face: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """One ``tools/call`` on the MCP face, by a raw client: its reply."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(20)
-        sock.connect(face)
-        call = {
-            "jsonrpc": "2.0",
-            "id": 2,
-            "method": "tools/call",
-            "params": {"name": name, "arguments": arguments},
-        }
-        sock.sendall(
-            b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":'
-            b'{"protocolVersion":"2025-11-25","capabilities":{},'
-            b'"clientInfo":{"name":"raw","version":"0"}}}\n'
-            b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n'
-            + msgspec.json.encode(call)
-            + b"\n"
-        )
-        reader = sock.makefile("rb")
-        while True:
-            reply: dict[str, Any] = msgspec.json.decode(reader.readline())
-            if reply.get("id") == 2:
-                return reply
 
 
 # --- every write path, refused and then whole --------------------------------
@@ -266,10 +224,10 @@ def test_a_full_disk_refuses_each_write_with_storage_full_and_loses_nothing(
         d.wait_ready("t")
         d.wait_ready("a")
         with d.client() as c:
-            pending = _propose(c, "a", "pending")
-            approved = _propose(c, "a", "approved")
+            pending = pw.propose(c, "a", "pending", tool="hello")
+            approved = pw.propose(c, "a", "approved", tool="hello")
             c.approve(approved)
-            rejected = _propose(c, "a", "to-reject")
+            rejected = pw.propose(c, "a", "to-reject", tool="hello")
             c.call_tool("t", "hello", {"text": "before"})
             before = [(r.id, r.action) for r in c.audit(limit=100).records]
             shown = {p.id: p.status for p in c.list_approvals()}
@@ -305,7 +263,7 @@ def test_a_full_disk_refuses_each_write_with_storage_full_and_loses_nothing(
         assert done.returncode == 75, done.stderr
         assert done.stderr.endswith(" (storage_full)\n"), done.stderr
         # the MCP face: the same error, on its own wire
-        reply = _face_call(
+        reply = face_call(
             os.path.join(base_dir, "mcp.sock"), "a__hello", {"tag": "face"}
         )
         assert reply["error"]["code"] == -32003, reply
@@ -363,7 +321,7 @@ def test_an_open_proposal_that_expires_on_a_full_disk_does_not_stop_the_daemon(
         d.wait_ready("t")
         d.wait_ready("a")
         with d.client() as c:
-            proposal = _propose(c, "a", "expiring")
+            proposal = pw.propose(c, "a", "expiring", tool="hello")
             (open_one,) = c.list_approvals()
         disk.fill()
         wait_until(  # a second past its expiry: the book's sweep was refused
@@ -415,7 +373,7 @@ def test_a_restart_on_a_full_disk_starts_and_keeps_the_spooled_records(
         d.wait_ready("t")
         d.wait_ready("a")
         with d.client() as c:
-            proposal = _propose(c, "a", "kept")
+            proposal = pw.propose(c, "a", "kept", tool="hello")
             c.audit()  # in the database so far: the spool is empty
             tags = [f"spooled-{i}" for i in range(3)]
             for tag in tags:
@@ -448,7 +406,7 @@ def test_a_restart_on_a_full_disk_starts_and_keeps_the_spooled_records(
         key = load_key(disk.state)
         digests = [r.arguments_hmac for r in records]
         for tag in tags:  # each spooled record in the trail, once
-            assert digests.count(_digest(key, {"tag": tag})) == 1, tag
+            assert digests.count(digest(key, {"tag": tag})) == 1, tag
         ids = [r.id for r in records]
         assert len(ids) == len(set(ids))
         assert again.stop() == 0
@@ -518,8 +476,8 @@ def test_a_profile_removed_on_a_full_disk_takes_its_proposals_along(
     try:
         d.wait_ready("a")
         with Client(agent_socket(base_dir, "alpha")) as agent, d.client() as c:
-            pending = _propose(agent, "a", "alpha-pending")
-            approved = _propose(agent, "a", "alpha-approved")
+            pending = pw.propose(agent, "a", "alpha-pending", tool="hello")
+            approved = pw.propose(agent, "a", "alpha-approved", tool="hello")
             c.approve(approved)
         disk.fill()
         _config(base_dir, agents + server + beta)
@@ -624,7 +582,7 @@ def test_a_start_on_a_full_disk_with_the_clock_behind_serves_and_fails_closed(
     try:
         d.wait_ready("a")
         with d.client() as c:
-            approved = _propose(c, "a", "approved")
+            approved = pw.propose(c, "a", "approved", tool="hello")
             c.approve(approved)
         subprocess.run([sys.executable, "-c", _AHEAD, disk.state], check=True)
         os.kill(d.pid, signal.SIGKILL)

@@ -24,12 +24,9 @@ A longer randomized soak lives outside the suite; these keep under a minute.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import hmac
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -48,16 +45,16 @@ from memorizz.api.errors import (
     MemorizzError,
     UnavailableError,
 )
-from memorizz.client import Client
 from memorizzd.audit import load_key
 from tests.harness import (
-    INITIALIZE,
     LEGACY_SERVER,
     DaemonProcess,
     light_spec,
+    scraped,
     spawned_spec,
     wait_until,
 )
+from tests.trials import all_records, call_lines, digest, face_call
 
 MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 _pause = threading.Event()  # never set: an interruptible wait
@@ -74,22 +71,6 @@ def _gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
-
-
-def _digest(key: bytes, arguments: dict[str, Any]) -> str:
-    canonical = msgspec.json.Encoder(order="sorted").encode(arguments)
-    return hmac.new(key, canonical, hashlib.sha256).hexdigest()
-
-
-def _all_records(c: Client) -> list[m.AuditRecord]:
-    records: list[m.AuditRecord] = []
-    before: int | None = None
-    while True:
-        page = c.audit(before_id=before, limit=1000)
-        records += page.records
-        if page.next_before_id is None:
-            return records
-        before = page.next_before_id
 
 
 def _config(base: str, body: str) -> str:
@@ -165,13 +146,13 @@ def _one_record(d: DaemonProcess, tool: str, tag: str) -> m.AuditRecord:
     with d.client() as c:
         mine = [
             r
-            for r in _all_records(c)
+            for r in all_records(c)
             if r.action == "tools/call"
             and r.tool == tool
             and r.arguments_hmac
             in {
-                _digest(key, {"seconds": 1.0, "tag": tag}),
-                _digest(key, {"tag": tag}),
+                digest(key, {"seconds": 1.0, "tag": tag}),
+                digest(key, {"tag": tag}),
             }
         ]
     assert len(mine) == 1, mine
@@ -241,22 +222,10 @@ def test_the_bridge_killed_mid_call_leaves_one_whole_record(
         stdout=subprocess.DEVNULL,
     )
     assert bridge.stdin is not None
-    call = {
-        "jsonrpc": "2.0",
-        "id": 2,
-        "method": "tools/call",
-        "params": {
-            "name": "slow_record",  # the face's one server: its names bare
-            "arguments": {"seconds": 1.0, "tag": "bridged"},
-        },
-    }
+    # the face's one server: its names bare
+    lines = call_lines("slow_record", {"seconds": 1.0, "tag": "bridged"})
     try:
-        bridge.stdin.write(
-            msgspec.json.encode(INITIALIZE)
-            + b'\n{"jsonrpc":"2.0","method":"notifications/initialized"}\n'
-            + msgspec.json.encode(call)
-            + b"\n"
-        )
+        bridge.stdin.write(lines)
         bridge.stdin.flush()
         _in_flight(served, 1)
         bridge.kill()
@@ -342,26 +311,6 @@ class _Book:
             return f"{prefix}{self.next}"
 
 
-def _face_call(face: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(10)
-        sock.connect(face)
-        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call"}
-        call["params"] = {"name": name, "arguments": arguments}
-        sock.sendall(
-            msgspec.json.encode(INITIALIZE)
-            + b'\n{"jsonrpc":"2.0","method":"notifications/initialized"}\n'
-            + msgspec.json.encode(call)
-            + b"\n"
-        )
-        reader = sock.makefile("rb")
-        while line := reader.readline():
-            reply: dict[str, Any] = msgspec.json.decode(line)
-            if reply.get("id") == 2:
-                return reply
-    raise OSError("the face closed the connection")
-
-
 def _load(d: DaemonProcess, book: _Book, rng: random.Random) -> None:
     """Clients of every kind until the daemon is SIGKILLed at a random point."""
     stop = threading.Event()
@@ -379,7 +328,7 @@ def _load(d: DaemonProcess, book: _Book, rng: random.Random) -> None:
         with contextlib.suppress(OSError, msgspec.DecodeError):
             while not stop.is_set():
                 tag = book.tag("f")
-                reply = _face_call(face, "t__hello", {"tag": tag})
+                reply = face_call(face, "t__hello", {"tag": tag}, timeout=10)
                 if "result" in reply and not reply["result"].get("isError"):
                     with book.lock:
                         book.acked.append(("t", tag))
@@ -462,20 +411,15 @@ def _metrics(d: DaemonProcess) -> bytes:
     """A scrape of ``metrics.sock`` (bound after the operator socket answers)."""
     said = b""
 
-    def scraped() -> bool:
+    def answered() -> bool:
         nonlocal said
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(10)
-            try:
-                sock.connect(os.path.join(d.base, "metrics.sock"))
-            except (FileNotFoundError, ConnectionRefusedError):
-                return False
-            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: m\r\n\r\n")
-            while chunk := sock.recv(65536):
-                said += chunk
+        try:
+            said = scraped(os.path.join(d.base, "metrics.sock"))
+        except (FileNotFoundError, ConnectionRefusedError):
+            return False
         return True
 
-    wait_until(scraped, timeout=10, what="metrics.sock", alive=d.check)
+    wait_until(answered, timeout=10, what="metrics.sock", alive=d.check)
     return said
 
 
@@ -484,7 +428,7 @@ def _check(d: DaemonProcess, book: _Book) -> None:
     key = load_key(d.state_dir)
     assert _metrics(d).startswith(b"HTTP/1.1 200")  # its stale socket replaced
     with d.client() as c:
-        records = _all_records(c)
+        records = all_records(c)
         ids = [r.id for r in records]
         assert ids == sorted(set(ids), reverse=True)
         recorded = Counter(
@@ -494,7 +438,7 @@ def _check(d: DaemonProcess, book: _Book) -> None:
             assert r.outcome
             assert r.caller_uid == os.getuid()
         for server, tag in book.acked:
-            assert recorded[(server, _digest(key, {"tag": tag}))] == 1, (server, tag)
+            assert recorded[(server, digest(key, {"tag": tag}))] == 1, (server, tag)
         ran = Counter(Path(d.base, "a.log").read_text().split())
         assert max(ran.values(), default=0) <= 1
         assert not {tag for tag in book.rejected if ran[tag]}

@@ -22,23 +22,11 @@ import msgspec
 
 from memorizzd.config import load
 from tests import proposals_world as pw
-from tests.harness import DaemonHarness, http_bridge
+from tests.harness import INITIALIZE, DaemonHarness, http_bridge
 from tests.peers import ME, NOBODY, agent_socket
 
 MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 WAIT_S = 30.0
-INITIALIZE = msgspec.json.encode(
-    {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": "probe", "version": "1"},
-        },
-    }
-)
 
 
 def _config(base: str, uids: list[int]) -> str:
@@ -85,7 +73,7 @@ def test_a_session_the_daemon_refuses_after_a_reload_is_403_and_said(
             operator.daemon_reload()
         answer = httpx2.post(
             url,
-            content=INITIALIZE,
+            content=msgspec.json.encode(INITIALIZE),
             headers={
                 "Authorization": f"Bearer {token}",
                 "Content-Type": "application/json",

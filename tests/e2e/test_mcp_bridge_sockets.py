@@ -22,7 +22,13 @@ import pytest
 
 from memorizzd.config import Profile
 from memorizzd.listeners import agent_socket_path, face_socket_path
-from tests.harness import DaemonHarness, daemon_config, rmtree, short_tempdir
+from tests.harness import (
+    DaemonHarness,
+    daemon_config,
+    rmtree,
+    short_tempdir,
+    tempdir_fixture,
+)
 
 MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 WAIT_S = 30  # a guard against a hang, never a measurement
@@ -32,11 +38,7 @@ INITIALIZE = (
 )
 
 
-@pytest.fixture(scope="module")
-def base() -> Iterator[str]:
-    path = short_tempdir()
-    yield path
-    rmtree(path)
+base = tempdir_fixture()
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.test_unit_user import GID, UID, _as_the_user, _free_uid
+from tests.harness import scraped
 from tests.peers import NOBODY, as_user
 from tests.process import DaemonProcess, wait_until
 
@@ -34,14 +34,7 @@ pytestmark = pytest.mark.skipif(
 
 def scrape(path: str) -> str:
     """``GET /metrics`` on the Unix socket: the status line."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(10)
-        sock.connect(path)
-        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-        reply = b""
-        while chunk := sock.recv(65536):
-            reply += chunk
-    return reply.decode("latin-1").split("\r\n", 1)[0]
+    return scraped(path).decode("latin-1").split("\r\n", 1)[0]
 
 
 class _Unprivileged(DaemonProcess):

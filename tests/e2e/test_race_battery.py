@@ -43,7 +43,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import socket
 import threading
 import time
 from collections import Counter
@@ -53,32 +52,28 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import msgspec
 import pytest
 
 from memorizz import Client
 from memorizz.api import methods as m
-from memorizz.api.errors import (
-    REASONS,
-    ApprovalRequiredError,
-    MemorizzError,
-    RemoteError,
-)
+from memorizz.api.errors import REASONS, MemorizzError, RemoteError
 from memorizzd.config import Limits, Profile, load
 from memorizzd.listeners import face_socket_path
 from tests import proposals_world as pw
 from tests.harness import (
-    INITIALIZE,
     DaemonHarness,
     DaemonProcess,
+    config_doc,
+    config_toml,
     daemon_config,
     daemon_process,
     light_spec,
-    rmtree,
-    short_tempdir,
+    stdio_entry,
+    tempdir_fixture,
     wait_until,
 )
 from tests.peers import ME, agent_socket, calls, profiles_config
+from tests.trials import all_records, face_call
 
 CAP = 3
 """The ``alpha`` profile's ``limits.max_open_proposals``."""
@@ -93,15 +88,6 @@ def _ask_spec(base: str, name: str = "t", **overrides: Any) -> m.ServerSpec:
         **overrides,
     }
     return light_spec(name, **fields)
-
-
-def _propose(c: Client, server: str, tag: str) -> str:
-    """Call ``hello`` on ``server`` with ``tag``: the proposal it makes."""
-    with pytest.raises(ApprovalRequiredError) as asked:
-        c.call_tool(server, "hello", {"tag": tag})
-    proposal_id = asked.value.data["proposal_id"]
-    assert isinstance(proposal_id, str)
-    return proposal_id
 
 
 def _answer(work: Callable[[], Any]) -> str:
@@ -152,47 +138,10 @@ def _no_tracebacks(caplog: pytest.LogCaptureFixture) -> None:
     assert bad == []
 
 
-def _records(c: Client) -> list[m.AuditRecord]:
-    """The whole audit trail, newest first (every page)."""
-    found: list[m.AuditRecord] = []
-    before: int | None = None
-    while True:
-        page = c.audit(limit=1000, before_id=before)
-        found += page.records
-        if page.next_before_id is None:
-            return found
-        before = page.next_before_id
-
-
-def _face_call(face: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-    """One ``tools/call`` on an MCP face socket: its one reply."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(20)
-        sock.connect(face)
-        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call"}
-        call["params"] = {"name": name, "arguments": arguments}
-        sock.sendall(
-            msgspec.json.encode(INITIALIZE)
-            + b'\n{"jsonrpc":"2.0","method":"notifications/initialized"}\n'
-            + msgspec.json.encode(call)
-            + b"\n"
-        )
-        reader = sock.makefile("rb")
-        while line := reader.readline():
-            reply: dict[str, Any] = msgspec.json.decode(line)
-            if reply.get("id") == 2:
-                return reply
-    raise OSError("the face closed the connection")
-
-
 # --- approvals: one profile, many of its calls and many deciders at once -----
 
 
-@pytest.fixture(scope="module")
-def shared() -> Iterator[str]:
-    path = short_tempdir()
-    yield path
-    rmtree(path)
+shared = tempdir_fixture()
 
 
 @pytest.fixture(scope="module")
@@ -313,7 +262,7 @@ def _resumed(
             resumed[action] = _answer(partial(work, proposal_id))
 
     def by_face() -> None:
-        reply = _face_call(face, "memorizz__resume", {"id": proposal_id})
+        reply = face_call(face, "memorizz__resume", {"id": proposal_id})
         if "error" in reply:  # lost the consume to another resume
             reason = reply["error"]["data"]["reason"]
             assert reason in REASONS, reply
@@ -348,7 +297,7 @@ def test_deciders_and_resumers_at_once_one_decision_and_at_most_one_run(
     for round_ in range(20):
         tag = f"decide{round_}"
         with _agent(shared) as agent:
-            proposal_id = _propose(agent, "t", tag)
+            proposal_id = pw.propose(agent, "t", tag, tool="hello")
         actions = [rng.choice(DECISIONS) for _ in range(2)] + ["approvals/approve"]
         decided = _decided(approvals, proposal_id, actions)
         assert set(decided.values()) <= {"ok", "not_approved"}, decided
@@ -477,7 +426,7 @@ def test_add_and_remove_of_one_name_from_two_operators_agree_with_the_state(
         with h.client() as c:
             trail = Counter(
                 (r.action, r.outcome)
-                for r in _records(c)
+                for r in all_records(c)
                 if r.server == "s" and r.action.startswith("servers/")
             )
             assert trail[("servers/add", "ok")] == tally.added
@@ -635,31 +584,16 @@ def test_a_servers_add_refused_because_a_reload_took_the_name_stores_nothing(
 def _toml_config(base: str, *, generation: int) -> str:
     """The file: ``stable`` always; ``flip`` in even generations (its risk
     changing with the generation's half); written atomically."""
-    q = msgspec.json.encode
-    lines = [
-        f"socket = {q(os.path.join(base, 'd.sock')).decode()}",
-        f"state_dir = {q(os.path.join(base, 'state')).decode()}",
-        "backoff_initial_s = 0.05",
-        "backoff_max_s = 0.5",
-        "drain_timeout_s = 5.0",
-    ]
     servers = [("stable", "destructive")]
     if generation % 2 == 0:
         servers.append(("flip", "destructive" if generation % 4 == 0 else "write"))
-    for name, risk in servers:
-        spec = _ask_spec(base, name)
-        lines += [
-            "[[servers]]",
-            f"name = {q(name).decode()}",
-            'transport = "stdio"',
-            f"command = {q(spec.command).decode()}",
-            f"args = {q(list(spec.args)).decode()}",
-            f"env = {{ CALL_LOG = {q(spec.env['CALL_LOG']).decode()} }}",
-            f"risk = {{ hello = {q(risk).decode()} }}",
-        ]
+    entries = [
+        stdio_entry(_ask_spec(base, name)) | {"risk": {"hello": risk}}
+        for name, risk in servers
+    ]
     path = Path(base, "memorizzd.toml")
     staged = Path(base, "memorizzd.toml.new")
-    staged.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    staged.write_text(config_toml(config_doc(base, servers=entries)), encoding="utf-8")
     os.replace(staged, path)
     return str(path)
 
@@ -705,7 +639,7 @@ def test_reloads_racing_calls_approvals_and_servers_add_keep_every_invariant(
                 while not stop.is_set():
                     k += 1
                     tag = f"p{k}"
-                    proposal_id = _propose(c, "stable", tag)
+                    proposal_id = pw.propose(c, "stable", tag, tool="hello")
                     c.approve(proposal_id)
                     c.resume(proposal_id)
                     ran.append(tag)
@@ -737,7 +671,7 @@ def test_reloads_racing_calls_approvals_and_servers_add_keep_every_invariant(
         runs = Counter(t for t in calls(base_dir) if t.startswith("p"))
         assert runs == Counter(ran)
         with h.client() as c:
-            reloads = [r for r in _records(c) if r.action == "daemon/reload"]
+            reloads = [r for r in all_records(c) if r.action == "daemon/reload"]
             assert len(reloads) == sum(reloaded.values())
             assert {r.outcome for r in reloads} == {"ok"}
             servers = sorted((s.name, s.source) for s in c.list_servers())
@@ -792,6 +726,8 @@ def test_reloads_racing_a_sigterm_drain_end_cleanly(base_dir: str) -> None:
     with daemon_process(base_dir, config=config_file) as d, d.client() as c:
         wait_until(lambda: c.daemon_status().servers_total == 1)
         reloads_seen = [
-            r for r in _records(c) if r.action == "daemon/reload" and r.outcome == "ok"
+            r
+            for r in all_records(c)
+            if r.action == "daemon/reload" and r.outcome == "ok"
         ]
         assert len(reloads_seen) >= oks

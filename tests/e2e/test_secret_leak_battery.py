@@ -36,7 +36,6 @@ import contextlib
 import io
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import sys
@@ -53,16 +52,17 @@ import pytest
 
 from memorizz.api.methods import ServerSpec
 from memorizz.cli import main as ctl_main
+from tests.faults import read_body, replaying
 from tests.harness import (
     DaemonProcess,
+    http_bridge,
     rmtree,
     serve_http,
     short_tempdir,
     wait_until,
 )
-from tests.process import DAEMON_EXE
+from tests.process import daemon_argv
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 TOKEN = "SECRET-canary-tok-" + secrets.token_hex(8)
 HEADER_VALUE = "SECRET-canary-hdr-" + secrets.token_hex(8)
 ENV_VALUE = "SECRET-canary-env-" + secrets.token_hex(8)
@@ -134,13 +134,7 @@ def hostile(app: Any) -> Any:
         scope = dict(scope, path="/mcp", raw_path=b"/mcp")
         said = _headers_said(scope)
         auth = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
-        body = b""
-        if scope["method"] == "POST":
-            more = True
-            while more:
-                message = await receive()
-                body += message.get("body", b"")
-                more = message.get("more_body", False)
+        body = await read_body(receive) if scope["method"] == "POST" else b""
         try:
             request = msgspec.json.decode(body) if body else {}
         except msgspec.DecodeError:
@@ -152,16 +146,9 @@ def hostile(app: Any) -> Any:
         if kind != "ok" and (not late or request.get("method") == "tools/call"):
             await _misbehave(send, kind, said, auth, request.get("id"))
             return
-        given = False
-
-        async def replay() -> Any:
-            nonlocal given
-            if given:
-                return await receive()
-            given = True
-            return {"type": "http.request", "body": body, "more_body": False}
-
-        await app(scope, replay if scope["method"] == "POST" else receive, send)
+        if scope["method"] == "POST":
+            receive = replaying(body, receive)
+        await app(scope, receive, send)
 
     return asgi
 
@@ -466,10 +453,6 @@ def test_a_stdio_server_that_quotes_its_secret_env_in_errors(world: World) -> No
 def test_the_bridge_and_the_face_say_no_secret(world: World) -> None:
     world.add_http("f-rpc", "late-rpcerr")
     world.daemon.wait_ready("f-rpc")
-    token_file = os.path.join(world.daemon.base, "bridge-token")
-    fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with open(fd, "w", encoding="utf-8") as f:
-        f.write(BRIDGE_TOKEN + "\n")
     bad_file = os.path.join(world.daemon.base, "bad-token")
     Path(bad_file).write_text(f"{BRIDGE_TOKEN} two words\n", encoding="utf-8")
     refused = world.ctl(
@@ -478,39 +461,26 @@ def test_the_bridge_and_the_face_say_no_secret(world: World) -> None:
     )  # fmt: skip
     assert "--token-file" in refused
     assert_clean("the bridge's refusal of a token file", refused)
-    proc = subprocess.Popen(
-        [MEMORIZZCTL, "--socket", world.daemon.socket, "mcp", "serve",
-         "--transport", "streamable-http", "--listen", "127.0.0.1:0",
-         "--token-file", token_file],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-    )  # fmt: skip
-    try:
-        assert proc.stderr is not None
-        first = proc.stderr.readline().decode()
-        assert " at http://127.0.0.1:" in first, first
-        url = first.rsplit(" ", 1)[1].strip()
-        seen = [first]
-        with httpx2.Client(timeout=30) as http:
-            refusal = http.post(
-                url,
-                headers={"Authorization": f"Bearer {BRIDGE_TOKEN}x"},
-                content=b"{}",
-            )
-            assert refusal.status_code == 401
-            seen.append(refusal.text + repr(refusal.headers))
-            face = _face_session(http, url)
-            listed = face("tools/list", {})
-            names = [t["name"] for t in listed["result"]["tools"]]
-            (tool,) = [n for n in names if "f-rpc" in n and "echo" in n]
-            called = face("tools/call", {"name": tool, "arguments": {"text": "x"}})
-            seen.append(msgspec.json.encode(called).decode())
-            assert REDACTED in seen[-1], seen[-1]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=30)
-    seen += [out.decode(), err.decode()]
+    seen: list[str] = []
+    with (
+        http_bridge(world.daemon.socket, token=BRIDGE_TOKEN, said=seen) as (url, _),
+        httpx2.Client(timeout=30) as http,
+    ):
+        refusal = http.post(
+            url,
+            headers={"Authorization": f"Bearer {BRIDGE_TOKEN}x"},
+            content=b"{}",
+        )
+        assert refusal.status_code == 401
+        seen.append(refusal.text + repr(refusal.headers))
+        face = _face_session(http, url)
+        listed = face("tools/list", {})
+        names = [t["name"] for t in listed["result"]["tools"]]
+        (tool,) = [n for n in names if "f-rpc" in n and "echo" in n]
+        called = face("tools/call", {"name": tool, "arguments": {"text": "x"}})
+        seen.append(msgspec.json.encode(called).decode())
+        assert REDACTED in seen[-1], seen[-1]
+    assert " at http://127.0.0.1:" in seen[-2], seen  # what the bridge printed
     for said in seen:
         assert_clean("the bridge and the face", said)
     world.sweep()
@@ -579,16 +549,14 @@ def test_a_config_error_never_says_the_secret(base_dir: str, entry: str) -> None
     config = os.path.join(base_dir, "memorizzd.toml")
     entry = entry.replace("SECRET", CONFIG_SECRET)
     Path(config).write_text(SERVER + entry + "\n", encoding="utf-8")
-    for extra in (["--check-config"], ["--log-level", "debug"]):
+    for extra in (["--check-config"], []):  # a check, and a start (debug log)
         done = subprocess.run(
-            [DAEMON_EXE, "--config", config, "--socket",
-             os.path.join(base_dir, "d.sock"), "--state-dir",
-             os.path.join(base_dir, "state"), *extra],
+            daemon_argv(base_dir, *extra, config=config),
             capture_output=True,
             text=True,
             timeout=60,
             check=False,
-        )  # fmt: skip
+        )
         assert done.returncode == 78, done.stdout + done.stderr
         assert_clean("memorizzd's refusal", done.stdout + done.stderr)
 
@@ -669,15 +637,13 @@ def test_a_vault_key_that_is_not_one_is_not_said(base_dir: str) -> None:
     for key in (CONFIG_SECRET, base64.urlsafe_b64encode(os.urandom(31)).decode()):
         env = dict(os.environ, MEMORIZZ_MCP_ENCRYPTION_KEY=key)
         done = subprocess.run(
-            [DAEMON_EXE, "--config", config, "--socket",
-             os.path.join(base_dir, "d.sock"), "--state-dir",
-             os.path.join(base_dir, "state"), "--log-level", "debug"],
+            daemon_argv(base_dir, config=config),
             capture_output=True,
             text=True,
             env=env,
             timeout=60,
             check=False,
-        )  # fmt: skip
+        )
         assert done.returncode == 78, done.stdout + done.stderr
         assert_clean("memorizzd's refusal of the key", done.stdout + done.stderr, key)
 

@@ -13,16 +13,20 @@ the separator in force.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
-from typing import Any
 
-import msgspec
 import pytest
 
 from memorizz.api import methods as m
 from memorizzd.listeners import face_socket_path
-from tests.harness import DaemonHarness, daemon_config, stdio_spec, tempdir_fixture
+from tests.harness import (
+    INITIALIZE,
+    DaemonHarness,
+    daemon_config,
+    stdio_spec,
+    tempdir_fixture,
+)
+from tests.wire import wire
 
 OWN = "Search before you write: every note is kept for a year."
 base = tempdir_fixture()
@@ -50,30 +54,10 @@ def daemon(request: pytest.FixtureRequest, base: str) -> Iterator[DaemonHarness]
 def _face_instructions(d: DaemonHarness, server: str | None = None) -> str:
     """The face's ``initialize`` answer's ``instructions`` (narrowed to
     ``server`` first, as ``mcp serve --server`` does)."""
-    lines = []
-    if server is not None:
-        scope = {
-            "jsonrpc": "2.0",
-            "method": "memorizz/scope",
-            "params": {"server": server},
-        }
-        lines.append(msgspec.json.encode(scope))
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": "raw", "version": "0"},
-        },
-    }
-    lines.append(msgspec.json.encode(initialize))
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(10)
-        sock.connect(face_socket_path(d.socket))
-        sock.sendall(b"".join(line + b"\n" for line in lines))
-        reply: dict[str, Any] = msgspec.json.decode(sock.makefile("rb").readline())
+    with wire(face_socket_path(d.socket)) as w:
+        if server is not None:
+            w.note("memorizz/scope", {"server": server})
+        reply = w.ask("initialize", INITIALIZE["params"])
     text: str = reply["result"]["instructions"]
     return text
 

@@ -13,18 +13,16 @@
 // one JSON line.
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
-import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import {
   CreateMessageRequestSchema,
   ElicitRequestSchema,
   LoggingMessageNotificationSchema,
 } from "@modelcontextprotocol/sdk/types.js";
 
-const plan = JSON.parse(process.argv[2]);
+import { bridge, plan, run, runSteps } from "./face_run.mjs";
+
 const transport = plan.url
-  ? new StreamableHTTPClientTransport(new URL(plan.url), {
-      requestInit: { headers: { Authorization: `Bearer ${plan.token}` } },
-    })
+  ? bridge(plan)
   : new StdioClientTransport({ command: plan.command, args: plan.args, stderr: "ignore" });
 const client = new Client(
   { name: "memorizz-battery", version: "1.0.0" },
@@ -164,19 +162,4 @@ const steps = {
   },
 };
 
-try {
-  await client.connect(transport);
-  for (const name of plan.steps) {
-    try {
-      seen[name] = await steps[name]();
-    } catch (error) {
-      seen[name] = { error: String(error?.message ?? error), code: error?.code ?? null };
-    }
-  }
-} catch (error) {
-  seen.error = { message: String(error?.message ?? error), code: error?.code ?? null };
-  process.exitCode = 1;
-} finally {
-  await client.close();
-}
-console.log(JSON.stringify(seen));
+await run(client, transport, seen, () => runSteps(plan.steps, steps, seen));

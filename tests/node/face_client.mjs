@@ -10,14 +10,10 @@
 // tools, calls the tool, lists and gets the prompt, lists resources and reads
 // the one named, then prints one JSON line with what it saw.
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
-import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 
-const plan = JSON.parse(process.argv[2]);
-const transport = new StdioClientTransport({
-  command: plan.memorizzctl,
-  args: ["--socket", plan.socket, "mcp", "serve"],
-  stderr: "inherit",
-});
+import { bridge, plan, run } from "./face_run.mjs";
+
+const transport = bridge(plan);
 // The SDK tells a transport the negotiated version when it has a setter
 // (its HTTP transports do; its stdio one does not): keep it to report.
 let protocolVersion = null;
@@ -27,8 +23,7 @@ transport.setProtocolVersion = (version) => {
 const client = new Client({ name: "memorizz-face-test", version: "1.0.0" });
 const texts = (content) => content.filter((c) => c.type === "text").map((c) => c.text);
 const seen = {};
-try {
-  await client.connect(transport);
+await run(client, transport, seen, async () => {
   seen.protocolVersion = protocolVersion;
   seen.serverInfo = client.getServerVersion();
   seen.tools = (await client.listTools()).tools.map((t) => t.name);
@@ -44,11 +39,4 @@ try {
     const read = await client.readResource({ uri: plan.resource });
     seen.read = read.contents.map((c) => c.text ?? null);
   }
-} catch (error) {
-  // what it saw so far, and how it failed (an McpError carries the code)
-  seen.error = { message: String(error?.message ?? error), code: error?.code ?? null };
-  process.exitCode = 1;
-} finally {
-  await client.close();
-}
-console.log(JSON.stringify(seen));
+});

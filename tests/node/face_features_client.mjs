@@ -12,8 +12,6 @@
 import fs from "node:fs";
 
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
-import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
-import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 import {
   CreateMessageRequestSchema,
   ElicitRequestSchema,
@@ -21,16 +19,9 @@ import {
   ToolListChangedNotificationSchema,
 } from "@modelcontextprotocol/sdk/types.js";
 
-const plan = JSON.parse(process.argv[2]);
-const transport = plan.url
-  ? new StreamableHTTPClientTransport(new URL(plan.url), {
-      requestInit: { headers: { Authorization: `Bearer ${plan.token}` } },
-    })
-  : new StdioClientTransport({
-      command: plan.memorizzctl,
-      args: ["--socket", plan.socket, "mcp", "serve"],
-      stderr: "inherit",
-    });
+import { bridge, plan, run, runSteps } from "./face_run.mjs";
+
+const transport = bridge(plan);
 const client = new Client(
   { name: "memorizz-face-features", version: "1.0.0" },
   { capabilities: { elicitation: {}, sampling: {} } },
@@ -134,20 +125,7 @@ const steps = {
   },
 };
 
-try {
-  await client.connect(transport);
+await run(client, transport, seen, async () => {
   seen.capabilities = Object.keys(client.getServerCapabilities() ?? {}).sort();
-  for (const name of plan.steps) {
-    try {
-      seen[name] = await steps[name]();
-    } catch (error) {
-      seen[name] = { error: String(error?.message ?? error), code: error?.code ?? null };
-    }
-  }
-} catch (error) {
-  seen.error = { message: String(error?.message ?? error), code: error?.code ?? null };
-  process.exitCode = 1;
-} finally {
-  await client.close();
-}
-console.log(JSON.stringify(seen));
+  await runSteps(plan.steps, steps, seen);
+});

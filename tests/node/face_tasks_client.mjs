@@ -10,41 +10,36 @@
 // tasks/result), starts `hold` and cancels it (tasks/cancel), lists its tasks,
 // and prints one JSON line of what it saw.
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
-import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import {
   CallToolResultSchema,
   CreateTaskResultSchema,
   TaskStatusNotificationSchema,
 } from "@modelcontextprotocol/sdk/types.js";
 
-const plan = JSON.parse(process.argv[2]);
-const transport = new StdioClientTransport({
-  command: plan.memorizzctl,
-  args: ["--socket", plan.socket, "mcp", "serve"],
-  stderr: "inherit",
-});
+import { bridge, plan, run } from "./face_run.mjs";
+
+const transport = bridge(plan);
 const client = new Client({ name: "memorizz-face-tasks", version: "1.0.0" });
 const seen = { statuses: [] };
 client.setNotificationHandler(TaskStatusNotificationSchema, (n) => seen.statuses.push({ taskId: n.params.taskId, status: n.params.status }),
 );
 
 async function asTask(name, args) {
-  const run = { created: null, statuses: [], text: null, error: null };
+  const outcome = { created: null, statuses: [], text: null, error: null };
   for await (const message of client.experimental.tasks.callToolStream(
     { name, arguments: args },
     CallToolResultSchema,
     { task: { ttl: 60000 } },
   )) {
-    if (message.type === "taskCreated") run.created = message.task.taskId;
-    if (message.type === "taskStatus") run.statuses.push(message.task.status);
-    if (message.type === "result") run.text = message.result.content.map((c) => c.text);
-    if (message.type === "error") run.error = String(message.error?.message ?? message.error);
+    if (message.type === "taskCreated") outcome.created = message.task.taskId;
+    if (message.type === "taskStatus") outcome.statuses.push(message.task.status);
+    if (message.type === "result") outcome.text = message.result.content.map((c) => c.text);
+    if (message.type === "error") outcome.error = String(message.error?.message ?? message.error);
   }
-  return run;
+  return outcome;
 }
 
-try {
-  await client.connect(transport);
+await run(client, transport, seen, async () => {
   seen.tasksCapability = client.getServerCapabilities()?.tasks ?? null;
   const tools = (await client.listTools()).tools;
   seen.taskSupport = Object.fromEntries(
@@ -60,10 +55,4 @@ try {
   seen.cancelled = (await client.experimental.tasks.cancelTask(seen.hold)).status;
   seen.afterCancel = (await client.experimental.tasks.getTask(seen.hold)).status;
   seen.listed = (await client.experimental.tasks.listTasks()).tasks.map((t) => t.taskId);
-} catch (error) {
-  seen.error = { message: String(error?.message ?? error), code: error?.code ?? null };
-  process.exitCode = 1;
-} finally {
-  await client.close();
-}
-console.log(JSON.stringify(seen));
+});

@@ -8,18 +8,13 @@
 // one JSON line: the tool's output schema as listed, and the call's result, or
 // the error the SDK raised (it checks structuredContent against the schema).
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
-import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 
-const plan = JSON.parse(process.argv[2]);
-const transport = new StdioClientTransport({
-  command: plan.memorizzctl,
-  args: ["--socket", plan.socket, "mcp", "serve"],
-  stderr: "inherit",
-});
+import { bridge, plan, run } from "./face_run.mjs";
+
+const transport = bridge(plan);
 const client = new Client({ name: "memorizz-face-typed", version: "1.0.0" });
 const seen = {};
-try {
-  await client.connect(transport);
+await run(client, transport, seen, async () => {
   const { tools } = await client.listTools();
   seen.outputSchema = tools.find((t) => t.name === plan.tool)?.outputSchema ?? null;
   try {
@@ -27,7 +22,4 @@ try {
   } catch (error) {
     seen.error = { code: error.code ?? null, message: String(error.message) };
   }
-} finally {
-  await client.close();
-}
-console.log(JSON.stringify(seen));
+});
