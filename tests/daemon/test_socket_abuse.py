@@ -638,6 +638,51 @@ def test_an_idle_or_dripping_connection_is_closed_and_the_client_reconnects(
         c.ping()  # sent again on a new connection, transparently
 
 
+@pytest.mark.parametrize(
+    ("profile", "said", "times"),
+    [("idle", "idle_timeout", 8), ("loris", "timeout", 2)],
+)
+def test_a_client_writing_as_it_is_closed_reads_why_then_the_end_never_a_reset(
+    idle_daemon: DaemonHarness, base_dir: str, profile: str, said: str, times: int
+) -> None:
+    """The daemon closes a connection with a line saying why (idle for
+    ``idle_timeout_s``; no whole line within ``first_frame_timeout_s``)
+    while its client still writes: closed with those bytes unread, the
+    client's next read was a reset (ECONNRESET), not the end of the stream
+    (a test saw it once in a full run). The daemon shuts its writing side and
+    reads out what still comes before it closes. (Before, about one close
+    in four of a client writing flat out; ``times`` each.)"""
+    path = agent_socket(base_dir, profile)
+    for _ in range(times):
+        lines = Lines(path)
+        if profile == "idle":
+            lines.send(rpc(1, "ping"))
+            assert "result" in lines.read()
+        stop = threading.Event()
+
+        def drip(
+            sock: socket.socket = lines.sock, stop: threading.Event = stop
+        ) -> None:
+            # A byte at a time, as fast as it goes (never a whole line, well
+            # under max_request_bytes): at the close, some wait unread.
+            with contextlib.suppress(OSError):  # the daemon stops reading at last
+                while not stop.is_set():
+                    sock.send(b"{")
+
+        writer = threading.Thread(target=drip)
+        writer.start()
+        try:
+            notice = lines.read()
+            assert notice["id"] is None
+            assert reason(notice) == said
+            with pytest.raises(EOFError):
+                lines.read()
+        finally:
+            stop.set()
+            writer.join()
+            lines.close()
+
+
 def _not_notified(session: Lines) -> dict[str, object]:
     """The next line that is no notification (the face sends list changes)."""
     while "method" in (line := session.read()):

@@ -84,13 +84,17 @@ _LOG_EVERY_S: Final = 10.0
 _SHED_PER_ROUND: Final = 64
 _HANGUP_POLL_S: Final = 0.1
 _REFUSED_LINGER_S: Final = 1.0
-"""A refused connection, its one line said and its writing side shut, is read
-(and what comes dropped) for at most this long, then closed: a client that
-writes its request before it reads sees the refusal, not a broken pipe."""
+"""A connection the daemon closes with a line saying why (refused; idle,
+too slow with its first request, revoked by a reload), that line said and
+its writing side shut, is read (and what comes dropped) for at most this
+long, then closed: closed with bytes of the client's unread, the client
+would get a reset (ECONNRESET, or EPIPE on its next write) where it should
+read the line and then the end of the stream."""
 _REFUSED_IDLE_S: Final = 0.2
 """... and no longer than this after the last bytes it sent."""
 _REFUSED_LINGERING_MAX: Final = 64
-"""At most this many refused connections linger at once; past it, closed at once."""
+"""At most this many connections linger at once (per socket); past it,
+closed at once."""
 _EXHAUSTED: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 
@@ -346,6 +350,27 @@ class SocketServer:
             ):
                 await stream.aclose()  # RuntimeError: uvloop's word for a reset peer
 
+    async def read_out(self, raw: socket.socket) -> None:
+        """A served connection the daemon closes with a line saying why (its
+        writing side shut): what its client still sends is read and dropped,
+        as a refused one's (``_linger_refused``), within the same bounds."""
+        if self.lingering >= _REFUSED_LINGERING_MAX:
+            return
+        self.lingering += 1
+        try:
+            with anyio.move_on_after(_REFUSED_LINGER_S):
+                while True:
+                    with anyio.move_on_after(_REFUSED_IDLE_S) as idle:
+                        await anyio.wait_readable(raw)
+                    if idle.cancelled_caught or not raw.recv(
+                        _READ, socket.MSG_DONTWAIT
+                    ):
+                        break
+        except OSError:  # the client reset it: nothing left to spare it
+            pass
+        finally:
+            self.lingering -= 1
+
     async def drain(self) -> None:
         """Stop reading new requests on every connection; wait until none is in flight."""
         self._draining = True
@@ -462,6 +487,9 @@ class _Connection:
         """Reply lines not yet written (the client reads them at its pace)."""
         self.room = anyio.Event()
         self.broken = False
+        self.lingers = False
+        """The daemon closes it with a line saying why: read out before the
+        close (``SocketServer.read_out``)."""
         self.notifications = 0
         self.notification_log = _Every()
         self.offering = server.handoff
@@ -509,6 +537,8 @@ class _Connection:
                 await self._served()
             finally:  # before the socket closes: its descriptor number may be reused
                 self._unwatch()
+            if self.lingers:
+                await self.server.read_out(self.raw)
 
     async def _served(self) -> None:
         async with anyio.create_task_group() as tg:
@@ -797,6 +827,7 @@ class _Connection:
             f"no complete request within {self.first_frame_s:g} s; closing the connection"
         )
         await self._send(encode_error(None, error.to_wire()))
+        self._shut(lingering=True)
 
     async def _run_one(
         self,
@@ -902,7 +933,7 @@ class _Connection:
         )
         with suppress(OSError):
             self.outbox.put(encode_error(None, error.to_wire()))  # nothing is kept
-        self._shut()
+        self._shut(lingering=True)
 
     def revoke(self, error: RemoteError) -> None:
         """Its peer may use the socket no more (a reload's rule refuses it):
@@ -912,12 +943,17 @@ class _Connection:
         )
         with suppress(OSError):
             self.outbox.put(encode_error(None, error.to_wire()))
-        self._shut()
+        self._shut(lingering=True)
 
-    def _shut(self) -> None:
+    def _shut(self, *, lingering: bool = False) -> None:
+        """Nothing more is read or written. ``lingering`` (a line said why):
+        only the writing side is shut, so the client reads that line and then
+        the end of the stream, and what it still sends is read out before the
+        close (``SocketServer.read_out``), not left to reset the connection."""
         self.broken = True
+        self.lingers = self.lingers or lingering
         self._unwatch()
         with suppress(OSError):
-            self.raw.shutdown(socket.SHUT_RDWR)
+            self.raw.shutdown(socket.SHUT_WR if lingering else socket.SHUT_RDWR)
         if self.pipes is not None:
             self.pipes.close()
