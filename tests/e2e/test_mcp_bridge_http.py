@@ -409,6 +409,34 @@ def test_a_content_length_that_is_not_ascii_digits_is_411(
     assert served.post(INITIALIZE).status_code == 200  # and it serves on
 
 
+@pytest.mark.parametrize(
+    ("framing", "body", "status"),
+    [
+        # declared past what the bridge reads before its 413 (_DRAIN)
+        (f"Content-Length: {4 * serve_http.MAX_BODY + 1}\r\n", None, b"413"),
+        # no length: the bridge reads none of it
+        ("Transfer-Encoding: chunked\r\n", b"800000\r\n" + b" " * 0x800000, b"411"),
+    ],
+    ids=["over-drain", "chunked"],
+)
+def test_a_client_that_sends_its_whole_body_before_it_reads_reads_the_refusal(
+    served: Served, framing: str, body: bytes | None, status: bytes
+) -> None:
+    """A refusal the bridge answers without reading the body: it closes as
+    RFC 9112 9.6 asks, its writing side first, reading out what still comes
+    (for a bounded time) before it closes. Closed with the body unread, the
+    client's sending failed (a reset) before it could read the refusal."""
+    head = (
+        f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{served.port}\r\n"
+        f"Authorization: Bearer {served.token}\r\nContent-Type: application/json\r\n"
+        f"Accept: application/json, text/event-stream\r\n{framing}"
+    )
+    sent = b" " * (4 * serve_http.MAX_BODY + 1) if body is None else body
+    for _ in range(3):
+        assert _raw_request(served, head, sent).split(b" ", 2)[1] == status
+    assert served.post(INITIALIZE).status_code == 200  # and it serves on
+
+
 def test_connections_over_the_cap_are_503_at_once_and_the_bridge_serves_on(
     served: Served,
 ) -> None:

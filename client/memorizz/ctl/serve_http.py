@@ -163,6 +163,17 @@ bridge's threads; each of them is closed within ``HEAD_TIMEOUT_S``."""
 RETRY_MS: Final = 1000
 """What a client whose event stream broke waits before it comes back (SSE ``retry``)."""
 _DRAIN: Final = 4 * MAX_BODY  # a larger declared body is not read before the 413
+LINGER_S: Final = 1.0
+"""A connection's close, in stages (RFC 9112 9.6): its writing side shut after
+the last answer, what the client still sends is read and dropped for at most
+this long (until it closes, or ``LINGER_QUIET_S`` passes without a byte), then
+the close. Closed with bytes of the client's unread (a body the bridge refused
+without reading it), the kernel resets the connection, and a client still
+sending that body fails before it reads the refusal."""
+LINGER_QUIET_S: Final = 0.2
+MAX_LINGERING: Final = 16
+"""Connections refused past ``MAX_CONNECTIONS`` that linger at once (a thread
+each); past it, closed at once."""
 
 
 class Listen:
@@ -775,6 +786,7 @@ class _Server(http.server.ThreadingHTTPServer):
         self.sessions = sessions
         self.sessionless = Sessionless(sessions.bridge)
         self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self._lingering = threading.BoundedSemaphore(MAX_LINGERING)
         super().__init__((listen.host, listen.port), _Handler)
 
     def process_request(self, request: Any, client_address: Any) -> None:
@@ -782,13 +794,26 @@ class _Server(http.server.ThreadingHTTPServer):
             with contextlib.suppress(OSError):
                 request.settimeout(1.0)
                 request.sendall(_BUSY)
-            self.shutdown_request(request)
+            if self._lingering.acquire(blocking=False):  # not in the accepting thread
+                threading.Thread(target=self._busy_closed, args=(request,)).start()
+            else:
+                self.close_request(request)
             return
         try:
             super().process_request(request, client_address)
         except BaseException:
             self._slots.release()
             raise
+
+    def shutdown_request(self, request: Any) -> None:
+        """After a connection's last answer: closed in stages (``LINGER_S``)."""
+        close_in_stages(request)
+
+    def _busy_closed(self, request: Any) -> None:
+        try:
+            close_in_stages(request)
+        finally:
+            self._lingering.release()
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         try:
@@ -800,6 +825,22 @@ class _Server(http.server.ThreadingHTTPServer):
         exc = sys.exc_info()[1]
         if not isinstance(exc, ConnectionError):  # a client that left is no news
             _error(f"error serving a request: {exc!r}")
+
+
+def close_in_stages(sock: _socket.socket) -> None:
+    """Shut the writing side (the client reads all that was sent, then the
+    end), read and drop what the client still sends (``LINGER_S``), close."""
+    try:
+        sock.shutdown(_socket.SHUT_WR)
+        deadline = time.monotonic() + LINGER_S
+        while (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(min(left, LINGER_QUIET_S))
+            if not sock.recv(1 << 16):
+                break
+    except OSError:  # TimeoutError: quiet; else it closed or reset: done either way
+        pass
+    finally:
+        sock.close()
 
 
 _BUSY: Final = (
