@@ -643,6 +643,7 @@ class _Connection:
                             reason="frame_too_large",
                         )
                         await self._send(encode_error(None, error.to_wire()))
+                        self._shut(lingering=True)  # the rest of the line read out
                         return None
             finally:
                 server._readers.discard(reader)
