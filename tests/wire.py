@@ -225,12 +225,12 @@ def exchange(
     *pieces: bytes,
     gap: float = 0.0,
     shut: bool = True,
-    reset_is_close: bool = True,
+    reset_is_close: bool = False,
 ) -> bytes:
     """Write ``pieces`` on the connected ``sock`` (``gap`` seconds apart),
     half-close if ``shut``, and read everything until the daemon closes the
-    connection (a reset after what was read counts as closed, if
-    ``reset_is_close``). Read while writing: the daemon may answer, or close,
+    connection: in stages, never with a reset (a reset after what was read
+    counts as closed only if ``reset_is_close``: a close unanswered). Read while writing: the daemon may answer, or close,
     before the last piece, and stops reading a client that does not read
     (its push-back)."""
 

@@ -124,14 +124,22 @@ def serves_on(daemon: Metered, caplog: pytest.LogCaptureFixture) -> Iterator[Non
 
 
 def exchange(
-    listener: Listener, *pieces: bytes, gap: float = 0.0, shut: bool = False
+    listener: Listener,
+    *pieces: bytes,
+    gap: float = 0.0,
+    shut: bool = False,
+    answered: bool = True,
 ) -> bytes:
     """Write ``pieces`` (``gap`` seconds apart), half-close if ``shut``, and
-    read everything until the daemon closes the connection (a reset after
-    what was read counts as closed). Read while writing: the daemon may
-    answer, or close, before the last piece."""
+    read everything until the daemon closes the connection. Read while
+    writing: the daemon may answer, or close, before the last piece. A
+    connection it answers closes in stages, never with a reset; one it closes
+    unanswered (``answered=False``: a head past the limit, a peer the socket
+    does not admit) may be reset: it has nothing to lose."""
     with listener.connect() as sock:
-        return wire.exchange(sock, *pieces, gap=gap, shut=shut)
+        return wire.exchange(
+            sock, *pieces, gap=gap, shut=shut, reset_is_close=not answered
+        )
 
 
 @dataclass
@@ -232,7 +240,7 @@ def test_a_head_past_the_limit_is_closed_before_the_timeout(
     where: Listener, head: bytes
 ) -> None:
     started = time.monotonic()
-    assert exchange(where, head + b"\r\n") == b""
+    assert exchange(where, head + b"\r\n", answered=False) == b""
     assert time.monotonic() - started < HEAD_TIMEOUT_S
 
 
@@ -383,7 +391,7 @@ def test_connections_past_the_cap_are_closed_and_the_next_scrape_served(
             sock = held.enter_context(where.connect())
             sock.sendall(b"GET /metrics HTTP/1.1\r\n")  # never finished
         started = time.monotonic()
-        assert exchange(where, GET) == b""
+        assert exchange(where, GET, answered=False) == b""  # past the cap
         assert time.monotonic() - started < HEAD_TIMEOUT_S
         # the last one held is being answered: finishing its head is served
         sock.sendall(b"\r\n")
@@ -402,7 +410,7 @@ def test_a_listener_full_of_connections_leaves_the_other_one_serving(
     with contextlib.ExitStack() as held:
         for _ in range(CONNECTIONS_MAX):
             held.enter_context(where.connect()).sendall(b"GET /metrics HTTP/1.1\r\n")
-        assert exchange(where, GET) == b""  # that one is full
+        assert exchange(where, GET, answered=False) == b""  # that one is full
         assert status(other, GET) == 200
 
 
@@ -423,7 +431,8 @@ def test_a_non_operator_is_refused_on_the_socket_and_served_on_tcp(
     process may scrape it: docs/operations.md, "Metrics")."""
 
     def scrape(listener: Listener) -> str:
-        return exchange(listener, GET).decode("latin-1")
+        unix = listener is daemon.unix  # refused unanswered
+        return exchange(listener, GET, answered=not unix).decode("latin-1")
 
     gid = os.stat(daemon.unix.address).st_gid  # type: ignore[arg-type]
     (kind, unix) = as_user(lambda: scrape(daemon.unix), uid=NOBODY, gid=gid)
