@@ -35,7 +35,12 @@ import anyio.abc
 import msgspec
 
 from memorizz.api import methods as m
-from memorizz.api.errors import MethodNotFoundError, RemoteError, UpstreamError
+from memorizz.api.errors import (
+    MethodNotFoundError,
+    PermissionDeniedError,
+    RemoteError,
+    UpstreamError,
+)
 from memorizzd.approvals import (
     SERVER_GONE,
     ApprovalBook,
@@ -59,12 +64,16 @@ from memorizzd.telemetry.tracing import TraceContext
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.connection import ProgressHandler
 from memorizzd.upstream.pool import Pool
-from memorizzd.upstream.tasks import TaskBook, TaskEntry
+from memorizzd.upstream.tasks import PROFILE_REMOVED, TaskBook, TaskEntry
 
 log = logging.getLogger("memorizzd.calls")
 
 _encode = msgspec.json.encode
 
+_DAEMON: Final = Caller(
+    pid=os.getpid(), uid=os.getuid(), gid=os.getgid(), socket="memorizzd"
+)
+"""Who the daemon's own cancels are, in the audit trail."""
 CANCEL_FORGOTTEN_S: Final = 10.0
 """How long the daemon tries to cancel one server's forgotten tasks (a
 removed profile's: ``Calls.cancel_forgotten``), all of them together."""
@@ -376,7 +385,9 @@ class Calls:
                 deadline=deadline,
                 safe=False,
             )
-            _, shown = self.tasks.created(caller, name, tool, raw, client_send())
+            entry, shown = self.tasks.created(caller, name, tool, raw, client_send())
+            if self.tasks.gone(caller):
+                await self._cancel_orphan(upstream, entry)
         except RemoteError as exc:
             audit(outcome=outcome_for(exc.reason), reason=exc.reason, **verdict)
             raise
@@ -462,32 +473,48 @@ class Calls:
             log.debug("%s: cancelling %d tasks (%s)", server, len(batch), why)
             background.start_soon(self._cancel_all, self._pool.get(server), batch, why)
 
+    async def _cancel_orphan(self, upstream: Upstream, entry: TaskEntry) -> None:
+        """A task made for a caller whose profile a reload removed while its
+        call ran (after the reload forgot that profile's tasks): forgotten and
+        cancelled upstream now (shielded: the caller may be gone, the task
+        must not run on), and the call refused."""
+        self.tasks.forget(entry)
+        with anyio.CancelScope(shield=True):
+            deadline = anyio.current_time() + CANCEL_FORGOTTEN_S
+            outcome = await self._cancel_one(upstream, entry, deadline)
+        self._audit_cancel(entry, outcome, PROFILE_REMOVED)
+        raise PermissionDeniedError(
+            f"profile {entry.caller.profile!r} was removed while the call ran;"
+            " the task it made was cancelled",
+            data={"server": entry.server},
+        )
+
+    def _audit_cancel(self, entry: TaskEntry, outcome: str, why: str) -> None:
+        """The daemon's own ``tasks/cancel`` of ``entry``, in the audit trail."""
+        self.audit(
+            _DAEMON,
+            "tasks/cancel",
+            time.time(),
+            entry.server,
+            entry.tool,
+            None,
+            outcome=outcome,
+            reason=why,
+            refusal=False,
+        )
+
     async def _cancel_all(
         self, upstream: Upstream, batch: list[TaskEntry], why: str
     ) -> None:
-        daemon = Caller(
-            pid=os.getpid(), uid=os.getuid(), gid=os.getgid(), socket="memorizzd"
-        )
         deadline = anyio.current_time() + CANCEL_FORGOTTEN_S
         cancelled = 0
         for entry in batch:
-            started = time.time()
             if anyio.current_time() >= deadline:  # out of time: the rest are not sent
                 outcome = "timeout"
             else:
                 outcome = await self._cancel_one(upstream, entry, deadline)
             cancelled += outcome == "ok"
-            self.audit(
-                daemon,
-                "tasks/cancel",
-                started,
-                entry.server,
-                entry.tool,
-                None,
-                outcome=outcome,
-                reason=why,
-                refusal=False,
-            )
+            self._audit_cancel(entry, outcome, why)
         log.info(
             "%s: %d of %d tasks cancelled (%s)",
             upstream.name,

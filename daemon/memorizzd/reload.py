@@ -81,6 +81,7 @@ from memorizzd.sdnotify import notify
 from memorizzd.upstream.actor import Upstream
 from memorizzd.upstream.errors import FailureKind
 from memorizzd.upstream.pool import Pool
+from memorizzd.upstream.tasks import PROFILE_REMOVED
 
 log = logging.getLogger("memorizzd.reload")
 
@@ -103,8 +104,6 @@ SIGNAL_CALLER: Final = Caller(
     pid=os.getpid(), uid=os.geteuid(), gid=os.getegid(), socket="SIGHUP"
 )
 """Who a SIGHUP's reload is, in the audit trail: the daemon itself."""
-PROFILE_REMOVED: Final = "profile_removed"
-"""The audit reason of the daemon's ``tasks/cancel`` of a removed profile's task."""
 
 
 class Sockets:

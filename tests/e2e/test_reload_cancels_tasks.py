@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +30,7 @@ import msgspec
 import pytest
 
 from memorizz import Client
+from memorizz.api.errors import RemoteError
 from memorizzd.config import load
 from memorizzd.listeners import agent_socket_path
 from tests.harness import (
@@ -221,3 +223,41 @@ def test_a_reload_does_not_wait_for_a_server_that_does_not_answer(
     assert _states(h)[kept] == "working"
     with _agent(h, "stays") as agent:
         assert agent.get_task(kept_id).status == "working"
+
+
+def test_a_task_made_as_its_profile_is_removed_is_cancelled_and_refused(
+    world: tuple[DaemonHarness, Path, dict[str, Any]],
+) -> None:
+    """The reload comes while the removed profile's task-augmented call is
+    still in flight (the server makes the task 1.5 s after it is asked): the
+    task is made after the reload forgot that profile's tasks. It is
+    cancelled upstream at once and the call refused (``permission_denied``),
+    not left running for nobody."""
+    h, config_file, doc = world
+    before = set(_states(h))
+    said: list[RemoteError] = []
+
+    def call() -> None:
+        with _agent(h, "gone") as agent:
+            try:
+                agent.call_tool_task("tk", "late_hold", {"ms": 1500}, ttl_ms=60000)
+            except RemoteError as exc:
+                said.append(exc)
+
+    caller = threading.Thread(target=call)
+    caller.start()
+
+    def in_flight() -> bool:
+        with h.client() as operator:
+            return operator.server_status("tk")[0].in_flight > 0
+
+    wait_until(in_flight, what="the call in flight")
+    _removing(config_file, doc, "gone")
+    with h.client() as operator:
+        assert operator.daemon_reload().profiles_removed == ["gone"]
+    caller.join(30)
+    assert not caller.is_alive()
+    assert [e.reason for e in said] == ["permission_denied"], said
+    (made,) = set(_states(h)) - before
+    wait_until(lambda: _states(h)[made] == "cancelled", what="the late task cancelled")
+    assert _daemon_cancels(h) == [("tk", "late_hold", "ok")]

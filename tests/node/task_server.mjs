@@ -61,6 +61,25 @@ function makeServer() {
   taskTool("report", "required", { topic: z.string() }, (a) => `report: ${a.topic}`);
   taskTool("sum", "optional", { a: z.number(), b: z.number() }, (a) => String(a.a + a.b));
   taskTool("hold", "required", {}, null);
+  // `late_hold`: `hold`, its task made only after `ms` (a call still in flight
+  // when the test reloads the daemon)
+  server.experimental.tasks.registerToolTask(
+    "late_hold",
+    {
+      description: "late_hold (a task)",
+      inputSchema: { ms: z.number() },
+      execution: { taskSupport: "required" },
+    },
+    {
+      createTask: async (args, extra) => {
+        await new Promise((resolve) => setTimeout(resolve, args.ms));
+        const task = await extra.taskStore.createTask({ ttl: 60000, pollInterval: 50 });
+        return { task };
+      },
+      getTask: async (_args, extra) => extra.taskStore.getTask(extra.taskId),
+      getTaskResult: async (_args, extra) => extra.taskStore.getTaskResult(extra.taskId),
+    },
+  );
 
   server.registerTool("states", { description: "every task and its status" }, async () => {
     const { tasks } = await taskStore.listTasks();

@@ -62,6 +62,8 @@ MAX_TASKS_PER_OWNER: Final = 1_000
 STATUS_SEND_S: Final = 1.0
 """How long one status notification may take to reach its connection."""
 STATUS: Final = "notifications/tasks/status"
+PROFILE_REMOVED: Final = "profile_removed"
+"""The audit reason of the daemon's ``tasks/cancel`` of a removed profile's task."""
 TERMINAL: Final = frozenset({"completed", "failed", "cancelled"})
 """MCP's task statuses a task never leaves."""
 
@@ -137,6 +139,8 @@ class TaskBook:
         self._by_upstream: dict[tuple[str, str], str] = {}
         self._owned: dict[Owner, OrderedDict[str, None]] = {}
         """Each owner's task ids, oldest first."""
+        self._profiles: frozenset[str] | None = None
+        """The profiles in force (the last reload's; None: not told yet)."""
 
     def created(
         self,
@@ -220,7 +224,7 @@ class TaskBook:
         (``Calls.cancel_forgotten``) rather than let them run for nobody
         until their ``ttl``. A profile that stays keeps all its tasks, those
         on a server it no longer sees too (hidden, not cancelled)."""
-        kept = set(names)
+        kept = self._profiles = frozenset(names)
         running: list[TaskEntry] = []
         for owner in [o for o in self._owned if o[1] is not None and o[1] not in kept]:
             for task_id in list(self._owned.get(owner, ())):
@@ -229,6 +233,15 @@ class TaskBook:
                 if not entry.ended:
                     running.append(entry)
         return running
+
+    def gone(self, caller: Caller) -> bool:
+        """Whether the caller's profile has left the config (a reload removed
+        it while its call ran: the task it made is nobody's)."""
+        return (
+            caller.profile is not None
+            and self._profiles is not None
+            and caller.profile not in self._profiles
+        )
 
     def forget(self, entry: TaskEntry) -> None:
         """The server no longer knows the task (expired): drop it."""
