@@ -122,6 +122,10 @@ class Write:
     path: Path
     text: str
 
+    def write(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.write_text(self.text, encoding="utf-8")
+
 
 @dataclass(frozen=True)
 class Read:
@@ -263,8 +267,7 @@ async def sdk_calls(
     seen: dict[str, Any] = {}
     for step in steps:
         if isinstance(step, Write):
-            step.path.parent.mkdir(parents=True, exist_ok=True)
-            step.path.write_text(step.text, encoding="utf-8")
+            step.write()
             continue
         try:
             if isinstance(step, Read):
@@ -282,8 +285,7 @@ def api_calls(c: ApiClient, server: str, steps: Sequence[Step]) -> dict[str, Any
     seen: dict[str, Any] = {}
     for step in steps:
         if isinstance(step, Write):
-            step.path.parent.mkdir(parents=True, exist_ok=True)
-            step.path.write_text(step.text, encoding="utf-8")
+            step.write()
             continue
         try:
             if isinstance(step, Read):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -34,10 +33,12 @@ from memorizz.api.errors import RemoteError
 from memorizzd.config import load
 from memorizzd.listeners import agent_socket_path
 from tests.harness import (
-    LEGACY_SERVER,
-    NODE_DIR,
     DaemonHarness,
-    node,
+    config_doc,
+    config_toml,
+    light_spec,
+    stdio_entry,
+    task_spec,
     wait_until,
 )
 
@@ -48,52 +49,20 @@ a server's cancels twice as long (``CANCEL_FORGOTTEN_S``): a reload that waited
 for them would take that long."""
 
 
-def _toml(value: Any) -> str:
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + "}"
-    return msgspec.json.encode(value).decode()  # strings, numbers, lists, bools
-
-
 def _write(path: Path, doc: dict[str, Any]) -> None:
-    """A config file: top-level values, then arrays of tables."""
-    lines: list[str] = []
-    arrays: list[tuple[str, dict[str, Any]]] = []
-    for key, value in doc.items():
-        if isinstance(value, list) and value and isinstance(value[0], dict):
-            arrays += [(key, item) for item in value]
-        else:
-            lines.append(f"{key} = {_toml(value)}")
-    for key, item in arrays:
-        lines += [f"[[{key}]]", *(f"{k} = {_toml(v)}" for k, v in item.items())]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    path.write_text(config_toml(doc), encoding="utf-8")
 
 
 def _doc(base_dir: str, profiles: list[dict[str, Any]]) -> dict[str, Any]:
-    exe = node("the task server behind a reload")
-    return {
-        "socket": os.path.join(base_dir, "d.sock"),
-        "state_dir": os.path.join(base_dir, "state"),
-        "agents_dir": os.path.join(base_dir, "agents"),
-        "backoff_initial_s": 0.05,
-        "backoff_max_s": 0.5,
-        "drain_timeout_s": 5.0,
-        "servers": [
-            {
-                "name": "tk",
-                "transport": "stdio",
-                "command": exe,
-                "args": [str(NODE_DIR / "task_server.mjs")],
-                "cwd": str(NODE_DIR),
-            },
-            {
-                "name": "s1",
-                "transport": "stdio",
-                "command": sys.executable,
-                "args": [LEGACY_SERVER],
-            },
+    return config_doc(
+        base_dir,
+        agents_dir=os.path.join(base_dir, "agents"),
+        servers=[
+            stdio_entry(task_spec("tk")),
+            stdio_entry(light_spec("s1")),
         ],
-        "profiles": profiles,
-    }
+        profiles=profiles,
+    )
 
 
 def _profile(name: str, servers: list[str]) -> dict[str, Any]:
