@@ -224,7 +224,7 @@ class TasksResultParams(Params, kw_only=True, frozen=True):
     task_id: TaskId
     timeout_s: Deadline | None = None
     """Wait at most this long (capped by the server's ``timeout_s``) for the
-    task to end; then ``deadline_exceeded``, and the task runs on."""
+    task to end; then ``timeout``, and the task runs on."""
 
 
 class TasksCancelParams(Params, kw_only=True, frozen=True):
