@@ -238,17 +238,26 @@ than 308 digits is no float either: it broke the range checks themselves
 (``OverflowError``)."""
 
 
+SHORTEST_S: Final = 0.001
+"""The shortest duration a setting takes (1 ms; 0 where ``Bound.zero``): below
+it a backoff or a health interval is a busy loop (``backoff_initial_s =
+5e-324`` restarted a failing server as fast as it could exit), and no deadline
+of the loop's clock is finer."""
+
+
 class Bound(NamedTuple):
     """The range of one numeric setting: a finite number, above 0 (or 0 too,
-    with ``zero``), at most ``most``."""
+    with ``zero``) and at least ``least`` (0 too, with ``zero``), at most
+    ``most``."""
 
     most: float
     unit: str
     """How ``most`` is shown: ``" s (365 days)"`` after a duration's."""
     zero: bool = False
+    least: float = 0.0
 
 
-_DURATION: Final = Bound(YEAR_S, " s (365 days)")
+_DURATION: Final = Bound(YEAR_S, " s (365 days)", least=SHORTEST_S)
 _COUNT: Final = Bound(COUNT_MAX, "")
 BOUNDS: Final[Mapping[str, Bound]] = MappingProxyType(
     {
@@ -305,6 +314,10 @@ def range_error(
         return f"{key} must not be negative"
     if not bound.zero and not value > 0:
         return f"{key} must be {above_zero}"
+    if 0 < value < bound.least:
+        shortest = shown(bound.least) + bound.unit.split(" (")[0]
+        zero = " (or 0)" if bound.zero else ""
+        return f"{key} must be at least {shortest}{zero}, not {shown(value)}"
     if value > bound.most:
         return (
             f"{key} must be at most {shown(bound.most)}{bound.unit}, not {shown(value)}"

@@ -218,6 +218,26 @@ def test_past_its_bound_a_setting_is_refused_naming_the_key_and_the_maximum(
     assert err.getvalue() == f"memorizzd: invalid configuration: {message}\n"
 
 
+DURATIONS = [key for key in KEYS if _is_duration(key)]
+
+
+@pytest.mark.parametrize("value", [0.0009, 1e-9, 5e-324])
+@pytest.mark.parametrize("key", DURATIONS)
+def test_a_duration_under_a_millisecond_is_refused(
+    base_dir: str, key: str, value: float
+) -> None:
+    """Above 0 but under 1 ms: ``backoff_initial_s = 5e-324`` restarted a
+    failing server as fast as it exited, ``health_interval_s`` probed
+    without a pause. Those that may be 0 still may."""
+    top, limits = _settings({key: value})
+    with pytest.raises(ConfigError) as refused:
+        load(str(_write(base_dir, top + _profile(limits))))
+    assert key in str(refused.value)
+    assert "must be at least 0.001 s" in str(refused.value)
+    top, limits = _settings({key: 0.001})
+    load(str(_write(base_dir, top + _profile(limits))))  # a millisecond is taken
+
+
 @pytest.mark.parametrize("key", KEYS)
 def test_at_its_bound_a_setting_loads(base_dir: str, key: str) -> None:
     top, limits = _settings({key: _most(key)})
