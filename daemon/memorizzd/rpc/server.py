@@ -222,7 +222,7 @@ class SocketServer:
         self.in_flight = 0
         self.refused = 0
         self.lingering = 0
-        """Refused connections being read out (``_linger_refused``)."""
+        """Connections being read out before their close (``_read_out``)."""
         """Connections refused (rule or caps) since start."""
         self.shed = 0
         """Connections shed because the process had no descriptor to spare."""
@@ -329,19 +329,11 @@ class SocketServer:
 
     async def _linger_refused(self, stream: anyio.abc.SocketStream) -> None:
         """Read what a refused client still writes (its first request, most
-        likely), dropping it, until it closes or goes quiet, then close: closed
-        with that request unread, its write fails (EPIPE) and a client that
-        writes before it reads never reads why (``_REFUSED_LINGER_S``). Nothing
-        it sends is looked at."""
+        likely), dropping it, then close: closed with that request unread, its
+        write fails (EPIPE) and a client that writes before it reads never
+        reads why (``_read_out``). Nothing it sends is looked at."""
         try:
-            with anyio.move_on_after(_REFUSED_LINGER_S):
-                while True:
-                    with anyio.move_on_after(_REFUSED_IDLE_S) as idle:
-                        await stream.receive(_READ)
-                    if idle.cancelled_caught:
-                        break
-        except (anyio.EndOfStream, anyio.BrokenResourceError, OSError):
-            pass
+            await _read_out(stream.extra(anyio.abc.SocketAttribute.raw_socket))
         finally:
             self.lingering -= 1
             with (
@@ -352,22 +344,13 @@ class SocketServer:
 
     async def read_out(self, raw: socket.socket) -> None:
         """A served connection the daemon closes with a line saying why (its
-        writing side shut): what its client still sends is read and dropped,
-        as a refused one's (``_linger_refused``), within the same bounds."""
+        writing side shut): what its client still sends is read and dropped
+        (``_read_out``), counted with the refused ones that linger."""
         if self.lingering >= _REFUSED_LINGERING_MAX:
             return
         self.lingering += 1
         try:
-            with anyio.move_on_after(_REFUSED_LINGER_S):
-                while True:
-                    with anyio.move_on_after(_REFUSED_IDLE_S) as idle:
-                        await anyio.wait_readable(raw)
-                    if idle.cancelled_caught or not raw.recv(
-                        _READ, socket.MSG_DONTWAIT
-                    ):
-                        break
-        except OSError:  # the client reset it: nothing left to spare it
-            pass
+            await _read_out(raw)
         finally:
             self.lingering -= 1
 
@@ -412,6 +395,18 @@ def _too_many(what: str, limit: int) -> UnavailableError:
         reason="overloaded",
         data={"retry_after_s": 1.0},
     )
+
+
+async def _read_out(raw: socket.socket) -> None:
+    """Read and drop what the peer still sends, until it closes, is quiet for
+    ``_REFUSED_IDLE_S``, or ``_REFUSED_LINGER_S`` has passed (a reset ends it
+    too: nothing is left to spare it)."""
+    with suppress(OSError), anyio.move_on_after(_REFUSED_LINGER_S):
+        while True:
+            with anyio.move_on_after(_REFUSED_IDLE_S) as idle:
+                await anyio.wait_readable(raw)
+            if idle.cancelled_caught or not raw.recv(_READ, socket.MSG_DONTWAIT):
+                break
 
 
 def _refuse(raw: socket.socket, error: RemoteError) -> bool:
