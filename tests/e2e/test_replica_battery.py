@@ -206,6 +206,16 @@ def d(base_dir: str) -> Iterator[DaemonProcess]:
         yield process
 
 
+def _held(d: DaemonProcess, gate: Path, calls: Path, tag: str, n: int) -> list[_Held]:
+    """``n`` calls held on the set until ``gate`` exists, once each has started."""
+    held = [_Held(d, gate, f"{tag}{i}") for i in range(n)]
+    wait_until(
+        lambda: all(f"start:{tag}{i}" in _lines(calls) for i in range(n)),
+        what=f"{n} held",
+    )
+    return held
+
+
 def _add(d: DaemonProcess, spec: ServerSpec) -> None:
     with d.client() as c:
         c.add_server(spec)
@@ -351,11 +361,7 @@ def test_a_reload_changing_replicas_with_calls_in_flight(
     with daemon_process(base_dir, config=str(path)) as d:
         d.wait_ready("pool")
         two = _servers_settle(d, 2)
-        held = [_Held(d, gate, f"a{i}") for i in range(2)]
-        wait_until(
-            lambda: all(f"start:a{i}" in _lines(calls) for i in range(2)),
-            what="two held",
-        )
+        held = _held(d, gate, calls, "a", 2)
         path.write_text(_tiny_toml(tiny, calls, 3))
         with d.client() as c:
             c.daemon_reload()
@@ -364,11 +370,7 @@ def test_a_reload_changing_replicas_with_calls_in_flight(
             what="the three replicas",
         )
         d.wait_ready("pool")
-        later = [_Held(d, gate, f"b{i}") for i in range(3)]
-        wait_until(
-            lambda: all(f"start:b{i}" in _lines(calls) for i in range(3)),
-            what="three held",
-        )
+        later = _held(d, gate, calls, "b", 3)
         path.write_text(_tiny_toml(tiny, calls, 1))
         with d.client() as c:
             c.daemon_reload()
