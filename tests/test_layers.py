@@ -12,6 +12,7 @@ contract and the policy import only what is pure.
 from __future__ import annotations
 
 import ast
+import functools
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -73,7 +74,11 @@ def _imports(module: str, path: Path) -> set[str]:
     return found
 
 
-IMPORTS = {module: _imports(module, path) for module, path in _modules()}
+@functools.cache
+def imports() -> dict[str, set[str]]:
+    """Every module's imports, read once where a test asks (not at collection,
+    which every pytest worker does)."""
+    return {module: _imports(module, path) for module, path in _modules()}
 
 
 def _top(name: str) -> str:
@@ -83,7 +88,7 @@ def _top(name: str) -> str:
 def _importers(top_level: frozenset[str]) -> set[str]:
     return {
         module
-        for module, imported in IMPORTS.items()
+        for module, imported in imports().items()
         if any(_top(name) in top_level for name in imported)
     }
 
@@ -112,7 +117,7 @@ def test_only_the_store_imports_sqlite3() -> None:
 def test_the_store_imports_nothing_of_the_wire_contract() -> None:
     """Its rows are its own types: a wire change is never a schema change by
     accident (memorizzd.stored converts; tests/daemon/test_store_rows.py)."""
-    assert not {n for n in IMPORTS["memorizzd.store"] if _top(n) == "memorizz"}
+    assert not {n for n in imports()["memorizzd.store"] if _top(n) == "memorizz"}
 
 
 def test_only_the_two_adapters_import_the_mcp_sdk() -> None:
@@ -121,7 +126,7 @@ def test_only_the_two_adapters_import_the_mcp_sdk() -> None:
 
 def test_the_wire_contract_imports_only_the_standard_library_and_msgspec() -> None:
     allowed = sys.stdlib_module_names | {"msgspec", "memorizz"}
-    for module, imported in IMPORTS.items():
+    for module, imported in imports().items():
         if module == "memorizz.api" or module.startswith("memorizz.api."):
             outside = {name for name in imported if _top(name) not in allowed}
             assert not outside, f"{module} imports {sorted(outside)}"
@@ -137,7 +142,7 @@ def test_the_client_imports_only_the_standard_library_and_msgspec() -> None:
     ``_typeshed`` is the type checker's (the standard library's stubs), never
     imported at run time: only under ``TYPE_CHECKING``, which this checks."""
     allowed = sys.stdlib_module_names | {"msgspec", "memorizz", TYPESHED}
-    for module, imported in IMPORTS.items():
+    for module, imported in imports().items():
         if _top(module) == "memorizz":
             outside = {name for name in imported if _top(name) not in allowed}
             assert not outside, f"{module} imports {sorted(outside)}"
@@ -177,7 +182,7 @@ def _run_time_imports(path: Path) -> set[str]:
 @pytest.mark.parametrize("package", ["memorizzd.policy", "memorizzd.presets"])
 def test_the_policy_imports_nothing_that_does_io(package: str) -> None:
     allowed = PURE_STDLIB | {"msgspec", "memorizz"}
-    for module, imported in IMPORTS.items():
+    for module, imported in imports().items():
         if module == package or module.startswith(package + "."):
             outside = {
                 name
