@@ -29,6 +29,8 @@ from memorizz.client import Client
 
 ROOT: Final = Path(__file__).resolve().parent.parent
 DAEMON_EXE: Final = str(Path(sys.executable).with_name("memorizzd"))
+MEMORIZZCTL: Final = str(Path(sys.executable).with_name("memorizzctl"))
+"""The installed command-line client, beside the interpreter (the venv's)."""
 """The installed ``memorizzd`` entry point of this interpreter's environment."""
 OWN_CONFIG: Final = "empty-config.toml"
 """The empty config ``start()`` writes in ``base`` when none is given."""

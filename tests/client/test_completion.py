@@ -7,12 +7,11 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
+from tests.process import MEMORIZZCTL
+
 BASH = shutil.which("bash") or "/bin/bash"
 
 

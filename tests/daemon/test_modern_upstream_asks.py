@@ -11,7 +11,6 @@ and calls again with the answers and the server's state, until a result
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,9 +32,9 @@ from tests.harness import (
     short_tempdir,
     stdio_spec,
 )
+from tests.process import MEMORIZZCTL
 
 MODERN_ASKING = str(Path(modern_asking_server.__file__))
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 
 
 @pytest.fixture(scope="module", params=["stdio", "streamable_http"])

@@ -27,8 +27,8 @@ from tests.harness import (
     short_tempdir,
     stdio_spec,
 )
+from tests.process import MEMORIZZCTL
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 STEPS = [(1.0, 3.0, "step 1"), (2.0, 3.0, "step 2"), (3.0, 3.0, "step 3")]
 SHOWN = "progress: 1/3 (33%)  step 1\nprogress: 2/3 (67%)  step 2\nprogress: 3/3 (100%)  step 3\n"
 

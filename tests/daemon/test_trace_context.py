@@ -8,7 +8,6 @@ got. Spans are read from opentelemetry-sdk's in-memory exporter."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,9 +35,9 @@ from tests.harness import (
     short_tempdir,
     stdio_spec,
 )
+from tests.process import MEMORIZZCTL
 
 META_SERVER = str(Path(__file__).parents[1] / "meta_server.py")
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 TRACE_ID = 0x4BF92F3577B34DA6A3CE929D0E0E4736
 CALLER_SPAN = 0x00F067AA0BA902B7
 TRACEPARENT = f"00-{TRACE_ID:032x}-{CALLER_SPAN:016x}-01"

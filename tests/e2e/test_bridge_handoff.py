@@ -13,18 +13,16 @@ import array
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import msgspec
 import pytest
 
 from memorizzd.listeners import face_socket_path
 from tests.harness import DaemonHarness, daemon_config, short_tempdir, stdio_spec
+from tests.process import MEMORIZZCTL
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 WAIT_S = 20.0
 INITIALIZE = (
     b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":'

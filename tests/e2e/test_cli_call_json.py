@@ -37,9 +37,8 @@ from tests.harness import (
     stdio_spec,
     zygote_socket,
 )
-from tests.process import wait_until
+from tests.process import MEMORIZZCTL, wait_until
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 """The installed console script: what users run."""
 RELAY_SERVER = str(Path(__file__).parents[1] / "relay_server.py")
 """Hand-written: its result starts with a vendor member (``x-vendor``)."""

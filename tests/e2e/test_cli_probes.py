@@ -16,7 +16,6 @@ import pty
 import re
 import select
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,8 +32,8 @@ from tests.harness import (
     short_tempdir,
     stdio_spec,
 )
+from tests.process import MEMORIZZCTL
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 OPERATIONS = Path(__file__).parents[2] / "docs" / "operations.md"
 
 Word = str | bytes

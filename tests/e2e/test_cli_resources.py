@@ -33,8 +33,8 @@ from tests.harness import (
     tempdir_fixture,
     wait_until,
 )
+from tests.process import MEMORIZZCTL
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 WAIT_S = 15.0
 WATCHED = "feat://watched"
 RED = "feat://colors/red"

@@ -15,7 +15,6 @@ import argparse
 import os
 import socket
 import subprocess
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,8 +38,8 @@ from tests.harness import (
     short_tempdir,
     stdio_spec,
 )
+from tests.process import MEMORIZZCTL
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 """The installed console script: what users run."""
 TINY_ECHO_SERVER = str(Path(__file__).parents[2] / "bench" / "tiny_echo_server.py")
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
-import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,8 +36,7 @@ from tests.harness import (
     stdio_spec,
     wait_until,
 )
-
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
+from tests.process import MEMORIZZCTL
 
 
 @pytest.fixture(scope="module")

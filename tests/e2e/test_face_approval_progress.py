@@ -8,10 +8,8 @@ the client has heard that its call waits."""
 from __future__ import annotations
 
 import os
-import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -26,9 +24,7 @@ from tests.harness import (
     short_tempdir,
     stdio_spec,
 )
-from tests.process import wait_until
-
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
+from tests.process import MEMORIZZCTL, wait_until
 
 
 @pytest.fixture(scope="module")

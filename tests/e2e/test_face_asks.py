@@ -11,7 +11,6 @@ callbacks; behind the face, a real SDK server whose tools ask
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Awaitable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,8 +32,8 @@ from tests.harness import (
     short_tempdir,
     stdio_spec,
 )
+from tests.process import MEMORIZZCTL
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 ASKING = str(Path(asking_server.__file__))
 
 

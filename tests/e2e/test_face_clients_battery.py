@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -40,8 +39,8 @@ from tests.harness import (
     wait_until,
 )
 from tests.harness import node as harness_node
+from tests.process import MEMORIZZCTL
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 EVERYTHING = (
     NODE_DIR / "node_modules/@modelcontextprotocol/server-everything/dist/index.js"
 )

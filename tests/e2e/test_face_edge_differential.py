@@ -24,7 +24,6 @@ not repeated; here each frame is set beside the references' answer.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -44,10 +43,9 @@ from tests.harness import (
     no_errors_logged,
     zygote_socket,
 )
-from tests.process import DaemonProcess
+from tests.process import MEMORIZZCTL, DaemonProcess
 
 READ_S = 10.0
-MEMORIZZCTL = os.path.join(os.path.dirname(sys.executable), "memorizzctl")
 NODE = shutil.which("node") or "node"
 KINDS = ["ev", "py"]
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,8 +37,8 @@ from tests.harness import (
     stdio_spec,
     wait_until,
 )
+from tests.process import MEMORIZZCTL
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 FEATURES = str(Path(features_server.__file__))
 WATCHED = "feat://watched"
 RED = "feat://colors/red"

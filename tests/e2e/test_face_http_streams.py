@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import queue
-import sys
 import threading
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -47,7 +45,6 @@ from tests.harness import (
     stdio_spec,
 )
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 WAIT_S = 30  # a guard against a hang, never a measurement
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -44,8 +43,8 @@ from tests.harness import (
     stdio_spec,
     wait_until,
 )
+from tests.process import MEMORIZZCTL
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 WATCHED = "feat://watched"
 ELSEWHERE = "feat://colors/elsewhere"
 """Built from the server's template (so it goes to that server), which its

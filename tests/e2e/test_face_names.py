@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -23,8 +21,8 @@ from memorizzd.config import ConfigError, Profile, load
 from memorizzd.listeners import agent_socket_path
 from memorizzd.names import exposed_names
 from tests.harness import DaemonHarness, daemon_config, light_spec
+from tests.process import MEMORIZZCTL
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 LONG = "l" * 60
 """A server name that makes ``LONG__hello`` longer than 64 characters."""
 

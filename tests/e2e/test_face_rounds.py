@@ -14,7 +14,6 @@ the face, real SDK servers that ask: the handshake era's
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,8 +36,7 @@ from tests.harness import (
     short_tempdir,
     stdio_spec,
 )
-
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
+from tests.process import MEMORIZZCTL
 
 
 @pytest.fixture(scope="module")

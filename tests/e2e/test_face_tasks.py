@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,8 +29,8 @@ from tests.harness import (
     short_tempdir,
     task_server,
 )
+from tests.process import MEMORIZZCTL
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 CLIENT = str(NODE_DIR / "face_tasks_client.mjs")
 RUN_TIMEOUT_S = 60.0
 """A bound on a hung client only, far above its usual run (about a second)."""

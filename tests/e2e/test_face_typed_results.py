@@ -15,9 +15,7 @@ the light server's tool without one (``require_approval``), each held for
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,8 +30,8 @@ from tests.harness import (
     short_tempdir,
     stdio_spec,
 )
+from tests.process import MEMORIZZCTL
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 CLIENT = str(NODE_DIR / "face_typed_call.mjs")
 RUN_TIMEOUT_S = 60.0
 

@@ -11,9 +11,7 @@ tools, gets a prompt, reads a resource and prints one JSON line of what it saw.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -29,8 +27,8 @@ from tests.harness import (
     short_tempdir,
     stdio_spec,
 )
+from tests.process import MEMORIZZCTL
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 FACE_CLIENT = str(NODE_DIR / "face_client.mjs")
 RUN_TIMEOUT_S = 60.0
 """A bound on a hung client only, far above its usual run (well under 1 s)."""

@@ -20,7 +20,6 @@ on the session's GET stream (memorizz.ctl.serve_http).
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,8 +39,8 @@ from tests.harness import (
     wait_until,
 )
 from tests.harness import http_bridge as bridge_over
+from tests.process import MEMORIZZCTL
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 CLIENT = str(NODE_DIR / "face_features_client.mjs")
 RUN_TIMEOUT_S = 60.0
 """A bound on a hung client only, far above its usual run (about a second)."""

@@ -64,12 +64,12 @@ from tests.harness import (
     wait_until,
 )
 from tests.peers import ME, agent_socket
+from tests.process import MEMORIZZCTL
 from tests.trials import digest, face_call
 
 SECRET = "s3cret-full-disk-7f2c"  # noqa: S105 - a test value
 """A server's secret: it must never reach an error or the daemon's log."""
 GONE = "the caller's profile was removed"
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 
 
 # --- the disk ------------------------------------------------------------------

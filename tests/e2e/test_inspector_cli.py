@@ -30,9 +30,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx2
@@ -52,8 +50,8 @@ from tests.harness import (
     stdio_spec,
 )
 from tests.harness import node as harness_node
+from tests.process import MEMORIZZCTL
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 INSPECTOR = NODE_DIR / "node_modules/.bin/mcp-inspector-cli"
 WORKDIR = NODE_DIR / "node_modules"
 """Where it runs: a directory whose parent has a package.json (see above)."""

@@ -54,9 +54,9 @@ from tests.harness import (
     spawned_spec,
     wait_until,
 )
+from tests.process import MEMORIZZCTL
 from tests.trials import all_records, call_lines, digest, face_call
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 _pause = threading.Event()  # never set: an interruptible wait
 
 

@@ -20,7 +20,6 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
@@ -28,8 +27,8 @@ from memorizz import cli
 from memorizz.api.paths import default_socket_path
 from memorizz.ctl import run, serve
 from memorizz.ctl.parser import build_parser
+from tests.process import MEMORIZZCTL
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 """The installed console script: what an MCP client starts."""
 
 NOBODY = 65534

@@ -14,12 +14,10 @@ import os
 import secrets
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import anyio
 import httpx2
@@ -40,8 +38,8 @@ from tests.harness import (
     stdio_spec,
     wait_until,
 )
+from tests.process import MEMORIZZCTL
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 WAIT_S = 30  # a guard against a hang, never a measurement
 TOKEN = secrets.token_urlsafe(24)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx2
@@ -24,8 +23,8 @@ from memorizzd.config import load
 from tests import proposals_world as pw
 from tests.harness import INITIALIZE, DaemonHarness, http_bridge
 from tests.peers import ME, NOBODY, agent_socket
+from tests.process import MEMORIZZCTL
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 WAIT_S = 30.0
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -29,8 +28,8 @@ from tests.harness import (
     short_tempdir,
     tempdir_fixture,
 )
+from tests.process import MEMORIZZCTL
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 WAIT_S = 30  # a guard against a hang, never a measurement
 INITIALIZE = (
     b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":'

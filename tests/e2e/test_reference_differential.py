@@ -39,7 +39,6 @@ import re
 import shutil
 import socket
 import struct
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,12 +72,12 @@ from tests.e2e.test_reference_servers import (
     known_tools,
 )
 from tests.harness import DaemonHarness, daemon_config, http_spec, rmtree, short_tempdir
+from tests.process import MEMORIZZCTL
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::mcp.shared.exceptions.MCPDeprecationWarning"
 )  # ping, logging/setLevel and resources/subscribe are the handshake era's
 
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 NODE = shutil.which("node") or "node"
 _ids = itertools.count()
 

@@ -40,7 +40,6 @@ import contextlib
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +59,7 @@ from memorizz.api.methods import ServerSpec
 from tests.e2e.test_reference_differential import relayed_error
 from tests.e2e.test_reference_servers import REFS_VENV, _missing, _node_problem
 from tests.harness import NODE_DIR, DaemonHarness, daemon_config, rmtree, short_tempdir
+from tests.process import MEMORIZZCTL
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore::mcp.shared.exceptions.MCPDeprecationWarning"
@@ -72,7 +72,6 @@ GIT_SERVER = REFS_VENV / "bin/mcp-server-git"
 NODE = shutil.which("node") or "node"
 GIT = shutil.which("git")
 """git itself: the test makes its repositories with it, and GitPython runs it."""
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 
 SERVERS = ["memory", "thinking", "git"]
 """The daemon's entries, one per server (and the tests' parameters)."""

@@ -49,12 +49,11 @@ from tests.harness import (
     stdio_spec,
     zygote_socket,
 )
-from tests.process import wait_until
+from tests.process import MEMORIZZCTL, wait_until
 
 ROOT = Path(__file__).parents[2]
 MZ = str(ROOT / "clients" / "sh" / "mz")
 NODE_CLIENT = str(ROOT / "clients" / "node" / "memorizz.mjs")
-MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 
 RETRYABLE = frozenset(
     {
