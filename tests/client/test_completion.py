@@ -7,11 +7,12 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from tests.process import MEMORIZZCTL
-
+MEMORIZZCTL = str(Path(sys.executable).with_name("memorizzctl"))
 BASH = shutil.which("bash") or "/bin/bash"
 
 
