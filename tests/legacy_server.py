@@ -13,7 +13,7 @@ Faults, each off unless its environment variable is set (SECURITY.md 6.2 #17):
 * ``STDERR_FLOOD=1``: a ``flood`` tool whose call starts a thread writing
   ``lines`` lines of ``size`` bytes to stderr, and answers at once;
 * ``IGNORE_TERM=1``: SIGTERM is ignored, and the server stays up after stdin
-  closes (only SIGKILL ends it);
+  closes (only SIGKILL ends it), saying so on stderr;
 * ``EXIT_AT_ONCE=1``: exits with status 3 before reading anything;
 * ``DUPLICATE_TOOL=1``: its first page lists ``hello`` twice."""
 
@@ -90,7 +90,10 @@ def main() -> None:
     if IGNORE_TERM:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     serve()
-    while IGNORE_TERM:  # stdin is closed: stay up until SIGKILL
+    if IGNORE_TERM:  # stdin is closed: stay up until SIGKILL
+        sys.stderr.write("stdin closed; staying up\n")
+        sys.stderr.flush()
+    while IGNORE_TERM:
         signal.pause()
 
 

@@ -583,29 +583,46 @@ class ApprovalBook:
     ) -> m.Proposal:
         await self.settle()  # an invalidation owed first: it may end this one
         proposal = await self.get(caller, proposal_id)
-        done = await anyio.to_thread.run_sync(
-            partial(
-                self._store.transition_proposal,
-                proposal_id,
-                from_status=from_status,
-                to_status=to_status,
-                now=self._now(),
-                **fields,
+        # spooled as it begins: a daemon killed after the commit below and
+        # before the record leaves one all the same (``Auditor.action``)
+        with self._auditor.action(
+            caller,
+            action=action,
+            started=self._now(),
+            server=proposal.server,
+            tool=proposal.tool,
+            risk=proposal.risk,
+            decision="ask",
+            proposal_id=proposal.id,
+        ) as token:
+            done = await anyio.to_thread.run_sync(
+                partial(
+                    self._store.transition_proposal,
+                    proposal_id,
+                    from_status=from_status,
+                    to_status=to_status,
+                    now=self._now(),
+                    **fields,
+                )
             )
-        )
-        current = await self._reread(proposal)
-        if not done:
-            await self._audit(
-                caller, action, proposal, outcome="failed", reason="not_approved"
-            )
-            raise not_approved(current, action)
-        approval_decided(to_status)
-        if to_status in ("rejected", "cancelled"):
-            await self._finished(proposal_id)
-        else:
-            self._wake(proposal_id)
-        await self._audit(caller, action, current)
-        return current
+            current = await self._reread(proposal)
+            if not done:
+                await self._audit(
+                    caller,
+                    action,
+                    proposal,
+                    outcome="failed",
+                    reason="not_approved",
+                    settles=token,
+                )
+                raise not_approved(current, action)
+            approval_decided(to_status)
+            if to_status in ("rejected", "cancelled"):
+                await self._finished(proposal_id)
+            else:
+                self._wake(proposal_id)
+            await self._audit(caller, action, current, settles=token)
+            return current
 
     async def wait(
         self, caller: Caller, proposal_id: str, timeout_s: float
@@ -850,6 +867,7 @@ class ApprovalBook:
         *,
         outcome: str = "ok",
         reason: str | None = None,
+        settles: str | None = None,
     ) -> None:
         self._auditor.record(
             caller,
@@ -862,6 +880,7 @@ class ApprovalBook:
             risk=proposal.risk,
             decision="ask",
             proposal_id=proposal.id,
+            settles=settles,
         )
 
 

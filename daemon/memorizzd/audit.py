@@ -22,24 +22,25 @@ follow them, with the ids after theirs).
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import logging
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple, cast
 
 import anyio
 import msgspec
 from anyio.abc import TaskStatus
 
 from memorizz.api import methods as m
-from memorizz.api.errors import InvalidParamsError
+from memorizz.api.errors import InvalidParamsError, RemoteError
 from memorizzd.caller import Caller
 from memorizzd.loop import call_later
 from memorizzd.redact import OURS_ONLY
-from memorizzd.spool import Spool
+from memorizzd.spool import Intent, Spool
 from memorizzd.state_dir import create_private_file, fsync_dir
 from memorizzd.store import AuditRow, StorageFullError, Store, StoreError
 
@@ -152,6 +153,53 @@ def _create_key(path: Path) -> None:
     )
 
 
+def _row(
+    caller: Caller,
+    action: str,
+    started: float,
+    outcome: str,
+    *,
+    reason: str | None = None,
+    server: str | None = None,
+    tool: str | None = None,
+    risk: m.Risk | None = None,
+    decision: m.Decision | None = None,
+    duration_ms: float = 0.0,
+    arguments: CallArguments | None = None,
+    result_bytes: int | None = None,
+    proposal_id: str | None = None,
+) -> AuditRow:
+    """A record of ``caller``'s ``action`` (its id is given when it is written)."""
+    return AuditRow(
+        id=0,
+        time=started,
+        action=action,
+        caller_socket=caller.socket,
+        caller_uid=caller.uid,
+        caller_gid=caller.gid,
+        caller_pid=caller.pid,
+        server=server,
+        tool=tool,
+        risk=risk,
+        decision=decision,
+        outcome=outcome,
+        reason=reason,
+        duration_ms=duration_ms,
+        argument_keys=arguments.keys if arguments is not None else [],
+        arguments_hmac=arguments.hmac if arguments is not None else None,
+        result_bytes=result_bytes,
+        proposal_id=proposal_id,
+        caller_profile=caller.profile,
+    )
+
+
+class _Begun(NamedTuple):
+    caller: Caller
+    intent: Intent
+    spooled: bool
+    """Its intent is in the spool (written, and kept when the spool is emptied)."""
+
+
 class Auditor:
     """Writes the audit trail: each record safe before the reply is sent.
 
@@ -178,6 +226,8 @@ class Auditor:
         self._spool = spool
         self._pending: list[AuditRow] = []
         """Spooled, not yet in the database."""
+        self._open: dict[str, _Begun] = {}
+        """Operator actions begun (``begin``) and not yet recorded, by token."""
         self._flush_timer: Callable[[], None] | None = None
         self._next_id = 0
         """The next record's id (0: not read from the store yet)."""
@@ -191,7 +241,26 @@ class Auditor:
         full disk they stay spooled, and move in with the next batch."""
         if self._spool is None:
             return 0
-        left = self._spool.read()
+        left, unsettled = self._spool.contents()
+        if unsettled:
+            # actions a stopped daemon began and never recorded: each gets
+            # its record now, "interrupted" (it may or may not have happened)
+            next_id = 1 + max(
+                self._store.last_audit_id(), 0, *(record.id for record in left)
+            )
+            for number, intent in enumerate(unsettled):
+                record = msgspec.structs.replace(intent.record, id=next_id + number)
+                # spooled, settling its intent: a start killed before the
+                # spool is emptied finds it there with its id, not again
+                with contextlib.suppress(OSError):  # a full disk: it is in left
+                    self._spool.append(record, settles=intent.token)
+                left.append(record)
+            log.warning(
+                "%d operator actions were under way when the daemon stopped;"
+                " audited as interrupted: %s",
+                len(unsettled),
+                ", ".join(_summary(intent.record) for intent in unsettled),
+            )
         if left:
             try:
                 self._store.append_audit(left)
@@ -248,9 +317,11 @@ class Auditor:
         result_bytes: int | None = None,
         proposal_id: str | None = None,
         refusal: bool | None = None,
+        settles: str | None = None,
     ) -> None:
         """Write one record; it is safe when this returns (spooled, or in the
-        database). ``started`` is the ``time.time()`` the action began.
+        database). ``started`` is the ``time.time()`` the action began;
+        ``settles``: the token ``begin`` gave the action this record ends.
 
         A record that cannot be written (a full disk) is logged as an error and
         the daemon keeps serving: the action it describes has already happened.
@@ -258,42 +329,41 @@ class Auditor:
         A refusal (``refusal``; by default, ``reason`` in ``REFUSALS``) is also
         logged, and both happen only within the caller's ``RefusalBudget``.
         """
+        begun = None if settles is None else self._open.pop(settles, None)
+        spooled = None if begun is None or not begun.spooled else begun.intent
         if refusal if refusal is not None else reason in REFUSALS:
             missed = self._refusals.take(caller)
             if missed is None:
+                if spooled is not None:  # not recorded: not interrupted either
+                    self._settle(spooled)
                 return
             # names an agent made up: bounded, as they reach the log and the trail
             server = None if server is None else server[:_NAME_MAX]
             tool = None if tool is None else tool[:_NAME_MAX]
             _log_refusal(caller, action, reason or "-", server, tool, missed)
-        now = time.time()
-        record = AuditRow(
-            id=0,
-            time=started,
-            action=action,
-            caller_socket=caller.socket,
-            caller_uid=caller.uid,
-            caller_gid=caller.gid,
-            caller_pid=caller.pid,
+        record = _row(
+            caller,
+            action,
+            started,
+            outcome,
+            reason=reason,
             server=server,
             tool=tool,
             risk=risk,
             decision=decision,
-            outcome=outcome,
-            reason=reason,
-            duration_ms=round((now - started) * 1000, 3),
-            argument_keys=arguments.keys if arguments is not None else [],
-            arguments_hmac=arguments.hmac if arguments is not None else None,
+            duration_ms=round((time.time() - started) * 1000, 3),
+            arguments=arguments,
             result_bytes=result_bytes,
             proposal_id=proposal_id,
-            caller_profile=caller.profile,
         )
         try:
             record.id = self._new_id()
             if self._spool is None:
                 self._store.append_audit([record])
             else:
-                self._spool.append(record)
+                self._spool.append(
+                    record, settles=None if spooled is None else spooled.token
+                )
         except (StoreError, OSError) as exc:
             log.error("could not write an audit record (%s): %s", exc, _summary(record))
             return
@@ -306,6 +376,102 @@ class Auditor:
             self.flush()
         elif self._flush_timer is None:
             self._flush_timer = call_later(FLUSH_AFTER_S, self._flush_due)
+
+    def begin(
+        self,
+        caller: Caller,
+        *,
+        action: str,
+        started: float,
+        server: str | None = None,
+        tool: str | None = None,
+        risk: m.Risk | None = None,
+        decision: m.Decision | None = None,
+        proposal_id: str | None = None,
+    ) -> str:
+        """An operator action begins: spooled now, so that a daemon killed
+        after its change committed and before its record was written leaves
+        a record all the same (the next start writes it, ``interrupted``).
+        The token goes to the ``record`` that ends the action (``settles``),
+        or to ``end``. A start that cannot be spooled (a full disk) is logged
+        and the action goes on."""
+        intent = Intent(
+            token=secrets.token_hex(8),
+            record=_row(
+                caller,
+                action,
+                started,
+                "interrupted",
+                server=server,
+                tool=tool,
+                risk=risk,
+                decision=decision,
+                proposal_id=proposal_id,
+            ),
+        )
+        spooled = False
+        if self._spool is not None:
+            try:
+                self._spool.begin(intent)
+                spooled = True
+            except OSError as exc:
+                log.error("could not spool the start of %s: %s", action, exc)
+        self._open[intent.token] = _Begun(caller, intent, spooled)
+        return intent.token
+
+    def end(self, token: str, *, outcome: str, reason: str | None = None) -> None:
+        """Record the action ``begin`` gave ``token``, with the fields it
+        began with, unless a ``record`` that settles it was written already."""
+        begun = self._open.get(token)
+        if begun is None:
+            return
+        r = begun.intent.record
+        self.record(
+            begun.caller,
+            action=r.action,
+            started=r.time,
+            outcome=outcome,
+            reason=reason,
+            server=r.server,
+            tool=r.tool,
+            risk=cast("m.Risk | None", r.risk),
+            decision=cast("m.Decision | None", r.decision),
+            proposal_id=r.proposal_id,
+            settles=token,
+        )
+
+    @contextlib.contextmanager
+    def action(
+        self, caller: Caller, *, action: str, started: float, **fields: Any
+    ) -> Iterator[str]:
+        """``begin`` ... ``end`` around an operator action: ``ok`` when the
+        block ends; ``failed`` with the reason of a ``RemoteError``; else
+        ``interrupted`` (reason ``cancelled``, or ``internal_error``: it may
+        or may not have taken effect). A record the block writes itself
+        (``record(settles=token)``) stands instead."""
+        token = self.begin(caller, action=action, started=started, **fields)
+        try:
+            yield token
+        except RemoteError as exc:
+            self.end(token, outcome="failed", reason=exc.reason)
+            raise
+        except anyio.get_cancelled_exc_class():
+            self.end(token, outcome="interrupted", reason="cancelled")
+            raise
+        except BaseException:
+            self.end(token, outcome="interrupted", reason="internal_error")
+            raise
+        self.end(token, outcome="ok")
+
+    def _settle(self, intent: Intent) -> None:
+        """An intent whose action leaves no record (a refusal over budget)."""
+        assert self._spool is not None  # noqa: S101 - begin gave a token
+        try:
+            self._spool.settle(intent.token)
+        except OSError as exc:
+            log.warning(
+                "could not settle the start of %s: %s", intent.record.action, exc
+            )
 
     def _new_id(self) -> int:
         if not self._next_id:
@@ -345,7 +511,9 @@ class Auditor:
             log.info("moved %d waiting audit records into the database", len(batch))
             self._flush_failing = False
         try:
-            self._spool.clear()
+            self._spool.clear(
+                keep=[begun.intent for begun in self._open.values() if begun.spooled]
+            )
         except OSError as exc:  # harmless: a replay skips what is in the database
             log.warning("could not empty %s: %s", self._spool.path, exc)
 

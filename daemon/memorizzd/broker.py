@@ -426,21 +426,13 @@ class Broker:
     async def _audited(
         self, caller: Caller, action: str, server: str | None, work: Awaitable[R]
     ) -> R:
-        """Run an operator action and record it: ok, or failed with its reason."""
-        audit = partial(
-            self._auditor.record,
-            caller,
-            action=action,
-            started=time.time(),
-            server=server,
-        )
-        try:
-            result = await work
-        except RemoteError as exc:
-            audit(outcome="failed", reason=exc.reason)
-            raise
-        audit(outcome="ok")
-        return result
+        """Run an operator action and record it (``Auditor.action``): ok,
+        failed with its reason, or interrupted; spooled as it begins, so that
+        a daemon killed after its change committed leaves a record too."""
+        with self._auditor.action(
+            caller, action=action, started=time.time(), server=server
+        ):
+            return await work
 
     async def audit_list(
         self, caller: Caller, p: m.AuditListParams

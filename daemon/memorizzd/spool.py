@@ -18,6 +18,14 @@ on the id) and never written twice. A line cut short by a crash is skipped;
 one cut short by a full disk is taken back at once, so that the next record
 starts a line of its own.
 
+An operator action is recorded when it ends, but its state change commits
+before that (``servers/remove`` stops the server after its row is gone): a
+daemon killed in between would leave a change with no record. So the action
+is spooled as it begins (an ``Intent``: the record to write should it never
+end, outcome ``interrupted``), and its own record is spooled with a line that
+settles the intent, in the same ``write``. A replay writes the record of every
+intent left unsettled; emptying the spool keeps the intents still open.
+
 Standard library and msgspec only; the store knows nothing of the spool.
 """
 
@@ -26,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Final
 
@@ -38,8 +47,26 @@ log = logging.getLogger("memorizzd.spool")
 FILE_NAME: Final = "audit.spool"
 FILE_MODE: Final = 0o600
 
+
+class Intent(msgspec.Struct, kw_only=True, tag="intent", tag_field="mark"):
+    """An operator action begun: ``record`` (outcome ``interrupted``, no id
+    yet) is what a replay writes if no line settles ``token``."""
+
+    token: str
+    record: AuditRow
+
+
+class Settled(msgspec.Struct, kw_only=True, tag="settled", tag_field="mark"):
+    """The action of intent ``token`` has its own record (the line before)."""
+
+    token: str
+
+
 _encode: Final = msgspec.json.Encoder().encode
 _decode: Final = msgspec.json.Decoder(AuditRow).decode
+_decode_mark: Final = msgspec.json.Decoder(Intent | Settled).decode
+_MARK: Final = b'{"mark":'
+"""How a mark's line starts (msgspec writes the tag first); a record's does not."""
 
 
 class Spool:
@@ -54,26 +81,50 @@ class Spool:
         )
         os.fchmod(self._fd, FILE_MODE)  # whatever the umask
 
-    def append(self, record: AuditRow) -> None:
-        """One line, one ``write``: durable against a crash of the daemon
-        when this returns. Raises ``OSError`` (a full disk)."""
-        line = _encode(record) + b"\n"
-        written = os.write(self._fd, line)
-        if written != len(line):  # a regular file: only on a full disk
+    def append(self, record: AuditRow, *, settles: str | None = None) -> None:
+        """One line (and with ``settles``, the line that settles that intent),
+        one ``write``: durable against a crash of the daemon when this
+        returns. Raises ``OSError`` (a full disk)."""
+        data = _encode(record) + b"\n"
+        if settles is not None:
+            data += _encode(Settled(token=settles)) + b"\n"
+        self._write(data)
+
+    def begin(self, intent: Intent) -> None:
+        """Spool an operator action as it begins. Raises ``OSError``."""
+        self._write(_encode(intent) + b"\n")
+
+    def settle(self, token: str) -> None:
+        """Settle an intent whose action leaves no record. Raises ``OSError``."""
+        self._write(_encode(Settled(token=token)) + b"\n")
+
+    def _write(self, data: bytes) -> None:
+        written = os.write(self._fd, data)
+        if written != len(data):  # a regular file: only on a full disk
             # Take the piece back: left there, the next record (written once
             # there is room again, and acknowledged) would be glued to it, one
             # line that is not a record, and a replay would skip both.
             with contextlib.suppress(OSError):  # shrinking needs no room
                 os.ftruncate(self._fd, os.fstat(self._fd).st_size - written)
-            raise OSError(f"short write to {self.path} ({written} of {len(line)})")
+            raise OSError(f"short write to {self.path} ({written} of {len(data)})")
 
     def read(self) -> list[AuditRow]:
         """Every whole record in the spool (a torn last line is skipped)."""
+        return self.contents()[0]
+
+    def contents(self) -> tuple[list[AuditRow], list[Intent]]:
+        """Every whole record in the spool, and the intents no line settles."""
         records: list[AuditRow] = []
+        intents: dict[str, Intent] = {}
         with open(self.path, "rb") as f:
             for number, line in enumerate(f, 1):
                 try:
-                    records.append(_decode(line))
+                    if not line.startswith(_MARK):
+                        records.append(_decode(line))
+                    elif isinstance(mark := _decode_mark(line), Intent):
+                        intents[mark.token] = mark
+                    else:
+                        intents.pop(mark.token, None)
                 except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
                     log.warning(
                         "%s: line %d is not a whole record (cut short by a crash?);"
@@ -81,11 +132,14 @@ class Spool:
                         self.path,
                         number,
                     )
-        return records
+        return records, list(intents.values())
 
-    def clear(self) -> None:
-        """Empty the spool: every record in it is in the database."""
+    def clear(self, keep: Iterable[Intent] = ()) -> None:
+        """Empty the spool (every record in it is in the database) but for the
+        intents of actions still running, ``keep``. Raises ``OSError``."""
         os.ftruncate(self._fd, 0)  # O_APPEND: the next write goes to offset 0
+        if data := b"".join(_encode(intent) + b"\n" for intent in keep):
+            self._write(data)
 
     def close(self) -> None:
         os.close(self._fd)

@@ -39,6 +39,7 @@ AuditOutcome = Literal[
     "approval_required",
     "client_aborted",
     "task_created",
+    "interrupted",
 ]
 ProposalStatus = Literal[
     "pending", "approved", "rejected", "cancelled", "expired", "consumed", "invalidated"
@@ -917,7 +918,9 @@ class AuditRecord(msgspec.Struct, kw_only=True):
     outcome: str
     """tools/call: ok, tool_error, denied, approval_required, timeout, failed,
     result_too_large, client_aborted (the caller cancelled or went away),
-    task_created (called as a task); operator actions: ok or failed."""
+    task_created (called as a task); operator actions: ok, failed, or
+    interrupted (cancelled, or the daemon stopped before it ended: it may or
+    may not have taken effect)."""
     reason: str | None
     """The error's ``data.reason`` when it failed or was refused."""
     duration_ms: float

@@ -811,7 +811,7 @@ def _audit(p: argparse.ArgumentParser) -> None:
         "--outcome",
         metavar="OUTCOME",
         help="ok, tool_error, denied, approval_required, timeout, failed,"
-        " result_too_large, client_aborted, task_created",
+        " result_too_large, client_aborted, task_created, interrupted",
     )
     p.add_argument(
         "--since", metavar="SECONDS", type=positive_float, help="only the last SECONDS"
