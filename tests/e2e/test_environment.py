@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import base64
+import fcntl
 import os
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import termios
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +19,14 @@ import pytest
 from memorizz import Client
 from memorizzd.execution import scrub_environment
 from memorizzd.upstream.stdio import child_environment
-from tests.harness import DAEMON_EXE, daemon_process, stdio_spec, wait_until
+from tests.harness import (
+    DAEMON_EXE,
+    daemon_process,
+    light_spec,
+    stdio_spec,
+    wait_until,
+)
+from tests.process import EMPTY_CONFIG, OWN_CONFIG, daemon_argv
 
 MARKER = "marker-7f3c9e1d-not-a-real-key"
 # A valid Fernet key (the daemon reads it as the vault key) made of the marker.
@@ -203,3 +212,68 @@ def test_proc_environ_of_the_daemon_is_unreadable_to_same_uid_processes(
     # The daemon removed the key from os.environ, but /proc/<pid>/environ is the
     # exec-time copy: only PR_SET_DUMPABLE=0 keeps it from same-uid processes.
     assert _read_environ_as_peer(pid, prefix) == "denied"
+
+
+# --- the child's process group, session and terminal ------------------------------
+
+
+def _stat(pid: int) -> tuple[int, int, int]:
+    """A process's group, session and controlling terminal (0: none), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[2]), int(fields[3]), int(fields[4])
+
+
+def _take_the_terminal() -> None:
+    """In the daemon's child, after setsid: stdin (a pty) becomes its terminal."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc is Linux")
+def test_a_stdio_child_leads_a_group_in_the_daemons_session_with_no_terminal(
+    base_dir: str,
+) -> None:
+    """The daemon run from a terminal (a pty, its controlling terminal): its
+    stdio server leads a process group of its own (stopping it signals the
+    group), in the daemon's session (one scheduling group with the daemon
+    where the kernel groups tasks by session), and has no controlling
+    terminal: it cannot open /dev/tty, nor can anything it starts."""
+    Path(base_dir, OWN_CONFIG).write_text(EMPTY_CONFIG)
+    primary, secondary = os.openpty()
+    try:
+        with open(os.path.join(base_dir, "daemon.log"), "ab") as log:
+            proc = subprocess.Popen(
+                daemon_argv(base_dir),
+                stdin=secondary,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                preexec_fn=_take_the_terminal,  # noqa: PLW1509 - no lock taken
+            )
+        socket_path = os.path.join(base_dir, "d.sock")
+        try:
+
+            def answers() -> bool:
+                assert proc.poll() is None, f"memorizzd exited with {proc.returncode}"
+                try:
+                    with Client(socket_path) as c:
+                        c.hello()
+                except ConnectionError:
+                    return False
+                return True
+
+            wait_until(answers, what="the daemon socket")
+            daemon_group, daemon_session, daemon_tty = _stat(proc.pid)
+            assert (daemon_session, daemon_tty != 0) == (proc.pid, True)
+            with Client(socket_path) as c:
+                c.add_server(light_spec("t"))
+                wait_until(lambda: c.server_status("t")[0].state == "ready")
+                pid = c.server_status("t")[0].pid
+            assert pid is not None
+            assert _stat(pid) == (pid, daemon_session, 0)
+            assert daemon_group != pid
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+    finally:
+        os.close(primary)
+        os.close(secondary)

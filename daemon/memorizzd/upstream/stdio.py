@@ -5,8 +5,8 @@ descriptor rather than a log, assembles lines quadratically with no size bound,
 and kills the process group only on escalation, so descendants of a server that
 exits by itself leak. This one
 
-* spawns the resolved argv directly (no shell), in its own session/process group,
-  with exactly the environment it is given;
+* spawns the resolved argv directly (no shell), in a process group of its own
+  with no controlling terminal, with exactly the environment it is given;
 * reads stdout with a linear, bounded line splitter: a line longer than
   ``max_message_bytes`` is discarded as it streams (never buffered) and, as
   soon as it is known to answer one of our requests (its id may come last),
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import logging
 import math
 import os
@@ -38,6 +39,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import termios
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager, suppress
 from typing import Final
@@ -331,10 +333,21 @@ async def _read_some(fd: int) -> bytes:
 _PR_SET_PDEATHSIG: Final = 1
 
 
-def _dies_with_the_daemon() -> Callable[[], None] | None:
+def _child_setup() -> Callable[[], None] | None:
     """A ``preexec_fn`` (Linux): the child is SIGKILLed when the thread that
-    forked it, the event loop's, ends: when the daemon dies. It checks its
-    parent afterwards, in case the daemon died before the ``prctl``."""
+    forked it, the event loop's, ends: when the daemon dies (it checks its
+    parent afterwards, in case the daemon died before the ``prctl``); and it
+    gives up the daemon's controlling terminal, if the daemon has one (run
+    from a shell), so that neither it nor anything it starts can open
+    ``/dev/tty``.
+
+    That is what a session of its own (``setsid``) gave it too, but a new
+    session is also a new scheduling group where the kernel groups tasks by
+    session (``CONFIG_SCHED_AUTOGROUP``, outside a CPU cgroup): each server
+    then weighed as much as the daemon and all the rest of the host, and a
+    call's hand-offs between the daemon and its server crossed groups
+    (``scripts/bench``: a warm call ~5% slower). In the daemon's session the
+    daemon and its servers are one group, as systemd's cgroup makes them."""
     if not sys.platform.startswith("linux"):
         return None
     prctl = ctypes.CDLL(None, use_errno=True).prctl
@@ -345,18 +358,27 @@ def _dies_with_the_daemon() -> Callable[[], None] | None:
     )
     parent = os.getpid()
 
-    def die_with_the_daemon() -> None:
+    def set_up() -> None:
         prctl(option, kill, zero, zero, zero)
         if os.getppid() != parent:
             os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            tty = os.open("/dev/tty", os.O_RDWR | os.O_NOCTTY)
+        except OSError:
+            return  # no controlling terminal (under systemd: never one)
+        try:
+            fcntl.ioctl(tty, termios.TIOCNOTTY)  # not a session leader: only this one
+        finally:
+            os.close(tty)
 
-    return die_with_the_daemon
+    return set_up
 
 
 def _spawn(
     argv: list[str], env: dict[str, str], cwd: str | None
 ) -> tuple[subprocess.Popen[bytes], int, int, int]:
-    """The child, in a session of its own, and our ends of its pipes (non-blocking)."""
+    """The child, leading a process group of its own (stopping it signals the
+    group), and our ends of its pipes (non-blocking)."""
     process = subprocess.Popen(  # noqa: S603 - argv resolved, no shell
         argv,
         stdin=subprocess.PIPE,
@@ -364,8 +386,8 @@ def _spawn(
         stderr=subprocess.PIPE,
         env=env,
         cwd=cwd,
-        start_new_session=True,
-        preexec_fn=_dies_with_the_daemon(),  # noqa: PLW1509 - no lock taken
+        process_group=0,
+        preexec_fn=_child_setup(),  # noqa: PLW1509 - no lock taken
     )
     pipes = (process.stdin, process.stdout, process.stderr)
     fds = []
@@ -474,7 +496,7 @@ async def stdio_pipes(
 
 async def _stop(process: subprocess.Popen[bytes], pipes: StdioPipes, name: str) -> None:
     """Close stdin, wait, SIGTERM, wait, SIGKILL; always kill the group last."""
-    pgid = process.pid  # start_new_session: the child leads its own group
+    pgid = process.pid  # process_group=0: the child leads its own group
     pipes.close_stdin()
     if not await _wait_exit(process, EXIT_GRACE_S):
         _killpg(pgid, signal.SIGTERM)
