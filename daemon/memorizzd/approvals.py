@@ -299,11 +299,12 @@ class ApprovalBook:
                 exc,
             )
             return
-        for row in expired:
-            await self._finished(row.id)
+        for row in expired:  # every record first, then the arguments go
             await self._audit(
                 self._self, "approvals/expire", stored.proposal(row), reason=why
             )
+        for row in expired:
+            await self._finished(row.id)
         try:
             await anyio.to_thread.run_sync(self._persist_time, wall)
         except StoreError as exc:  # the next start finds the clock behind again
@@ -534,21 +535,40 @@ class ApprovalBook:
         if owe:
             await self._invalidate_open(lambda row: row.id == proposal.id, why)
             return
-        done = await anyio.to_thread.run_sync(
-            partial(
-                self._store.transition_proposal,
-                proposal.id,
-                from_status=("pending", "approved"),
-                to_status="invalidated",
-                now=self._now(),
-                reason=why,
-            )
+        # spooled as it begins, as an operator's decision is (``_transition``)
+        token = self._auditor.begin(
+            self._self,
+            action="approvals/invalidate",
+            started=self._now(),
+            server=proposal.server,
+            tool=proposal.tool,
+            risk=proposal.risk,
+            decision="ask",
+            proposal_id=proposal.id,
         )
-        if done:
-            approval_decided("invalidated")
-            log.warning("proposal %s invalidated: %s", proposal.id, why)
-            await self._finished(proposal.id)
-            await self._audit(self._self, "approvals/invalidate", proposal, reason=why)
+        try:
+            done = await anyio.to_thread.run_sync(
+                partial(
+                    self._store.transition_proposal,
+                    proposal.id,
+                    from_status=("pending", "approved"),
+                    to_status="invalidated",
+                    now=self._now(),
+                    reason=why,
+                )
+            )
+        except BaseException:  # refused whole (a full disk): nothing changed
+            self._auditor.abandon(token)
+            raise
+        if not done:  # it had ended already
+            self._auditor.abandon(token)
+            return
+        approval_decided("invalidated")
+        log.warning("proposal %s invalidated: %s", proposal.id, why)
+        await self._audit(
+            self._self, "approvals/invalidate", proposal, reason=why, settles=token
+        )
+        await self._finished(proposal.id)
 
     async def consume(self, caller: Caller, proposal: m.Proposal) -> dict[str, Any]:
         """approved -> consumed, durably, and the exact arguments to send.
@@ -661,9 +681,10 @@ class ApprovalBook:
         now = self._now()
         expired = await anyio.to_thread.run_sync(self._store.expire_proposals, now)
         self._swept_until = max(self._swept_until, now)
-        for row in expired:
+        for row in expired:  # every record first, then the arguments go
             approval_decided("expired")
             await self._audit(self._self, "approvals/expire", stored.proposal(row))
+        for row in expired:
             await self._finished(row.id)
 
     async def run(

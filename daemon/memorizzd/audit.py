@@ -440,6 +440,13 @@ class Auditor:
             settles=token,
         )
 
+    def abandon(self, token: str) -> None:
+        """The action ``begin`` gave ``token`` did not happen (nothing was
+        changed, and it leaves no record): its intent is settled."""
+        begun = self._open.pop(token, None)
+        if begun is not None and begun.spooled:
+            self._settle(begun.intent)
+
     @contextlib.contextmanager
     def action(
         self, caller: Caller, *, action: str, started: float, **fields: Any

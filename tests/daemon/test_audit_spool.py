@@ -236,7 +236,8 @@ def test_an_operator_action_is_recorded_once_however_it_ends(
 ) -> None:
     """``Auditor.action``: ok, failed with the error's reason, interrupted
     (cancelled, or an internal error), or the record the action wrote itself;
-    one record each, and nothing left open in the spool."""
+    one record each; an action abandoned has none; nothing is left open in
+    the spool, so a start records nothing more."""
     store, spool = kept
     auditor = _auditor(store, spool)
 
@@ -262,6 +263,8 @@ def test_an_operator_action_is_recorded_once_however_it_ends(
             auditor.record(
                 CALLER, action="e", started=1.0, outcome="failed", settles=token
             )
+        # an action that did not happen (nothing changed): no record
+        auditor.abandon(auditor.begin(CALLER, action="f", started=1.0))
         auditor.flush()
 
     anyio.run(main)
@@ -276,6 +279,7 @@ def test_an_operator_action_is_recorded_once_however_it_ends(
         ("e", None, "failed", None),
     ]
     assert spool.contents() == ([], [])
+    assert _auditor(store, spool).recover() == 0
 
 
 def test_a_start_killed_before_it_emptied_the_spool_records_an_interruption_once(
