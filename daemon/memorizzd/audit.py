@@ -153,6 +153,13 @@ def _create_key(path: Path) -> None:
     )
 
 
+def interruption(exc: BaseException) -> str:
+    """The reason of an action ``interrupted`` by ``exc`` (not a ``RemoteError``)."""
+    if isinstance(exc, anyio.get_cancelled_exc_class()):
+        return "cancelled"
+    return "internal_error"
+
+
 def _row(
     caller: Caller,
     action: str,
@@ -462,11 +469,8 @@ class Auditor:
         except RemoteError as exc:
             self.end(token, outcome="failed", reason=exc.reason)
             raise
-        except anyio.get_cancelled_exc_class():
-            self.end(token, outcome="interrupted", reason="cancelled")
-            raise
-        except BaseException:
-            self.end(token, outcome="interrupted", reason="internal_error")
+        except BaseException as exc:
+            self.end(token, outcome="interrupted", reason=interruption(exc))
             raise
         self.end(token, outcome="ok")
 

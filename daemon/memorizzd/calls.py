@@ -48,7 +48,7 @@ from memorizzd.approvals import (
     not_approved,
     schema_hash,
 )
-from memorizzd.audit import Auditor, CallArguments, outcome_for
+from memorizzd.audit import Auditor, CallArguments, interruption, outcome_for
 from memorizzd.caller import Caller
 from memorizzd.calllife import (
     aborted_reason,
@@ -285,11 +285,30 @@ class Calls:
             raise not_approved(await self._book.get_any(proposal.id))
         if decided.blocked or decided.decision == "deny":
             raise refusal(decided, server=proposal.server, tool=proposal.tool)
-        value = await self._book.consume(caller, proposal)  # its HMAC verified
+        # Spooled as it begins (``Auditor.begin``): a daemon killed once the
+        # proposal is consumed, while its call runs upstream, leaves a record.
+        started = time.time()
+        token = self._auditor.begin(
+            caller,
+            action="approvals/resume",
+            started=started,
+            server=proposal.server,
+            tool=proposal.tool,
+            risk=proposal.risk,
+            decision="ask",
+            proposal_id=proposal.id,
+        )
+        try:
+            value = await self._book.consume(caller, proposal)  # its HMAC verified
+        except RemoteError:  # not consumed: the call does not run
+            self._auditor.abandon(token)
+            raise
+        except BaseException as exc:  # consumed or not, it does not run
+            self._auditor.end(token, outcome="interrupted", reason=interruption(exc))
+            raise
         read = CallArguments(
             _encode(value), value, sorted(value), proposal.arguments_hmac
         )
-        started = time.time()
         verdict: dict[str, Any] = {
             "risk": proposal.risk,
             "decision": "ask",
@@ -303,6 +322,7 @@ class Calls:
             proposal.server,
             proposal.tool,
             read,
+            settles=token,
         )
         self._running += 1
         try:
@@ -565,8 +585,11 @@ class Calls:
         server: str,
         tool: str,
         arguments: CallArguments | None,
+        *,
+        settles: str | None = None,
         **fields: Any,
     ) -> None:
+        """Meter, trace and record one call (``settles``: ``Auditor.record``'s)."""
         if action != "tasks/cancel":
             if self._meter is not None:
                 self._meter(
@@ -585,6 +608,7 @@ class Calls:
             server=server,
             tool=tool,
             arguments=arguments,
+            settles=settles,
             **fields,
         )
 

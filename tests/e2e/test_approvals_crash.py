@@ -1,5 +1,5 @@
-"""SIGKILL around the consume-and-call step: a call never runs twice, and every
-pending proposal survives the restart.
+"""SIGKILL around the consume-and-call step: a call never runs twice, every
+pending proposal survives the restart, and every consumed one is audited.
 
 Two lanes (own state directory, own daemon) run in parallel; each loop:
 start the real ``memorizzd``, check what the last kill left, propose and
@@ -85,9 +85,17 @@ def _lane(lane: int, deadline: float, failures: list[BaseException]) -> None:
                 for proposal_id in keep:
                     assert proposals[proposal_id].status == "pending", proposal_id
                 counts = _calls(base)
+                audited = {
+                    r.proposal_id
+                    for r in c.audit(limit=1000).records
+                    if r.action == "approvals/resume"
+                }
                 for proposal_id, tag in resumed.items():
                     status = proposals[proposal_id].status
                     assert counts[tag] <= 1, f"{tag} ran {counts[tag]} times"
+                    # consumed (its call ran, or was running): it has a record,
+                    # "interrupted" if the kill came before the call's own
+                    assert status != "consumed" or proposal_id in audited, tag
                     if status == "approved":  # killed before the consume: still runs
                         assert counts[tag] == 0
                         c.resume(proposal_id)
