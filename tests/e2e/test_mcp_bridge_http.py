@@ -556,3 +556,46 @@ def test_a_call_that_asks_for_progress_is_answered_as_an_event_stream(
 
     assert anyio.run(work) == "done in 2 steps"
     assert seen == [(1, 2, "step 1"), (2, 2, "step 2")]
+
+
+def test_a_call_cancelled_by_its_client_is_answered_with_connection_close(
+    served: Served,
+) -> None:
+    """A call whose client cancels it has no answer: its POST is answered 202
+    and its connection closed, and the 202 says ``Connection: close``. Without
+    it a client that keeps connections alive (Node's fetch) takes the
+    connection back into its pool and may send its next request on it as the
+    bridge closes it: "fetch failed" (seen in a full run)."""
+    sid = _session(served)
+    era = {"Mcp-Session-Id": sid, "MCP-Protocol-Version": "2025-11-25"}
+    initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    assert served.post(initialized, **era).status_code == 202
+    call = {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": "tools/call",
+        "params": {"name": "slow", "arguments": {"seconds": WAIT_S}},
+    }
+    answered: list[httpx2.Response] = []
+
+    def calling() -> None:
+        with httpx2.Client(timeout=WAIT_S) as http:
+            answered.append(
+                http.post(served.url, json=call, headers=served.headers(**era))
+            )
+
+    caller = threading.Thread(target=calling)
+    caller.start()
+    cancel = {
+        "jsonrpc": "2.0",
+        "method": "notifications/cancelled",
+        "params": {"requestId": 7, "reason": "the user gave up"},
+    }
+    deadline = time.monotonic() + WAIT_S
+    while caller.is_alive():  # until the call has reached the face and is cancelled
+        assert time.monotonic() < deadline, "the cancelled call was never answered"
+        assert served.post(cancel, **era).status_code == 202
+        caller.join(0.1)
+    (reply,) = answered
+    assert (reply.status_code, reply.content) == (202, b"")
+    assert reply.headers.get("connection") == "close"

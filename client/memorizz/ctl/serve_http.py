@@ -314,7 +314,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if body:
             self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
-        for name, value in (headers or {}).items():
+        headers = headers or {}
+        if self.close_connection and "Connection" not in headers:
+            # said, not only done: a client that keeps connections alive
+            # would take this one back and may send its next request on it
+            # as it closes (RFC 9112 9.6)
+            headers = {**headers, "Connection": "close"}
+        for name, value in headers.items():
             self.send_header(name, value)
         self.end_headers()
         if body and self.command != "HEAD":  # HEAD: the headers a GET would get
@@ -745,6 +751,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         (MCP's Streamable HTTP transport, SEP-1699), and when to retry."""
         self.close_connection = True
         self.send_response(200)
+        self.send_header("Connection", "close")  # the stream ends with it
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-cache")
         self.end_headers()
