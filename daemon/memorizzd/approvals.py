@@ -82,7 +82,7 @@ from memorizz.api.errors import (
     UnavailableError,
 )
 from memorizzd import stored
-from memorizzd.audit import Auditor, CallArguments
+from memorizzd.audit import Auditor, CallArguments, of_proposal
 from memorizzd.caller import Caller
 from memorizzd.calllife import abandonable
 from memorizzd.store import ProposalRow, StorageFullError, Store, StoreError
@@ -540,11 +540,7 @@ class ApprovalBook:
             self._self,
             action="approvals/invalidate",
             started=self._now(),
-            server=proposal.server,
-            tool=proposal.tool,
-            risk=proposal.risk,
-            decision="ask",
-            proposal_id=proposal.id,
+            **of_proposal(proposal),
         )
         try:
             done = await anyio.to_thread.run_sync(
@@ -609,11 +605,7 @@ class ApprovalBook:
             caller,
             action=action,
             started=self._now(),
-            server=proposal.server,
-            tool=proposal.tool,
-            risk=proposal.risk,
-            decision="ask",
-            proposal_id=proposal.id,
+            **of_proposal(proposal),
         ) as token:
             done = await anyio.to_thread.run_sync(
                 partial(
@@ -896,11 +888,7 @@ class ApprovalBook:
             started=self._now(),
             outcome=outcome,
             reason=reason,
-            server=proposal.server,
-            tool=proposal.tool,
-            risk=proposal.risk,
-            decision="ask",
-            proposal_id=proposal.id,
+            **of_proposal(proposal),
             settles=settles,
         )
 

@@ -153,6 +153,18 @@ def _create_key(path: Path) -> None:
     )
 
 
+def of_proposal(proposal: m.Proposal) -> dict[str, Any]:
+    """What a record of a step of ``proposal`` names: its server, tool, risk,
+    the policy's decision (``ask``) and its id."""
+    return {
+        "server": proposal.server,
+        "tool": proposal.tool,
+        "risk": proposal.risk,
+        "decision": "ask",
+        "proposal_id": proposal.id,
+    }
+
+
 def interruption(exc: BaseException) -> str:
     """The reason of an action ``interrupted`` by ``exc`` (not a ``RemoteError``)."""
     if isinstance(exc, anyio.get_cancelled_exc_class()):
@@ -475,7 +487,8 @@ class Auditor:
         self.end(token, outcome="ok")
 
     def _settle(self, intent: Intent) -> None:
-        """An intent whose action leaves no record (a refusal over budget)."""
+        """An intent whose action leaves no record (refused over budget, or
+        abandoned: it did not happen)."""
         assert self._spool is not None  # noqa: S101 - begin gave a token
         try:
             self._spool.settle(intent.token)

@@ -48,7 +48,13 @@ from memorizzd.approvals import (
     not_approved,
     schema_hash,
 )
-from memorizzd.audit import Auditor, CallArguments, interruption, outcome_for
+from memorizzd.audit import (
+    Auditor,
+    CallArguments,
+    interruption,
+    of_proposal,
+    outcome_for,
+)
 from memorizzd.caller import Caller
 from memorizzd.calllife import (
     aborted_reason,
@@ -292,11 +298,7 @@ class Calls:
             caller,
             action="approvals/resume",
             started=started,
-            server=proposal.server,
-            tool=proposal.tool,
-            risk=proposal.risk,
-            decision="ask",
-            proposal_id=proposal.id,
+            **of_proposal(proposal),
         )
         try:
             value = await self._book.consume(caller, proposal)  # its HMAC verified

@@ -151,6 +151,22 @@ def _read_environ_as_peer(pid: int, prefix: list[str]) -> str:
     return out.stdout.strip()
 
 
+def _wait_answering(proc: subprocess.Popen[bytes], socket_path: str) -> None:
+    """Until the daemon ``proc`` answers on ``socket_path`` (fails if it exits)."""
+
+    def answers() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"memorizzd exited with {proc.returncode}")
+        try:
+            with Client(socket_path) as c:
+                c.hello()
+        except ConnectionError:
+            return False
+        return True
+
+    wait_until(answers, what="the daemon socket")
+
+
 @pytest.fixture
 def peer_daemon(base_dir: str) -> Iterator[tuple[int, list[str]]]:
     """The real memorizzd, as an ordinary process of our uid, with the marker key."""
@@ -171,18 +187,7 @@ def peer_daemon(base_dir: str) -> Iterator[tuple[int, list[str]]]:
             stderr=log,
         )
     try:
-
-        def answers() -> bool:
-            if proc.poll() is not None:
-                raise AssertionError(f"memorizzd exited with {proc.returncode}")
-            try:
-                with Client(socket_path) as c:
-                    c.hello()
-            except ConnectionError:
-                return False
-            return True
-
-        wait_until(answers, what="the daemon socket")
+        _wait_answering(proc, socket_path)
         assert _no_capabilities(proc.pid) or not prefix
         yield proc.pid, prefix
     finally:
@@ -251,17 +256,7 @@ def test_a_stdio_child_leads_a_group_in_the_daemons_session_with_no_terminal(
             )
         socket_path = os.path.join(base_dir, "d.sock")
         try:
-
-            def answers() -> bool:
-                assert proc.poll() is None, f"memorizzd exited with {proc.returncode}"
-                try:
-                    with Client(socket_path) as c:
-                        c.hello()
-                except ConnectionError:
-                    return False
-                return True
-
-            wait_until(answers, what="the daemon socket")
+            _wait_answering(proc, socket_path)
             daemon_group, daemon_session, daemon_tty = _stat(proc.pid)
             assert (daemon_session, daemon_tty != 0) == (proc.pid, True)
             with Client(socket_path) as c:
