@@ -177,6 +177,16 @@ SDK_SERVERS = frozenset(
 """The test servers written with the SDK (they import ``mcp``: a second of CPU)."""
 
 
+def launch_args(script: str, *args: str) -> list[str]:
+    """The ``args`` of a stdio server that this interpreter runs as ``script
+    args...``: forked by this process's zygote (a start of milliseconds, not
+    the second ``import mcp`` takes: tests/zygote.py) if it is one of
+    ``SDK_SERVERS``. For config files; ``stdio_spec`` uses it too."""
+    if script in SDK_SERVERS:
+        return [ZYGOTE_LAUNCH, zygote_socket(), script, *args]
+    return [script, *args]
+
+
 def stdio_spec(name: str = "t", *, spawn: bool = False, **overrides: Any) -> ServerSpec:
     """A stdio test server: tests/mcp_server.py unless ``args`` (or ``command``)
     say otherwise. One of ``SDK_SERVERS`` run by this interpreter is forked by
@@ -190,13 +200,8 @@ def stdio_spec(name: str = "t", *, spawn: bool = False, **overrides: Any) -> Ser
     }
     fields.update(overrides)
     args = fields["args"]
-    if (
-        not spawn
-        and fields["command"] == sys.executable
-        and args
-        and str(args[0]) in SDK_SERVERS
-    ):
-        fields["args"] = [ZYGOTE_LAUNCH, zygote_socket(), *args]
+    if not spawn and fields["command"] == sys.executable and args:
+        fields["args"] = launch_args(*map(str, args))
     return ServerSpec(**fields)
 
 

@@ -18,6 +18,8 @@ Its tools misbehave when called, each its own way:
 and ``$PROBE`` (comma-separated) turns on faults of the session itself:
 
 * ``silent_init``: ``initialize`` is never answered;
+* ``slow_start``: it reads nothing for ``$START_S`` seconds after it starts
+  (an interpreter importing a large SDK on a loaded host);
 * ``relist_storm``: every ``tools/list`` answer comes after a
   ``notifications/tools/list_changed`` (a server that announces a change
   whenever it is listed);
@@ -138,6 +140,8 @@ def call(rid: object, params: dict[str, object]) -> bool:
 
 
 def main() -> None:
+    if "slow_start" in PROBES:
+        threading.Event().wait(float(os.environ["START_S"]))
     speaking = True
     for message in messages(sys.stdin.buffer):
         method = message.get("method")

@@ -186,13 +186,25 @@ class DaemonProcess:
         return "\n".join(self.log().splitlines()[-lines:])
 
     def wait_ready(self, name: str, timeout: float = 20.0) -> None:
+        """Until server ``name`` is ``ready``; past ``timeout``, the failure
+        says the server's last status and the daemon's last log lines."""
+        seen: list[object] = []
+
         def ready() -> bool:
             with self.client() as c:
-                return c.server_status(name)[0].state == "ready"
+                status = c.server_status(name)[0]
+            seen[:] = [status]
+            return status.state == "ready"
 
-        wait_until(
-            ready, timeout=timeout, what=f"server {name} ready", alive=self.check
-        )
+        try:
+            wait_until(
+                ready, timeout=timeout, what=f"server {name} ready", alive=self.check
+            )
+        except AssertionError as exc:
+            raise AssertionError(
+                f"{exc}; its last status: {seen[0] if seen else None}\n"
+                f"{self.log_tail()}"
+            ) from None
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> int:
         """Signal it (SIGTERM) and wait; past ``timeout`` SIGKILL it and raise

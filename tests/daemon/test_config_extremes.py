@@ -53,14 +53,13 @@ from tests.harness import (
     INITIALIZE,
     LEGACY_SERVER,
     MCP_SERVER,
-    ZYGOTE_LAUNCH,
     DaemonHarness,
     daemon_process,
+    launch_args,
     rmtree,
     short_tempdir,
     spawned_spec,
     wait_until,
-    zygote_socket,
 )
 from tests.peers import ME
 
@@ -305,7 +304,7 @@ module's end for as long as anything is in flight): its own test below."""
 
 
 def _zygote_args(script: str) -> str:
-    return f'["{ZYGOTE_LAUNCH}", "{zygote_socket()}", "{script}", "stdio"]'
+    return repr(launch_args(script, "stdio"))
 
 
 def _maxed_text(base: str, changed: dict[str, float]) -> str:

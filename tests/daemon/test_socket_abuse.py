@@ -32,6 +32,7 @@ from tests.harness import (
     MCP_SERVER,
     DaemonHarness,
     DaemonProcess,
+    launch_args,
     light_spec,
     rmtree,
     short_tempdir,
@@ -106,7 +107,7 @@ agents_dir = "{base}/agents"
 name = "t"
 transport = "stdio"
 command = "{sys.executable}"
-args = ["{MCP_SERVER}", "stdio"]
+args = {launch_args(MCP_SERVER, "stdio")!r}
 
 [[profiles]]
 name = "flood"

@@ -184,6 +184,25 @@ def test_a_server_that_never_answers_initialize_is_started_again(
     assert "no answer to the handshake" in (status.last_error or "")
 
 
+def test_a_server_slower_to_start_than_its_handshake_budget_comes_up_later(
+    daemon: DaemonHarness,
+) -> None:
+    """Every start had the same budget (5 s at least): a server that took
+    longer to start (an interpreter importing a large SDK on a loaded host)
+    was killed at the same point on every try and never came up. Each start
+    that runs out of its budget doubles the next one's."""
+    with daemon.client() as c:
+        c.add_server(probe("p", timeout_s=1.0, PROBE="slow_start", START_S="6"))
+        wait_until(
+            lambda: c.server_status("p")[0].state == "ready",
+            timeout=40,
+            what="the slow server ready on a later start",
+        )
+        status = c.server_status("p")[0]
+        assert status.restarts >= 1
+        assert c.call_tool("p", "hello").content[0]["text"] == "hello from hello"
+
+
 def test_a_server_that_closes_its_stdout_is_replaced_at_once(
     daemon: DaemonHarness,
 ) -> None:

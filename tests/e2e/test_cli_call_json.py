@@ -29,13 +29,12 @@ from memorizz.api.errors import ApprovalRequiredError
 from memorizz.api.methods import ServerSpec
 from tests.harness import (
     MCP_SERVER,
-    ZYGOTE_LAUNCH,
     DaemonHarness,
     daemon_config,
+    launch_args,
     rmtree,
     short_tempdir,
     stdio_spec,
-    zygote_socket,
 )
 from tests.process import MEMORIZZCTL, wait_until
 
@@ -117,7 +116,7 @@ def world() -> Iterator[tuple[DaemonHarness, dict[str, Tap]]]:
     for ``mcp resume``, the same two whose calls need approval: ``sdk_ask``
     (``record``, destructive, and ``fail``, made so) and ``vendor_ask``."""
     base = short_tempdir()
-    sdk_argv = (sys.executable, ZYGOTE_LAUNCH, zygote_socket(), MCP_SERVER, "stdio")
+    sdk_argv = (sys.executable, *launch_args(MCP_SERVER, "stdio"))
     try:
         sdk, sdk_tap = _tapped("sdk", base, *sdk_argv)
         vendor, vendor_tap = _tapped("vendor", base, *VENDOR, protocol="legacy")

@@ -35,12 +35,11 @@ from tests.harness import (
     DAEMON_EXE,
     LEGACY_SERVER,
     MCP_SERVER,
-    ZYGOTE_LAUNCH,
     DaemonHarness,
     daemon_config,
     daemon_process,
+    launch_args,
     wait_until,
-    zygote_socket,
 )
 
 _ONE = f"""
@@ -256,7 +255,7 @@ def test_a_sighup_storm_with_calls_in_flight_loses_nothing(base_dir: str) -> Non
     file removes all finish, and the servers are the last file's."""
     path = Path(base_dir, "memorizzd.toml")
     gate = os.path.join(base_dir, "gate")
-    launch = f'["{ZYGOTE_LAUNCH}", "{zygote_socket()}", "{MCP_SERVER}", "stdio"]'
+    launch = repr(launch_args(MCP_SERVER, "stdio"))
     head = "backoff_initial_s = 0.05\ndrain_timeout_s = 20.0\n"
     stays = _stdio("stays", sys.executable, f"args = {launch}\n")
     goes = _stdio("goes", sys.executable, f"args = {launch}\n")

@@ -26,6 +26,7 @@ from tests.harness import (
     DaemonHarness,
     daemon_config,
     daemon_process,
+    launch_args,
     serve_http,
     wait_until,
 )
@@ -96,7 +97,7 @@ drain_timeout_s = {DRAIN_S}
 name = "t"
 transport = "stdio"
 command = {sys.executable!r}
-args = [{MCP_SERVER!r}, "stdio"]
+args = {launch_args(MCP_SERVER, "stdio")!r}
 env = {{ CALL_LOG = {str(calls)!r} }}
 risk = {{ slow_record = "write" }}
 

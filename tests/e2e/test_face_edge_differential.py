@@ -38,10 +38,9 @@ import pytest
 from tests.e2e.test_reference_servers import EVERYTHING, _missing, _node_problem
 from tests.harness import (
     MCP_SERVER,
-    ZYGOTE_LAUNCH,
     configured_daemon,
+    launch_args,
     no_errors_logged,
-    zygote_socket,
 )
 from tests.process import MEMORIZZCTL, DaemonProcess
 
@@ -108,7 +107,7 @@ args = ["{EVERYTHING}", "stdio"]
 name = "py"
 transport = "stdio"
 command = "{sys.executable}"
-args = ["{ZYGOTE_LAUNCH}", "{zygote_socket()}", "{MCP_SERVER}", "stdio"]
+args = {launch_args(MCP_SERVER, "stdio")!r}
 """
         )
 
@@ -134,7 +133,7 @@ def clean_log(world: World) -> Iterator[None]:
 def direct_argv(kind: str) -> list[str]:
     if kind == "ev":
         return [NODE, str(EVERYTHING), "stdio"]
-    return [sys.executable, ZYGOTE_LAUNCH, zygote_socket(), MCP_SERVER, "stdio"]
+    return [sys.executable, *launch_args(MCP_SERVER, "stdio")]
 
 
 def face_argv(world: World, kind: str) -> list[str]:

@@ -22,6 +22,7 @@ from tests.harness import (
     DaemonHarness,
     daemon_config,
     daemon_process,
+    launch_args,
     sigterm_during_a_call,
     spawned_spec,
     stdio_spec,
@@ -177,7 +178,7 @@ def test_config_file_servers_are_served_and_read_only(base_dir: str) -> None:
 name = "fromfile"
 transport = "stdio"
 command = {sys.executable!r}
-args = [{MCP_SERVER!r}, "stdio"]
+args = {launch_args(MCP_SERVER, "stdio")!r}
 timeout_s = 5
 """
     )

@@ -31,12 +31,13 @@ from tests.harness import (
     MCP_SERVER,
     DaemonHarness,
     daemon_process,
+    launch_args,
     wait_until,
 )
 
 
 def _server(name: str, script: str, **extra: Any) -> dict[str, Any]:
-    args = [script, "stdio"] if script == MCP_SERVER else [script]
+    args = launch_args(script, "stdio") if script == MCP_SERVER else launch_args(script)
     return {
         "name": name,
         "transport": "stdio",

@@ -39,15 +39,14 @@ from memorizz.api import errors
 from memorizzd.config import Limits, Profile
 from tests.harness import (
     MCP_SERVER,
-    ZYGOTE_LAUNCH,
     DaemonHarness,
     configured_daemon,
     daemon_config,
+    launch_args,
     node,
     rmtree,
     short_tempdir,
     stdio_spec,
-    zygote_socket,
 )
 from tests.process import MEMORIZZCTL, wait_until
 
@@ -689,7 +688,7 @@ def test_an_agent_socket_at_its_max_in_flight_is_overloaded_everywhere(
 
 
 def _drain_config(base: str) -> str:
-    args = [ZYGOTE_LAUNCH, zygote_socket(), MCP_SERVER, "stdio"]
+    args = launch_args(MCP_SERVER, "stdio")
     return (
         "drain_timeout_s = 0.5\n"
         "[[servers]]\n"

@@ -49,7 +49,7 @@ from memorizz.api.errors import DeadlineExceededError, RemoteError
 from memorizzd.upstream.connection import ProgressHandler, ToolResult
 from memorizzd.upstream.errors import ConnectionLost, leaves
 from memorizzd.upstream.jsonrpc import MODERN, JsonRpcSession, Launch, open_session
-from memorizzd.upstream.stdio import StdioProcess
+from memorizzd.upstream.stdio import StdioProcess, stdio_handshake_budget
 
 T = TypeVar("T")
 
@@ -395,7 +395,7 @@ class ReplicaSet:
     async def _keep(self, at: int) -> None:
         """Replica ``at``'s life: started, served until it is lost; but for the
         primary, started again after the backoff, until the set leaves."""
-        failures = 0
+        failures = slow = 0
         first = True
         while True:
             process = self._processes[at]
@@ -405,8 +405,11 @@ class ReplicaSet:
                 launch = dataclasses.replace(self._launch, mode=mode)
             else:
                 launch = self._launch  # the supervisor's handshake scope bounds it
-            # A replica started again has its own budget.
-            budget = math.inf if first else self._care.budget_s
+            # A replica started again has its own budget (doubled after each
+            # start in a row that ran out of it, as the supervisor's).
+            budget = (
+                math.inf if first else stdio_handshake_budget(self._care.budget_s, slow)
+            )
             starting = anyio.CancelScope(deadline=anyio.current_time() + budget)
             ready = told = False
             try:
@@ -414,6 +417,7 @@ class ReplicaSet:
                     async with open_session(launch, process) as session:
                         starting.deadline = math.inf
                         ready = True
+                        slow = 0
                         self._join(at, session)
                         await self._settled.wait()
                         if self._failure is not None:
@@ -427,6 +431,7 @@ class ReplicaSet:
                         failures = 1  # it was ready: the backoff starts afresh
                         self._restart(at, why, failures)
                 if starting.cancelled_caught:
+                    slow += 1
                     raise DeadlineExceededError(
                         f"no answer to the handshake within {budget:g} s (timed out)"
                     )

@@ -59,9 +59,23 @@ EXIT_GRACE_S: Final = 2.0
 TERM_GRACE_S: Final = 2.0
 EXIT_POLL_S: Final = 0.2
 """How often a child's exit is polled for where there is no pidfd."""
+STDIO_HANDSHAKE_MIN_S: Final = 5.0
+"""A stdio server's start and handshake take at most ``max(timeout_s, this)``..."""
+STDIO_HANDSHAKE_MAX_S: Final = 80.0
+"""... doubled after each start that ran out of it, up to this: a server that is
+merely slow to start (an interpreter importing a large SDK on a loaded host)
+comes up on a later try instead of being killed at the same point for ever."""
 _CHUNK: Final = 1 << 16
 _BOM: Final = b"\xef\xbb\xbf"
 """UTF-8's byte order mark: skipped at the start of a server's stdout."""
+
+
+def stdio_handshake_budget(budget_s: float, slow_starts: int) -> float:
+    """A stdio server's start and handshake budget: ``budget_s`` (its
+    ``timeout_s``), at least STDIO_HANDSHAKE_MIN_S, doubled for each start in a
+    row that ran out of it, up to STDIO_HANDSHAKE_MAX_S (or ``budget_s``)."""
+    base = max(budget_s, STDIO_HANDSHAKE_MIN_S)
+    return min(base * 2.0 ** min(slow_starts, 16), max(base, STDIO_HANDSHAKE_MAX_S))
 
 
 class WorkingDirectoryError(OSError):

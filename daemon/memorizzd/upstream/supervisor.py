@@ -15,7 +15,8 @@ calls fail at once with ``server_unavailable`` and ``retry_after_s``; after
 the jittered backoff, doubling up to ``backoff_max_s`` with every failed
 connect in a row (state ``backoff``, then ``failed`` after ``FAILED_AFTER``),
 one connect is tried (half-open: ``connecting``, bounded by ``timeout_s``; a
-stdio server's start and handshake by at least ``STDIO_HANDSHAKE_MIN_S``), and
+stdio server's start and handshake by at least ``STDIO_HANDSHAKE_MIN_S``,
+doubled after each start in a row that ran out of it), and
 a ready session closes it. A session that still answers its probe
 stays, even if one tool hangs: the failure is that tool's, and each call's
 deadline bounds what it costs.
@@ -51,10 +52,12 @@ from memorizzd.upstream.jsonrpc import MODERN, Launch, open_session
 from memorizzd.upstream.logs import LogSink, tell
 from memorizzd.upstream.replicas import Care, ReplicaSet, open_replicas
 from memorizzd.upstream.stdio import (
+    STDIO_HANDSHAKE_MIN_S,
     InterpreterNotFoundError,
     StdioProcess,
     WorkingDirectoryError,
     child_environment,
+    stdio_handshake_budget,
 )
 from memorizzd.upstream.subscriptions import Subscriptions
 from memorizzd.upstream.tools import ToolCache, ToolsListener
@@ -85,8 +88,6 @@ doubling up to this while they keep failing at once."""
 NoticeListener = Callable[[str, str, msgspec.Raw], Awaitable[None]]
 """Told (server name, notification method, its raw params)."""
 
-STDIO_HANDSHAKE_MIN_S: Final = 5.0
-"""A stdio server's start and handshake take at most ``max(timeout_s, this)``."""
 OUTPUT_EXIT_GRACE_S: Final = 0.5
 """How long a closed stdout waits for the process's exit before it ends the session."""
 RELIST_EVERY_S: Final = 1.0
@@ -163,12 +164,14 @@ class Supervisor:
         )
         self._noticed = anyio.Event()
         self.subscriptions = Subscriptions()
+        """The resource URIs callers hold, subscribed upstream once each."""
         self.log_sinks: set[LogSink] = set()
         """Socket calls in flight whose clients hear the server's log messages."""
-        """The resource URIs callers hold, subscribed upstream once each."""
         self._checking: anyio.Event | None = None
         """While such a probe runs: set when it has its answer."""
         self._handshake_next = False
+        self._slow_starts = 0
+        """Consecutive stdio starts that ran out of their handshake budget."""
         """The next auto-mode connect uses the handshake era (the probe timed out)."""
         self._hidden: tuple[str, ...] = ()
         """The secret values sent at the last connect (``ServerSecrets.hidden``):
@@ -370,11 +373,12 @@ class Supervisor:
         # never answers is stopped and started again, not waited for forever.
         budget = self.spec.timeout_s * (2 if self.spec.transport == "sse" else 1)
         if self.spec.transport == "stdio":
-            budget = max(budget, STDIO_HANDSHAKE_MIN_S)
+            budget = stdio_handshake_budget(budget, self._slow_starts)
         handshake = anyio.CancelScope(deadline=anyio.current_time() + budget)
         with handshake:
             await self._open_and_serve(mode, known, handshake)
         if handshake.cancelled_caught:
+            self._slow_starts += 1
             # An auto-mode server that left the probe unanswered is tried next
             # in the handshake era (it may ignore methods it does not know),
             # then in auto mode again, and so on.
@@ -400,6 +404,7 @@ class Supervisor:
         async with self._open(mode, secrets) as client:
             handshake.deadline = math.inf
             self._handshake_next = False
+            self._slow_starts = 0
             del secrets
             version = client.protocol_version
             self.server_name, self.server_version = (
