@@ -246,7 +246,7 @@ class Auditor:
         self._pending: list[AuditRow] = []
         """Spooled, not yet in the database."""
         self._open: dict[str, _Begun] = {}
-        """Operator actions begun (``begin``) and not yet recorded, by token."""
+        """Actions begun (``begin``) and not yet recorded, by token."""
         self._flush_timer: Callable[[], None] | None = None
         self._next_id = 0
         """The next record's id (0: not read from the store yet)."""
@@ -262,8 +262,9 @@ class Auditor:
             return 0
         left, unsettled = self._spool.contents()
         if unsettled:
-            # actions a stopped daemon began and never recorded: each gets
-            # its record now, "interrupted" (it may or may not have happened)
+            # actions a stopped daemon began and never recorded (operator
+            # actions, calls that may change something): each gets its record
+            # now, "interrupted" (it may or may not have taken effect)
             next_id = 1 + max(
                 self._store.last_audit_id(), 0, *(record.id for record in left)
             )
@@ -275,7 +276,7 @@ class Auditor:
                     self._spool.append(record, settles=intent.token)
                 left.append(record)
             log.warning(
-                "%d operator actions were under way when the daemon stopped;"
+                "%d actions were under way when the daemon stopped;"
                 " audited as interrupted: %s",
                 len(unsettled),
                 ", ".join(_summary(intent.record) for intent in unsettled),
@@ -406,14 +407,16 @@ class Auditor:
         tool: str | None = None,
         risk: m.Risk | None = None,
         decision: m.Decision | None = None,
+        arguments: CallArguments | None = None,
         proposal_id: str | None = None,
     ) -> str:
-        """An operator action begins: spooled now, so that a daemon killed
-        after its change committed and before its record was written leaves
-        a record all the same (the next start writes it, ``interrupted``).
-        The token goes to the ``record`` that ends the action (``settles``),
-        or to ``end``. A start that cannot be spooled (a full disk) is logged
-        and the action goes on."""
+        """An action begins (an operator's, or a call that may change
+        something upstream): spooled now, so that a daemon killed after it
+        took effect and before its record was written leaves a record all the
+        same (the next start writes it, ``interrupted``). The token goes to
+        the ``record`` that ends the action (``settles``), or to ``end``. A
+        start that cannot be spooled (a full disk) is logged and the action
+        goes on."""
         intent = Intent(
             token=secrets.token_hex(8),
             record=_row(
@@ -425,6 +428,7 @@ class Auditor:
                 tool=tool,
                 risk=risk,
                 decision=decision,
+                arguments=arguments,
                 proposal_id=proposal_id,
             ),
         )

@@ -18,7 +18,9 @@ steps, each once:
    wrote, spliced into our reply unread (``msgspec.Raw``); its size, for the
    audit, is the length of those bytes;
 5. one audit record, written the one way (``Auditor.record``), before the
-   reply is sent.
+   reply is sent; a call that may change something (not a ``read``) is
+   spooled as it begins, before it is sent (``Calls.intent``), and its record
+   settles that: a daemon killed meanwhile leaves it ``interrupted``.
 """
 
 from __future__ import annotations
@@ -240,7 +242,16 @@ class Calls:
                 )
                 raise
             audit = partial(
-                self.audit, caller, "tools/call", started, upstream.name, tool, read
+                self.audit,
+                caller,
+                "tools/call",
+                started,
+                upstream.name,
+                tool,
+                read,
+                settles=self.intent(
+                    caller, started, upstream.name, tool, read, **verdict
+                ),
             )
             if task is not None:
                 return await self._create_task(
@@ -251,6 +262,34 @@ class Calls:
             )
         finally:
             self._running -= 1
+
+    def intent(
+        self,
+        caller: Caller,
+        started: float,
+        server: str,
+        tool: str,
+        read: CallArguments,
+        *,
+        risk: m.Risk,
+        decision: m.Decision,
+    ) -> str | None:
+        """A call that may change something upstream (not a ``read``) is
+        spooled before it is sent (``Auditor.begin``): a daemon killed while
+        it runs leaves its record, ``interrupted``. The token its record
+        settles; None for a read (it changes nothing: no cost on its way)."""
+        if risk == "read":
+            return None
+        return self._auditor.begin(
+            caller,
+            action="tools/call",
+            started=started,
+            server=server,
+            tool=tool,
+            risk=risk,
+            decision=decision,
+            arguments=read,
+        )
 
     async def resume(
         self,

@@ -8,7 +8,8 @@ no awaiting: the pipeline's steps (``calls.py``) run in the two callbacks that
 already happen for it. The socket's reader admits the line and, in the same
 turn of the loop, finds the server in the caller's scope, takes the verdict
 and the tool from the one warm listing, reads and keys the arguments once
-(``Auditor.call_arguments``), and puts the request in the server's stdin
+(``Auditor.call_arguments``), spools the call as it begins unless it is a
+read (``Calls.intent``), and puts the request in the server's stdin
 (``JsonRpcSession.start_call``; the arguments are the caller's bytes). The
 session's reader gets the answer and, in its turn, splices the result into
 the reply (``msgspec.Raw``, its size the bytes read), puts the reply in the
@@ -145,9 +146,21 @@ class WarmRelay:
             shown,
             error_shown,
         )
+        # spooled before it is sent, unless a read (Calls.intent)
+        relayed.intent = calls.intent(
+            caller,
+            started,
+            upstream.name,
+            tool,
+            read,
+            risk=decided.risk,
+            decision="allow",
+        )
         begun = client.start_call(tool, read.raw, relayed)
         if begun is None:
             release()
+            if relayed.intent is not None:  # not sent: the task's way begins it again
+                calls.auditor.abandon(relayed.intent)
             return None
         relayed.began(begun, release, connection)
         return relayed
@@ -166,6 +179,7 @@ class _Relayed:
         "_sent",
         "client",
         "error_shown",
+        "intent",
         "over",
         "read",
         "relay",
@@ -207,6 +221,8 @@ class _Relayed:
         self.started = started
         self.timeout_s = timeout_s
         self.over = False
+        self.intent: str | None = None
+        """The token of its spooled intent (``Calls.intent``), settled by its record."""
 
     def began(
         self,
@@ -341,6 +357,7 @@ class _Relayed:
             upstream.name,
             self.tool,
             self.read,
+            settles=self.intent,
             **fields,
         )
         self.session.finish(self.request_id, line)

@@ -223,7 +223,7 @@ def test_a_removal_killed_after_its_commit_leaves_an_interrupted_record(
         ("servers/add", "stubborn", "ok"),
         ("servers/remove", "stubborn", "interrupted"),
     ]
-    assert "operator actions were under way when the daemon stopped" in d.log()
+    assert "actions were under way when the daemon stopped" in d.log()
 
 
 def _remove_quietly(d: DaemonProcess, name: str) -> None:

@@ -1,12 +1,14 @@
 """Crash consistency (SECURITY.md §6.2 #29): SIGKILL the real daemon at the
 points that matter, start it again, and check what it finds.
 
-* Mid audit append, under load: the trail is rows of the state database, each
-  batch committed in one SQLite transaction (WAL) before the replies go out,
-  so a kill can lose an unacknowledged batch but never tear a record. Every
-  call acknowledged before the kill is in the trail, every record is whole,
-  ids keep increasing. (There is no log file, so no HMAC chain and no torn
-  last line to truncate; tests/daemon/test_store.py checks the journal modes.)
+* Mid audit append, under load: each record is appended to the audit spool
+  (one ``write``) before its reply goes out, and the spool is moved into the
+  state database in batches; a call that may change something (``echo`` is
+  unannotated: ``write``) is spooled as it begins. Every call acknowledged
+  before the kill is in the trail, ``ok``; every call in flight at the kill
+  is there too, ``interrupted`` (the kill ate its reply); every record is
+  whole, ids keep increasing. (tests/daemon/test_audit_spool.py tears the
+  spool's last line; tests/daemon/test_store.py checks the journal modes.)
 * Around an OAuth refresh: killed after the authorization server rotated the
   refresh token but before the daemon stored the answer, the grant is
   ``login_required`` after the restart; killed once the daemon used the new
@@ -22,6 +24,7 @@ import contextlib
 import os
 import signal
 import sqlite3
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +37,14 @@ from mcp.shared.auth import OAuthClientInformationFull, OAuthToken
 from memorizz.api import methods as m
 from memorizz.api.errors import AuthRequiredError, MemorizzError
 from memorizzd.audit import load_key
-from tests.harness import DaemonProcess, daemon_process, stdio_spec, wait_until
+from tests.harness import (
+    MCP_SERVER,
+    DaemonProcess,
+    daemon_process,
+    launch_args,
+    stdio_spec,
+    wait_until,
+)
 from tests.oauth_world import TestAuthorizationServer, browser, serve_protected
 from tests.trials import all_records, digest
 
@@ -60,6 +70,7 @@ def test_sigkill_under_audit_load_loses_no_acknowledged_record_and_tears_none(
 ) -> None:
     state = os.path.join(base_dir, "state")
     acknowledged: list[str] = []
+    sent: list[str] = []
     stop = threading.Event()
 
     def caller(d: DaemonProcess, i: int) -> None:
@@ -68,8 +79,9 @@ def test_sigkill_under_audit_load_loses_no_acknowledged_record_and_tears_none(
                 if stop.is_set():
                     return
                 text = f"{i}-{n}"
+                sent.append(text)
                 c.call_tool("t", "echo", {"text": text})
-                acknowledged.append(text)  # the reply came: its record is committed
+                acknowledged.append(text)  # the reply came: its record is safe
 
     with daemon_process(base_dir) as d:
         with d.client() as c:
@@ -98,16 +110,25 @@ def test_sigkill_under_audit_load_loses_no_acknowledged_record_and_tears_none(
         ids = [r.id for r in records]
         assert ids == sorted(set(ids), reverse=True)  # unique, newest first
         for r in calls:  # whole records only
-            assert (r.server, r.tool, r.outcome) == ("t", "echo", "ok")
+            assert (r.server, r.tool) == ("t", "echo")
+            assert r.outcome in ("ok", "interrupted")
             assert r.argument_keys == ["text"]
             assert r.arguments_hmac is not None
             assert r.duration_ms >= 0
             assert r.caller_uid == os.getuid()
         key = load_key(state)
-        recorded = {r.arguments_hmac for r in calls}
-        missing = [t for t in acked if digest(key, {"text": t}) not in recorded]
-        assert missing == []
-        assert len(calls) >= len(acked)  # plus calls whose reply the kill ate
+        outcome = {r.arguments_hmac: r.outcome for r in calls}
+        assert [t for t in acked if outcome.get(digest(key, {"text": t})) != "ok"] == []
+        in_flight = [t for t in sent if t not in set(acked)]  # one per caller at most
+        assert 0 < len(in_flight) <= CALLERS
+        # each was sent; if it reached the daemon (the kill may have come
+        # first), it is audited, "interrupted" unless its record was safe
+        # before its reply was lost
+        interrupted = {h for h, o in outcome.items() if o == "interrupted"}
+        assert interrupted <= {digest(key, {"text": t}) for t in in_flight}
+        assert len(calls) == len(acked) + sum(
+            digest(key, {"text": t}) in outcome for t in in_flight
+        )
         d.wait_ready("t")
         c.call_tool("t", "echo", {"text": "after"})
         (latest,) = c.audit(limit=1).records
@@ -163,6 +184,62 @@ class _KillingAuthorizationServer(TestAuthorizationServer):
         if self.point == "after_commit" and token in self.refreshed:
             self._strike()
         return await super().load_access_token(token)
+
+
+@pytest.mark.parametrize("way", ["relayed", "task"])
+def test_a_call_that_may_change_something_killed_in_flight_is_audited_interrupted(
+    base_dir: str, way: str
+) -> None:
+    """A call's record was written when it ended: a daemon killed while a
+    call that may change something ran upstream left no trace of it. Such a
+    call is spooled as it begins, on both ways a call takes (the warm relay,
+    and the task a call asking for progress runs in); the next start writes
+    its record, ``interrupted``. A read changes nothing and is not."""
+    calls_log = Path(base_dir, "calls.log")
+    config = Path(base_dir, "memorizzd.toml")
+    server = f"""
+transport = "stdio"
+command = {sys.executable!r}
+args = {launch_args(MCP_SERVER, "stdio")!r}
+env = {{ CALL_LOG = {str(calls_log)!r} }}
+"""
+    config.write_text(
+        f'[[servers]]\nname = "w"\n{server}risk = {{ watched = "write" }}\n'
+        f'[[servers]]\nname = "r"\n{server}'
+    )
+
+    def call(name: str) -> None:
+        progress = (lambda _: None) if way == "task" else None
+        with contextlib.suppress(MemorizzError, OSError), d.client() as c:
+            c.call_tool(
+                name, "watched", {"seconds": 60, "tag": name}, on_progress=progress
+            )
+
+    with daemon_process(base_dir, "--config", str(config)) as d:
+        d.wait_ready("w")
+        d.wait_ready("r")
+        callers = [threading.Thread(target=call, args=(n,)) for n in ("w", "r")]
+        for t in callers:
+            t.start()
+        wait_until(
+            lambda: (
+                {"start:w", "start:r"}
+                <= set(calls_log.read_text().split() if calls_log.exists() else ())
+            ),
+            what="both calls running upstream",
+        )
+        _kill(d)
+        for t in callers:
+            t.join(10)
+    with daemon_process(base_dir, "--config", str(config)) as d, d.client() as c:
+        calls = [r for r in all_records(c) if r.action == "tools/call"]
+        assert "1 actions were under way when the daemon stopped" in d.log()
+    assert [
+        (r.server, r.tool, r.risk, r.decision, r.outcome, r.argument_keys)
+        for r in calls
+    ] == [("w", "watched", "write", "allow", "interrupted", ["seconds", "tag"])]
+    key = load_key(os.path.join(base_dir, "state"))
+    assert calls[0].arguments_hmac == digest(key, {"seconds": 60, "tag": "w"})
 
 
 @contextlib.contextmanager
