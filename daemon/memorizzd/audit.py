@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import itertools
 import logging
 import secrets
 import time
@@ -247,6 +248,10 @@ class Auditor:
         """Spooled, not yet in the database."""
         self._open: dict[str, _Begun] = {}
         """Actions begun (``begin``) and not yet recorded, by token."""
+        self._tokens_prefix = secrets.token_hex(4) + "-"
+        self._tokens = itertools.count()
+        """An intent's token: this daemon's prefix and a count (unique in a
+        spool, which a start empties; no ``getrandom`` per write call)."""
         self._flush_timer: Callable[[], None] | None = None
         self._next_id = 0
         """The next record's id (0: not read from the store yet)."""
@@ -418,7 +423,7 @@ class Auditor:
         start that cannot be spooled (a full disk) is logged and the action
         goes on."""
         intent = Intent(
-            token=secrets.token_hex(8),
+            token=f"{self._tokens_prefix}{next(self._tokens)}",
             record=_row(
                 caller,
                 action,
