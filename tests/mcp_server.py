@@ -16,6 +16,9 @@ record (destructive: appends its tag to $CALL_LOG, counting executions) and
 evolving/evolve (evolve changes evolving's inputSchema and announces it);
 delete_all_memories, search_memories, add_memory, annotated_read and
 annotated_destroy (risk classes from the catalog and from annotations).
+
+``$START_DELAY_S``: it waits that long before it reads anything (a server slow
+to start).
 """
 
 from __future__ import annotations
@@ -386,6 +389,8 @@ if __name__ == "__main__":
     # above all out of the final collection at exit, which took ~2 s and made
     # every stop of this server wait out the daemon's stdin-close grace.
     gc.freeze()
+    if delay := os.environ.get("START_DELAY_S"):  # a server slow to start
+        anyio.run(anyio.sleep, float(delay))
     mode = sys.argv[1] if len(sys.argv) > 1 else "stdio"
     if mode == "stdio":
         mcp.run("stdio")

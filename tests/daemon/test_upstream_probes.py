@@ -36,6 +36,7 @@ from tests.harness import (
     daemon_config,
     http_spec,
     serve_http,
+    stdio_spec,
     wait_until,
 )
 
@@ -201,6 +202,29 @@ def test_a_server_slower_to_start_than_its_handshake_budget_comes_up_later(
         status = c.server_status("p")[0]
         assert status.restarts >= 1
         assert c.call_tool("p", "hello").content[0]["text"] == "hello from hello"
+
+
+def test_a_2026_07_28_server_slow_to_start_has_its_whole_budget(
+    daemon: DaemonHarness,
+) -> None:
+    """A server the daemon speaks 2026-07-28 to (configured so, or a replica
+    started again) has no fallback from ``server/discover``, yet the probe's
+    own 10 s bound cut it off: one that took longer to start failed every
+    try, whatever its ``timeout_s``. Its start has its whole budget now."""
+    with daemon.client() as c:
+        c.add_server(
+            stdio_spec(
+                "m", protocol="2026-07-28", timeout_s=30, env={"START_DELAY_S": "11"}
+            )
+        )
+        wait_until(
+            lambda: c.server_status("m")[0].state == "ready",
+            timeout=40,
+            what="the slow 2026-07-28 server ready",
+        )
+        (status,) = c.server_status("m")
+    assert status.restarts == 0
+    assert status.protocol_version == "2026-07-28"
 
 
 def test_a_server_that_closes_its_stdout_is_replaced_at_once(

@@ -19,6 +19,10 @@ Both protocol eras (MCP-SDK-2.3.md §1):
 
 ``auto`` tries ``server/discover`` first (at most ``DISCOVER_TIMEOUT_S``) and
 falls back to ``initialize`` on any error answer or silence, as the SDK does.
+A server known to speak 2026-07-28 (``2026-07-28`` mode) has no fallback: its
+``server/discover`` is bounded only by the start's own budget (the caller's
+scope), so that a server slow to start is not cut off at the probe's bound on
+every try.
 
 A request the caller abandons (its deadline, its client gone) is cancelled
 upstream with ``notifications/cancelled``; the negotiation and the probe
@@ -760,16 +764,18 @@ class JsonRpcSession:
     # --- negotiation -------------------------------------------------------
 
     async def negotiate(self, mode: str) -> None:
+        """The handshake (or the probe) for ``mode``, within the caller's scope."""
         if mode not in ("auto", MODERN):
             await self._initialize()
+            return
+        if mode == MODERN:
+            await self._discover()
             return
         try:
             with anyio.fail_after(DISCOVER_TIMEOUT_S):
                 await self._discover()
             return
         except (RemoteError, TimeoutError) as exc:
-            if mode == MODERN:
-                raise
             late = isinstance(exc, TimeoutError)
             log.info(
                 "%s: no answer to server/discover (%s); trying initialize",
