@@ -37,7 +37,13 @@ from memorizz.api.methods import ServerSpec
 from memorizz.cli import main as ctl_main
 from memorizzd.app import Daemon, running_daemon
 from memorizzd.config import Config
-from tests.process import DAEMON_EXE, DaemonProcess, daemon_argv, wait_until
+from tests.process import (
+    DAEMON_EXE,
+    READY_TIMEOUT_S,
+    DaemonProcess,
+    daemon_argv,
+    wait_until,
+)
 
 __all__ = [  # re-exported: tests import the subprocess helper from here too
     "DAEMON_EXE",
@@ -393,7 +399,7 @@ class DaemonHarness:
     def ctl(self, *argv: str) -> int:
         return ctl_main(["--socket", self.socket, *argv])
 
-    def wait_ready(self, name: str, *, timeout: float = 20.0) -> None:
+    def wait_ready(self, name: str, *, timeout: float = READY_TIMEOUT_S) -> None:
         upstream = self.daemon.pool.get(name)
 
         async def wait() -> None:

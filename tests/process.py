@@ -32,6 +32,10 @@ DAEMON_EXE: Final = str(Path(sys.executable).with_name("memorizzd"))
 MEMORIZZCTL: Final = str(Path(sys.executable).with_name("memorizzctl"))
 """The installed command-line client, beside the interpreter (the venv's)."""
 """The installed ``memorizzd`` entry point of this interpreter's environment."""
+READY_TIMEOUT_S: Final = 60.0
+"""How long a test waits for a server to be ``ready``: a real start (an SDK
+server imports ``mcp``, seconds of CPU) on a host the whole suite loads. Only
+a failing test waits it out."""
 OWN_CONFIG: Final = "empty-config.toml"
 """The empty config ``start()`` writes in ``base`` when none is given."""
 EMPTY_CONFIG: Final = (
@@ -185,7 +189,7 @@ class DaemonProcess:
     def log_tail(self, lines: int = 20) -> str:
         return "\n".join(self.log().splitlines()[-lines:])
 
-    def wait_ready(self, name: str, timeout: float = 20.0) -> None:
+    def wait_ready(self, name: str, timeout: float = READY_TIMEOUT_S) -> None:
         """Until server ``name`` is ``ready``; past ``timeout``, the failure
         says the server's last status and the daemon's last log lines."""
         seen: list[object] = []
