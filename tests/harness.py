@@ -134,6 +134,7 @@ def node_client(
 
 MCP_SERVER = str(TESTS / "mcp_server.py")
 LEGACY_SERVER = str(TESTS / "legacy_server.py")
+NEO4J_SERVER = str(TESTS / "neo4j_memory_server.py")
 
 
 ZYGOTE = str(TESTS / "zygote.py")
@@ -178,6 +179,7 @@ SDK_SERVERS = frozenset(
         "asking_server.py",
         "modern_asking_server.py",
         "meta_server.py",
+        "neo4j_memory_server.py",
     )
 )
 """The test servers written with the SDK (they import ``mcp``: a second of CPU)."""
@@ -191,6 +193,16 @@ def launch_args(script: str, *args: str) -> list[str]:
     if script in SDK_SERVERS:
         return [ZYGOTE_LAUNCH, zygote_socket(), script, *args]
     return [script, *args]
+
+
+def command_options(script: str, *args: str) -> tuple[str, ...]:
+    """``memorizzctl mcp add``'s ``--command``/``--arg`` options for a stdio
+    server that this interpreter runs as ``script args...`` (``launch_args``:
+    an SDK test server is forked by this process's zygote)."""
+    options = ["--command", sys.executable]
+    for arg in launch_args(script, *args):
+        options += ["--arg", arg]
+    return tuple(options)
 
 
 def stdio_spec(name: str = "t", *, spawn: bool = False, **overrides: Any) -> ServerSpec:

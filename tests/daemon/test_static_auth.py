@@ -24,6 +24,7 @@ from memorizz.ctl.parser import build_parser
 from tests.harness import (
     MCP_SERVER,
     DaemonHarness,
+    command_options,
     daemon_config,
     daemon_process,
     serve_http,
@@ -192,13 +193,9 @@ def test_a_stdio_child_sees_its_secret_env(base_dir: str, capsys: Any) -> None:
                 "mcp",
                 "add",
                 "s2",
-                "--command",
-                sys.executable,
                 "--secret-env",
                 f"OTHER_SECRET={ENV_VALUE}",
-                "--",
-                MCP_SERVER,
-                "stdio",
+                *command_options(MCP_SERVER, "stdio"),
             )
             == 0
         )

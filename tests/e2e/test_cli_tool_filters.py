@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -24,14 +23,14 @@ from memorizz.api import methods as m
 from memorizz.api.errors import InvalidParamsError, PermissionDeniedError
 from tests.harness import (
     MCP_SERVER,
+    NEO4J_SERVER,
     DaemonHarness,
+    command_options,
     daemon_config,
     rmtree,
     short_tempdir,
 )
 from tests.neo4j_memory_server import DOCUMENTED, EXTRA
-
-NEO4J_SERVER = str(Path(__file__).parents[1] / "neo4j_memory_server.py")
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +45,9 @@ def daemon() -> Iterator[DaemonHarness]:
 
 def add_test_server(d: DaemonHarness, name: str, *options: str) -> int:
     """``mcp add NAME --command python --arg tests/mcp_server.py --arg stdio
-    OPTIONS``; ready when it answers 0."""
-    argv = ("--command", sys.executable, "--arg", MCP_SERVER, "--arg", "stdio")
+    OPTIONS`` (forked by the zygote: ``command_options``); ready when it
+    answers 0."""
+    argv = command_options(MCP_SERVER, "stdio")
     code = d.ctl("mcp", "add", name, *argv, *options)
     if code == 0:
         d.wait_ready(name)
@@ -112,7 +112,7 @@ def test_allow_tool_replaces_a_presets_allow_list(
     daemon: DaemonHarness, capsys: pytest.CaptureFixture[str]
 ) -> None:
     preset = ("--preset", "neo4j-memory-local")
-    command = ("--command", sys.executable, "--arg", NEO4J_SERVER)
+    command = command_options(NEO4J_SERVER)
     # The preset alone: its twelve tools, EXTRA hidden.
     assert daemon.ctl("mcp", "add", "nl0", *preset, *command) == 0
     daemon.wait_ready("nl0")

@@ -18,10 +18,8 @@ One daemon serves the module."""
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,7 +43,9 @@ from memorizz.api.errors import ApprovalRequiredError, PermissionDeniedError
 from memorizz.api.presets import find_preset
 from memorizzd.config import Decisions
 from tests.harness import (
+    NEO4J_SERVER,
     DaemonHarness,
+    command_options,
     daemon_config,
     rmtree,
     serve_asgi,
@@ -55,7 +55,6 @@ from tests.neo4j_memory_server import DOCUMENTED, EXTRA
 from tests.oauth_world import TestAuthorizationServer, browser
 from tests.process import wait_until
 
-NEO4J_SERVER = str(Path(__file__).parents[1] / "neo4j_memory_server.py")
 WELL_KNOWN_AS = "/.well-known/oauth-authorization-server"
 
 
@@ -361,7 +360,7 @@ def test_neo4j_memory_local_runs_the_given_command_and_shows_only_its_12_tools(
 ) -> None:
     argv = ("mcp", "add", "nl", "--preset", "neo4j-memory-local")
     assert daemon.ctl(*argv) == 2  # no --command: refused
-    command = ("--command", sys.executable, "--arg", NEO4J_SERVER)
+    command = command_options(NEO4J_SERVER)
     assert daemon.ctl(*argv, *command) == 0
     daemon.wait_ready("nl")
     with daemon.client() as c:
