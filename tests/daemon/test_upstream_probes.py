@@ -195,6 +195,15 @@ def test_a_server_slower_to_start_than_its_handshake_budget_comes_up_later(
     with daemon.client() as c:
         c.add_server(probe("p", timeout_s=1.0, PROBE="slow_start", START_S="6"))
         wait_until(
+            lambda: c.server_status("p")[0].last_error is not None,
+            timeout=20,
+            what="the first start cut off",
+        )
+        said = c.server_status("p")[0].last_error
+        assert said == (
+            "no answer to the handshake within 5 s (timed out; the next start has 10 s)"
+        )
+        wait_until(
             lambda: c.server_status("p")[0].state == "ready",
             timeout=40,
             what="the slow server ready on a later start",

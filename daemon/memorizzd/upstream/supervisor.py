@@ -383,9 +383,12 @@ class Supervisor:
             # in the handshake era (it may ignore methods it does not know),
             # then in auto mode again, and so on.
             self._handshake_next = mode == "auto"
-            raise DeadlineExceededError(
-                f"no answer to the handshake within {budget:g} s (timed out)"
-            )
+            said = f"no answer to the handshake within {budget:g} s (timed out"
+            if self.spec.transport == "stdio":  # what an operator waits for next
+                later = stdio_handshake_budget(self.spec.timeout_s, self._slow_starts)
+                if later > budget:
+                    said += f"; the next start has {later:g} s"
+            raise DeadlineExceededError(said + ")")
 
     async def _open_and_serve(
         self,
