@@ -13,6 +13,7 @@ import pytest
 from memorizz.api.errors import RemoteError
 from tests.harness import (
     LEGACY_SERVER,
+    TESTS,
     DaemonHarness,
     features_spec,
     stdio_spec,
@@ -107,6 +108,44 @@ def test_the_primary_replica_that_dies_hands_over_to_another(
     with daemon.client() as c:
         (status,) = c.server_status("pool")
     assert status.pid == second  # the heir stays the primary
+
+
+def test_a_replica_slower_to_start_than_its_budget_comes_back_later(
+    daemon: DaemonHarness,
+) -> None:
+    """A replica started again alone had the same budget on every try: one
+    slower to start than that (an interpreter importing a large SDK on a
+    loaded host) never came back. Each of its starts in a row that runs out
+    of the budget doubles the next one's, as the set's own start does (the
+    set below starts on its second try too)."""
+    slow = stdio_spec(
+        "pool",
+        args=[str(TESTS / "probe_server.py")],
+        env={"PROBE": "slow_start", "START_S": "6"},
+        protocol="legacy",
+        timeout_s=1.0,
+        replicas=2,
+    )
+    daemon.add(slow)
+    upstream = daemon.daemon.pool.get("pool")
+    lost = upstream._processes[1].pid
+    assert lost is not None
+    os.kill(lost, signal.SIGKILL)
+    with daemon.client() as c:
+
+        def said() -> str:
+            return c.server_status("pool")[0].last_error or ""
+
+        wait_until(
+            lambda: "the next start has 10 s" in said(),
+            timeout=30,
+            what="the replica's first start again cut off",
+        )
+        assert "could not start: no answer to the handshake within 5 s" in said()
+        wait_until(lambda: said() == "", timeout=30, what="the replica back")
+        (status,) = c.server_status("pool")
+    assert status.state == "ready"
+    assert upstream._processes[1].pid not in (None, lost)
 
 
 def test_a_set_with_no_replica_left_is_replaced(daemon: DaemonHarness) -> None:

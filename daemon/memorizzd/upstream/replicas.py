@@ -432,8 +432,13 @@ class ReplicaSet:
                         self._restart(at, why, failures)
                 if starting.cancelled_caught:
                     slow += 1
+                    later = stdio_handshake_budget(self._care.budget_s, slow)
                     raise DeadlineExceededError(
-                        f"no answer to the handshake within {budget:g} s (timed out)"
+                        f"no answer to the handshake within {budget:g} s (timed"
+                        f" out; the next start has {later:g} s)"
+                        if later > budget
+                        else f"no answer to the handshake within {budget:g} s"
+                        " (timed out)"
                     )
             except Exception as exc:  # noqa: BLE001 - a replica's start: its failure
                 if not self._settled.is_set() or self._failure is not None:
