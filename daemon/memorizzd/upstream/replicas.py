@@ -45,11 +45,15 @@ import anyio
 import msgspec
 
 from memorizz.api import methods as m
-from memorizz.api.errors import DeadlineExceededError, RemoteError
+from memorizz.api.errors import RemoteError
 from memorizzd.upstream.connection import ProgressHandler, ToolResult
 from memorizzd.upstream.errors import ConnectionLost, leaves
 from memorizzd.upstream.jsonrpc import MODERN, JsonRpcSession, Launch, open_session
-from memorizzd.upstream.stdio import StdioProcess, stdio_handshake_budget
+from memorizzd.upstream.stdio import (
+    StdioProcess,
+    no_handshake,
+    stdio_handshake_budget,
+)
 
 T = TypeVar("T")
 
@@ -432,13 +436,8 @@ class ReplicaSet:
                         self._restart(at, why, failures)
                 if starting.cancelled_caught:
                     slow += 1
-                    later = stdio_handshake_budget(self._care.budget_s, slow)
-                    raise DeadlineExceededError(
-                        f"no answer to the handshake within {budget:g} s (timed"
-                        f" out; the next start has {later:g} s)"
-                        if later > budget
-                        else f"no answer to the handshake within {budget:g} s"
-                        " (timed out)"
+                    raise no_handshake(
+                        budget, stdio_handshake_budget(self._care.budget_s, slow)
                     )
             except Exception as exc:  # noqa: BLE001 - a replica's start: its failure
                 if not self._settled.is_set() or self._failure is not None:

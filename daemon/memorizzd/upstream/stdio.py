@@ -46,6 +46,7 @@ from typing import Final
 
 import anyio
 
+from memorizz.api.errors import DeadlineExceededError
 from memorizzd.egress.oversize import OversizeMessage
 from memorizzd.loop import Inbox, Outbox, call_later, now
 from memorizzd.upstream.errors import ConnectionLost
@@ -76,6 +77,17 @@ def stdio_handshake_budget(budget_s: float, slow_starts: int) -> float:
     row that ran out of it, up to STDIO_HANDSHAKE_MAX_S (or ``budget_s``)."""
     base = max(budget_s, STDIO_HANDSHAKE_MIN_S)
     return min(base * 2.0 ** min(slow_starts, 16), max(base, STDIO_HANDSHAKE_MAX_S))
+
+
+def no_handshake(
+    budget_s: float, later_s: float | None = None
+) -> DeadlineExceededError:
+    """A start cut off at its handshake budget; ``later_s``: the next start's
+    (named when it is longer: what an operator waits for next)."""
+    said = f"no answer to the handshake within {budget_s:g} s (timed out"
+    if later_s is not None and later_s > budget_s:
+        said += f"; the next start has {later_s:g} s"
+    return DeadlineExceededError(said + ")")
 
 
 class WorkingDirectoryError(OSError):

@@ -40,7 +40,7 @@ import anyio.abc
 import msgspec
 
 from memorizz.api import methods as m
-from memorizz.api.errors import DeadlineExceededError, RemoteError
+from memorizz.api.errors import RemoteError
 from memorizzd.config import Config
 from memorizzd.loop import Clock, now
 from memorizzd.redact import changed, hold, ordered, scrub
@@ -57,6 +57,7 @@ from memorizzd.upstream.stdio import (
     StdioProcess,
     WorkingDirectoryError,
     child_environment,
+    no_handshake,
     stdio_handshake_budget,
 )
 from memorizzd.upstream.subscriptions import Subscriptions
@@ -383,12 +384,12 @@ class Supervisor:
             # in the handshake era (it may ignore methods it does not know),
             # then in auto mode again, and so on.
             self._handshake_next = mode == "auto"
-            said = f"no answer to the handshake within {budget:g} s (timed out"
-            if self.spec.transport == "stdio":  # what an operator waits for next
-                later = stdio_handshake_budget(self.spec.timeout_s, self._slow_starts)
-                if later > budget:
-                    said += f"; the next start has {later:g} s"
-            raise DeadlineExceededError(said + ")")
+            later = (
+                stdio_handshake_budget(self.spec.timeout_s, self._slow_starts)
+                if self.spec.transport == "stdio"
+                else None
+            )
+            raise no_handshake(budget, later)
 
     async def _open_and_serve(
         self,
